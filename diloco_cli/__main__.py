@@ -1,0 +1,3 @@
+from diloco_cli.cli.app import main
+
+main()

@@ -1,0 +1,295 @@
+"""The payload frame: a fixed prefix, a JSON header, the body and a keyed BLAKE2b tag.
+
+::
+
+    offset  size  field
+    0       4     magic b"DLCO"
+    4       2     format version (little-endian)
+    6       2     flags (0)
+    8       8     run fingerprint (RunSecret.fingerprint)
+    16      4     header length H
+    20      8     body length L
+    28      H     header: UTF-8 JSON (codec, tensors with shapes and dtypes, metadata)
+    28+H    L     body: per tensor a section [scales][codes], zstandard-compressed
+    28+H+L  32    tag: BLAKE2b keyed with the run secret over everything before it
+
+Decoding checks, in order: the magic and version, the run fingerprint, the declared
+sizes against the limits and the actual length, then the tag; only a payload whose tag
+verifies is parsed further, and the body is decompressed with a hard output limit.  JSON
+is the only structured data, so nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from diloco_cli.codec.errors import (
+    CorruptPayload,
+    PayloadTooLarge,
+    TruncatedPayload,
+    UnsupportedFormat,
+    WrongRun,
+)
+from diloco_cli.codec.quantize import Codec, dequantize_into, quantize_into, section_layout
+from diloco_cli.codec.secret import RunSecret
+from diloco_cli.codec.spec import CodecSpec
+
+MAGIC = b"DLCO"
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<4sHH8sIQ")
+TAG_BYTES = 32
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class PayloadLimits:
+    """Sizes beyond which a frame is refused before anything is allocated for it."""
+
+    max_header_bytes: int = 16 << 20
+    max_body_bytes: int = 64 << 30
+    max_decoded_bytes: int = 64 << 30
+
+
+DEFAULT_LIMITS = PayloadLimits()
+
+
+class TensorEntry(BaseModel):
+    """One tensor of a payload, in body order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class PayloadHeader(BaseModel):
+    """The authenticated header of a payload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    codec: CodecSpec
+    raw_body_bytes: int
+    tensors: tuple[TensorEntry, ...]
+    meta: dict[str, Any]
+
+    def section_sizes(self) -> list[int]:
+        """Byte size of each tensor's section in the uncompressed body."""
+        return [
+            section_layout(self.codec.codec, entry.numel, self.codec.block_size).total_bytes
+            for entry in self.tensors
+        ]
+
+
+@dataclass(frozen=True)
+class DecodedPayload:
+    """A verified payload: its header and its tensors (fp32, CPU, original shapes)."""
+
+    header: PayloadHeader
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.header.meta
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for name, candidate in _DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise TypeError(f"payloads carry floating-point tensors, not {dtype}")
+
+
+def encode_payload(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    spec: CodecSpec,
+    secret: RunSecret,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    residuals_into: Mapping[str, torch.Tensor] | None = None,
+) -> bytes:
+    """Encode named tensors into one authenticated payload.
+
+    ``tensors`` is consumed one at a time (a generator may compute each on demand), so a
+    fragment is encoded without a copy of the whole model.  With ``residuals_into`` the
+    quantization error ``x - decode(encode(x))`` of each tensor is written into the
+    tensor of the same name there: error feedback's memory for the next send.  A
+    residual may be the very tensor being encoded (each value is read before its
+    residual is written), which saves a copy.
+    """
+    compressor = zstandard.ZstdCompressor(level=spec.zstd_level).compressobj() if spec.zstd_level else None
+    body_chunks: list[bytes] = []
+    entries: list[dict[str, Any]] = []
+    raw_body_bytes = 0
+    for name, tensor in tensors:
+        values = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
+        section = np.zeros(section_layout(spec.codec, values.numel(), spec.block_size).total_bytes, np.uint8)
+        residual = None
+        if residuals_into is not None:
+            residual = residuals_into[name]
+            if residual.dtype != torch.float32 or residual.device.type != "cpu" or not residual.is_contiguous():
+                raise ValueError(f"the residual for {name!r} must be a contiguous fp32 CPU tensor")
+            residual = residual.view(-1)
+        quantize_into(spec.codec, values, spec.block_size, section, residual)
+        entries.append({"name": name, "shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)})
+        raw_body_bytes += section.nbytes
+        body_chunks.append(compressor.compress(section) if compressor else section.tobytes())
+    if compressor:
+        body_chunks.append(compressor.flush())
+    header = json.dumps(
+        {
+            "codec": spec.model_dump(mode="json"),
+            "raw_body_bytes": raw_body_bytes,
+            "tensors": entries,
+            "meta": dict(meta or {}),
+        },
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode()
+    body_bytes = sum(len(chunk) for chunk in body_chunks)
+    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, secret.fingerprint, len(header), body_bytes)
+    tag = hashlib.blake2b(key=secret.key, digest_size=TAG_BYTES)
+    for part in (prefix, header, *body_chunks):
+        tag.update(part)
+    return b"".join((prefix, header, *body_chunks, tag.digest()))
+
+
+def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits) -> tuple[PayloadHeader, memoryview]:
+    view = memoryview(data)
+    if len(view) < PREFIX.size:
+        if bytes(view[:4]) != MAGIC[: len(view)]:
+            raise UnsupportedFormat("not a diloco payload (bad magic)")
+        raise TruncatedPayload(f"payload of {len(view)} bytes is shorter than its {PREFIX.size}-byte prefix")
+    magic, version, flags, fingerprint, header_bytes, body_bytes = PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise UnsupportedFormat("not a diloco payload (bad magic)")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormat(
+            f"payload format version {version}; this diloco reads version {FORMAT_VERSION} "
+            "(run the same diloco version on every machine of a run)"
+        )
+    if flags != 0:
+        raise CorruptPayload(f"unknown flags {flags:#x} in the payload prefix")
+    if fingerprint != secret.fingerprint:
+        raise WrongRun("the payload was written under another run's secret")
+    if header_bytes > limits.max_header_bytes or body_bytes > limits.max_body_bytes:
+        raise PayloadTooLarge(
+            f"frame declares a {header_bytes}-byte header and a {body_bytes}-byte body, beyond the limits "
+            f"({limits.max_header_bytes} and {limits.max_body_bytes})"
+        )
+    expected = PREFIX.size + header_bytes + body_bytes + TAG_BYTES
+    if len(view) < expected:
+        raise TruncatedPayload(f"payload is {len(view)} bytes but its frame declares {expected}")
+    if len(view) > expected:
+        raise CorruptPayload(f"payload is {len(view)} bytes but its frame declares {expected}")
+    tagged = view[: expected - TAG_BYTES]
+    digest = hashlib.blake2b(tagged, key=secret.key, digest_size=TAG_BYTES).digest()
+    if not hmac.compare_digest(digest, bytes(view[expected - TAG_BYTES :])):
+        raise CorruptPayload("tag mismatch: the payload was altered or forged")
+    header_start = PREFIX.size
+    try:
+        header = PayloadHeader.model_validate_json(bytes(view[header_start : header_start + header_bytes]))
+    except ValidationError as error:
+        raise CorruptPayload(f"authenticated header does not parse: {error}") from None
+    return header, view[header_start + header_bytes : expected - TAG_BYTES]
+
+
+def read_header(data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits = DEFAULT_LIMITS) -> PayloadHeader:
+    """Verify a payload and return its header without decoding the tensors."""
+    return _verified_parts(data, secret, limits)[0]
+
+
+def decode_payload(
+    data: bytes | memoryview,
+    secret: RunSecret,
+    limits: PayloadLimits = DEFAULT_LIMITS,
+    *,
+    into: Mapping[str, torch.Tensor] | None = None,
+    accumulate: bool = False,
+) -> DecodedPayload:
+    """Verify and decode a payload into fp32 CPU tensors.
+
+    With ``into`` the values are written into (or, with ``accumulate``, added to) those
+    tensors, which must be contiguous fp32 CPU tensors of the payload's names and shapes;
+    the tag is verified before any of them is touched.
+    """
+    header, body = _verified_parts(data, secret, limits)
+    sizes = header.section_sizes()
+    decoded_bytes = sum(4 * entry.numel for entry in header.tensors)
+    if decoded_bytes > limits.max_decoded_bytes:
+        raise PayloadTooLarge(f"payload decodes to {decoded_bytes} bytes, beyond {limits.max_decoded_bytes}")
+    if sum(sizes) != header.raw_body_bytes:
+        raise CorruptPayload("the header's tensor list does not match its body size")
+    raw = _decompressed_body(header, body)
+    targets = _decode_targets(header, into)
+    offset = 0
+    for entry, size in zip(header.tensors, sizes):
+        section = raw[offset : offset + size]
+        offset += size
+        dequantize_into(
+            header.codec.codec,
+            section,
+            entry.numel,
+            header.codec.block_size,
+            targets[entry.name].view(-1),
+            accumulate=accumulate,
+        )
+    return DecodedPayload(header, targets)
+
+
+def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
+    if not header.codec.zstd_level:
+        if len(body) != header.raw_body_bytes:
+            raise CorruptPayload("uncompressed body size differs from the header")
+        return np.frombuffer(body, dtype=np.uint8)
+    raw = np.empty(header.raw_body_bytes, dtype=np.uint8)
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+            filled = reader.readinto(memoryview(raw))
+            while filled < raw.nbytes:
+                more = reader.readinto(memoryview(raw)[filled:])
+                if not more:
+                    break
+                filled += more
+            extra = reader.read(1)
+    except zstandard.ZstdError as error:
+        raise CorruptPayload(f"body does not decompress: {error}") from None
+    if filled != raw.nbytes or extra:
+        raise CorruptPayload("decompressed body size differs from the header")
+    return raw
+
+
+def _decode_targets(header: PayloadHeader, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    names = [entry.name for entry in header.tensors]
+    if len(set(names)) != len(names):
+        raise CorruptPayload("the payload names a tensor twice")
+    if into is None:
+        return {entry.name: torch.empty(entry.shape, dtype=torch.float32) for entry in header.tensors}
+    targets = {}
+    for entry in header.tensors:
+        target = into.get(entry.name)
+        if target is None:
+            raise CorruptPayload(f"the payload holds tensor {entry.name!r}, which the receiver does not have")
+        if tuple(target.shape) != entry.shape:
+            raise CorruptPayload(f"tensor {entry.name!r} has shape {entry.shape} in the payload, {tuple(target.shape)} here")
+        if target.dtype != torch.float32 or target.device.type != "cpu" or not target.is_contiguous():
+            raise ValueError(f"decoding into {entry.name!r} needs a contiguous fp32 CPU tensor")
+        targets[entry.name] = target
+    return targets

@@ -1,0 +1,30 @@
+"""How a payload is compressed: the codec, its block size and the zstandard level."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from diloco_cli.codec.quantize import Codec, MAX_INT4_BLOCK
+
+
+class CodecSpec(BaseModel):
+    """The compression of one kind of payload (learner deltas or published updates)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    codec: Codec = Codec.INT4
+    """Value format: fp32 (passthrough), bf16, int8 or int4 with a per-block absmax scale."""
+
+    block_size: int = Field(default=64, ge=2, le=4096)
+    """Values per quantization block; each block stores one fp32 scale (int8/int4 only)."""
+
+    zstd_level: int = Field(default=1, ge=0, le=22)
+    """zstandard level applied after quantization; 0 turns zstandard off."""
+
+    @model_validator(mode="after")
+    def _block_fits_codec(self) -> CodecSpec:
+        if self.codec is Codec.INT4 and (self.block_size % 2 or self.block_size > MAX_INT4_BLOCK):
+            raise ValueError(
+                f"int4 needs an even block_size of at most {MAX_INT4_BLOCK}, got {self.block_size}"
+            )
+        return self

@@ -1,0 +1,336 @@
+"""The syncer's decisions as a pure state machine: ``step(state, observations, now)``.
+
+Decoupled DiLoCo (arXiv 2604.21428, section 3) merges a fragment as soon as K of the M
+learners have sent it (the quorum), then waits a little longer for stragglers only when
+the wait is hidden behind the learners' overlap of tau steps: the grace window::
+
+    grace = gamma * max(0, tau * xi_step - xi_quorum - xi_sync)
+
+where ``xi_step`` is the slowest live learner's step time, ``xi_quorum`` the time from a
+round's first arrival to its quorum and ``xi_sync`` the time to pull, merge and publish,
+all exponential moving averages.  The window is capped and ends early when every live
+learner has arrived.  The newest arrival of a learner wins; the older ones are superseded
+(merging is state-based, so nothing is lost).  A learner whose base version is older
+than the window of kept updates cannot be anchored and is told to resync.
+
+Nothing here does I/O or reads a clock: observations and ``now`` come in, actions go out,
+and whenever a fragment is not merged the action says why, in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class DecisionPolicy:
+    """The knobs of the syncer's decisions (see the recipe's ``syncer`` section)."""
+
+    num_learners: int
+    quorum: int
+    num_fragments: int
+    grace_gamma: float = 0.5
+    overlap_steps: float = 2.0
+    max_grace_seconds: float = 30.0
+    ema_weight: float = 0.2
+    liveness_timeout_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.quorum <= self.num_learners:
+            raise ValueError(f"the quorum K must be between 1 and M={self.num_learners}, got {self.quorum}")
+        if not 0 < self.ema_weight <= 1:
+            raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A verified, unconsumed learner payload for one fragment."""
+
+    learner: LearnerId
+    fragment: FragmentIndex
+    base_version: Version
+    c_steps: int
+    c_tokens: int
+    sequence: int
+    """The learner's send counter: a larger one is newer."""
+    key: str
+    """Where the payload is stored (opaque to the decisions)."""
+
+
+@dataclass(frozen=True)
+class ArrivalSeen:
+    arrival: Arrival
+
+
+@dataclass(frozen=True)
+class HeartbeatSeen:
+    learner: LearnerId
+    step_seconds: float | None
+    """The learner's current seconds per inner step, if it has measured one."""
+    stopped: bool = False
+    """The learner says it has stopped (finished or shut down)."""
+
+
+@dataclass(frozen=True)
+class MergeFinished:
+    fragment: FragmentIndex
+    version: Version
+    """The version the merge was published as."""
+    oldest_anchorable: Version
+    """The oldest base version the update window can still anchor after this merge."""
+    seconds: float
+    """Time to pull, merge and publish."""
+
+
+Observation = ArrivalSeen | HeartbeatSeen | MergeFinished
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Merge these arrivals into fragment ``fragment``; retire ``superseded`` unmerged."""
+
+    fragment: FragmentIndex
+    arrivals: tuple[Arrival, ...]
+    superseded: tuple[Arrival, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resync:
+    """Tell a learner to reinstall the newest global fragment; retire its arrival."""
+
+    learner: LearnerId
+    fragment: FragmentIndex
+    arrival: Arrival
+    reason: str
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Retire an arrival that is older than one already merged."""
+
+    arrival: Arrival
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do for this fragment yet; ``until`` is when to decide again, if known."""
+
+    fragment: FragmentIndex
+    reason: str
+    until: float | None = None
+
+
+Action = Merge | Resync | Discard | Wait
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class LearnerView:
+    last_seen: float
+    step_seconds: float | None = None
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class FragmentRound:
+    """One fragment's open round: what arrived since its last merge."""
+
+    version: Version = Version(0)
+    oldest_anchorable: Version = Version(0)
+    pending: Mapping[LearnerId, Arrival] = field(default_factory=dict)
+    superseded: tuple[Arrival, ...] = ()
+    opened_at: float | None = None
+    quorum_at: float | None = None
+    merging: bool = False
+
+
+@dataclass(frozen=True)
+class DecisionState:
+    policy: DecisionPolicy
+    learners: Mapping[LearnerId, LearnerView] = field(default_factory=dict)
+    rounds: Mapping[FragmentIndex, FragmentRound] = field(default_factory=dict)
+    merged_sequence: Mapping[tuple[LearnerId, FragmentIndex], int] = field(default_factory=dict)
+    quorum_seconds: float | None = None
+    """EMA of xi_quorum."""
+    sync_seconds: float | None = None
+    """EMA of xi_sync."""
+
+    def round(self, fragment: FragmentIndex) -> FragmentRound:
+        return self.rounds.get(fragment, FragmentRound())
+
+    def live_learners(self, now: float) -> frozenset[LearnerId]:
+        """Learners seen within the liveness timeout that have not said they stopped."""
+        timeout = self.policy.liveness_timeout_seconds
+        return frozenset(
+            learner for learner, view in self.learners.items() if not view.stopped and now - view.last_seen <= timeout
+        )
+
+    def slowest_step_seconds(self, now: float) -> float:
+        """xi_step: the slowest live learner's step time (0 while none is measured)."""
+        times = [self.learners[m].step_seconds or 0.0 for m in self.live_learners(now)]
+        return max(times, default=0.0)
+
+    def effective_quorum(self, now: float) -> int:
+        """K, lowered to the number of live learners (at least 1) so that dead learners
+        cannot stall the run."""
+        return max(1, min(self.policy.quorum, len(self.live_learners(now))))
+
+    def grace_seconds(self, now: float) -> float:
+        """The grace window: ``gamma * max(0, tau*xi_step - xi_quorum - xi_sync)``, capped."""
+        policy = self.policy
+        budget = policy.overlap_steps * self.slowest_step_seconds(now)
+        budget -= (self.quorum_seconds or 0.0) + (self.sync_seconds or 0.0)
+        return min(policy.max_grace_seconds, policy.grace_gamma * max(0.0, budget))
+
+
+def initial_state(
+    policy: DecisionPolicy,
+    versions: Mapping[FragmentIndex, tuple[Version, Version]] | None = None,
+) -> DecisionState:
+    """A fresh state; ``versions`` gives each fragment's (version, oldest anchorable)."""
+    rounds = {
+        FragmentIndex(p): FragmentRound(*(versions or {}).get(FragmentIndex(p), (Version(0), Version(0))))
+        for p in range(policy.num_fragments)
+    }
+    return DecisionState(policy=policy, rounds=rounds)
+
+
+# ------------------------------------------------------------------------------ step
+
+
+def _ema(previous: float | None, sample: float, weight: float) -> float:
+    return sample if previous is None else (1 - weight) * previous + weight * sample
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def step(state: DecisionState, observations: Iterable[Observation], now: float) -> tuple[DecisionState, list[Action]]:
+    """Fold observations into the state and decide, for every fragment, what to do now."""
+    actions: list[Action] = []
+    for observation in observations:
+        state = _observe(state, observation, now, actions)
+    for fragment in sorted(state.rounds):
+        state = _decide(state, fragment, now, actions)
+    return state, actions
+
+
+def _seen(state: DecisionState, learner: LearnerId, now: float, **changes: object) -> DecisionState:
+    view = state.learners.get(learner, LearnerView(last_seen=now))
+    view = replace(view, last_seen=max(view.last_seen, now), **changes)
+    return replace(state, learners={**state.learners, learner: view})
+
+
+def _observe(state: DecisionState, observation: Observation, now: float, actions: list[Action]) -> DecisionState:
+    weight = state.policy.ema_weight
+    if isinstance(observation, HeartbeatSeen):
+        previous = state.learners.get(observation.learner)
+        step_seconds = previous.step_seconds if previous else None
+        if observation.step_seconds is not None:
+            step_seconds = _ema(step_seconds, observation.step_seconds, weight)
+        return _seen(state, observation.learner, now, step_seconds=step_seconds, stopped=observation.stopped)
+    if isinstance(observation, MergeFinished):
+        current = state.round(observation.fragment)
+        updated = replace(
+            current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=False
+        )
+        return replace(
+            state,
+            rounds={**state.rounds, observation.fragment: updated},
+            sync_seconds=_ema(state.sync_seconds, observation.seconds, weight),
+        )
+    return _observe_arrival(state, observation.arrival, now, actions)
+
+
+def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions: list[Action]) -> DecisionState:
+    fragment, learner = arrival.fragment, arrival.learner
+    if fragment not in state.rounds:
+        actions.append(Discard(arrival, f"fragment {fragment} does not exist (P={state.policy.num_fragments})"))
+        return state
+    state = _seen(state, learner, now, stopped=False)
+    current = state.round(fragment)
+    pending = current.pending.get(learner)
+    if (pending and pending.key == arrival.key) or any(old.key == arrival.key for old in current.superseded):
+        return state
+    merged = state.merged_sequence.get((learner, fragment), -1)
+    if arrival.sequence <= merged:
+        actions.append(
+            Discard(arrival, f"{learner}'s send #{arrival.sequence} of fragment {fragment} is older than #{merged}, already merged")
+        )
+        return state
+    if not current.oldest_anchorable <= arrival.base_version <= current.version:
+        where = "older than the window" if arrival.base_version < current.oldest_anchorable else "newer than the syncer's"
+        actions.append(
+            Resync(
+                learner,
+                fragment,
+                arrival,
+                f"{learner} sent fragment {fragment} from base version {arrival.base_version}, {where} "
+                f"(anchorable {current.oldest_anchorable}..{current.version}); it must reinstall the newest global",
+            )
+        )
+        return state
+    superseded = current.superseded
+    if pending is None or pending.sequence < arrival.sequence:
+        newest = {**current.pending, learner: arrival}
+        if pending is not None:
+            superseded += (pending,)
+    else:
+        newest = dict(current.pending)
+        superseded += (arrival,)
+    opened_at = current.opened_at if current.opened_at is not None else now
+    updated = replace(current, pending=newest, superseded=superseded, opened_at=opened_at)
+    return replace(state, rounds={**state.rounds, fragment: updated})
+
+
+def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: list[Action]) -> DecisionState:
+    current = state.round(fragment)
+    if current.merging:
+        actions.append(Wait(fragment, f"merging fragment {fragment}"))
+        return state
+    arrived = frozenset(current.pending)
+    if not arrived:
+        actions.append(Wait(fragment, f"no arrivals for fragment {fragment} yet"))
+        return state
+    live = state.live_learners(now)
+    quorum = state.effective_quorum(now)
+    policy = state.policy
+    if len(arrived) < quorum:
+        lowered = f" (lowered from {policy.quorum}: {len(live)} live)" if quorum < policy.quorum else ""
+        actions.append(Wait(fragment, f"{len(arrived)} of K={quorum}{lowered} arrived for fragment {fragment}; waiting"))
+        return state
+    if current.quorum_at is None:
+        opened_at = current.opened_at if current.opened_at is not None else now
+        state = replace(state, quorum_seconds=_ema(state.quorum_seconds, now - opened_at, policy.ema_weight))
+        current = replace(current, quorum_at=now)
+    missing = live - arrived
+    deadline = current.quorum_at + state.grace_seconds(now)
+    if missing and now < deadline:
+        actions.append(
+            Wait(
+                fragment,
+                f"grace window: {deadline - now:.1f} s left for {_plural(len(missing), 'more learner')} "
+                f"on fragment {fragment} ({len(arrived)} arrived)",
+                until=deadline,
+            )
+        )
+        return replace(state, rounds={**state.rounds, fragment: current})
+    why = "every live learner arrived" if not missing else "the grace window ended"
+    arrivals = tuple(sorted(current.pending.values(), key=lambda a: a.learner))
+    actions.append(
+        Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrivals), 'learner')} into fragment {fragment}: {why}")
+    )
+    sequences = {**state.merged_sequence, **{(a.learner, fragment): a.sequence for a in arrivals}}
+    fresh = FragmentRound(version=current.version, oldest_anchorable=current.oldest_anchorable, merging=True)
+    return replace(state, rounds={**state.rounds, fragment: fresh}, merged_sequence=sequences)

@@ -1,0 +1,132 @@
+"""Fragments of a model's parameters and the staggered schedule that sends them.
+
+Streaming DiLoCo (arXiv 2501.18512, section 2.2) splits the parameters into P fragments
+that are synchronised at staggered steps, so that the peak upload of a send is about 1/P
+of the model.  Here the split is a greedy bin-packing of whole tensors into fragments of
+near-equal bytes, with the token embedding (and a tied output head, which is the same
+tensor) in a fragment of its own: it is merged with a plain weighted mean instead of RDA
+(Decoupled DiLoCo, arXiv 2604.21428).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from diloco_cli.core.types import FragmentIndex
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One fragment: its index, parameter names (in model order) and size."""
+
+    index: FragmentIndex
+    parameter_names: tuple[str, ...]
+    num_bytes: int
+    embedding_names: frozenset[str]
+    """The parameters of this fragment that are merged with the weighted mean."""
+
+
+class FragmentError(ValueError):
+    """The model cannot be split as asked."""
+
+
+def split_into_fragments(
+    parameter_sizes: Sequence[tuple[str, int]],
+    num_fragments: int,
+    embedding_names: Collection[str] = (),
+) -> tuple[Fragment, ...]:
+    """Split parameters (name, bytes), in model order, into ``num_fragments`` fragments.
+
+    With P >= 2 and an embedding, fragment 0 holds exactly the embedding parameters and
+    the other P-1 fragments are packed greedily: tensors from largest to smallest (model
+    order breaks ties), each into the lightest fragment so far (lowest index breaks ties).
+    Fragments are then numbered by the model position of their first parameter, so the
+    result depends only on the names, sizes and order given.  With P = 1 everything is
+    one fragment.
+    """
+    if num_fragments < 1:
+        raise FragmentError(f"the number of fragments must be at least 1, got {num_fragments}")
+    names = [name for name, _ in parameter_sizes]
+    if len(set(names)) != len(names):
+        raise FragmentError("parameter names must be unique")
+    unknown = set(embedding_names) - set(names)
+    if unknown:
+        raise FragmentError(f"embedding parameters {sorted(unknown)} are not parameters of the model")
+    position = {name: index for index, name in enumerate(names)}
+    size_of = dict(parameter_sizes)
+    embeddings = frozenset(embedding_names)
+
+    groups: list[list[str]]
+    if num_fragments == 1:
+        groups = [names]
+    else:
+        rest = [name for name in names if name not in embeddings]
+        bins_to_pack = num_fragments - 1 if embeddings else num_fragments
+        if len(rest) < bins_to_pack:
+            raise FragmentError(
+                f"{num_fragments} fragments need at least {bins_to_pack} parameter tensors outside the "
+                f"embedding, but the model has {len(rest)}; lower num_fragments"
+            )
+        bins: list[list[str]] = [[] for _ in range(bins_to_pack)]
+        loads = [0] * bins_to_pack
+        for name in sorted(rest, key=lambda n: (-size_of[n], position[n])):
+            lightest = min(range(bins_to_pack), key=lambda b: (loads[b], b))
+            bins[lightest].append(name)
+            loads[lightest] += size_of[name]
+        packed = sorted((sorted(group, key=position.__getitem__) for group in bins), key=lambda g: position[g[0]])
+        groups = ([sorted(embeddings, key=position.__getitem__)] if embeddings else []) + packed
+
+    return tuple(
+        Fragment(
+            index=FragmentIndex(index),
+            parameter_names=tuple(group),
+            num_bytes=sum(size_of[name] for name in group),
+            embedding_names=frozenset(group) & embeddings,
+        )
+        for index, group in enumerate(groups)
+    )
+
+
+def embedding_parameter_names(model: torch.nn.Module) -> set[str]:
+    """Names of the weights of every ``nn.Embedding`` (a tied head shares the tensor and
+    so the name, since ``named_parameters`` lists a shared tensor once)."""
+    embedding_weights = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
+    return {name for name, parameter in model.named_parameters() if id(parameter) in embedding_weights}
+
+
+def fragments_of_model(model: torch.nn.Module, num_fragments: int) -> tuple[Fragment, ...]:
+    """The fragments of a model's trainable parameters (see :func:`split_into_fragments`)."""
+    sizes = [
+        (name, parameter.numel() * parameter.element_size())
+        for name, parameter in model.named_parameters()
+        if parameter.requires_grad
+    ]
+    trainable = {name for name, _ in sizes}
+    return split_into_fragments(sizes, num_fragments, embedding_parameter_names(model) & trainable)
+
+
+def fragment_offset(fragment: int, sync_interval: int, num_fragments: int) -> int:
+    """The inner step within each period of H at which a fragment is sent: p*H//P."""
+    return fragment * sync_interval // num_fragments
+
+
+def fragments_due(step: int, sync_interval: int, num_fragments: int) -> list[FragmentIndex]:
+    """The fragments due after inner step ``step`` (counted from 1).
+
+    Fragment p is sent at the steps where ``(step - p*H//P) % H == 0`` (Streaming
+    DiLoCo's staggered schedule), so each fragment goes every H steps and the sends of
+    different fragments are spread evenly over the period.
+    """
+    if sync_interval < 1:
+        raise ValueError(f"the sync interval H must be at least 1, got {sync_interval}")
+    if step < 1:
+        return []
+    return [
+        FragmentIndex(p)
+        for p in range(num_fragments)
+        if step >= fragment_offset(p, sync_interval, num_fragments)
+        and (step - fragment_offset(p, sync_interval, num_fragments)) % sync_interval == 0
+    ]

@@ -1,0 +1,107 @@
+"""Merging the learners' outer gradients: token weights, weighted mean and RDA.
+
+Decoupled DiLoCo (arXiv 2604.21428) weights each learner's outer gradient by
+``w_m = c_tokens^2 / c_steps`` (tokens processed times tokens per step) and merges every
+non-embedding tensor with radial-directional averaging::
+
+    RDA = (sum w_m |D_m| / sum w_m) * unit(sum w_m unit(D_m) / sum w_m)
+
+so the merged norm is the weighted mean of the norms whatever the number of learners
+merged (a plain mean of near-orthogonal vectors shrinks like 1/sqrt(M)).  Embedding
+tensors use the weighted mean ``sum w_m D_m / sum w_m``, and so does RDA when the mean
+direction vanishes.
+
+Arrivals stream through :class:`MergeAccumulator` one at a time, so a merge holds two
+running sums per tensor and never all M outer gradients: its memory does not grow with M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import torch
+
+VANISHING_DIRECTION = 1e-6
+"""RDA falls back to the weighted mean when |mean of unit vectors| is below this."""
+
+
+def token_weight(c_tokens: int, c_steps: int) -> float:
+    """A learner's merge weight ``c_tokens^2 / c_steps``; 0 when either count is 0."""
+    if c_tokens <= 0 or c_steps <= 0:
+        return 0.0
+    return float(c_tokens) * float(c_tokens) / float(c_steps)
+
+
+def _norm(tensor: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+
+
+class MergeAccumulator:
+    """Running sums for merging the outer gradients of one fragment.
+
+    ``add`` folds in one learner's outer gradients with its weight; ``result`` returns
+    the merged outer gradient per tensor: weighted mean for ``mean_names``, RDA for the
+    rest.  Sums are kept in fp32 tensors, norms and weights in float64.
+    """
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]], mean_names: Collection[str] = ()) -> None:
+        self._mean_names = frozenset(mean_names)
+        self._weighted_sum = {name: torch.zeros(tuple(shape)) for name, shape in shapes.items()}
+        self._weighted_unit_sum = {
+            name: torch.zeros(tuple(shape)) for name, shape in shapes.items() if name not in self._mean_names
+        }
+        self._weighted_norm_sum = dict.fromkeys(self._weighted_unit_sum, 0.0)
+        self.total_weight = 0.0
+        self.count = 0
+
+    def add(self, outer_gradients: Mapping[str, torch.Tensor], weight: float) -> None:
+        """Fold in one learner's outer gradients (every tensor of the fragment)."""
+        if set(outer_gradients) != set(self._weighted_sum):
+            raise ValueError("an outer gradient must hold exactly the fragment's tensors")
+        self.count += 1
+        if weight <= 0.0:
+            return
+        self.total_weight += weight
+        for name, gradient in outer_gradients.items():
+            self._weighted_sum[name].add_(gradient, alpha=weight)
+            if name in self._weighted_unit_sum:
+                norm = _norm(gradient)
+                if norm > 0.0:
+                    self._weighted_norm_sum[name] += weight * norm
+                    self._weighted_unit_sum[name].add_(gradient, alpha=weight / norm)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The merged outer gradient; zeros when no arrival had a positive weight."""
+        if self.total_weight == 0.0:
+            return {name: torch.zeros_like(total) for name, total in self._weighted_sum.items()}
+        merged = {}
+        for name, total in self._weighted_sum.items():
+            mean = total / self.total_weight
+            if name in self._weighted_unit_sum:
+                mean_direction = self._weighted_unit_sum[name] / self.total_weight
+                direction_norm = _norm(mean_direction)
+                if direction_norm >= VANISHING_DIRECTION:
+                    mean_norm = self._weighted_norm_sum[name] / self.total_weight
+                    merged[name] = mean_direction * (mean_norm / direction_norm)
+                    continue
+            merged[name] = mean
+        return merged
+
+
+def weighted_mean(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """``sum w_m x_m / sum w_m`` of one tensor per learner (zeros if all weights are 0)."""
+    return _merge_one(tensors, weights, mean=True)
+
+
+def radial_directional_average(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Weighted RDA of one tensor per learner (see the module docstring)."""
+    return _merge_one(tensors, weights, mean=False)
+
+
+def _merge_one(tensors: Sequence[torch.Tensor], weights: Sequence[float], *, mean: bool) -> torch.Tensor:
+    if len(tensors) != len(weights) or not tensors:
+        raise ValueError("give one weight per tensor, and at least one tensor")
+    accumulator = MergeAccumulator({"x": tensors[0].shape}, mean_names={"x"} if mean else ())
+    for tensor, weight in zip(tensors, weights):
+        accumulator.add({"x": tensor.to(torch.float32)}, weight)
+    return accumulator.result()["x"]
