@@ -258,7 +258,7 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
     if not header.codec.zstd_level:
         if len(body) != header.raw_body_bytes:
             raise CorruptPayload("uncompressed body size differs from the header")
-        return np.frombuffer(body, dtype=np.uint8)
+        return np.array(body, dtype=np.uint8)  # a writable copy: torch refuses read-only views
     raw = np.empty(header.raw_body_bytes, dtype=np.uint8)
     try:
         with zstandard.ZstdDecompressor().stream_reader(body) as reader:

@@ -160,6 +160,9 @@ class DecisionState:
     learners: Mapping[LearnerId, LearnerView] = field(default_factory=dict)
     rounds: Mapping[FragmentIndex, FragmentRound] = field(default_factory=dict)
     merged_sequence: Mapping[tuple[LearnerId, FragmentIndex], int] = field(default_factory=dict)
+    started_at: float = 0.0
+    """When the syncer started deciding: learners not seen yet are presumed live for one
+    liveness timeout after it, so a slow start does not lower the quorum."""
     quorum_seconds: float | None = None
     """EMA of xi_quorum."""
     sync_seconds: float | None = None
@@ -175,6 +178,12 @@ class DecisionState:
             learner for learner, view in self.learners.items() if not view.stopped and now - view.last_seen <= timeout
         )
 
+    def unseen_presumed_live(self, now: float) -> int:
+        """How many of the M learners have never been seen but are still presumed live."""
+        if now - self.started_at > self.policy.liveness_timeout_seconds:
+            return 0
+        return max(0, self.policy.num_learners - len(self.learners))
+
     def slowest_step_seconds(self, now: float) -> float:
         """xi_step: the slowest live learner's step time (0 while none is measured)."""
         times = [self.learners[m].step_seconds or 0.0 for m in self.live_learners(now)]
@@ -183,7 +192,8 @@ class DecisionState:
     def effective_quorum(self, now: float) -> int:
         """K, lowered to the number of live learners (at least 1) so that dead learners
         cannot stall the run."""
-        return max(1, min(self.policy.quorum, len(self.live_learners(now))))
+        live = len(self.live_learners(now)) + self.unseen_presumed_live(now)
+        return max(1, min(self.policy.quorum, live))
 
     def grace_seconds(self, now: float) -> float:
         """The grace window: ``gamma * max(0, tau*xi_step - xi_quorum - xi_sync)``, capped."""
@@ -195,14 +205,16 @@ class DecisionState:
 
 def initial_state(
     policy: DecisionPolicy,
+    now: float,
     versions: Mapping[FragmentIndex, tuple[Version, Version]] | None = None,
 ) -> DecisionState:
-    """A fresh state; ``versions`` gives each fragment's (version, oldest anchorable)."""
+    """A fresh state at time ``now``; ``versions`` gives each fragment's (version, oldest
+    anchorable base)."""
     rounds = {
         FragmentIndex(p): FragmentRound(*(versions or {}).get(FragmentIndex(p), (Version(0), Version(0))))
         for p in range(policy.num_fragments)
     }
-    return DecisionState(policy=policy, rounds=rounds)
+    return DecisionState(policy=policy, rounds=rounds, started_at=now)
 
 
 # ------------------------------------------------------------------------------ step
@@ -304,23 +316,24 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
         actions.append(Wait(fragment, f"no arrivals for fragment {fragment} yet"))
         return state
     live = state.live_learners(now)
+    unseen = state.unseen_presumed_live(now)
     quorum = state.effective_quorum(now)
     policy = state.policy
     if len(arrived) < quorum:
-        lowered = f" (lowered from {policy.quorum}: {len(live)} live)" if quorum < policy.quorum else ""
+        lowered = f" (lowered from {policy.quorum}: {len(live) + unseen} live)" if quorum < policy.quorum else ""
         actions.append(Wait(fragment, f"{len(arrived)} of K={quorum}{lowered} arrived for fragment {fragment}; waiting"))
         return state
     if current.quorum_at is None:
         opened_at = current.opened_at if current.opened_at is not None else now
         state = replace(state, quorum_seconds=_ema(state.quorum_seconds, now - opened_at, policy.ema_weight))
         current = replace(current, quorum_at=now)
-    missing = live - arrived
+    missing = len(live - arrived) + unseen
     deadline = current.quorum_at + state.grace_seconds(now)
     if missing and now < deadline:
         actions.append(
             Wait(
                 fragment,
-                f"grace window: {deadline - now:.1f} s left for {_plural(len(missing), 'more learner')} "
+                f"grace window: {deadline - now:.1f} s left for {_plural(missing, 'more learner')} "
                 f"on fragment {fragment} ({len(arrived)} arrived)",
                 until=deadline,
             )

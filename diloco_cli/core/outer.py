@@ -32,19 +32,19 @@ class NesterovOuterOptimizer:
         self.momentum = momentum
         self._buffers: dict[FragmentIndex, dict[str, torch.Tensor]] = {}
 
-    def update(
+    def step(
         self,
         fragment: FragmentIndex,
         parameters: Mapping[str, torch.Tensor],
         outer_gradient: Mapping[str, torch.Tensor],
     ) -> dict[str, torch.Tensor]:
-        """Advance the momentum and return the update ``U = Theta_new - Theta`` per tensor.
+        """Advance the momentum and return ``Theta_new`` per tensor.
 
-        ``parameters`` are not modified: the caller publishes U (possibly quantized) and
-        applies what it published.
+        ``parameters`` are not modified: the syncer publishes ``U = Theta_new - Theta``
+        (quantized) and applies what it published.
         """
         buffers = self._buffers.setdefault(fragment, {})
-        update = {}
+        new_parameters = {}
         for name, gradient in outer_gradient.items():
             buffer = buffers.get(name)
             if buffer is None:
@@ -52,9 +52,8 @@ class NesterovOuterOptimizer:
             else:
                 buffer.mul_(self.momentum).add_(gradient)
             step = gradient.add(buffer, alpha=self.momentum) if self.momentum else gradient
-            parameter = parameters[name]
-            update[name] = parameter.add(step, alpha=-self.learning_rate) - parameter
-        return update
+            new_parameters[name] = parameters[name].add(step, alpha=-self.learning_rate)
+        return new_parameters
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The momentum buffers keyed ``"<fragment>/<tensor name>"`` (for safetensors)."""

@@ -1,0 +1,37 @@
+"""The ``diloco`` command."""
+
+from __future__ import annotations
+
+import typer
+
+from diloco_cli import __version__
+
+app = typer.Typer(
+    name="diloco",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"diloco {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True, is_flag=True
+    ),
+) -> None:
+    """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).
+
+    M learners train on their own and never wait for one another; every H steps each writes a small, compressed, authenticated delta to its own region's bucket; a CPU syncer merges whatever K of the M have arrived and publishes new global weights back to every region.
+    """
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,210 @@
+"""The codec: error bounds, determinism, exact residuals and rejection of bad frames."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from diloco_cli.codec import (
+    Codec,
+    CodecSpec,
+    CorruptPayload,
+    NonFiniteValues,
+    PayloadError,
+    PayloadTooLarge,
+    RunSecret,
+    TruncatedPayload,
+    UnsupportedFormat,
+    WrongRun,
+    decode_payload,
+    encode_payload,
+    read_header,
+)
+from diloco_cli.codec.frame import PREFIX, PayloadLimits
+from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into, section_layout
+
+ERROR_BOUNDS = {Codec.FP32: 0.0, Codec.BF16: 0.005, Codec.INT8: 0.01, Codec.INT4: 0.12}
+
+
+def relative_error(original, decoded):
+    return float((decoded - original).norm() / original.norm())
+
+
+@given(
+    codec=st.sampled_from(list(Codec)),
+    seed=st.integers(0, 2**31 - 1),
+    numel=st.integers(4096, 50_000),
+    zstd_level=st.sampled_from([0, 1, 3]),
+)
+def test_relative_error_stays_under_the_codec_bound_on_gaussian_data(secret, codec, seed, numel, zstd_level):
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    payload = encode_payload([("w", values)], CodecSpec(codec=codec, zstd_level=zstd_level), secret)
+    decoded = decode_payload(payload, secret).tensors["w"]
+    assert relative_error(values, decoded) <= ERROR_BOUNDS[codec]
+
+
+@given(codec=st.sampled_from(list(Codec)), seed=st.integers(0, 2**31 - 1))
+def test_encoding_and_decoding_are_deterministic(secret, codec, seed):
+    values = torch.randn(3000, generator=torch.Generator().manual_seed(seed)) * 1e-3
+    spec = CodecSpec(codec=codec)
+    first, second = (encode_payload([("w", values)], spec, secret) for _ in range(2))
+    assert first == second
+    assert torch.equal(decode_payload(first, secret).tensors["w"], decode_payload(second, secret).tensors["w"])
+
+
+@pytest.mark.parametrize("codec", [Codec.INT8, Codec.INT4])
+@pytest.mark.parametrize("numel", [1, 63, 64, 65, 1001])
+def test_kernels_and_torch_reference_write_the_same_bytes(codec, numel):
+    if KERNELS is None:
+        pytest.fail("the C kernels are not built: the install must compile diloco_cli/codec/_kernels.c")
+    values = torch.randn(numel) * 3
+    values[numel // 2] = 0.0
+    layout = section_layout(codec, numel, 64)
+    sections, residuals, decoded = [], [], []
+    for use_kernels in (True, False):
+        section = np.zeros(layout.total_bytes, np.uint8)
+        residual = torch.empty(numel)
+        quantize_into(codec, values, 64, section, residual, use_kernels=use_kernels)
+        out = torch.full((numel,), 0.25)
+        dequantize_into(codec, section, numel, 64, out, accumulate=True, use_kernels=use_kernels)
+        sections.append(section)
+        residuals.append(residual)
+        decoded.append(out)
+    assert np.array_equal(*sections)
+    assert torch.equal(*residuals)
+    assert torch.equal(*decoded)
+
+
+def test_int4_golden_block():
+    """One block by hand: absmax 1.4 gives scale 0.2; values round to the nearest level."""
+    values = torch.tensor([1.4, -0.7, 0.05, 0.31, -1.4, 0.0])
+    section = np.zeros(section_layout(Codec.INT4, 6, 64).total_bytes, np.uint8)
+    quantize_into(Codec.INT4, values, 64, section)
+    scale = np.float32(1.4) / np.float32(7)
+    assert section[:4].view(np.float32)[0] == scale
+    # levels 7, -4 (-3.5 ties to even), 0 (0.25), 2 (1.55), -7, 0, stored as level + 8
+    expected_levels = [7, -4, 0, 2, -7, 0]
+    nibbles = [(int(byte) >> shift) & 15 for byte in section[4:7] for shift in (0, 4)]
+    assert [n - 8 for n in nibbles] == expected_levels
+    out = torch.empty(6)
+    dequantize_into(Codec.INT4, section, 6, 64, out)
+    assert torch.equal(out, torch.tensor(expected_levels, dtype=torch.float32) * torch.tensor(scale))
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+def test_residual_is_exactly_what_decoding_loses_even_in_place(secret, codec):
+    values = torch.randn(5000)
+    residual = torch.empty(5000)
+    payload = encode_payload([("w", values)], CodecSpec(codec=codec), secret, residuals_into={"w": residual})
+    decoded = decode_payload(payload, secret).tensors["w"]
+    assert torch.equal(residual, values - decoded)
+    in_place = values.clone()
+    assert encode_payload([("w", in_place)], CodecSpec(codec=codec), secret, residuals_into={"w": in_place}) == payload
+    assert torch.equal(in_place, residual)
+
+
+def test_decoding_into_tensors_adds_or_overwrites(secret):
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(17)}
+    payload = encode_payload(tensors.items(), CodecSpec(codec=Codec.INT8), secret, {"learner": "x"})
+    decoded = decode_payload(payload, secret)
+    assert decoded.meta == {"learner": "x"}
+    assert [t.shape for t in decoded.tensors.values()] == [torch.Size([3, 5]), torch.Size([17])]
+    targets = {"a": torch.ones(3, 5), "b": torch.ones(17)}
+    decode_payload(payload, secret, into=targets, accumulate=True)
+    for name in tensors:
+        assert torch.equal(targets[name], torch.ones_like(targets[name]) + decoded.tensors[name])
+    with pytest.raises(CorruptPayload, match="shape"):
+        decode_payload(payload, secret, into={"a": torch.ones(5, 3), "b": torch.ones(17)})
+
+
+def test_non_finite_values_are_refused(secret):
+    values = torch.randn(300)
+    values[200] = float("nan")
+    for codec in Codec:
+        with pytest.raises(NonFiniteValues):
+            encode_payload([("w", values)], CodecSpec(codec=codec), secret)
+
+
+@pytest.fixture(scope="module")
+def small_payload():
+    secret = RunSecret(bytes(range(32)))
+    tensors = [("layer.weight", torch.randn(40, 3)), ("layer.bias", torch.randn(5))]
+    return encode_payload(tensors, CodecSpec(codec=Codec.INT4), secret, {"learner": "a", "fragment": 1})
+
+
+def test_every_truncation_is_rejected(secret, small_payload):
+    for length in range(len(small_payload)):
+        with pytest.raises(PayloadError):
+            decode_payload(small_payload[:length], secret)
+    with pytest.raises(TruncatedPayload):
+        decode_payload(small_payload[: len(small_payload) // 2], secret)
+
+
+@given(flip=st.integers(1, 255))
+def test_every_single_byte_corruption_is_rejected(secret, small_payload, flip):
+    for position in range(len(small_payload)):
+        corrupted = bytearray(small_payload)
+        corrupted[position] ^= flip
+        with pytest.raises(PayloadError):
+            decode_payload(bytes(corrupted), secret)
+
+
+def test_rejections_name_their_cause(secret, small_payload):
+    with pytest.raises(WrongRun):
+        decode_payload(small_payload, RunSecret(bytes(32)))
+    with pytest.raises(UnsupportedFormat, match="magic"):
+        decode_payload(b"PK\x03\x04" + small_payload[4:], secret)
+    newer = bytearray(small_payload)
+    newer[4:6] = struct.pack("<H", 2)
+    with pytest.raises(UnsupportedFormat, match="version 2"):
+        decode_payload(bytes(newer), secret)
+    with pytest.raises(CorruptPayload, match="tag"):
+        decode_payload(small_payload[:-1] + bytes([small_payload[-1] ^ 1]), secret)
+    with pytest.raises(CorruptPayload):
+        decode_payload(small_payload + b"\x00", secret)
+
+
+def test_forgery_with_the_fingerprint_but_not_the_key_is_rejected(secret, small_payload):
+    """An attacker can copy the public fingerprint but cannot compute the tag."""
+    forged = bytearray(small_payload)
+    forged[PREFIX.size + 5] ^= 1
+    with pytest.raises(CorruptPayload, match="tag"):
+        decode_payload(bytes(forged), secret)
+
+
+def test_absurd_sizes_are_refused_before_allocation(secret, small_payload):
+    magic, version, flags, fingerprint, header_bytes, _ = PREFIX.unpack_from(small_payload)
+    absurd = PREFIX.pack(magic, version, flags, fingerprint, header_bytes, 1 << 62) + small_payload[PREFIX.size :]
+    with pytest.raises(PayloadTooLarge):
+        decode_payload(absurd, secret)
+    big = encode_payload([("w", torch.zeros(10_000))], CodecSpec(codec=Codec.INT4), secret)
+    with pytest.raises(PayloadTooLarge, match="decodes to 40000 bytes"):
+        decode_payload(big, secret, PayloadLimits(max_decoded_bytes=39_999))
+
+
+def test_header_is_readable_without_decoding(secret, small_payload):
+    header = read_header(small_payload, secret)
+    assert [entry.name for entry in header.tensors] == ["layer.weight", "layer.bias"]
+    assert header.codec.codec is Codec.INT4
+    assert header.meta["fragment"] == 1
+
+
+def test_an_empty_payload_carries_only_metadata(secret):
+    payload = encode_payload([], CodecSpec(), secret, {"step": 3})
+    assert decode_payload(payload, secret).tensors == {}
+    assert read_header(payload, secret).meta == {"step": 3}
+
+
+def test_int4_needs_an_even_block_of_at_most_256():
+    with pytest.raises(ValueError, match="even block_size"):
+        CodecSpec(codec=Codec.INT4, block_size=63)
+    assert CodecSpec(codec=Codec.INT8, block_size=1000).block_size == 1000
+
+
+def test_secret_never_shows_in_its_repr():
+    secret = RunSecret(bytes(range(32)))
+    assert secret.key.hex() not in repr(secret) and secret.key.hex() not in str(secret)
+    assert RunSecret.from_hex(secret.to_hex()) == secret

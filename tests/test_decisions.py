@@ -1,0 +1,191 @@
+"""The syncer's decision state machine, driven by a fake clock."""
+
+import pytest
+
+from diloco_cli.core.decisions import (
+    Arrival,
+    ArrivalSeen,
+    DecisionPolicy,
+    Discard,
+    HeartbeatSeen,
+    Merge,
+    MergeFinished,
+    Resync,
+    Wait,
+    initial_state,
+    step,
+)
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+
+P0 = FragmentIndex(0)
+
+
+def arrival(learner, sequence=1, base=0, fragment=0, steps=10, tokens=1000):
+    return Arrival(
+        learner=LearnerId(learner),
+        fragment=FragmentIndex(fragment),
+        base_version=Version(base),
+        c_steps=steps,
+        c_tokens=tokens,
+        sequence=sequence,
+        key=f"{learner}/{fragment}/{sequence}",
+    )
+
+
+def heartbeats(*learners, step_seconds=1.0):
+    return [HeartbeatSeen(LearnerId(m), step_seconds) for m in learners]
+
+
+def policy(**overrides):
+    values = dict(num_learners=3, quorum=2, num_fragments=1, grace_gamma=0.5, overlap_steps=4.0, max_grace_seconds=10.0)
+    values.update(overrides)
+    return DecisionPolicy(**values)
+
+
+def only(actions, kind):
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def test_waits_for_quorum_then_merges_when_every_live_learner_arrived():
+    state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3))
+    state, actions = step(state, heartbeats("a", "b", "c"), now=0.0)
+    assert only(actions, Wait).reason == "no arrivals for fragment 0 yet"
+    state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
+    assert only(actions, Wait).reason == "2 of K=3 arrived for fragment 0; waiting"
+    state, actions = step(state, [ArrivalSeen(arrival("c"))], now=2.0)
+    merge = only(actions, Merge)
+    assert [a.learner for a in merge.arrivals] == ["a", "b", "c"]
+    assert "every live learner arrived" in merge.reason
+    assert state.quorum_seconds == pytest.approx(1.0)  # round opened at 1.0, quorum at 2.0
+
+
+def test_grace_window_holds_the_merge_then_ends_early_when_the_last_live_learner_arrives():
+    state = initial_state(now=0.0, policy=policy())
+    state, _ = step(state, heartbeats("a", "b", "c", step_seconds=1.0), now=0.0)
+    state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
+    # xi_step 1 s * tau 4 = 4 s budget; xi_quorum 0 (first sample), xi_sync unknown: grace = 0.5*4 = 2 s
+    wait = only(actions, Wait)
+    assert wait.reason == "grace window: 2.0 s left for 1 more learner on fragment 0 (2 arrived)"
+    assert wait.until == pytest.approx(3.0)
+    state, actions = step(state, [], now=1.2)
+    assert "1.8 s left for 1 more learner" in only(actions, Wait).reason
+    state, actions = step(state, [ArrivalSeen(arrival("c"))], now=2.5)
+    assert "every live learner arrived" in only(actions, Merge).reason
+
+
+def test_grace_window_ends_and_merges_the_arrivals_it_has():
+    state = initial_state(now=0.0, policy=policy())
+    state, _ = step(state, heartbeats("a", "b", "c", step_seconds=1.0), now=0.0)
+    state, _ = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
+    state, actions = step(state, [], now=3.01)
+    merge = only(actions, Merge)
+    assert len(merge.arrivals) == 2 and "the grace window ended" in merge.reason
+
+
+def test_grace_is_capped():
+    state = initial_state(now=0.0, policy=policy(max_grace_seconds=5.0))
+    state, _ = step(state, heartbeats("a", "b", "c", step_seconds=100.0), now=0.0)
+    assert state.grace_seconds(0.0) == 5.0
+    state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
+    assert only(actions, Wait).until == pytest.approx(6.0)
+
+
+def test_emas_follow_heartbeats_quorum_times_and_merge_durations():
+    state = initial_state(now=0.0, policy=policy(ema_weight=0.5))
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 2.0)], now=0.0)
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 4.0)], now=0.5)
+    assert state.learners["a"].step_seconds == pytest.approx(3.0)
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), seconds=2.0)], now=1.0)
+    state, _ = step(state, [MergeFinished(P0, Version(2), Version(0), seconds=4.0)], now=1.0)
+    assert state.sync_seconds == pytest.approx(3.0)
+    # grace = 0.5 * max(0, 4 * 3.0 - xi_quorum 0 - xi_sync 3.0) = 4.5
+    assert state.grace_seconds(1.0) == pytest.approx(4.5)
+
+
+def test_a_dead_learner_does_not_count_as_live():
+    state = initial_state(now=0.0, policy=policy(liveness_timeout_seconds=10.0, quorum=2, num_learners=3))
+    state, _ = step(state, heartbeats("a", "b", "c", step_seconds=1.0), now=0.0)
+    state, _ = step(state, heartbeats("a", "b", step_seconds=1.0), now=8.0)
+    # c was last seen at 0; at 12 it is dead, so a and b are every live learner
+    state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=12.0)
+    assert state.live_learners(12.0) == {"a", "b"}
+    assert "every live learner arrived" in only(actions, Merge).reason
+
+
+def test_quorum_is_lowered_when_fewer_learners_live_but_not_while_learners_start():
+    state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3, liveness_timeout_seconds=5.0))
+    # a is the first learner seen; b and c are presumed live while the syncer starts up
+    state, actions = step(state, [ArrivalSeen(arrival("a"))], now=0.0)
+    assert only(actions, Wait).reason == "1 of K=3 arrived for fragment 0; waiting"
+    state, _ = step(state, heartbeats("a", "b", "c"), now=1.0)
+    state, actions = step(state, [ArrivalSeen(arrival("b"))], now=1.5)
+    assert only(actions, Wait).reason == "2 of K=3 arrived for fragment 0; waiting"
+    state, _ = step(state, heartbeats("b"), now=4.0)
+    state, _ = step(state, heartbeats("c"), now=6.0)
+    state, actions = step(state, [], now=6.5)  # a is dead now: b and c are live, K lowered to 2
+    assert state.effective_quorum(6.5) == 2
+    # quorum took 6.5 s, far beyond tau * xi_step = 4 s: no grace for c
+    assert state.grace_seconds(6.5) == 0.0
+    merge = only(actions, Merge)
+    assert [a.learner for a in merge.arrivals] == ["a", "b"] and "the grace window ended" in merge.reason
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=6.6)
+    state, actions = step(state, [], now=6.7)
+    assert only(actions, Wait).reason == "no arrivals for fragment 0 yet"
+
+
+def test_the_lowered_quorum_is_explained():
+    state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=4, liveness_timeout_seconds=5.0))
+    state, _ = step(state, heartbeats("a", "b"), now=6.0)
+    state, actions = step(state, [ArrivalSeen(arrival("a"))], now=6.1)
+    assert only(actions, Wait).reason == "1 of K=2 (lowered from 3: 2 live) arrived for fragment 0; waiting"
+
+
+def test_the_newest_arrival_wins_and_older_ones_are_superseded():
+    state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2))
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=1)), ArrivalSeen(arrival("a", sequence=3))], now=0.0)
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=2))], now=0.5)  # late, older
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=3))], now=0.6)  # seen again: ignored
+    state, actions = step(state, [ArrivalSeen(arrival("b"))], now=1.0)
+    merge = only(actions, Merge)
+    assert [(a.learner, a.sequence) for a in merge.arrivals] == [("a", 3), ("b", 1)]
+    assert sorted(a.sequence for a in merge.superseded) == [1, 2]
+    # an arrival older than what was merged is discarded with a reason
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=1.1)
+    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=2))], now=1.2)
+    assert "older than #3, already merged" in only(actions, Discard).reason
+
+
+def test_a_learner_beyond_the_window_is_told_to_resync():
+    state = initial_state(now=0.0, policy=policy(), versions={P0: (Version(9), Version(5))})
+    state, actions = step(state, [ArrivalSeen(arrival("a", base=4))], now=0.0)
+    resync = only(actions, Resync)
+    assert resync.learner == "a" and resync.fragment == 0
+    assert "older than the window (anchorable 5..9)" in resync.reason
+    state, actions = step(state, [ArrivalSeen(arrival("b", base=12))], now=0.1)
+    assert "newer than the syncer's" in only(actions, Resync).reason
+    assert not state.round(P0).pending
+
+
+def test_a_merging_fragment_waits_and_collects_the_next_round():
+    state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=2, num_fragments=2))
+    state, actions = step(state, [ArrivalSeen(arrival("a"))], now=0.0)
+    assert only(actions, Merge).fragment == 0
+    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=2))], now=0.5)
+    assert "merging fragment 0" in [a for a in actions if isinstance(a, Wait) and a.fragment == 0][0].reason
+    state, actions = step(state, [MergeFinished(P0, Version(1), Version(0), 0.4)], now=1.0)
+    assert only(actions, Merge).arrivals[0].sequence == 2
+
+
+def test_stopped_learners_are_not_waited_for():
+    state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=2))
+    state, _ = step(state, heartbeats("a", "b", step_seconds=5.0), now=0.0)
+    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), None, stopped=True)], now=0.5)
+    state, actions = step(state, [ArrivalSeen(arrival("a"))], now=1.0)
+    assert "every live learner arrived" in only(actions, Merge).reason
+
+
+def test_policy_validation():
+    with pytest.raises(ValueError, match="quorum K must be between 1 and M=2"):
+        DecisionPolicy(num_learners=2, quorum=3, num_fragments=1)

@@ -1,0 +1,58 @@
+"""Splitting a model into fragments and the staggered send schedule."""
+
+import pytest
+import torch
+
+from diloco_cli.core.fragments import FragmentError, fragments_due, fragments_of_model, split_into_fragments
+
+
+class TiedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.wide = torch.nn.Linear(8, 64)
+        self.head = torch.nn.Linear(8, 100, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_embedding_and_tied_head_form_their_own_fragment():
+    fragments = fragments_of_model(TiedModel(), 3)
+    assert fragments[0].parameter_names == ("embed.weight",)
+    assert fragments[0].embedding_names == {"embed.weight"}
+    names = [name for fragment in fragments for name in fragment.parameter_names]
+    assert sorted(names) == sorted(name for name, _ in TiedModel().named_parameters())
+    assert len(names) == len(set(names))
+
+
+def test_greedy_packing_balances_bytes_deterministically():
+    sizes = [("a", 100), ("b", 60), ("c", 50), ("d", 40), ("e", 10)]
+    fragments = split_into_fragments(sizes, 2)
+    # largest first into the lightest: a->0 (100), b->1 (60), c->1 (110), d->0 (140), e->1 (120)
+    assert [f.parameter_names for f in fragments] == [("a", "d"), ("b", "c", "e")]
+    assert [f.num_bytes for f in fragments] == [140, 120]
+    assert split_into_fragments(sizes, 2) == fragments
+
+
+def test_one_fragment_holds_everything_and_keeps_embedding_marks():
+    (fragment,) = fragments_of_model(TiedModel(), 1)
+    assert fragment.embedding_names == {"embed.weight"}
+    assert len(fragment.parameter_names) == len(list(TiedModel().parameters()))
+
+
+def test_too_many_fragments_is_a_clear_error():
+    with pytest.raises(FragmentError, match="lower num_fragments"):
+        split_into_fragments([("a", 1), ("b", 2)], 4)
+    with pytest.raises(FragmentError, match="at least 1"):
+        split_into_fragments([("a", 1)], 0)
+
+
+def test_staggered_schedule_sends_each_fragment_every_h_steps():
+    H, P = 10, 4
+    sends = {p: [s for s in range(1, 61) if p in fragments_due(s, H, P)] for p in range(P)}
+    assert sends[0] == [10, 20, 30, 40, 50, 60]
+    assert sends[1] == [2, 12, 22, 32, 42, 52]
+    assert sends[2] == [5, 15, 25, 35, 45, 55]
+    assert sends[3] == [7, 17, 27, 37, 47, 57]
+    assert fragments_due(0, H, P) == []
+    assert fragments_due(50, 50, 1) == [0]
