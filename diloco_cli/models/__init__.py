@@ -1,0 +1,1 @@
+"""Models that ship with diloco (any ``torch.nn.Module`` can be trained; see recipes)."""

@@ -1,0 +1,1 @@
+"""What a learner computes locally: data shards, batches and the inner schedule."""

@@ -1,0 +1,97 @@
+"""Byte-level text data: the built-in corpus, disjoint shards and random batches.
+
+Every learner reads only its own shard (a contiguous slice of the training text), so no
+two learners see the same bytes; the last part of the text is held out for evaluating
+the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
+the built-in corpus (``builtin:shakespeare``), which ships with the package and is
+checked by hash: nothing is fetched from a hub at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+import zstandard
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_CORPORA = {
+    "shakespeare": ("shakespeare.txt.zst", "04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d"),
+}
+
+
+class DataError(ValueError):
+    """The data source cannot be used as asked."""
+
+
+@functools.cache
+def builtin_corpus(name: str) -> bytes:
+    """The decompressed built-in corpus ``name``, verified against its SHA-256."""
+    if name not in BUILTIN_CORPORA:
+        raise DataError(f"unknown built-in corpus {name!r}; available: {', '.join(sorted(BUILTIN_CORPORA))}")
+    filename, digest = BUILTIN_CORPORA[name]
+    compressed = resources.files("diloco_cli").joinpath("data", filename).read_bytes()
+    text = zstandard.ZstdDecompressor().decompress(compressed)
+    if hashlib.sha256(text).hexdigest() != digest:
+        raise DataError(f"the built-in corpus {name!r} is damaged (hash mismatch); reinstall diloco")
+    return text
+
+
+def load_text(source: str, storage_options: dict | None = None) -> bytes:
+    """The bytes of a data source: ``builtin:NAME`` or an fsspec URL to a text file."""
+    if source.startswith(BUILTIN_PREFIX):
+        return builtin_corpus(source[len(BUILTIN_PREFIX) :])
+    import fsspec
+
+    try:
+        with fsspec.open(source, "rb", **(storage_options or {})) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise DataError(f"data file {source} does not exist") from None
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    """The training text and the held-out text of a corpus."""
+
+    train: torch.Tensor
+    heldout: torch.Tensor
+
+    @classmethod
+    def of(cls, text: bytes, heldout_fraction: float, context: int) -> TextSplit:
+        """Hold out the last ``heldout_fraction`` of the text (at least one sequence)."""
+        tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        heldout_length = max(context + 1, int(len(tokens) * heldout_fraction))
+        if len(tokens) < heldout_length + 2 * (context + 1):
+            raise DataError(f"the text has {len(tokens)} bytes, too few for a context of {context}")
+        return cls(train=tokens[:-heldout_length], heldout=tokens[-heldout_length:])
+
+    def shard(self, index: int, count: int) -> torch.Tensor:
+        """Learner ``index`` of ``count``'s disjoint, contiguous slice of the training text."""
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index} of {count} does not exist")
+        size = len(self.train) // count
+        return self.train[index * size : (index + 1) * size]
+
+
+def random_batch(tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` random windows of ``context`` bytes and their next-byte targets."""
+    if len(tokens) <= context + 1:
+        raise DataError(f"a shard of {len(tokens)} bytes is too small for a context of {context}")
+    starts = torch.randint(0, len(tokens) - context - 1, (batch_size,), generator=generator)
+    offsets = torch.arange(context + 1)
+    windows = tokens[starts[:, None] + offsets].long()
+    return windows[:, :-1], windows[:, 1:]
+
+
+def evaluation_batches(tokens: torch.Tensor, batch_size: int, context: int, max_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed, evenly spaced windows over held-out text: the same every evaluation."""
+    count = min(max_batches * batch_size, (len(tokens) - 1) // context)
+    stride = (len(tokens) - context - 1) // max(1, count - 1) if count > 1 else 0
+    starts = torch.arange(count) * stride
+    offsets = torch.arange(context + 1)
+    windows = tokens[starts[:, None] + offsets].long()
+    return [(chunk[:, :-1], chunk[:, 1:]) for chunk in windows.split(batch_size)]
