@@ -79,19 +79,27 @@ def test_kernels_and_torch_reference_write_the_same_bytes(codec, numel):
 
 
 def test_int4_golden_block():
-    """One block by hand: absmax 1.4 gives scale 0.2; values round to the nearest level."""
+    """One block by hand: absmax 1.4 gives 0.2, rounded up to the bfloat16 0.2001953125;
+    each value becomes the nearest level of that scale."""
     values = torch.tensor([1.4, -0.7, 0.05, 0.31, -1.4, 0.0])
     section = np.zeros(section_layout(Codec.INT4, 6, 64).total_bytes, np.uint8)
     quantize_into(Codec.INT4, values, 64, section)
-    scale = np.float32(1.4) / np.float32(7)
-    assert section[:4].view(np.float32)[0] == scale
-    # levels 7, -4 (-3.5 ties to even), 0 (0.25), 2 (1.55), -7, 0, stored as level + 8
-    expected_levels = [7, -4, 0, 2, -7, 0]
-    nibbles = [(int(byte) >> shift) & 15 for byte in section[4:7] for shift in (0, 4)]
+    scale = 0.2001953125  # 0x3E4D0000: 0.2f is 0x3E4CCCCD, rounded up in the top 16 bits
+    assert section[:2].view(np.uint16)[0] == 0x3E4D
+    expected_levels = [round(v / scale) for v in [1.4, -0.7, 0.05, 0.31, -1.4, 0.0]]
+    assert expected_levels == [7, -3, 0, 2, -7, 0]
+    nibbles = [(int(byte) >> shift) & 15 for byte in section[2:5] for shift in (0, 4)]
     assert [n - 8 for n in nibbles] == expected_levels
     out = torch.empty(6)
     dequantize_into(Codec.INT4, section, 6, 64, out)
-    assert torch.equal(out, torch.tensor(expected_levels, dtype=torch.float32) * torch.tensor(scale))
+    assert torch.equal(out, torch.tensor(expected_levels, dtype=torch.float32) * scale)
+
+
+def test_int8_ties_round_to_even():
+    values = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5])  # absmax 127: scale exactly 1.0
+    section = np.zeros(section_layout(Codec.INT8, 5, 64).total_bytes, np.uint8)
+    quantize_into(Codec.INT8, values, 64, section)
+    assert section[2:7].view(np.int8).tolist() == [127, 0, 2, 2, 0]
 
 
 @pytest.mark.parametrize("codec", list(Codec))

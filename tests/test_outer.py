@@ -24,6 +24,7 @@ def test_two_steps_golden_numbers():
     params = {"w": torch.tensor(theta, dtype=torch.float32)}
     for gradient in (d1, d2):
         params = optimizer.step(FragmentIndex(0), params, {"w": torch.tensor(gradient, dtype=torch.float32)})
+        assert params["w"].dtype == torch.float32
     np.testing.assert_allclose(params["w"].numpy(), theta2, atol=1e-6)
 
 
@@ -39,7 +40,7 @@ def test_matches_torch_sgd_nesterov_bit_for_bit(momentum):
     for gradient in gradients:
         reference.grad = gradient.clone()
         sgd.step()
-        ours = optimizer.step(FragmentIndex(3), {"w": ours}, {"w": gradient})["w"]
+        ours = optimizer.step(FragmentIndex(3), {"w": ours}, {"w": gradient.clone()})["w"]
         assert torch.equal(ours, reference.detach())
 
 
@@ -48,11 +49,13 @@ def test_state_round_trips_exactly_and_fragments_are_independent():
     params = {"a": torch.zeros(4)}
     optimizer.step(FragmentIndex(0), params, {"a": torch.ones(4)})
     optimizer.step(FragmentIndex(1), params, {"a": torch.full((4,), 2.0)})
+    assert torch.equal(params["a"], torch.zeros(4))  # parameters are never modified
     restored = NesterovOuterOptimizer(learning_rate=0.5, momentum=0.9)
     restored.load_state_tensors({k: v.clone() for k, v in optimizer.state_tensors().items()})
-    gradient = {"a": torch.randn(4)}
+    gradient = torch.randn(4)
     assert torch.equal(
-        optimizer.step(FragmentIndex(1), params, gradient)["a"], restored.step(FragmentIndex(1), params, gradient)["a"]
+        optimizer.step(FragmentIndex(1), params, {"a": gradient.clone()})["a"],
+        restored.step(FragmentIndex(1), params, {"a": gradient.clone()})["a"],
     )
     assert set(optimizer.state_tensors()) == {"0/a", "1/a"}
     assert torch.equal(optimizer.state_tensors()["0/a"], torch.ones(4))

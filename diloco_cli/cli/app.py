@@ -24,7 +24,7 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def root(
     version: bool = typer.Option(
-        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True, is_flag=True
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
     ),
 ) -> None:
     """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).

@@ -134,13 +134,13 @@ def encode_payload(
     residual may be the very tensor being encoded (each value is read before its
     residual is written), which saves a copy.
     """
-    compressor = zstandard.ZstdCompressor(level=spec.zstd_level).compressobj() if spec.zstd_level else None
-    body_chunks: list[bytes] = []
+    sections: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
-    raw_body_bytes = 0
     for name, tensor in tensors:
         values = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
-        section = np.zeros(section_layout(spec.codec, values.numel(), spec.block_size).total_bytes, np.uint8)
+        layout = section_layout(spec.codec, values.numel(), spec.block_size)
+        section = np.empty(layout.total_bytes, np.uint8)
+        section[layout.scale_bytes + layout.code_bytes :] = 0  # the alignment padding
         residual = None
         if residuals_into is not None:
             residual = residuals_into[name]
@@ -149,10 +149,11 @@ def encode_payload(
             residual = residual.view(-1)
         quantize_into(spec.codec, values, spec.block_size, section, residual)
         entries.append({"name": name, "shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)})
-        raw_body_bytes += section.nbytes
-        body_chunks.append(compressor.compress(section) if compressor else section.tobytes())
-    if compressor:
-        body_chunks.append(compressor.flush())
+        sections.append(section)
+    raw = sections[0] if len(sections) == 1 else np.concatenate(sections) if sections else np.empty(0, np.uint8)
+    raw_body_bytes = raw.nbytes
+    # One-shot compression records the content size, which lets decoding allocate once.
+    body = zstandard.ZstdCompressor(level=spec.zstd_level).compress(raw) if spec.zstd_level else raw
     header = json.dumps(
         {
             "codec": spec.model_dump(mode="json"),
@@ -163,12 +164,11 @@ def encode_payload(
         separators=(",", ":"),
         allow_nan=False,
     ).encode()
-    body_bytes = sum(len(chunk) for chunk in body_chunks)
-    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, secret.fingerprint, len(header), body_bytes)
+    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, secret.fingerprint, len(header), memoryview(body).nbytes)
     tag = hashlib.blake2b(key=secret.key, digest_size=TAG_BYTES)
-    for part in (prefix, header, *body_chunks):
+    for part in (prefix, header, body):
         tag.update(part)
-    return b"".join((prefix, header, *body_chunks, tag.digest()))
+    return b"".join((prefix, header, body, tag.digest()))
 
 
 def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits) -> tuple[PayloadHeader, memoryview]:
@@ -255,25 +255,21 @@ def decode_payload(
 
 
 def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
+    """The raw body, read-only: sections are only ever read from it."""
     if not header.codec.zstd_level:
         if len(body) != header.raw_body_bytes:
             raise CorruptPayload("uncompressed body size differs from the header")
-        return np.array(body, dtype=np.uint8)  # a writable copy: torch refuses read-only views
-    raw = np.empty(header.raw_body_bytes, dtype=np.uint8)
+        return np.frombuffer(body, dtype=np.uint8)
     try:
-        with zstandard.ZstdDecompressor().stream_reader(body) as reader:
-            filled = reader.readinto(memoryview(raw))
-            while filled < raw.nbytes:
-                more = reader.readinto(memoryview(raw)[filled:])
-                if not more:
-                    break
-                filled += more
-            extra = reader.read(1)
+        parameters = zstandard.get_frame_parameters(body)
+        if parameters.content_size != header.raw_body_bytes:
+            raise CorruptPayload("the compressed body's size differs from the header")
+        raw = zstandard.ZstdDecompressor().decompress(body, max_output_size=header.raw_body_bytes)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"body does not decompress: {error}") from None
-    if filled != raw.nbytes or extra:
+    if len(raw) != header.raw_body_bytes:
         raise CorruptPayload("decompressed body size differs from the header")
-    return raw
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def _decode_targets(header: PayloadHeader, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:

@@ -1,8 +1,9 @@
 """Block-wise absmax quantization of flat fp32 tensors into byte sections.
 
-Every block of ``block_size`` values keeps one fp32 scale ``absmax / levels`` and each
-value becomes the nearest level ``round(x * levels / absmax)`` in ``[-levels, levels]``
-(ties to even); decoding is ``q * scale`` rounded to fp32.  int8 uses 127 levels, int4
+Every block of ``block_size`` values keeps one scale, ``absmax / levels`` rounded up to
+a bfloat16 (2 bytes, exact in fp32), and each value becomes the nearest level
+``round(x * (1 / scale))`` in ``[-levels, levels]`` (ties to even); decoding is
+``q * scale`` rounded to fp32.  int8 uses 127 levels, int4
 7 levels packed two to a byte (as in Streaming DiLoCo, arXiv 2501.18512, and Decoupled
 DiLoCo, arXiv 2604.21428, whose ablation finds 4 bits lossless and 2 bits harmful).
 
@@ -30,6 +31,9 @@ MAX_INT4_BLOCK = 256
 """The int4 kernel unpacks a block into a stack buffer of this many values."""
 
 SECTION_ALIGNMENT = 8
+
+MAX_ABSMAX = 3.0e38
+"""Beyond this a block's scale, rounded up to a bfloat16, would overflow (as in the kernels)."""
 
 
 class Codec(str, Enum):
@@ -68,7 +72,7 @@ def section_layout(codec: Codec, numel: int, block_size: int) -> SectionLayout:
         return SectionLayout(0, 2 * numel)
     num_blocks = -(-numel // block_size)
     code_bytes = numel if codec is Codec.INT8 else -(-numel // 2)
-    return SectionLayout(4 * num_blocks, code_bytes)
+    return SectionLayout(2 * num_blocks, code_bytes)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -114,8 +118,15 @@ def _address(array: np.ndarray | torch.Tensor | None) -> int | None:
 # ------------------------------------------------------------------------ quantization
 
 
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A torch view of a numpy array that may be read-only (decoding only reads it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def _split_section(section: np.ndarray, layout: SectionLayout) -> tuple[np.ndarray, np.ndarray]:
-    scales = section[: layout.scale_bytes].view(np.float32)
+    scales = section[: layout.scale_bytes].view(np.int16)  # bfloat16 bit patterns
     codes = section[layout.scale_bytes : layout.scale_bytes + layout.code_bytes]
     return scales, codes
 
@@ -172,13 +183,14 @@ def _reference_quantize(
     padded[:numel] = values
     blocks = padded.view(-1, block_size)
     absmax = blocks.abs().amax(dim=1)
-    if not bool(torch.isfinite(absmax).all()):
-        bad = int((~torch.isfinite(absmax)).nonzero()[0])
-        raise NonFiniteValues(f"block {bad} holds NaN or infinite values")
-    block_scales = absmax / levels
-    inverse = torch.where(absmax > 0, levels / absmax, torch.zeros_like(absmax))
+    invalid = ~(absmax <= MAX_ABSMAX)  # NaN, infinity, or a scale that would overflow
+    if bool(invalid.any()):
+        raise NonFiniteValues(f"block {int(invalid.nonzero()[0])} holds NaN or infinite values")
+    rounded_up = ((absmax / levels).view(torch.int32) + 0xFFFF) & -65536
+    block_scales = rounded_up.view(torch.float32)
+    inverse = torch.where(block_scales > 0, 1.0 / block_scales, torch.zeros_like(block_scales))
     quantized = torch.round(blocks * inverse[:, None]).clamp_(-levels, levels)
-    torch.from_numpy(scales).copy_(block_scales)
+    torch.from_numpy(scales).copy_((rounded_up >> 16).to(torch.int16))
     flat = quantized.view(-1)[:numel].to(torch.int8)
     if codec is Codec.INT8:
         torch.from_numpy(codes).copy_(flat.view(torch.uint8))
@@ -209,7 +221,7 @@ def dequantize_into(
     layout = section_layout(codec, numel, block_size)
     scales, codes = _split_section(section, layout)
     if codec in (Codec.FP32, Codec.BF16):
-        stored = torch.from_numpy(codes).view(torch.float32 if codec is Codec.FP32 else torch.bfloat16)
+        stored = _as_tensor(codes).view(torch.float32 if codec is Codec.FP32 else torch.bfloat16)
         if accumulate:
             out.add_(stored.to(torch.float32))
         else:
@@ -219,13 +231,14 @@ def dequantize_into(
         function = KERNELS.diloco_dequantize_int8 if codec is Codec.INT8 else KERNELS.diloco_dequantize_int4
         function(_address(codes), _address(scales), numel, block_size, out.data_ptr(), int(accumulate))
         return
-    codes_tensor = torch.from_numpy(codes)
+    codes_tensor = _as_tensor(codes)
     if codec is Codec.INT8:
         levels = codes_tensor.view(torch.int8).to(torch.float32)
     else:
         unpacked = torch.stack([codes_tensor & 15, codes_tensor >> 4], dim=1).view(-1)[:numel]
         levels = unpacked.to(torch.float32) - 8
-    block_scales = torch.from_numpy(scales).repeat_interleave(block_size)[:numel]
+    block_scales = (_as_tensor(scales).to(torch.int32) << 16).view(torch.float32)
+    block_scales = block_scales.repeat_interleave(block_size)[:numel]
     decoded = levels * block_scales
     if accumulate:
         out.add_(decoded)

@@ -13,6 +13,7 @@ direction vanishes.
 
 Arrivals stream through :class:`MergeAccumulator` one at a time, so a merge holds two
 running sums per tensor and never all M outer gradients: its memory does not grow with M.
+Norms and sums are fp32 (torch reduces with cascaded sums), weights float64.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def token_weight(c_tokens: int, c_steps: int) -> float:
 
 
 def _norm(tensor: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+    return float(torch.linalg.vector_norm(tensor))
 
 
 class MergeAccumulator:
@@ -71,20 +72,23 @@ class MergeAccumulator:
                     self._weighted_unit_sum[name].add_(gradient, alpha=weight / norm)
 
     def result(self) -> dict[str, torch.Tensor]:
-        """The merged outer gradient; zeros when no arrival had a positive weight."""
+        """The merged outer gradient; zeros when no arrival had a positive weight.
+
+        Computed in place in the running sums, so call it once, after the last ``add``.
+        """
         if self.total_weight == 0.0:
-            return {name: torch.zeros_like(total) for name, total in self._weighted_sum.items()}
+            return {name: total.zero_() for name, total in self._weighted_sum.items()}
         merged = {}
         for name, total in self._weighted_sum.items():
-            mean = total / self.total_weight
-            if name in self._weighted_unit_sum:
-                mean_direction = self._weighted_unit_sum[name] / self.total_weight
-                direction_norm = _norm(mean_direction)
+            unit_sum = self._weighted_unit_sum.get(name)
+            if unit_sum is not None:
+                # |mean direction| = |sum w unit| / sum w; RDA = mean norm * direction / |direction|
+                direction_norm = _norm(unit_sum) / self.total_weight
                 if direction_norm >= VANISHING_DIRECTION:
                     mean_norm = self._weighted_norm_sum[name] / self.total_weight
-                    merged[name] = mean_direction * (mean_norm / direction_norm)
+                    merged[name] = unit_sum.mul_(mean_norm / (direction_norm * self.total_weight))
                     continue
-            merged[name] = mean
+            merged[name] = total.div_(self.total_weight)
         return merged
 
 

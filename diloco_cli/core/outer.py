@@ -41,7 +41,9 @@ class NesterovOuterOptimizer:
         """Advance the momentum and return ``Theta_new`` per tensor.
 
         ``parameters`` are not modified: the syncer publishes ``U = Theta_new - Theta``
-        (quantized) and applies what it published.
+        (quantized) and applies what it published.  The outer gradient's tensors are
+        used as workspace (they come back holding ``Theta_new``), which saves a
+        fragment-sized allocation per tensor; pass copies to keep them.
         """
         buffers = self._buffers.setdefault(fragment, {})
         new_parameters = {}
@@ -51,8 +53,9 @@ class NesterovOuterOptimizer:
                 buffer = buffers[name] = gradient.detach().clone()
             else:
                 buffer.mul_(self.momentum).add_(gradient)
-            step = gradient.add(buffer, alpha=self.momentum) if self.momentum else gradient
-            new_parameters[name] = parameters[name].add(step, alpha=-self.learning_rate)
+            if self.momentum:
+                gradient.add_(buffer, alpha=self.momentum)
+            new_parameters[name] = torch.add(parameters[name], gradient, alpha=-self.learning_rate, out=gradient)
         return new_parameters
 
     def state_tensors(self) -> dict[str, torch.Tensor]:

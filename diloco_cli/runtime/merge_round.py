@@ -40,7 +40,6 @@ class RoundResult:
     payload: bytes
     merged: list[RoundInput] = field(default_factory=list)
     rejected: list[tuple[RoundInput, PayloadError]] = field(default_factory=list)
-    update_norm: float = 0.0
 
 
 def merge_round(
@@ -69,11 +68,13 @@ def merge_round(
     for arrival in arrivals:
         by_base.setdefault(arrival.base_version, []).append(arrival)
     for base, drift in window.drifts(by_base, shapes):
+        fresh = base == window.newest  # no drift: decode straight into the scratch
         for arrival in by_base[base]:
-            for name, tensor in scratch.items():
-                tensor.copy_(drift[name])
+            if not fresh:
+                for name, tensor in scratch.items():
+                    tensor.copy_(drift[name])
             try:
-                decoded = decode_payload(arrival.load(), secret, into=scratch, accumulate=True)
+                decoded = decode_payload(arrival.load(), secret, into=scratch, accumulate=not fresh)
                 _check_matches(decoded.meta, arrival, fragment)
             except PayloadError as error:
                 result.rejected.append((arrival, error))
@@ -86,7 +87,6 @@ def merge_round(
     del outer_gradient
     for name, tensor in update.items():
         tensor.sub_(parameters[name])  # Theta_new - Theta, in place
-    result.update_norm = float(sum(float(t.norm()) ** 2 for t in update.values()) ** 0.5)
     round_meta = {"fragment": fragment, "version": version, "merged": [a.learner for a in result.merged], **(meta or {})}
     result.payload = publisher.encode_update(fragment, update, round_meta)
     del update

@@ -1,0 +1,75 @@
+"""What every benchmark shares: timing, the machine's description, JSON results, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def seconds(function: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def copy_seconds(source: torch.Tensor, destination: torch.Tensor) -> float:
+    """The physical reference: copy a buffer into a preallocated one."""
+    return seconds(lambda: destination.copy_(source))
+
+
+def machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", False
+    return {
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_result(name: str, quick: bool, settings: dict[str, Any], results: Any, output: Path | None) -> Path:
+    """Write ``{"benchmark", "machine", "settings", "results"}`` as JSON and return the path."""
+    path = output or RESULTS / f"{name}{'.quick' if quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"benchmark": name, "quick": quick, "machine": machine(), "settings": settings, "results": results}
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    widths = [max(len(column), *(len(cell(row.get(column, ""))) for row in rows)) for column in columns]
+    print("  ".join(column.ljust(width) for column, width in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(cell(row.get(column, "")).ljust(width) for column, width in zip(columns, widths)))
