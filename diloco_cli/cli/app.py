@@ -1,10 +1,11 @@
-"""The ``diloco`` command."""
+"""The ``diloco`` command: thin commands that parse, call one library function, render."""
 
 from __future__ import annotations
 
 import typer
 
 from diloco_cli import __version__
+from diloco_cli.cli import internal, runs_commands
 
 app = typer.Typer(
     name="diloco",
@@ -23,14 +24,16 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: bool = typer.Option(
-        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
-    ),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
 ) -> None:
     """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).
 
     M learners train on their own and never wait for one another; every H steps each writes a small, compressed, authenticated delta to its own region's bucket; a CPU syncer merges whatever K of the M have arrived and publishes new global weights back to every region.
     """
+
+
+runs_commands.register(app)
+internal.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,29 @@
+"""Turning user mistakes into one clear message and a non-zero exit."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+import typer
+
+from diloco_cli.config.loading import ConfigError
+from diloco_cli.store.filesystem import StorageError
+
+Function = TypeVar("Function", bound=Callable)
+EXIT_USER_ERROR = 2
+
+
+def reported(function: Function) -> Function:
+    """Print ConfigError and StorageError as ``error: ...`` and exit with code 2."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ConfigError, StorageError) as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(EXIT_USER_ERROR) from None
+
+    return wrapper  # type: ignore[return-value]

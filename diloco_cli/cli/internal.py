@@ -1,0 +1,52 @@
+"""Commands that launchers start on each machine (hidden from ``--help``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import typer
+
+from diloco_cli.runtime.run_spec import read_run_spec, read_secret
+
+MANIFEST_HELP = "URL of the run's manifest (a bucket's manifest.json, or a local run.json)."
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
+
+
+def learner(
+    manifest: str = typer.Option(..., help=MANIFEST_HELP),
+    learner_id: str = typer.Option(..., "--learner", help="This learner's id in the run."),
+    secret_file: str = typer.Option(..., help="File holding the run's secret."),
+    storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
+) -> None:
+    """Run one learner (one rank of it under torchrun)."""
+    from diloco_cli.launch.supervisor import RESTARTS_VARIABLE
+    from diloco_cli.runtime.learner import Learner
+
+    _logging()
+    spec = read_run_spec(manifest, json.loads(storage_options))
+    code = Learner(spec, learner_id, read_secret(secret_file), restarts=int(os.environ.get(RESTARTS_VARIABLE, "0"))).run()
+    raise typer.Exit(code)
+
+
+def syncer(
+    manifest: str = typer.Option(..., help=MANIFEST_HELP),
+    secret_file: str = typer.Option(..., help="File holding the run's secret."),
+    storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
+) -> None:
+    """Run the syncer."""
+    from diloco_cli.runtime.syncer import Syncer
+
+    _logging()
+    spec = read_run_spec(manifest, json.loads(storage_options))
+    raise typer.Exit(Syncer(spec, read_secret(secret_file)).run())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("_learner", hidden=True)(learner)
+    app.command("_syncer", hidden=True)(syncer)

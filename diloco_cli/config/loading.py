@@ -1,0 +1,106 @@
+"""Reading YAML into typed config, with errors that name the file, the key and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is wrong; the message says where and what to do."""
+
+
+def _allowed_keys(model: type[BaseModel], location: Sequence[Any]) -> list[str]:
+    """The field names allowed at ``location`` (the path of keys into the model)."""
+    current: Any = model
+    for key in location[:-1]:
+        field = getattr(current, "model_fields", {}).get(key)
+        if field is None:
+            return []
+        current = field.annotation
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
+    """One line per problem: ``source: key.path: what is wrong``."""
+    lines = []
+    for problem in error.errors():
+        location = list(problem["loc"])
+        key = ".".join(str(part) for part in location) or "(top level)"
+        if problem["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, location)
+            hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"{source}: unknown key '{key}'{hint}")
+        elif problem["type"] == "missing":
+            lines.append(f"{source}: missing key '{key}'")
+        else:
+            got = problem.get("input")
+            shown = f" (got {got!r})" if got is not None and not isinstance(got, dict | list) else ""
+            lines.append(f"{source}: {key}: {problem['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` into (["a", "b"], value parsed as YAML)."""
+    key, separator, raw = text.partition("=")
+    if not separator or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set training.inner_steps=200")
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set each ``key.path=value`` into a nested dict (a copy)."""
+    result = _deep_copy(data)
+    for override in overrides:
+        path, value = parse_override(override)
+        node = result
+        for key in path[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {key: _deep_copy(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(value) for value in data]
+    return data
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def load_model(model: type[Model], path: Path | None, overrides: Sequence[str] = (), default_name: str = "defaults") -> Model:
+    """Validate a YAML file (or the defaults when ``path`` is None) plus overrides."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    source = str(path) if path is not None else default_name
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error, model, source)) from None

@@ -1,0 +1,222 @@
+"""The recipe: what to train (model, data, inner optimization) and how to synchronise it.
+
+Every field has a default; ``recipes/default.yaml`` spells out the defaults, which train
+the built-in byte-level GPT (about 0.84M parameters) on the built-in Shakespeare corpus
+with 4 learners in a few minutes on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from diloco_cli.codec import Codec, CodecSpec
+
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelConfig(BaseModel):
+    """Which ``torch.nn.Module`` to train."""
+
+    model_config = FROZEN
+
+    factory: str = "diloco_cli.models.gpt:byte_gpt"
+    """Import path ``module:callable`` of a function or class that returns the model."""
+
+    kwargs: dict[str, Any] = Field(default_factory=lambda: {"num_layers": 4, "width": 128, "num_heads": 4, "context": 128})
+    """Keyword arguments passed to the factory."""
+
+    @model_validator(mode="after")
+    def _factory_is_an_import_path(self) -> ModelConfig:
+        module, separator, attribute = self.factory.partition(":")
+        if not separator or not module or not attribute:
+            raise ValueError(f"factory must look like 'package.module:callable', got {self.factory!r}")
+        return self
+
+    def build(self) -> Any:
+        """Import the factory and call it with the keyword arguments."""
+        module_name, _, attribute = self.factory.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"model.factory {self.factory!r} cannot be imported: {error}") from None
+        return factory(**self.kwargs)
+
+
+class DataConfig(BaseModel):
+    """Where the training text comes from and how it is cut."""
+
+    model_config = FROZEN
+
+    source: str = "builtin:shakespeare"
+    """``builtin:shakespeare`` (ships with diloco) or an fsspec URL of a text file, e.g.
+    ``s3://bucket/corpus.txt`` or ``file:///data/corpus.txt``."""
+
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """Options for the filesystem of ``source`` (endpoint, profile); never credentials."""
+
+    sequence_length: int = Field(default=128, ge=2)
+    """Bytes per training sequence (at most the model's context)."""
+
+    heldout_fraction: float = Field(default=0.05, gt=0, lt=0.5)
+    """The last part of the text kept out of every shard to evaluate the global model."""
+
+
+class TrainingConfig(BaseModel):
+    """The learners' inner optimization (AdamW with warmup and cosine decay)."""
+
+    model_config = FROZEN
+
+    num_learners: int = Field(default=4, ge=1)
+    """M: independent learners, each with its own data shard and inner optimizer."""
+
+    batch_size: int = Field(default=16, ge=1)
+    """Sequences per inner step per learner (split across its processes under torchrun)."""
+
+    inner_steps: int = Field(default=400, ge=1)
+    """Inner steps each learner takes before it finishes."""
+
+    learning_rate: float = Field(default=6e-3, gt=0)
+    """Peak inner AdamW learning rate."""
+
+    warmup_steps: int = Field(default=30, ge=0)
+    """Linear warmup of the inner learning rate."""
+
+    final_learning_rate_fraction: float = Field(default=0.1, ge=0, le=1)
+    """The cosine decay ends at this fraction of the peak learning rate."""
+
+    weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay, applied to matrices only."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+
+    gradient_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the gradient norm to this value; null turns clipping off."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto`` uses CUDA when available (one GPU per process), else the CPU."""
+
+    threads_per_learner: int | None = Field(default=None, ge=1)
+    """torch CPU threads per learner process; null divides this machine's cores among
+    the learners started on it."""
+
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    """How often a learner writes its heartbeat (step, tokens, loss, speed, state)."""
+
+    checkpoint_every_steps: int = Field(default=100, ge=1)
+    """How often a learner checkpoints itself to its region's bucket."""
+
+    poll_seconds: float = Field(default=1.0, gt=0)
+    """How often a learner looks for newer global versions."""
+
+    seed: int = 0
+    """Seeds the initial model and every learner's data order (learner m uses seed + m)."""
+
+
+class SyncConfig(BaseModel):
+    """How the syncer merges: fragments, quorum, grace window, outer optimizer, codecs."""
+
+    model_config = FROZEN
+
+    sync_interval: int = Field(default=25, ge=1)
+    """H: inner steps between two sends of the same fragment."""
+
+    num_fragments: int = Field(default=2, ge=1)
+    """P: fragments sent at staggered steps; 1 sends the whole model at once."""
+
+    quorum: int | None = Field(default=None, ge=1)
+    """K: merge a fragment once this many learners sent it; null means K = M (synchronous
+    rounds).  K < M lets fast learners go on without the slow ones."""
+
+    outer_learning_rate: float | Literal["auto"] = "auto"
+    """Nesterov outer learning rate; ``auto`` is K/M: 1.0 (plain averaging) when K = M,
+    smaller when each merge sees fewer learners and merges happen up to M/K times more
+    often (measured in bench/quality.py; see the README)."""
+
+    outer_momentum: float = Field(default=0.0, ge=0, lt=1)
+    """Nesterov momentum of the outer step (DiLoCo uses 0.9 at large scale; at this
+    scale 0.0 was measured best)."""
+
+    grace_gamma: float = Field(default=0.5, ge=0, le=1)
+    """gamma of the grace window gamma * max(0, tau*xi_step - xi_quorum - xi_sync)."""
+
+    overlap_steps: float = Field(default=2.0, ge=0)
+    """tau: inner steps of overlap the grace window may spend waiting for stragglers."""
+
+    max_grace_seconds: float = Field(default=10.0, ge=0)
+    """Upper bound of the grace window."""
+
+    liveness_timeout_seconds: float = Field(default=60.0, gt=0)
+    """A learner not heard from for this long is not waited for."""
+
+    window_versions: int = Field(default=32, ge=1)
+    """W: updates kept per fragment to anchor stale learners; older bases must resync."""
+
+    snapshot_every: int = Field(default=20, ge=1)
+    """S: a full snapshot every S versions, so a joining learner replays at most S updates."""
+
+    evaluate_every: int = Field(default=4, ge=1)
+    """Evaluate the global model on held-out text every this many versions."""
+
+    evaluation_batches: int = Field(default=8, ge=1)
+    """Held-out batches (of the training batch size) per evaluation."""
+
+    learner_codec: CodecSpec = CodecSpec(codec=Codec.INT4)
+    """Compression of the learners' deltas (with error feedback)."""
+
+    update_codec: CodecSpec = CodecSpec(codec=Codec.INT8)
+    """Compression of the published global updates (made exact for everyone)."""
+
+    poll_seconds: float = Field(default=0.5, gt=0)
+    """How often the syncer lists the buckets for arrivals."""
+
+    delete_consumed_payloads: bool = True
+    """Delete learner payloads once merged or superseded (keep them to audit a run)."""
+
+
+class Recipe(BaseModel):
+    """A whole training job."""
+
+    model_config = FROZEN
+
+    name: str = Field(default="shakespeare-gpt", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    """Prefix of run names: lowercase letters, digits and dashes."""
+
+    model: ModelConfig = ModelConfig()
+    """The model to train."""
+
+    data: DataConfig = DataConfig()
+    """The training text."""
+
+    training: TrainingConfig = TrainingConfig()
+    """The learners' inner optimization."""
+
+    sync: SyncConfig = SyncConfig()
+    """The syncer's merging."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        quorum = self.sync.quorum
+        if quorum is not None and quorum > self.training.num_learners:
+            raise ValueError(
+                f"sync.quorum K={quorum} cannot exceed training.num_learners M={self.training.num_learners}"
+            )
+        context = self.model.kwargs.get("context")
+        if isinstance(context, int) and self.data.sequence_length > context:
+            raise ValueError(f"data.sequence_length {self.data.sequence_length} exceeds model.kwargs.context {context}")
+        return self
+
+    @property
+    def quorum(self) -> int:
+        """K, with null resolved to M."""
+        return self.sync.quorum or self.training.num_learners
+
+    @property
+    def outer_learning_rate(self) -> float:
+        """The outer learning rate with ``auto`` resolved to K/M."""
+        if self.sync.outer_learning_rate == "auto":
+            return self.quorum / self.training.num_learners
+        return float(self.sync.outer_learning_rate)

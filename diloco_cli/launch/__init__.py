@@ -1,0 +1,1 @@
+"""Launchers: plan a run, start its processes (here or over SSH), supervise and stop them."""

@@ -1,0 +1,44 @@
+"""The local launcher: every learner and the syncer as supervised processes here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_supervised
+from diloco_cli.launch.runs import RunRecord
+from diloco_cli.runtime.run_spec import LearnerSpec, RunSpec
+
+
+def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> list[str]:
+    arguments = ["-m", "diloco_cli", "_learner", "--manifest", str(manifest), "--learner", learner.id, "--secret-file", str(secret_path)]
+    if learner.processes > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={learner.processes}", *arguments]
+    return [sys.executable, *arguments]
+
+
+def syncer_command(manifest: Path, secret_path: Path) -> list[str]:
+    return [sys.executable, "-m", "diloco_cli", "_syncer", "--manifest", str(manifest), "--secret-file", str(secret_path)]
+
+
+def start_local(spec: RunSpec, run_dir: Path) -> list[ProcessRecord]:
+    """Start the syncer and every learner; CPU threads are shared out among them."""
+    manifest, secret_path = run_dir / "run.json", run_dir / "secret"
+    processes = sum(learner.processes for learner in spec.learners)
+    threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    records = [start_supervised("syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"})]
+    for learner in spec.learners:
+        records.append(start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env))
+    return records
+
+
+def stop_local(record: RunRecord, timeout: float = 30.0) -> dict[str, str]:
+    processes = [ProcessRecord(**process) for process in record.processes]
+    return stop_supervised(processes, record.directory, timeout)
+
+
+def process_records_json(records: list[ProcessRecord]) -> list[dict]:
+    return [asdict(record) for record in records]

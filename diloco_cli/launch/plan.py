@@ -1,0 +1,125 @@
+"""Planning a run: recipe + regions -> a RunSpec, checked before anything starts.
+
+Everything a user can get wrong is checked here, and reported with the file and key or
+the bucket it concerns: the learner count, the data source, every bucket (a probe object
+is written, read and deleted).  Only then is the run directory created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from diloco_cli.codec import RunSecret
+from diloco_cli.config.loading import ConfigError
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.regions import RegionsFile
+from diloco_cli.core.types import RegionName
+from diloco_cli.runtime.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
+from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
+from diloco_cli.store.objects import ObjectStore
+from diloco_cli.training.data import BUILTIN_PREFIX
+
+RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the configuration came from, for error messages."""
+
+    recipe: str = "the default recipe"
+    regions: str = "the default regions (regions/local.yaml)"
+
+
+def new_run_name(recipe: Recipe) -> str:
+    return f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources = Sources()) -> RunSpec:
+    """Resolve a run; raises ConfigError naming the file and key of any inconsistency."""
+    if not RUN_NAME.match(run):
+        raise ConfigError(f"run name {run!r}: use lowercase letters, digits and dashes (at most 63)")
+    placements = regions.learner_placements()
+    if len(placements) != recipe.training.num_learners:
+        raise ConfigError(
+            f"{sources.regions}: the regions place {len(placements)} learners (sum of hosts[].learners), "
+            f"but {sources.recipe} sets training.num_learners: {recipe.training.num_learners}; make them equal"
+        )
+    hosts = {host.name for region in regions.regions for host in region.hosts}
+    if regions.syncer.host != "local" and regions.syncer.host not in hosts:
+        raise ConfigError(f"{sources.regions}: syncer.host {regions.syncer.host!r} is not 'local' nor a host of any region")
+    learners = tuple(
+        LearnerSpec(id=learner, region=RegionName(region.name), host=host.name, shard=index, processes=host.processes_per_learner)
+        for index, (learner, region, host) in enumerate(placements)
+    )
+    region_specs = tuple(
+        RegionSpec(name=RegionName(region.name), root=absolute_url(region.run_root(run, str(runs_dir))), storage_options=region.storage_options)
+        for region in regions.regions
+    )
+    home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)
+    syncer = SyncerSpec(host=regions.syncer.host, home=absolute_url(home), storage_options=regions.syncer.storage_options)
+    return RunSpec(run=run, created=time.time(), recipe=recipe, learners=learners, regions=region_specs, syncer=syncer)
+
+
+def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
+    """The data source exists (a built-in corpus, or a file its URL names)."""
+    source = recipe.data.source
+    if source.startswith(BUILTIN_PREFIX):
+        from diloco_cli.training.data import BUILTIN_CORPORA
+
+        if source[len(BUILTIN_PREFIX) :] not in BUILTIN_CORPORA:
+            raise ConfigError(f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)")
+        return
+    try:
+        filesystem, path = open_filesystem(source, recipe.data.storage_options)
+        exists = filesystem.exists(path)
+    except StorageError as error:
+        raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
+    if not exists:
+        raise ConfigError(f"{sources.recipe}: data.source {source!r}: no such file; point it at a text file or use builtin:shakespeare")
+
+
+def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:
+    """Every region's bucket and the syncer's home can be written, read and deleted."""
+    for region in spec.regions:
+        try:
+            ObjectStore(region.root, region.storage_options).probe()
+        except StorageError as error:
+            raise StorageError(f"{sources.regions}: region {region.name!r} bucket: {error}") from None
+    try:
+        ObjectStore(spec.syncer.home, spec.syncer.storage_options).probe()
+    except StorageError as error:
+        raise StorageError(f"{sources.regions}: syncer.home: {error}") from None
+
+
+def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[Path, RunSecret]:
+    """``runs/<run>/`` with the run record and the secret (readable by its owner only)."""
+    run_dir = runs_dir / spec.run
+    if run_dir.exists():
+        raise ConfigError(f"run {spec.run} already exists in {runs_dir}; pick another --name")
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "processes").mkdir()
+    secret = RunSecret.generate()
+    secret_path = run_dir / "secret"
+    descriptor = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secret.to_hex())
+    write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": launcher, "processes": []})
+    return run_dir, secret
+
+
+def write_run_record(run_dir: Path, record: dict) -> None:
+    temporary = run_dir / "run.json.tmp"
+    temporary.write_text(json.dumps(record, indent=2))
+    os.replace(temporary, run_dir / "run.json")
+
+
+def write_manifests(spec: RunSpec) -> None:
+    """The manifest into every region's bucket (no secret, no credential in it)."""
+    manifest = json.loads(spec.to_json())
+    for bucket in spec.buckets(None):
+        bucket.write_manifest(manifest)

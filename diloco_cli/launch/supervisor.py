@@ -1,0 +1,92 @@
+"""The supervisor: run one learner or syncer, restart it on a crash with backoff.
+
+It runs detached (its own session, so it outlives the shell or SSH session that started
+it), appends the child's output to a log file and records its state in a small JSON file.
+On SIGTERM it forwards the signal to the child, waits for it and exits without
+restarting.  A child that exits 0 has finished; any other exit is a crash and is
+restarted after 1, 2, 4 ... up to 30 seconds, until it has crashed ``max_crashes`` times
+in a row without running a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HEALTHY_SECONDS = 60.0
+"""A child that ran this long resets the count of consecutive crashes."""
+
+RESTARTS_VARIABLE = "DILOCO_RESTARTS"
+
+
+def _write_state(path: Path, **state: Any) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({**state, "supervisor_pid": os.getpid(), "time": time.time()}))
+    os.replace(temporary, path)
+
+
+def supervise(command: list[str], log_path: Path, state_path: Path, max_crashes: int = 10, max_backoff: float = 30.0) -> int:
+    stopping = False
+    child: subprocess.Popen | None = None
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    restarts = crashes = 0
+    with open(log_path, "ab", buffering=0) as log:
+        def note(message: str) -> None:
+            log.write(f"[supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n".encode())
+
+        while True:
+            env = {**os.environ, RESTARTS_VARIABLE: str(restarts)}
+            started = time.monotonic()
+            note(f"starting (restart {restarts}): {' '.join(command)}")
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            _write_state(state_path, state="running", child_pid=child.pid, restarts=restarts, command=command)
+            code = child.wait()
+            if stopping:
+                note(f"stopped (exit {code})")
+                _write_state(state_path, state="stopped", exit_code=code, restarts=restarts)
+                return 0
+            if code == 0:
+                note("finished")
+                _write_state(state_path, state="finished", exit_code=0, restarts=restarts)
+                return 0
+            crashes = 1 if time.monotonic() - started >= HEALTHY_SECONDS else crashes + 1
+            if crashes >= max_crashes:
+                note(f"exit {code}: gave up after {crashes} crashes in a row")
+                _write_state(state_path, state="failed", exit_code=code, restarts=restarts)
+                return 1
+            delay = min(max_backoff, 2.0 ** (crashes - 1))
+            note(f"exit {code}: restarting in {delay:.0f} s")
+            _write_state(state_path, state="restarting", exit_code=code, restarts=restarts + 1)
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline and not stopping:
+                time.sleep(0.1)
+            if stopping:
+                _write_state(state_path, state="stopped", exit_code=code, restarts=restarts)
+                return 0
+            restarts += 1
+
+
+def main(argv: list[str]) -> int:
+    """``python -m diloco_cli.launch.supervisor LOG STATE -- COMMAND...``"""
+    separator = argv.index("--")
+    log_path, state_path = (Path(p) for p in argv[:separator])
+    return supervise(argv[separator + 1 :], log_path, state_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""A learner's bookkeeping per fragment: its base, counters and error-feedback residual.
+
+Algorithm (Decoupled DiLoCo, arXiv 2604.21428; algorithm.md "Learner m"):
+
+* after each inner step every fragment's ``c_steps`` and ``c_tokens`` grow;
+* when fragment p is due the learner sends ``delta = base[p] - theta[p] + e[p]``
+  quantized, and keeps ``e[p] = delta - decode(encode(delta))`` (error feedback);
+* when a newer global version of p is available it overwrites ``theta[p]`` with it
+  (overwriting beats blending as M grows), sets ``base[p]`` and ``base_version[p]`` and
+  resets the counters; the inner AdamW state is kept.
+
+``base`` and ``e`` live on the CPU in fp32, whatever the model's device and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
+from diloco_cli.core.fragments import Fragment
+from diloco_cli.core.types import FragmentIndex, Version
+
+
+class LearnerFragments:
+    """Bases, versions, counters and residuals of every fragment of one learner."""
+
+    def __init__(self, fragments: tuple[Fragment, ...], parameters: Mapping[str, torch.nn.Parameter]) -> None:
+        self.fragments = fragments
+        self.parameters = dict(parameters)
+        self.base = {name: torch.zeros(p.shape, dtype=torch.float32) for name, p in self.parameters.items()}
+        self.residual = {name: torch.zeros(p.shape, dtype=torch.float32) for name, p in self.parameters.items()}
+        self.base_version = {fragment.index: Version(-1) for fragment in fragments}
+        self.c_steps = {fragment.index: 0 for fragment in fragments}
+        self.c_tokens = {fragment.index: 0 for fragment in fragments}
+
+    def names(self, fragment: FragmentIndex) -> tuple[str, ...]:
+        return self.fragments[fragment].parameter_names
+
+    @property
+    def installed(self) -> bool:
+        """Whether every fragment holds some global version."""
+        return all(version >= 0 for version in self.base_version.values())
+
+    def count_step(self, tokens: int) -> None:
+        for fragment in self.c_steps:
+            self.c_steps[fragment] += 1
+            self.c_tokens[fragment] += tokens
+
+    def _deltas(self, fragment: FragmentIndex) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.names(fragment):
+            theta = self.parameters[name].detach().to(device="cpu", dtype=torch.float32)
+            yield name, self.base[name] - theta + self.residual[name]
+
+    def encode_delta(self, fragment: FragmentIndex, spec: CodecSpec, secret: RunSecret, meta: Mapping[str, Any]) -> bytes:
+        """The payload of ``base - theta + e`` for one fragment; ``e`` becomes the new error."""
+        full_meta = {
+            **meta,
+            "fragment": fragment,
+            "base_version": self.base_version[fragment],
+            "c_steps": self.c_steps[fragment],
+            "c_tokens": self.c_tokens[fragment],
+        }
+        residuals = {name: self.residual[name] for name in self.names(fragment)}
+        return encode_payload(self._deltas(fragment), spec, secret, full_meta, residuals_into=residuals)
+
+    @torch.no_grad()
+    def install(self, fragment: FragmentIndex, version: Version) -> None:
+        """Overwrite theta[p] with base[p] (already holding ``version``); reset counters."""
+        for name in self.names(fragment):
+            self.parameters[name].copy_(self.base[name])
+        self.base_version[fragment] = version
+        self.c_steps[fragment] = 0
+        self.c_tokens[fragment] = 0
+
+    def base_of(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
+        return {name: self.base[name] for name in self.names(fragment)}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"base/{name}": tensor for name, tensor in self.base.items()}
+        tensors.update({f"residual/{name}": tensor for name, tensor in self.residual.items()})
+        return tensors
+
+    def state_meta(self) -> dict[str, Any]:
+        return {
+            "base_version": {str(p): v for p, v in self.base_version.items()},
+            "c_steps": {str(p): v for p, v in self.c_steps.items()},
+            "c_tokens": {str(p): v for p, v in self.c_tokens.items()},
+        }
+
+    def load_state(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+        for name in self.base:
+            self.base[name].copy_(tensors[f"base/{name}"])
+            self.residual[name].copy_(tensors[f"residual/{name}"])
+        self.base_version = {FragmentIndex(int(p)): Version(int(v)) for p, v in meta["base_version"].items()}
+        self.c_steps = {FragmentIndex(int(p)): int(v) for p, v in meta["c_steps"].items()}
+        self.c_tokens = {FragmentIndex(int(p)): int(v) for p, v in meta["c_tokens"].items()}

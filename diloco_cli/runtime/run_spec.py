@@ -1,0 +1,105 @@
+"""A run, resolved: the recipe, every learner's place and shard, every region's bucket.
+
+Written by ``diloco up`` as ``manifest.json`` into every region's bucket (and, for local
+runs, ``runs/<run>/run.json``), so any process that can read one bucket and holds the
+run's secret knows the whole run.  It never holds a secret or a credential.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+from pydantic import BaseModel, ConfigDict, Field
+
+from diloco_cli import __version__
+from diloco_cli.codec import RunSecret
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.core.types import LearnerId, RegionName
+from diloco_cli.store.filesystem import absolute_url, open_filesystem
+from diloco_cli.store.home import SyncerHome
+from diloco_cli.store.region import RegionBucket
+
+FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class LearnerSpec(BaseModel):
+    model_config = FROZEN
+
+    id: LearnerId
+    region: RegionName
+    host: str
+    shard: int
+    """This learner's shard index among the M learners."""
+    processes: int = 1
+
+
+class RegionSpec(BaseModel):
+    model_config = FROZEN
+
+    name: RegionName
+    root: str
+    """The URL of the run's root in this region's bucket."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SyncerSpec(BaseModel):
+    model_config = FROZEN
+
+    host: str
+    home: str
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunSpec(BaseModel):
+    model_config = FROZEN
+
+    run: str
+    created: float
+    diloco_version: str = __version__
+    recipe: Recipe
+    learners: tuple[LearnerSpec, ...]
+    regions: tuple[RegionSpec, ...]
+    syncer: SyncerSpec
+
+    def learner(self, learner: LearnerId | str) -> LearnerSpec:
+        for spec in self.learners:
+            if spec.id == learner:
+                return spec
+        raise KeyError(f"learner {learner!r} is not part of run {self.run} ({', '.join(s.id for s in self.learners)})")
+
+    def region(self, name: RegionName | str) -> RegionSpec:
+        for spec in self.regions:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"region {name!r} is not part of run {self.run}")
+
+    def bucket(self, region: RegionName | str, secret: RunSecret | None) -> RegionBucket:
+        spec = self.region(region)
+        return RegionBucket(spec.name, spec.root, spec.storage_options, secret)
+
+    def buckets(self, secret: RunSecret | None) -> list[RegionBucket]:
+        return [RegionBucket(spec.name, spec.root, spec.storage_options, secret) for spec in self.regions]
+
+    def home(self, secret: RunSecret) -> SyncerHome:
+        return SyncerHome(self.syncer.home, self.syncer.storage_options, secret)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> RunSpec:
+    """Read a manifest (``.../manifest.json`` in a bucket, or a local ``run.json``)."""
+    filesystem, path = open_filesystem(absolute_url(url), storage_options)
+    with filesystem.open(path, "rb") as handle:
+        document = json.load(handle)
+    if "spec" in document:  # a local run record wraps the spec
+        document = document["spec"]
+    return RunSpec.model_validate(document)
+
+
+def read_secret(path: str) -> RunSecret:
+    """The run's secret from a file only its owner can read."""
+    with fsspec.open(path, "r") as handle:
+        return RunSecret.from_hex(handle.read())

@@ -1,0 +1,72 @@
+"""Opening fsspec filesystems for buckets, with fresh listings and whole-object writes.
+
+A poller must never be fooled by a cache: every filesystem is created with
+``skip_instance_cache=True`` (s3fs and gcsfs are not fork-safe, and a cached instance
+would share listings) and ``use_listings_cache=False``.  Local files are written to a
+temporary name and renamed, so a reader sees a file whole or not at all, as with an
+object store's PUT.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+# gcsfs blocks on a gRPC call at import unless this is set first (see machine notes).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+OPTIONAL_BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+
+
+class StorageError(RuntimeError):
+    """A bucket cannot be used; the message names it and says what to do."""
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def absolute_url(url: str) -> str:
+    """Make ``file://`` and plain paths absolute (processes may start elsewhere)."""
+    if protocol_of(url) != "file":
+        return url
+    path = url[len("file://") :] if url.startswith("file://") else url
+    return "file://" + str(Path(path).expanduser().resolve())
+
+
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """A fresh filesystem for ``url`` and the path within it."""
+    protocol = protocol_of(url)
+    if protocol in OPTIONAL_BACKENDS:
+        module, extra = OPTIONAL_BACKENDS[protocol]
+        try:
+            __import__(module)
+        except ImportError:
+            raise StorageError(f"{url}: the {protocol}:// backend needs {module}; pip install 'diloco-cli[{extra}]'") from None
+    options = {"skip_instance_cache": True, "use_listings_cache": False, **(storage_options or {})}
+    if protocol == "file":
+        options = {"auto_mkdir": True, **(storage_options or {})}
+    try:
+        filesystem, path = fsspec.core.url_to_fs(absolute_url(url), **options)
+    except (ValueError, ImportError) as error:
+        raise StorageError(f"{url}: cannot open this storage URL: {error}") from None
+    return filesystem, path.rstrip("/")
+
+
+def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write an object so that no reader can see part of it."""
+    if isinstance(filesystem, LocalFileSystem):
+        temporary = f"{path}.{uuid.uuid4().hex}.partial"
+        Path(temporary).parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    else:
+        filesystem.pipe_file(path, data)

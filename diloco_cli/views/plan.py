@@ -1,0 +1,26 @@
+"""The resolved plan that ``diloco up --dry-run`` prints: who runs what where."""
+
+from __future__ import annotations
+
+import yaml
+
+from diloco_cli.runtime.run_spec import RunSpec
+
+
+def render_plan(spec: RunSpec) -> str:
+    recipe = spec.recipe
+    lines = [
+        f"run {spec.run} (dry run: nothing started)",
+        f"  syncer on {spec.syncer.host}, home {spec.syncer.home}",
+        f"  K={recipe.quorum} of M={len(spec.learners)}, H={recipe.sync.sync_interval}, P={recipe.sync.num_fragments}, "
+        f"outer lr {recipe.outer_learning_rate:g}, momentum {recipe.sync.outer_momentum:g}",
+    ]
+    for region in spec.regions:
+        lines.append(f"  region {region.name}: bucket {region.root}")
+        for learner in (spec_learner for spec_learner in spec.learners if spec_learner.region == region.name):
+            processes = f", {learner.processes} processes (torchrun)" if learner.processes > 1 else ""
+            lines.append(f"    learner {learner.id} on {learner.host}, shard {learner.shard}{processes}")
+    lines.append("resolved recipe:")
+    document = yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    lines.extend("  " + line for line in document.splitlines())
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""Network namespaces as stand-in hosts for tests.
+
+    from tests.netns import namespaces, shape
+
+    with namespaces(["eu", "us"]) as ns:
+        eu = ns["eu"]
+        eu.address        # "10.200.7.2": the namespace's side of its link
+        eu.gateway        # "10.200.7.1": the root namespace's side
+        eu.exec_prefix()  # ["ip", "netns", "exec", eu.name]
+        shape(eu, 100)    # 100 Mbit/s each way (tbf on both ends)
+
+Each namespace is joined to the root namespace by its own veth pair (no bridge):
+root side ``10.200.<i>.1/24``, namespace side ``10.200.<i>.2/24`` (device
+``veth0``), loopback up, default route via the root side.  So the root namespace
+reaches every namespace and every namespace reaches the root namespace (any of its
+addresses), but namespaces do not reach one another: traffic one namespace sends
+to another would have to be forwarded by the root namespace, and besides
+``net.ipv4.ip_forward`` (this module never turns it on) a policy rule
+``ip rule add pref 9000 iif <root veth> prohibit`` forbids forwarding anything
+that comes in on our links, so isolation holds even where ip_forward is 1.  A
+connection from one namespace to another fails at once with "No route to host"
+(or times out if ICMP errors are rate limited).
+
+Names carry a per-run prefix (``dlc<pid>s<seq>-<name>``), the subnets are chosen
+among those no address or route in the root namespace uses yet (under a lock
+file, so parallel runs do not collide), and leftovers of dead runs are removed.
+Needs root and iproute2 (``ip``, ``tc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+PREFIX = "dlc"
+RULE_PREF = 9000
+LOCK_PATH = "/run/diloco-netns.lock"
+_seq = itertools.count()
+_NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+@dataclass
+class Namespace:
+    label: str  # the name asked for
+    name: str  # the real namespace name (unique per run)
+    index: int  # the third octet of its subnet
+    address: str  # namespace side of the link
+    gateway: str  # root side of the link
+    root_veth: str  # the link's device in the root namespace
+    ns_veth: str = "veth0"  # the link's device inside the namespace
+    prefixlen: int = 24
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def run(self, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+        """subprocess.run(argv) inside the namespace."""
+        return subprocess.run([*self.exec_prefix(), *argv], **kwargs)
+
+    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen([*self.exec_prefix(), *argv], **kwargs)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def ip_forward() -> bool:
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        return f.read().strip() == "1"
+
+
+def _pid_alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def cleanup_stale() -> list[str]:
+    """Remove namespaces and policy rules left behind by runs that have died."""
+    removed = []
+    for line in _ip("netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.match(rf"^{PREFIX}(\d+)s\d+-", name)
+        if m and not _pid_alive(int(m.group(1))):
+            if _ip("netns", "delete", name, check=False).returncode == 0:
+                removed.append(name)
+    for line in _ip("rule", "list").stdout.splitlines():
+        m = re.search(rf"\biif ({PREFIX}([0-9a-f]+)x[0-9a-f]+x[0-9a-f]+)\b", line)
+        if m and line.startswith(f"{RULE_PREF}:") and not _pid_alive(int(m.group(2), 16)):
+            _ip("rule", "del", "pref", str(RULE_PREF), "iif", m.group(1), check=False)
+            removed.append(f"rule iif {m.group(1)}")
+    return removed
+
+
+def _used_indices() -> set[int]:
+    text = _ip("-4", "addr", "show").stdout + _ip("-4", "route", "show", "table", "all").stdout
+    return {int(m) for m in re.findall(r"\b10\.200\.(\d+)\.", text)}
+
+
+@contextlib.contextmanager
+def namespaces(names: Sequence[str], subnet_index: int | None = None) -> Iterator[dict[str, Namespace]]:
+    """Create one namespace per name; yield {name: Namespace} in the same order.
+
+    ``subnet_index``: the third octet for the first namespace (the next ones count
+    up from it); by default free ones are chosen.  Everything is removed on exit.
+    """
+    names = list(names)
+    if len(set(names)) != len(names) or not all(_NAME_OK.match(n) for n in names):
+        raise ValueError(f"namespace names must be distinct and [A-Za-z0-9_.-]: {names}")
+    if os.geteuid() != 0:
+        raise RuntimeError("network namespaces need root")
+    pid, seq = os.getpid(), next(_seq) % 256
+    created: list[Namespace] = []
+    rules: list[str] = []
+    try:
+        with open(LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held while choosing and taking subnets
+            cleanup_stale()
+            used = _used_indices()
+            if subnet_index is None:
+                indices = [i for i in range(1, 255) if i not in used][: len(names)]
+                if len(indices) < len(names):
+                    raise RuntimeError("no free 10.200.<i>.0/24 subnets left")
+            else:
+                indices = list(range(subnet_index, subnet_index + len(names)))
+                if not all(0 <= i <= 255 for i in indices) or used & set(indices):
+                    raise RuntimeError(f"subnets 10.200.{indices}.0/24 invalid or in use")
+            for k, (label, index) in enumerate(zip(names, indices)):
+                ns = Namespace(
+                    label=label,
+                    name=f"{PREFIX}{pid}s{seq}-{label}",
+                    index=index,
+                    address=f"10.200.{index}.2",
+                    gateway=f"10.200.{index}.1",
+                    root_veth=f"{PREFIX}{pid:x}x{seq:x}x{k:x}",  # at most 15 characters
+                )
+                _ip("netns", "add", ns.name)
+                created.append(ns)
+                _ip("link", "add", ns.root_veth, "type", "veth",
+                    "peer", "name", ns.ns_veth, "netns", ns.name)
+                _ip("addr", "add", f"{ns.gateway}/{ns.prefixlen}", "dev", ns.root_veth)
+                _ip("link", "set", ns.root_veth, "up")
+                _ip("rule", "add", "pref", str(RULE_PREF), "iif", ns.root_veth, "prohibit")
+                rules.append(ns.root_veth)
+                _ip("-n", ns.name, "link", "set", "lo", "up")
+                _ip("-n", ns.name, "addr", "add", f"{ns.address}/{ns.prefixlen}", "dev", ns.ns_veth)
+                _ip("-n", ns.name, "link", "set", ns.ns_veth, "up")
+                _ip("-n", ns.name, "route", "add", "default", "via", ns.gateway)
+        yield {ns.label: ns for ns in created}
+    finally:
+        for veth in rules:
+            _ip("rule", "del", "pref", str(RULE_PREF), "iif", veth, "prohibit", check=False)
+        for ns in created:
+            # Deleting the namespace destroys veth0 and with it the root side.
+            _ip("netns", "delete", ns.name, check=False)
+            _ip("link", "delete", ns.root_veth, check=False)
+
+
+def _tbf(prefix: Sequence[str], dev: str, rate_mbit: float, burst_bytes: int, latency_ms: float) -> None:
+    argv = [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+            "rate", f"{rate_mbit}mbit", "burst", str(burst_bytes), "latency", f"{latency_ms}ms"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+
+
+def shape(link: Namespace, rate_mbit: float, *, burst_bytes: int | None = None,
+          latency_ms: float = 50.0) -> None:
+    """Limit the link to ``rate_mbit`` Mbit/s in each direction.
+
+    tbf shapes egress only, so it goes on both ends: the root side (traffic into
+    the namespace) and veth0 inside the namespace (traffic out of it).
+    ``burst_bytes`` defaults to 10 ms worth of rate, at least 32 KiB.
+    """
+    if burst_bytes is None:
+        burst_bytes = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+    _tbf((), link.root_veth, rate_mbit, burst_bytes, latency_ms)
+    _tbf(link.exec_prefix(), link.ns_veth, rate_mbit, burst_bytes, latency_ms)
+
+
+def unshape(link: Namespace) -> None:
+    for prefix, dev in (((), link.root_veth), (link.exec_prefix(), link.ns_veth)):
+        subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
