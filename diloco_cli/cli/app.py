@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from diloco_cli import __version__
-from diloco_cli.cli import internal, runs_commands
+from diloco_cli.cli import internal, model_commands, runs_commands
 
 app = typer.Typer(
     name="diloco",
@@ -33,6 +33,7 @@ def root(
 
 
 runs_commands.register(app)
+model_commands.register(app)
 internal.register(app)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
@@ -78,32 +77,54 @@ def logs(
     """Print a learner's or the syncer's log."""
     from diloco_cli.launch.runs import load_run
 
-    record = load_run(runs_dir, run)
-    names = [process] if process else ["syncer", *(learner.id for learner in record.spec.learners)]
-    for name in names:
-        path = record.log_path(name)
-        if not path.exists():
-            known = ", ".join(["syncer", *(learner.id for learner in record.spec.learners)])
-            from diloco_cli.config.loading import ConfigError
+    from diloco_cli.views.logs import stream_logs
 
-            raise ConfigError(f"run {record.name} has no log for {name!r} (processes: {known})")
-        if len(names) > 1:
-            typer.echo(f"==> {name} <==")
-        with open(path, "rb") as handle:
-            typer.echo(handle.read().decode(errors="replace"), nl=False)
-            while follow:
-                line = handle.readline()
-                if line:
-                    typer.echo(line.decode(errors="replace"), nl=False)
-                else:
-                    try:
-                        time.sleep(0.2)
-                    except KeyboardInterrupt:
-                        return
+    record = load_run(runs_dir, run)
+    known = ["syncer", *(learner.id for learner in record.spec.learners)]
+    if process is not None and process not in known:
+        from diloco_cli.config.loading import ConfigError
+
+        raise ConfigError(f"run {record.name} has no process {process!r} (processes: {', '.join(known)})")
+    stream_logs({name: record.log_path(name) for name in ([process] if process else known)}, follow)
+
+STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
+version, tokens, heldout_loss, elapsed_seconds; learners[] with learner, region, host, state,
+step, total_steps, tokens, loss, steps_per_second, base_version, staleness,
+last_seen_seconds, restarts, bytes_up, bytes_down; syncer with state, last_merge,
+last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
+grace_seconds, live_learners, reasons (per fragment, why it is not merging now);
+regions[] with learners_up, learners_down, syncer_up, syncer_down; evaluations[]."""
+
+
+@reported
+def status(
+    run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
+    output: str = typer.Option("text", "--output", "-o", help="text, or json. " + STATUS_JSON_HELP),
+    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets)."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Show a run: global version, loss, every learner, the syncer and the bytes per region."""
+    from diloco_cli.views.status import show_status
+
+    if output not in ("text", "json"):
+        from diloco_cli.config.loading import ConfigError
+
+        raise ConfigError(f"--output {output!r}: use text or json")
+    if manifest:
+        from diloco_cli.runtime.run_spec import read_run_spec
+
+        spec = read_run_spec(manifest)
+    else:
+        from diloco_cli.launch.runs import load_run
+
+        spec = load_run(runs_dir, run).spec
+    show_status(spec, output, watch)
 
 
 def register(app: typer.Typer) -> None:
     app.command()(up)
-    app.command()(down)
+    app.command()(status)
     app.command()(runs)
     app.command()(logs)
+    app.command()(down)

@@ -113,7 +113,7 @@ class TrainingConfig(BaseModel):
     """How often a learner looks for newer global versions."""
 
     seed: int = 0
-    """Seeds the initial model and every learner's data order (learner m uses seed + m)."""
+    """Seeds the initial model and every learner's data order (mixed with its shard index)."""
 
 
 class SyncConfig(BaseModel):

@@ -92,11 +92,11 @@ class SyncerPlacement(BaseModel):
     model_config = FROZEN
 
     host: str = LOCAL_HOST
-    """``local`` (the machine that runs ``diloco up``) or the name of a host above."""
+    """``local`` (the machine that runs ``diloco up``) or the name of a host of a region."""
 
     home: str = "file://{runs_dir}/{run}/syncer"
     """fsspec URL of the syncer's own store (its state and ledger); ``{run}`` and
-    ``{runs_dir}`` as above."""
+    ``{runs_dir}`` are replaced as in bucket URLs."""
 
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Filesystem options for ``home``."""
@@ -107,14 +107,14 @@ class RegionsFile(BaseModel):
 
     model_config = FROZEN
 
-    syncer: SyncerPlacement = SyncerPlacement()
-    """Where the syncer runs and keeps its state."""
-
     regions: tuple[RegionConfig, ...] = (
         RegionConfig(name="local-a", bucket="file://{runs_dir}/{run}/buckets/local-a", hosts=(HostConfig(learners=2),)),
         RegionConfig(name="local-b", bucket="file://{runs_dir}/{run}/buckets/local-b", hosts=(HostConfig(learners=2),)),
     )
     """The regions, each with its own bucket."""
+
+    syncer: SyncerPlacement = SyncerPlacement()
+    """Where the syncer runs and keeps its state."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> RegionsFile:

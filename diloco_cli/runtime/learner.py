@@ -41,6 +41,7 @@ log = logging.getLogger("diloco.learner")
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
 SEQUENCE_PER_EPOCH = 1_000_000
+LOG_EVERY_STEPS = 50
 
 
 @dataclass
@@ -338,6 +339,9 @@ class Learner:
                     last_beat = now
                 if p.step % training.checkpoint_every_steps == 0 and p.step < training.inner_steps:
                     self._checkpoint()
+                if p.step % LOG_EVERY_STEPS == 0:
+                    versions = ", ".join(f"{k}:{v}" for k, v in sorted(self.fragments.base_version.items()))
+                    log.info("step %d/%d loss %.4f %.2f steps/s base versions %s", p.step, training.inner_steps, loss, 1 / p.step_seconds, versions)
             else:
                 self.fragments.count_step(tokens_per_step)
             self._apply_install(install)

@@ -1,0 +1,33 @@
+"""Numbers for people: bytes, counts, durations."""
+
+from __future__ import annotations
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def human_count(count: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(count) >= size:
+            return f"{count / size:.1f}{unit}"
+    return f"{count:.0f}"
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
+
+
+def ago(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{human_duration(seconds)} ago"
