@@ -1,8 +1,11 @@
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+# gcsfs must see this before it is first imported (else it hangs on a gRPC call).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("default", deadline=None, max_examples=40)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -20,6 +20,9 @@ CREDENTIAL_KEYS = frozenset(
 )
 """Storage options that would put a credential into a file that travels with the run."""
 
+NON_SECRET_TOKENS = frozenset({"anon", "google_default", "cloud", "browser"})
+"""gcsfs ``token`` values that name a way to authenticate rather than a credential."""
+
 LOCAL_HOST = "local"
 
 
@@ -65,7 +68,11 @@ class RegionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> RegionConfig:
-        inline = sorted(CREDENTIAL_KEYS & {key.lower() for key in self.storage_options})
+        inline = sorted(
+            key
+            for key, value in self.storage_options.items()
+            if key.lower() in CREDENTIAL_KEYS and not (key.lower() == "token" and value in NON_SECRET_TOKENS)
+        )
         if inline:
             raise ValueError(
                 f"storage_options of region {self.name!r} hold credentials ({', '.join(inline)}): "

@@ -58,6 +58,8 @@ class Syncer:
         self.buckets = {bucket.name: bucket for bucket in spec.buckets(secret)}
         self.home = spec.home(secret)
         self.observed: dict[str, PayloadRecord] = {}
+        self.retired_unmerged: set[str] = set()
+        """Payloads consumed without a merge and kept (delete_consumed_payloads: false)."""
         self.pending_observations: list[decisions.Observation] = []
         self.heartbeats: dict[LearnerId, dict[str, Any]] = {}
         self.reasons: dict[int, str] = {}
@@ -155,7 +157,7 @@ class Syncer:
                     if self.recipe.sync.delete_consumed_payloads:
                         bucket.delete_payload(key)
                     continue
-                if name in self.observed:
+                if name in self.observed or name in self.retired_unmerged:
                     continue
                 try:
                     record = bucket.payload_record(key)
@@ -163,7 +165,7 @@ class Syncer:
                     continue
                 except PayloadError as error:
                     log.warning("refusing payload %s: %s", name, error)
-                    bucket.delete_payload(key)
+                    self._retire(name)
                     continue
                 self.observed[name] = record
                 observations.append(
@@ -284,8 +286,11 @@ class Syncer:
 
     def _retire(self, name: str) -> None:
         """A payload consumed without a merge (older than one merged, or unanchorable)."""
-        bucket, key = self._bucket_and_key(name)
-        bucket.delete_payload(key)
+        if self.recipe.sync.delete_consumed_payloads:
+            bucket, key = self._bucket_and_key(name)
+            bucket.delete_payload(key)
+        else:
+            self.retired_unmerged.add(name)
         self.observed.pop(name, None)
 
     # ------------------------------------------------------------------ evaluation

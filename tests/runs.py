@@ -1,0 +1,115 @@
+"""Helpers for tests that start real runs: the CLI as a subprocess, tiny recipes, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diloco_cli.launch.processes import group_members
+from diloco_cli.launch.runs import load_run
+from diloco_cli.views.run_state import RunStatus, collect_status
+
+TINY_RECIPE: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}},
+    "data": {"sequence_length": 64},
+    "training": {
+        "num_learners": 2,
+        "batch_size": 8,
+        "inner_steps": 40,
+        "warmup_steps": 5,
+        "heartbeat_seconds": 0.5,
+        "poll_seconds": 0.3,
+        "checkpoint_every_steps": 15,
+    },
+    "sync": {
+        "sync_interval": 10,
+        "num_fragments": 2,
+        "snapshot_every": 3,
+        "evaluate_every": 2,
+        "evaluation_batches": 2,
+        "poll_seconds": 0.2,
+        "liveness_timeout_seconds": 20,
+    },
+}
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    merged = json.loads(json.dumps(base))
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_update(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def write_yaml(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def diloco(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would, in its own process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"diloco {' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+def logs_of(runs_dir: Path, run: str) -> str:
+    record = load_run(runs_dir, run)
+    parts = []
+    for path in sorted((record.directory / "logs").glob("*.log")):
+        parts.append(f"===== {path.name}\n{path.read_text()[-4000:]}")
+    return "\n".join(parts)
+
+
+def wait_for(runs_dir: Path, run: str, predicate, timeout: float, what: str) -> RunStatus:
+    spec = load_run(runs_dir, run).spec
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = collect_status(spec)
+        if predicate(status):
+            return status
+        time.sleep(1.0)
+    raise AssertionError(f"run {run}: {what} did not happen within {timeout:.0f} s\n{logs_of(runs_dir, run)}")
+
+
+def wait_finished(runs_dir: Path, run: str, timeout: float = 300) -> RunStatus:
+    return wait_for(runs_dir, run, lambda s: s.state == "finished", timeout, "finishing")
+
+
+def run_processes_gone(runs_dir: Path, run: str) -> list[int]:
+    """Pids still alive in any process group of the run (should be empty)."""
+    record = load_run(runs_dir, run)
+    return [pid for process in record.processes for pid in group_members(process["pid"])]
+
+
+def wait_processes_gone(runs_dir: Path, run: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not run_processes_gone(runs_dir, run):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes of {run} still alive: {run_processes_gone(runs_dir, run)}")
+
+
+def child_pid(runs_dir: Path, run: str, process: str) -> int:
+    """The pid of the supervised child (the learner or syncer itself)."""
+    state = load_run(runs_dir, run).process_state(process) or {}
+    return int(state["child_pid"])
