@@ -31,3 +31,15 @@ def human_duration(seconds: float | None) -> str:
 
 def ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{human_duration(seconds)} ago"
+
+
+def short_duration(seconds: float | None) -> str:
+    """``7s``, ``3m05s``, ``2h03m``: for narrow table cells."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"

@@ -15,11 +15,25 @@ from rich.table import Table
 from rich.text import Text
 
 from diloco_cli.runtime.run_spec import RunSpec
-from diloco_cli.views.format import ago, human_bytes, human_count, human_duration
+from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, short_duration
 from diloco_cli.views.run_state import RunStatus, collect_status
 
 STATE_STYLE = {"training": "green", "finished": "cyan", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
 FINAL_STATES = ("finished", "stopped")
+LEARNER_COLUMNS = (
+    ("learner", "left"),
+    ("where", "left"),
+    ("state", "left"),
+    ("step", "right"),
+    ("loss", "right"),
+    ("st/s", "right"),
+    ("base", "right"),
+    ("seen", "right"),
+    ("rst", "right"),
+)
+"""Steps per second, base version (+ staleness in versions), time since the last
+heartbeat, restarts.  Region and host share a column ("where"; the host only when it is
+not this machine), so the table fits an 80-column terminal."""
 
 
 def _loss(value: float | None) -> str:
@@ -35,22 +49,21 @@ def build_view(status: RunStatus, *, plain: bool = False) -> Group:
         f"  version {status.version}  tokens {human_count(status.tokens)}  held-out loss {_loss(status.heldout_loss)}"
         f"  elapsed {human_duration(status.elapsed_seconds)}"
     )
-    learners = Table(box=table_box, title="learners", title_justify="left", show_edge=False)
-    for column in ("learner", "region", "host", "state", "step", "tokens", "loss", "steps/s", "base v", "stale", "last seen", "restarts"):
-        learners.add_column(column, justify="right" if column in ("step", "tokens", "loss", "steps/s", "base v", "stale", "restarts") else "left")
+    learners = Table(box=table_box, title="learners (st/s: steps per second; base: version +staleness; seen: last heartbeat; rst: restarts)", title_justify="left", show_edge=False, pad_edge=False)
+    for column, justify in LEARNER_COLUMNS:
+        learners.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis" if column in ("learner", "where") else "fold")
     for row in status.learners:
+        where = row.region if row.host == "local" else f"{row.region}/{row.host}"
+        base = "-" if row.base_version is None else f"{row.base_version} +{row.staleness}"
         learners.add_row(
             row.learner,
-            row.region,
-            row.host,
+            where,
             Text(row.state, style=STATE_STYLE.get(row.state, "")),
             f"{row.step}/{row.total_steps}",
-            human_count(row.tokens),
             _loss(row.loss),
             "-" if row.steps_per_second is None else f"{row.steps_per_second:.2f}",
-            "-" if row.base_version is None else str(row.base_version),
-            "-" if row.staleness is None else str(row.staleness),
-            ago(row.last_seen_seconds),
+            base,
+            short_duration(row.last_seen_seconds),
             str(row.restarts),
         )
     syncer = status.syncer

@@ -1,0 +1,93 @@
+"""The store layer: whole objects, markers, fresh listings, authenticated metadata."""
+
+import fsspec
+import pytest
+
+from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, encode_payload
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.global_weights import Head
+from diloco_cli.store.objects import ObjectStore
+from diloco_cli.store.region import RegionBucket
+
+
+@pytest.fixture(params=["memory", "file"])
+def root(request, tmp_path):
+    if request.param == "memory":
+        memory = fsspec.filesystem("memory")
+        memory.store.clear()
+        memory.pseudo_dirs.clear()
+        memory.pseudo_dirs.append("")
+        return "memory://diloco-test"
+    return f"file://{tmp_path}/bucket"
+
+
+def test_whole_objects_and_fresh_listings(root):
+    store, other = ObjectStore(root), ObjectStore(root)
+    assert store.list("a") == [] and store.get_json("a/missing.json") is None
+    store.put("a/1", b"one")
+    assert other.list("a") == ["a/1"]
+    other.put("a/2", b"two")
+    assert store.list("a") == ["a/1", "a/2"]  # no listing cache hides the new object
+    store.delete("a/1")
+    assert other.list("a") == ["a/2"]
+    with pytest.raises(FileNotFoundError):
+        store.get("a/1")
+    assert store.bytes.up == 3 and other.bytes.up == 3
+
+
+def test_only_marked_objects_are_listed_as_marked(root):
+    store = ObjectStore(root)
+    store.put("p/unmarked.dlc", b"half of an upload")
+    store.put_marked("p/whole.dlc", b"payload", b"marker")
+    assert store.list_marked("p") == ["p/whole.dlc"]
+    store.delete_marked("p/whole.dlc")
+    assert store.list_marked("p") == [] and not store.exists("p/whole.dlc")
+
+
+def test_a_killed_local_write_leaves_nothing_readable(tmp_path):
+    store = ObjectStore(f"file://{tmp_path}/bucket")
+    (tmp_path / "bucket" / "p").mkdir(parents=True)
+    (tmp_path / "bucket" / "p" / "x.dlc.0123abcd.partial").write_bytes(b"cut short")
+    assert store.list("p") == []
+
+
+def test_payload_markers_are_authenticated(root, secret):
+    bucket = RegionBucket("r", root, None, secret)
+    key = bucket.send_payload(LearnerId("m0"), FragmentIndex(1), 7, b"data", {"base_version": 3, "c_steps": 5, "c_tokens": 640})
+    record = bucket.payload_record(key)
+    assert (record.learner, record.fragment, record.sequence, record.base_version, record.c_tokens) == ("m0", 1, 7, 3, 640)
+    # a marker written without the run's secret is refused
+    forged = RegionBucket("r", root, None, RunSecret(bytes(32)))
+    forged_key = forged.send_payload(LearnerId("m1"), FragmentIndex(0), 1, b"data", {"base_version": 0, "c_steps": 1, "c_tokens": 1})
+    with pytest.raises(PayloadError):
+        bucket.payload_record(forged_key)
+    # a genuine marker copied next to another payload is refused too
+    bucket.store.put("payloads/m0/001-000000000008.dlc", b"other")
+    bucket.store.put("payloads/m0/001-000000000008.dlc.ready", bucket.store.get_marker(key))
+    with pytest.raises(PayloadError, match="describes another payload"):
+        bucket.payload_record("payloads/m0/001-000000000008.dlc")
+
+
+def test_learner_epochs_only_grow(root):
+    bucket = RegionBucket("r", root, None, None)
+    assert [bucket.next_epoch(LearnerId("m0")) for _ in range(3)] == [1, 2, 3]
+    assert bucket.next_epoch(LearnerId("m1")) == 1
+
+
+def test_head_lists_the_updates_a_reader_misses():
+    head = Head(
+        version=Version(9),
+        fragment_versions={FragmentIndex(0): Version(8), FragmentIndex(1): Version(9)},
+        snapshot_version=Version(6),
+        recent=((Version(4), FragmentIndex(0)), (Version(5), FragmentIndex(1)), (Version(8), FragmentIndex(0)), (Version(9), FragmentIndex(1))),
+        recent_from=Version(3),
+    )
+    assert head.updates_after(FragmentIndex(0), Version(4)) == [8]
+    assert head.updates_after(FragmentIndex(1), Version(3)) == [5, 9]
+    assert head.updates_after(FragmentIndex(1), Version(2)) is None  # older than listed: use the snapshot
+    assert Head.from_json(head.to_json()) == head
+
+
+def test_markers_are_tiny_authenticated_frames(secret):
+    marker = encode_payload([], CodecSpec(zstd_level=0), secret, {"version": 1})
+    assert len(marker) < 200
