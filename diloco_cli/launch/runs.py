@@ -43,6 +43,7 @@ class RunRecord:
 
 def load_run(runs_dir: Path, name: str | None) -> RunRecord:
     """A run by name, or the newest run when ``name`` is None."""
+    runs_dir = runs_dir.resolve()
     if name is None:
         records = list_runs(runs_dir)
         if not records:

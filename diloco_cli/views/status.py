@@ -76,7 +76,8 @@ def build_view(status: RunStatus, *, plain: bool = False) -> Group:
     lines = [
         f"syncer: {syncer.state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
     ]
-    lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
+    if status.state not in FINAL_STATES:
+        lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
     regions = Table(box=table_box, title="bytes per region", title_justify="left", show_edge=False)
     for column in ("region", "learners up", "learners down", "syncer up", "syncer down"):
         regions.add_column(column, justify="left" if column == "region" else "right")

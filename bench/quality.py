@@ -1,0 +1,197 @@
+"""Benchmark 3: the global model's held-out loss against synchronous data-parallel.
+
+Same model, same data, equal tokens.  The baseline is synchronous data-parallel with the
+global batch M*b (one process with batch M*b is the same mathematics as DDP over M
+workers), its learning rate tuned on a grid at a quarter of the budget.  The DiLoCo rows
+run the real learners and syncer (``diloco up`` on this machine, file:// buckets):
+K=M with fp32 and with int4 outer gradients, and Decoupled K=1 with the grace window in
+int4.  Losses are reported at a quarter, half and all of the token budget.
+
+    python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
+    python -m bench.quality --quick         # a tiny model and budget (the test suite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench._common import print_table, write_result
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.launch.up import launch
+from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
+from diloco_cli.training.inner import InnerSchedule, evaluate, inner_step, make_inner_optimizer
+from diloco_cli.views.run_state import collect_status
+
+FRACTIONS = (0.25, 0.5, 1.0)
+TARGET_ASYNC_VS_SYNC = 0.02
+TARGET_DILOCO_VS_DP = 0.05
+
+
+def recipe_for(args: argparse.Namespace, seed: int, overrides: dict) -> Recipe:
+    base = {
+        "name": "quality",
+        "training": {"seed": seed, "inner_steps": args.steps_per_learner, "heartbeat_seconds": 1.0},
+        "sync": {"evaluate_every": args.evaluate_every},
+    }
+    if args.quick:
+        base["model"] = {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}}
+        base["data"] = {"sequence_length": 64}
+        base["training"].update({"batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5})
+        base["sync"].update({"sync_interval": 10, "evaluation_batches": 2})
+    merged = json.loads(json.dumps(base))
+    for section, values in overrides.items():
+        merged.setdefault(section, {}).update(values)
+    return Recipe.model_validate(merged)
+
+
+def tokens_per_learner_step(recipe: Recipe) -> int:
+    return recipe.training.batch_size * recipe.data.sequence_length
+
+
+def loss_at(evaluations: list[dict], tokens: float) -> float:
+    """The evaluation nearest to ``tokens`` processed (learner tokens, summed)."""
+    return min(evaluations, key=lambda e: abs(e["tokens"] - tokens))["loss"]
+
+
+def run_diloco(recipe: Recipe, name: str, workdir: Path) -> dict:
+    """Train through the real CLI path (processes, buckets) and read the syncer's evaluations."""
+    recipe_path = workdir / f"{name}.json"
+    recipe_path.write_text(recipe.model_dump_json())
+    started = time.monotonic()
+    result = launch(recipe_path, None, [], name, workdir / "runs", dry_run=False)
+    while True:
+        status = collect_status(result.spec)
+        if status.state in ("finished", "stopped"):
+            break
+        time.sleep(5)
+    budget = recipe.training.num_learners * recipe.training.inner_steps * tokens_per_learner_step(recipe)
+    evaluations = status.evaluations
+    return {
+        "tokens": budget,
+        "versions": status.version,
+        "seconds": time.monotonic() - started,
+        **{f"loss_{fraction}": loss_at(evaluations, fraction * budget) for fraction in FRACTIONS},
+        "evaluations": evaluations,
+    }
+
+
+def run_data_parallel(recipe: Recipe, learning_rate: float, fraction_of_budget: float) -> dict:
+    """The baseline: one process, batch M*b, the same inner schedule and evaluation."""
+    torch.manual_seed(recipe.training.seed)
+    training = recipe.training
+    model = recipe.model.build()
+    split = TextSplit.of(load_text(recipe.data.source), recipe.data.heldout_fraction, recipe.data.sequence_length)
+    heldout = evaluation_batches(split.heldout, training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches)
+    batch = training.batch_size * training.num_learners
+    steps = training.inner_steps  # each step sees M*b sequences: the same tokens as M learners' steps
+    run_steps = max(1, round(steps * fraction_of_budget))
+    optimizer = make_inner_optimizer(model, learning_rate, training.weight_decay, training.betas)
+    schedule = InnerSchedule(learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
+    generator = torch.Generator().manual_seed(training.seed)
+    checkpoints = {round(steps * fraction): fraction for fraction in FRACTIONS}
+    losses, started = {}, time.monotonic()
+    for step in range(1, run_steps + 1):
+        inputs, targets = random_batch(split.train, batch, recipe.data.sequence_length, generator)
+        inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
+        if step in checkpoints:
+            losses[f"loss_{checkpoints[step]}"] = evaluate(model, heldout)
+    tokens = run_steps * batch * recipe.data.sequence_length
+    return {"tokens": tokens, "seconds": time.monotonic() - started, "learning_rate": learning_rate, **losses}
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return statistics.fmean(row[key] for row in rows if key in row)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and budget (~2 minutes)")
+    parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows")
+    parser.add_argument("--output", type=Path, help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    probe = recipe_for(argparse.Namespace(quick=args.quick, steps_per_learner=1, evaluate_every=1), 0, {})
+    per_step = probe.training.num_learners * tokens_per_learner_step(probe)
+    args.steps_per_learner = 40 if args.quick else round(args.tokens / per_step)
+    seeds = [0] if args.quick else list(range(args.seeds))
+    grid = [6e-3] if args.quick else [3e-3, 6e-3, 1e-2]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
+        workdir = Path(directory)
+        # 1. tune data-parallel's learning rate at a quarter of the budget
+        tuning = []
+        for learning_rate in grid:
+            args.evaluate_every = 1
+            result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, 0.25)
+            tuning.append({"learning_rate": learning_rate, "loss_0.25": result["loss_0.25"]})
+            print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_0.25']:.4f}", flush=True)
+        best = min(tuning, key=lambda row: row["loss_0.25"])["learning_rate"]
+        for seed in seeds:
+            result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
+            rows.append({"row": "data-parallel (batch M*b)", "seed": seed, **result})
+            print(f"  data-parallel seed {seed}: {result['loss_1.0']:.4f}", flush=True)
+        fp32 = {"codec": "fp32", "zstd_level": 1}
+        settings = [
+            ("DiLoCo K=M fp32", {"sync": {"learner_codec": fp32, "update_codec": fp32}}, 10 if not args.quick else 2, seeds),
+            ("DiLoCo K=M int4", {}, 10 if not args.quick else 2, [] if args.quick else seeds[:1]),
+            ("Decoupled K=1 grace int4", {"sync": {"quorum": 1}}, 40 if not args.quick else 4, seeds),
+        ]
+        for label, overrides, evaluate_every, row_seeds in settings:
+            for seed in row_seeds:
+                args.evaluate_every = evaluate_every
+                recipe = recipe_for(args, seed, overrides)
+                name = f"q-{label.split()[0].lower()}-{label.split()[1].lower().replace('=', '')}-{label.split()[-1]}-{seed}"
+                result = run_diloco(recipe, name.replace("_", "-"), workdir)
+                result.pop("evaluations")
+                rows.append({"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result})
+                print(f"  {label} seed {seed}: {result['loss_1.0']:.4f} ({result['versions']} versions)", flush=True)
+    summary = {}
+    for label in dict.fromkeys(row["row"] for row in rows):
+        group = [row for row in rows if row["row"] == label]
+        summary[label] = {f"loss_{f}": mean(group, f"loss_{f}") for f in FRACTIONS} | {"seeds": len(group)}
+    dp, sync, asynchronous = summary["data-parallel (batch M*b)"], summary["DiLoCo K=M fp32"], summary["Decoupled K=1 grace int4"]
+    gaps = {f"diloco_vs_dp_{f}": sync[f"loss_{f}"] / dp[f"loss_{f}"] - 1 for f in FRACTIONS}
+    gaps |= {f"async_vs_sync_{f}": asynchronous[f"loss_{f}"] / sync[f"loss_{f}"] - 1 for f in FRACTIONS}
+    results = {
+        "rows": rows,
+        "summary": summary,
+        "dp_tuning": tuning,
+        "dp_learning_rate": best,
+        "gaps": gaps,
+        "targets": {
+            "async_vs_sync": {"target": f"<= {TARGET_ASYNC_VS_SYNC}", "measured": gaps["async_vs_sync_1.0"], "met": gaps["async_vs_sync_1.0"] <= TARGET_ASYNC_VS_SYNC},
+            "diloco_vs_dp": {"target": f"<= {TARGET_DILOCO_VS_DP}", "measured": gaps["diloco_vs_dp_1.0"], "met": gaps["diloco_vs_dp_1.0"] <= TARGET_DILOCO_VS_DP},
+        },
+    }
+    recipe = recipe_for(args, 0, {})
+    settings_out = {
+        "tokens": args.steps_per_learner * per_step,
+        "steps_per_learner": args.steps_per_learner,
+        "learners": recipe.training.num_learners,
+        "batch_per_learner": recipe.training.batch_size,
+        "sequence_length": recipe.data.sequence_length,
+        "model": recipe.model.model_dump(),
+        "inner_learning_rate": recipe.training.learning_rate,
+        "sync_interval": recipe.sync.sync_interval,
+        "fragments": recipe.sync.num_fragments,
+        "seeds": seeds,
+    }
+    path = write_result("quality", args.quick, settings_out, results, args.output)
+    table = [{"row": label, **{k: v for k, v in values.items()}} for label, values in summary.items()]
+    print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0"])
+    for name, value in gaps.items():
+        print(f"{name}: {value:+.2%}")
+    print(f"wrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
