@@ -47,6 +47,23 @@ def syncer(
     raise typer.Exit(Syncer(spec, read_secret(secret_file)).run())
 
 
+def probe(
+    url: str = typer.Option(..., help="Bucket URL (a run's root)."),
+    storage_options: str = typer.Option("{}", help="JSON storage options."),
+) -> None:
+    """Write, read and delete a probe object (preflight runs this on each host)."""
+    from diloco_cli.store.filesystem import StorageError
+    from diloco_cli.store.objects import ObjectStore
+
+    try:
+        ObjectStore(url, json.loads(storage_options)).probe()
+    except StorageError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo("ok")
+
+
 def register(app: typer.Typer) -> None:
     app.command("_learner", hidden=True)(learner)
     app.command("_syncer", hidden=True)(syncer)
+    app.command("_probe", hidden=True)(probe)

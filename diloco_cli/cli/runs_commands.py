@@ -18,14 +18,15 @@ def up(
     name: str | None = typer.Option(None, "--name", help="Run name (default: <recipe name>-<date>-<time>)."),
     overrides: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable)."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything and print the plan; start nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Run preflight and print the resolved plan; start nothing."),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
     from diloco_cli.launch.up import launch
     from diloco_cli.views.plan import render_plan
 
-    result = launch(recipe, regions, overrides, name, runs_dir, dry_run)
+    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo)
     if dry_run:
         typer.echo(render_plan(result.spec))
         return
@@ -46,13 +47,13 @@ def down(
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
-    from diloco_cli.launch.local import stop_local
     from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.operations import stop_run
 
     record = load_run(runs_dir, run)
-    outcome = stop_local(record, timeout)
-    for process, how in outcome.items():
-        typer.echo(f"  {process:<16} {how}")
+    outcome = stop_run(record, timeout)
+    for process, (host, how) in outcome.items():
+        typer.echo(f"  {process:<16} {host:<12} {how}")
     typer.echo(f"run {record.name} is down")
 
 
@@ -85,7 +86,16 @@ def logs(
         from diloco_cli.config.loading import ConfigError
 
         raise ConfigError(f"run {record.name} has no process {process!r} (processes: {', '.join(known)})")
-    stream_logs({name: record.log_path(name) for name in ([process] if process else known)}, follow)
+    names = [process] if process else known
+    placement = {"syncer": record.spec.syncer.host, **{learner.id: learner.host for learner in record.spec.learners}}
+    remote = [name for name in names if placement[name] != "local"]
+    if remote:
+        from diloco_cli.launch.operations import stream_host_logs
+
+        stream_host_logs(record, remote, follow)
+        names = [name for name in names if name not in remote]
+    if names:
+        stream_logs({name: record.log_path(name) for name in names}, follow)
 
 STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
 version, tokens, heldout_loss, elapsed_seconds; learners[] with learner, region, host, state,
@@ -102,6 +112,7 @@ def status(
     watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
     output: str = typer.Option("text", "--output", "-o", help="text, or json. " + STATUS_JSON_HELP),
     manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets)."),
+    probe: bool = typer.Option(False, "--probe", help="Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Show a run: global version, loss, every learner, the syncer and the bytes per region."""
@@ -111,6 +122,7 @@ def status(
         from diloco_cli.config.loading import ConfigError
 
         raise ConfigError(f"--output {output!r}: use text or json")
+    probe_rows = None
     if manifest:
         from diloco_cli.runtime.run_spec import read_run_spec
 
@@ -118,8 +130,13 @@ def status(
     else:
         from diloco_cli.launch.runs import load_run
 
-        spec = load_run(runs_dir, run).spec
-    show_status(spec, output, watch)
+        record = load_run(runs_dir, run)
+        spec = record.spec
+        if probe:
+            from diloco_cli.launch.operations import probe_run
+
+            probe_rows = lambda: probe_run(record)  # noqa: E731 - asked again at every refresh
+    show_status(spec, output, watch, probe=probe_rows)
 
 
 def register(app: typer.Typer) -> None:

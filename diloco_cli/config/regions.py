@@ -32,7 +32,7 @@ class HostConfig(BaseModel):
     model_config = FROZEN
 
     name: str = Field(default=LOCAL_HOST, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    """A short name for the host, used in learner names, logs and status."""
+    """A short name for the host, used in logs and status; ``local`` is this machine."""
 
     learners: int = Field(default=1, ge=1)
     """Learners started on this host."""
@@ -41,9 +41,45 @@ class HostConfig(BaseModel):
     """Processes per learner (``torchrun --nproc-per-node``); they train one learner
     together with torch.distributed and only rank 0 talks to storage."""
 
+    address: str | None = None
+    """Hostname or IP address to reach over SSH (required unless the host is ``local``)."""
+
+    port: int = Field(default=22, ge=1, le=65535)
+    """SSH port."""
+
+    user: str | None = None
+    """SSH user (default: yours)."""
+
+    key_file: str | None = None
+    """Private key for SSH (default: your agent and ~/.ssh keys)."""
+
+    python: str = "python3"
+    """The interpreter on the host that creates the environment below."""
+
+    venv: str = "~/.diloco/venv"
+    """The Python environment diloco creates (with --system-site-packages, so a torch
+    already on the host is reused) or refreshes on the host, and runs from."""
+
+    install: tuple[str, ...] = ()
+    """Extra pip requirements installed with diloco, e.g. ``torch==2.13.*``; torch is
+    only installed when named here (diloco never pulls a multi-GB build on its own)."""
+
+    work_dir: str = "~/.diloco/runs"
+    """Where run files live on the host: the secret (mode 0600), logs, process state."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the processes on this host (e.g. AWS_PROFILE); not for
+    secrets."""
+
     @property
     def is_local(self) -> bool:
         return self.name == LOCAL_HOST
+
+    @model_validator(mode="after")
+    def _remote_hosts_have_an_address(self) -> HostConfig:
+        if not self.is_local and not self.address:
+            raise ValueError(f"host {self.name!r} needs an address (or name it 'local' to run on this machine)")
+        return self
 
 
 class RegionConfig(BaseModel):
@@ -65,6 +101,13 @@ class RegionConfig(BaseModel):
 
     hosts: tuple[HostConfig, ...] = (HostConfig(),)
     """The hosts of this region."""
+
+    data_source: str | None = None
+    """This region's copy of the training text (an fsspec URL it can read fast), instead
+    of the recipe's data.source; data stays in its region."""
+
+    data_storage_options: dict[str, Any] = Field(default_factory=dict)
+    """Filesystem options for ``data_source``."""
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> RegionConfig:
@@ -91,6 +134,18 @@ class RegionConfig(BaseModel):
     @property
     def num_learners(self) -> int:
         return sum(host.learners for host in self.hosts)
+
+
+class SSHSettings(BaseModel):
+    """How hosts are reached."""
+
+    model_config = FROZEN
+
+    known_hosts: str = "~/.ssh/known_hosts"
+    """The known_hosts file host keys are checked against."""
+
+    connect_timeout: float = Field(default=10.0, gt=0)
+    """Seconds before an unreachable host is reported."""
 
 
 class SyncerPlacement(BaseModel):
@@ -123,11 +178,20 @@ class RegionsFile(BaseModel):
     syncer: SyncerPlacement = SyncerPlacement()
     """Where the syncer runs and keeps its state."""
 
+    ssh: SSHSettings = SSHSettings()
+    """How SSH hosts are reached."""
+
     @model_validator(mode="after")
     def _unique_names(self) -> RegionsFile:
         names = [region.name for region in self.regions]
         if len(set(names)) != len(names):
             raise ValueError(f"region names must be unique, got {names}")
+        hosts: dict[str, HostConfig] = {}
+        for region in self.regions:
+            for host in region.hosts:
+                if not host.is_local and host.name in hosts and hosts[host.name] != host:
+                    raise ValueError(f"host {host.name!r} is described twice, differently")
+                hosts[host.name] = host
         if not self.regions:
             raise ValueError("at least one region is needed")
         return self
@@ -146,6 +210,24 @@ class RegionsFile(BaseModel):
                     placements.append((LearnerId(f"{region.name}-{index}"), region, host))
                     index += 1
         return placements
+
+    def host(self, name: str) -> HostConfig:
+        for region in self.regions:
+            for host in region.hosts:
+                if host.name == name:
+                    return host
+        raise KeyError(name)
+
+    def remote_hosts(self) -> list[HostConfig]:
+        """Every SSH host, once each, in file order."""
+        seen: dict[str, HostConfig] = {}
+        for region in self.regions:
+            for host in region.hosts:
+                if not host.is_local:
+                    seen.setdefault(host.name, host)
+        if self.syncer.host != LOCAL_HOST:
+            seen.setdefault(self.syncer.host, self.host(self.syncer.host))
+        return list(seen.values())
 
     def region(self, name: RegionName | str) -> RegionConfig:
         for region in self.regions:

@@ -23,20 +23,22 @@ def syncer_command(manifest: Path, secret_path: Path) -> list[str]:
     return [sys.executable, "-m", "diloco_cli", "_syncer", "--manifest", str(manifest), "--secret-file", str(secret_path)]
 
 
-def start_local(spec: RunSpec, run_dir: Path) -> list[ProcessRecord]:
-    """Start the syncer and every learner; CPU threads are shared out among them."""
+def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_syncer: bool) -> list[ProcessRecord]:
+    """Start the syncer (if it runs here) and these learners; CPU threads are shared out."""
     manifest, secret_path = run_dir / "run.json", run_dir / "secret"
-    processes = sum(learner.processes for learner in spec.learners)
+    processes = sum(learner.processes for learner in learners) or 1
     threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    records = [start_supervised("syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"})]
-    for learner in spec.learners:
+    records = []
+    if with_syncer:
+        records.append(start_supervised("syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"}))
+    for learner in learners:
         records.append(start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env))
     return records
 
 
 def stop_local(record: RunRecord, timeout: float = 30.0) -> dict[str, str]:
-    processes = [ProcessRecord(**process) for process in record.processes]
+    processes = [ProcessRecord(**process) for process in record.processes if process.get("host", "local") == "local"]
     return stop_supervised(processes, record.directory, timeout)
 
 

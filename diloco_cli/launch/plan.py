@@ -57,7 +57,13 @@ def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sou
         for index, (learner, region, host) in enumerate(placements)
     )
     region_specs = tuple(
-        RegionSpec(name=RegionName(region.name), root=absolute_url(region.run_root(run, str(runs_dir))), storage_options=region.storage_options)
+        RegionSpec(
+            name=RegionName(region.name),
+            root=absolute_url(region.run_root(run, str(runs_dir))),
+            storage_options=region.storage_options,
+            data_source=region.data_source,
+            data_storage_options=region.data_storage_options,
+        )
         for region in regions.regions
     )
     home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)

@@ -93,3 +93,21 @@ def stop_supervised(records: list[ProcessRecord], run_dir: Path, timeout: float 
         except (ProcessLookupError, PermissionError):
             pass
     return outcome
+
+
+def main(argv: list[str]) -> int:
+    """``python -m diloco_cli.launch.processes stop RUN_DIR TIMEOUT NAME=PID...``: the same
+    stop, run on an SSH host by ``diloco down``; prints the outcome as JSON."""
+    import json
+
+    if len(argv) < 3 or argv[0] != "stop":
+        print("usage: python -m diloco_cli.launch.processes stop RUN_DIR TIMEOUT NAME=PID...", file=sys.stderr)
+        return 2
+    run_dir, timeout = Path(argv[1]), float(argv[2])
+    records = [ProcessRecord(name=name, kind="", pid=int(pid)) for name, _, pid in (item.partition("=") for item in argv[3:])]
+    print(json.dumps(stop_supervised(records, run_dir, timeout)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

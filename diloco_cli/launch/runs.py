@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,9 @@ class RunRecord:
     spec: RunSpec
     launcher: str
     processes: list[dict[str, Any]]
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """SSH hosts by name (their region-file entries), for down, logs and probes."""
+    ssh: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -55,7 +58,14 @@ def load_run(runs_dir: Path, name: str | None) -> RunRecord:
     except FileNotFoundError:
         known = ", ".join(record.name for record in list_runs(runs_dir)[-5:]) or "none"
         raise ConfigError(f"no run {name!r} in {runs_dir} (recent runs: {known}); `diloco runs` lists them") from None
-    return RunRecord(directory, RunSpec.model_validate(document["spec"]), document["launcher"], document["processes"])
+    return RunRecord(
+        directory,
+        RunSpec.model_validate(document["spec"]),
+        document["launcher"],
+        document["processes"],
+        document.get("hosts", {}),
+        document.get("ssh", {}),
+    )
 
 
 def list_runs(runs_dir: Path) -> list[RunRecord]:

@@ -1,18 +1,20 @@
-"""``diloco up``: plan, check, create the run, start its processes."""
+"""``diloco up``: plan, check (preflight on every host), install, start."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
+from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
 from diloco_cli.launch.local import process_records_json, start_local
-from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
 from diloco_cli.launch.plan import (
     Sources,
     check_buckets,
@@ -23,17 +25,30 @@ from diloco_cli.launch.plan import (
     write_manifests,
     write_run_record,
 )
+from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
+from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
+from diloco_cli.launch.remote import install_run_files, learner_arguments, remote_paths, start_remote_process, syncer_arguments
+from diloco_cli.launch.remote import _command as remote_command
 from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.filesystem import protocol_of
+from diloco_cli.views.preflight import render_preflight
+
+Emit = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+class StartError(ConfigError):
+    """A host failed preflight, or a process of the run could not start."""
+
+
+@dataclass
 class Launch:
     spec: RunSpec
     run_dir: Path | None
     started: list[str]
+    preflight: list[HostReport] = field(default_factory=list)
 
 
-def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path) -> tuple[RunSpec, Sources]:
+def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path) -> tuple[RunSpec, RegionsFile, Sources]:
     """The run as it would start: configuration loaded, validated and placed."""
     sources = Sources(
         recipe=str(recipe_path) if recipe_path else Sources.recipe,
@@ -42,37 +57,123 @@ def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list
     recipe = load_model(Recipe, recipe_path, overrides, default_name="the default recipe")
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
-    return plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources), sources
+    return plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources), regions, sources
 
 
-def launch(recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path, dry_run: bool) -> Launch:
+def _extras(spec: RunSpec) -> list[str]:
+    protocols = {protocol_of(region.root) for region in spec.regions} | {protocol_of(spec.syncer.home)}
+    return sorted({"s3" for p in protocols if p in ("s3", "s3a")} | {"gcs" for p in protocols if p in ("gs", "gcs")})
+
+
+def launch(
+    recipe_path: Path | None,
+    regions_path: Path | None,
+    overrides: list[str],
+    name: str | None,
+    runs_dir: Path,
+    dry_run: bool,
+    accept_new_host_keys: bool = False,
+    emit: Emit = lambda line: None,
+) -> Launch:
     runs_dir = runs_dir.resolve()  # processes start elsewhere: every path they get is absolute
-    spec, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir)
-    if dry_run:
-        return Launch(spec, None, [])
-    run_dir, _ = create_run_directory(runs_dir, spec, launcher="local")
+    spec, regions, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir)
+    reports = preflight(regions, accept_new_host_keys)
     try:
-        check_buckets(spec, sources)
-    except BaseException:
-        shutil.rmtree(run_dir)  # nothing started, nothing half-made left behind
-        raise
-    write_manifests(spec)
-    records = start_local(spec, run_dir)
-    write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": "local", "processes": process_records_json(records)})
-    check_started(records, run_dir)
-    return Launch(spec, run_dir, [record.name for record in records])
+        if reports:
+            emit(render_preflight(reports))
+        if any(report.problem for report in reports):
+            raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
+        if dry_run:
+            return Launch(spec, None, [], reports)
+        run_dir, secret = create_run_directory(runs_dir, spec, launcher="ssh" if reports else "local")
+        try:
+            if reports:
+                _install_everywhere(reports, spec, runs_dir, emit)
+            if spec.syncer.host == "local":
+                check_buckets(spec, sources)
+        except BaseException:
+            shutil.rmtree(run_dir)  # nothing started, nothing half-made left behind
+            raise
+        write_manifests(spec)
+        local_learners = [learner for learner in spec.learners if learner.host == "local"]
+        records = start_local(spec, run_dir, local_learners, with_syncer=spec.syncer.host == "local")
+        try:
+            check_started(records, run_dir)
+            records += _start_on_hosts(reports, spec, secret, emit)
+        finally:
+            write_run_record(
+                run_dir,
+                {
+                    "spec": json.loads(spec.to_json()),
+                    "launcher": "ssh" if reports else "local",
+                    "processes": process_records_json(records),
+                    "hosts": {host.name: host.model_dump(mode="json") for host in regions.remote_hosts()},
+                    "ssh": regions.ssh.model_dump(mode="json"),
+                },
+            )
+        return Launch(spec, run_dir, [record.name for record in records], reports)
+    finally:
+        for report in reports:
+            if report.client is not None:
+                report.client.close()
+
+
+def _install_everywhere(reports: list[HostReport], spec: RunSpec, runs_dir: Path, emit: Emit) -> None:
+    """Build (once), copy and install the project on every host, then probe each host's
+    buckets from the host itself."""
+    distribution = build_distribution(runs_dir / ".wheels")
+    extras = _extras(spec)
+
+    def install(report: HostReport) -> str:
+        started = time.monotonic()
+        outcome = bootstrap_host(report.client, report.host, distribution, extras)
+        emit(f"  {report.host.name}: diloco {outcome} ({time.monotonic() - started:.1f} s)")
+        return outcome
+
+    emit(f"installing diloco ({distribution.source_hash}) on {len(reports)} host(s)")
+    with ThreadPoolExecutor(max_workers=min(16, len(reports))) as pool:
+        list(pool.map(install, reports))
+    roots = {region.name: (region.root, region.storage_options) for region in spec.regions}
+    venvs = {report.host.name: remote_paths(report.client, report.host, spec.run).venv for report in reports}
+    probe_buckets_from_hosts(reports, roots, venvs)
+    if any(report.problem for report in reports):
+        emit(render_preflight(reports))
+        raise StartError("a bucket cannot be used from a host; nothing was started")
+
+
+def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit) -> list[ProcessRecord]:
+    records: list[ProcessRecord] = []
+    for report in reports:
+        host, client = report.host, report.client
+        paths = remote_paths(client, host, spec.run)
+        install_run_files(client, paths, spec, secret)
+        learners = [learner for learner in spec.learners if learner.host == host.name]
+        processes = sum(learner.processes for learner in learners) or 1
+        threads = spec.recipe.training.threads_per_learner or max(1, int(report.facts.get("cores", 1)) // processes)
+        env = {"OMP_NUM_THREADS": str(threads)}
+        if spec.syncer.host == host.name:
+            records.append(start_remote_process(client, host, paths, "syncer", "syncer", remote_command(paths, syncer_arguments(paths), 1), {"OMP_NUM_THREADS": "1"}))
+        for learner in learners:
+            command = remote_command(paths, learner_arguments(paths, learner), learner.processes)
+            records.append(start_remote_process(client, host, paths, learner.id, "learner", command, env))
+        emit(f"  {host.name}: started {', '.join(l.id for l in learners) or 'the syncer'}")
+    return records
 
 
 def check_started(records: list[ProcessRecord], run_dir: Path, grace_seconds: float = 1.5) -> None:
-    """Fail loudly if a supervisor dies at once (a broken environment), with its log."""
+    """Fail loudly if a local process dies at once (a broken environment), with its log.
+    A process that already finished (a very short run) is not a failure."""
     time.sleep(grace_seconds)
-    dead = [record for record in records if not is_running(record.pid)]
+    dead = []
+    for record in records:
+        state = (run_dir / "processes" / f"{record.name}.json")
+        finished = state.exists() and json.loads(state.read_text()).get("state") == "finished"
+        if not finished and not is_running(record.pid):
+            dead.append(record)
     if dead:
         stop_supervised(records, run_dir, timeout=5)
         log = (run_dir / "logs" / f"{dead[0].name}.log").read_text(errors="replace")[-2000:]
-        raise StartError(f"{', '.join(r.name for r in dead)} exited right after starting; the run is stopped. "
-                         f"End of {run_dir}/logs/{dead[0].name}.log:\n{log}")
-
-
-class StartError(ConfigError):
-    """A process of the run could not start."""
+        raise StartError(
+            f"{', '.join(r.name for r in dead)} exited right after starting; the run is stopped. "
+            f"End of {run_dir}/logs/{dead[0].name}.log:\n{log}"
+        )

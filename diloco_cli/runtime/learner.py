@@ -110,7 +110,11 @@ class Learner:
         self.fragments = LearnerFragments(fragments_of_model(self.model, self.recipe.sync.num_fragments), dict(self.model.named_parameters()))
         self.optimizer = make_inner_optimizer(self.model, training.learning_rate, training.weight_decay, training.betas)
         self.schedule = InnerSchedule(training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction)
-        text = load_text(self.recipe.data.source, self.recipe.data.storage_options)
+        region = self.spec.region(self.me.region)
+        if region.data_source:  # the region's own copy: data stays in its region
+            text = load_text(region.data_source, region.data_storage_options)
+        else:
+            text = load_text(self.recipe.data.source, self.recipe.data.storage_options)
         shard = TextSplit.of(text, self.recipe.data.heldout_fraction, self.recipe.data.sequence_length).shard(self.me.shard, len(self.spec.learners))
         rank_size = len(shard) // self.group.world_size
         self.shard = shard[self.group.rank * rank_size : (self.group.rank + 1) * rank_size]

@@ -42,6 +42,9 @@ class RegionSpec(BaseModel):
     root: str
     """The URL of the run's root in this region's bucket."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    data_source: str | None = None
+    """This region's own copy of the training text, if it has one."""
+    data_storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class SyncerSpec(BaseModel):

@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich import box
@@ -40,7 +41,7 @@ def _loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def build_view(status: RunStatus, *, plain: bool = False) -> Group:
+def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | None = None) -> Group:
     table_box = box.SIMPLE if plain else box.SIMPLE_HEAVY
     run = Text()
     run.append(f"run {status.run}", style="bold")
@@ -83,47 +84,56 @@ def build_view(status: RunStatus, *, plain: bool = False) -> Group:
         regions.add_column(column, justify="left" if column == "region" else "right")
     for region in status.regions:
         regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.syncer_up), human_bytes(region.syncer_down))
-    return Group(run, learners, Text("\n".join(lines)), regions)
+    parts = [run, learners, Text("\n".join(lines)), regions]
+    if probe is not None:
+        hosts = Table(box=table_box, title="processes (probed)", title_justify="left", show_edge=False)
+        for column in ("process", "host", "ssh", "supervisor", "restarts"):
+            hosts.add_column(column, overflow="fold")
+        for row in probe:
+            hosts.add_row(row["process"], row["host"], row["ssh"], row["supervisor"], str(row["restarts"]))
+        parts.append(hosts)
+    return Group(*parts)
 
 
-def render_plain(status: RunStatus, width: int = 140) -> str:
+def render_plain(status: RunStatus, width: int = 140, probe: list[dict] | None = None) -> str:
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False, highlight=False)
-    console.print(build_view(status, plain=True))
+    console.print(build_view(status, plain=True, probe=probe))
     return console.file.getvalue()
 
 
-def render_json(status: RunStatus) -> str:
-    return json.dumps(status.to_json(), indent=2)
+def render_json(status: RunStatus, probe: list[dict] | None = None) -> str:
+    document = status.to_json()
+    if probe is not None:
+        document["probe"] = probe
+    return json.dumps(document, indent=2)
 
 
-def show_status(spec: RunSpec, output: str, watch: bool, interval: float = 2.0) -> None:
+def show_status(spec: RunSpec, output: str, watch: bool, interval: float = 2.0, probe: Callable[[], list[dict]] | None = None) -> None:
     """Print once, or keep the view up until the run ends (Ctrl-C detaches)."""
-    if output == "json":
+
+    def gather() -> tuple[RunStatus, list[dict] | None]:
+        return collect_status(spec), probe() if probe else None
+
+    if output == "json" or not sys.stdout.isatty():
+        render = render_json if output == "json" else render_plain
         while True:
-            status = collect_status(spec)
-            print(render_json(status), flush=True)
-            if not watch or status.state in FINAL_STATES:
-                return
-            time.sleep(interval)
-    if not sys.stdout.isatty():
-        while True:
-            status = collect_status(spec)
-            print(render_plain(status), flush=True)
+            status, probed = gather()
+            print(render(status, probe=probed), flush=True)
             if not watch or status.state in FINAL_STATES:
                 return
             time.sleep(interval)
     console = Console()
     if not watch:
-        console.print(build_view(collect_status(spec)))
+        status, probed = gather()
+        console.print(build_view(status, probe=probed))
         return
     try:
-        with Live(build_view(collect_status(spec)), console=console, refresh_per_second=4, screen=False) as live:
-            while True:
+        status, probed = gather()
+        with Live(build_view(status, probe=probed), console=console, refresh_per_second=4, screen=False) as live:
+            while status.state not in FINAL_STATES:
                 time.sleep(interval)
-                status = collect_status(spec)
-                live.update(build_view(status))
-                if status.state in FINAL_STATES:
-                    return
+                status, probed = gather()
+                live.update(build_view(status, probe=probed))
     except KeyboardInterrupt:
         console.print(f"detached; the run goes on (diloco down {spec.run} stops it)")
 

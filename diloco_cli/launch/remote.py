@@ -1,0 +1,144 @@
+"""The SSH launcher: a run's processes on remote hosts, detached and supervised there.
+
+Each host gets the run's files in ``<work_dir>/<run>/`` over SFTP (the manifest, and the
+secret readable by its owner only), then one supervisor per learner started with
+``setsid`` so it outlives the SSH session.  Stopping, logs and probes go over SSH too and
+reuse the same supervisor and process code as the local launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+
+import paramiko
+
+from diloco_cli.codec import RunSecret
+from diloco_cli.config.regions import HostConfig
+from diloco_cli.launch.processes import ProcessRecord
+from diloco_cli.launch.ssh import SSHError, expand_home, put_text, run
+from diloco_cli.runtime.run_spec import LearnerSpec, RunSpec
+
+
+@dataclass(frozen=True)
+class RemotePaths:
+    """Where a run lives on one host."""
+
+    venv: str
+    run_dir: str
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    def log(self, name: str) -> str:
+        return f"{self.run_dir}/logs/{name}.log"
+
+    def state(self, name: str) -> str:
+        return f"{self.run_dir}/processes/{name}.json"
+
+
+def remote_paths(client: paramiko.SSHClient, host: HostConfig, run: str) -> RemotePaths:
+    return RemotePaths(venv=expand_home(client, host.venv), run_dir=f"{expand_home(client, host.work_dir)}/{run}")
+
+
+def install_run_files(client: paramiko.SSHClient, paths: RemotePaths, spec: RunSpec, secret: RunSecret) -> None:
+    """The manifest and the secret (mode 0600, over SSH only) on the host."""
+    run(client, f"mkdir -p {shlex.quote(paths.run_dir)}/logs {shlex.quote(paths.run_dir)}/processes")
+    put_text(client, json.dumps({"spec": json.loads(spec.to_json())}), f"{paths.run_dir}/run.json", mode=0o644)
+    put_text(client, secret.to_hex(), f"{paths.run_dir}/secret", mode=0o600)
+
+
+def _command(paths: RemotePaths, arguments: list[str], processes: int) -> list[str]:
+    if processes > 1:
+        return [paths.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "diloco_cli", *arguments]
+    return [paths.python, "-m", "diloco_cli", *arguments]
+
+
+def learner_arguments(paths: RemotePaths, learner: LearnerSpec) -> list[str]:
+    return ["_learner", "--manifest", f"{paths.run_dir}/run.json", "--learner", learner.id, "--secret-file", f"{paths.run_dir}/secret"]
+
+
+def syncer_arguments(paths: RemotePaths) -> list[str]:
+    return ["_syncer", "--manifest", f"{paths.run_dir}/run.json", "--secret-file", f"{paths.run_dir}/secret"]
+
+
+def start_remote_process(client: paramiko.SSHClient, host: HostConfig, paths: RemotePaths, name: str, kind: str, command: list[str], env: dict[str, str]) -> ProcessRecord:
+    """Start one supervised process detached from the SSH session; returns its supervisor."""
+    variables = " ".join(f"{key}={shlex.quote(value)}" for key, value in {**env, **host.env, "PYTHONUNBUFFERED": "1"}.items())
+    supervisor = [paths.python, "-m", "diloco_cli.launch.supervisor", paths.log(name), paths.state(name), "--", *command]
+    # Only the supervisor goes to the background (in a subshell with every stream
+    # redirected), so the SSH command returns at once and the session can end.
+    script = (
+        f"cd {shlex.quote(paths.run_dir)} && rm -f {shlex.quote(paths.state(name))} && "
+        f"(env {variables} setsid nohup {' '.join(shlex.quote(part) for part in supervisor)} "
+        f">> {shlex.quote(paths.log(name))} 2>&1 < /dev/null &)"
+    )
+    result = run(client, script, timeout=60)
+    if result.code != 0:
+        raise SSHError(f"host {host.name}: could not start {name}: {result.stderr.strip()[-500:]}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the supervisor records its own pid once it runs
+        state = run(client, f"cat {shlex.quote(paths.state(name))} 2>/dev/null").stdout
+        if state.strip():
+            return ProcessRecord(name=name, kind=kind, pid=int(json.loads(state)["supervisor_pid"]), host=host.name)
+        time.sleep(0.2)
+    log = run(client, f"tail -n 20 {shlex.quote(paths.log(name))}").stdout
+    raise SSHError(f"host {host.name}: {name} did not start within 30 s; its log ends:\n{log}")
+
+
+def stop_remote(client: paramiko.SSHClient, paths: RemotePaths, records: list[ProcessRecord], timeout: float) -> dict[str, str]:
+    """SIGTERM, then SIGKILL after ``timeout``, on the host (the local launcher's code)."""
+    pids = " ".join(f"{shlex.quote(r.name)}={r.pid}" for r in records)
+    result = run(client, f"{shlex.quote(paths.python)} -m diloco_cli.launch.processes stop {shlex.quote(paths.run_dir)} {timeout} {pids}", timeout=timeout + 60)
+    if result.code != 0:
+        raise SSHError(f"stopping processes failed: {result.stderr.strip()[-500:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def supervisor_states(client: paramiko.SSHClient, paths: RemotePaths) -> dict[str, dict]:
+    """Each supervised process's recorded state on the host."""
+    script = f"for f in {shlex.quote(paths.run_dir)}/processes/*.json; do [ -f \"$f\" ] && printf '%s\\t' \"$(basename \"$f\" .json)\" && cat \"$f\" && echo; done"
+    states = {}
+    for line in run(client, script).stdout.splitlines():
+        name, _, document = line.partition("\t")
+        try:
+            states[name] = json.loads(document)
+        except ValueError:
+            continue
+    alive = run(client, " ; ".join(f"kill -0 {int(s['supervisor_pid'])} 2>/dev/null && echo {shlex.quote(n)}" for n, s in states.items()) or "true").stdout.split()
+    for name, state in states.items():
+        state["supervisor_alive"] = name in alive
+    return states
+
+
+def stream_remote_log(client: paramiko.SSHClient, paths: RemotePaths, name: str, follow: bool, write) -> None:
+    """Print a log on the host (and keep printing it with ``follow``) until Ctrl-C."""
+    command = f"tail -n +1 {'-F' if follow else ''} {shlex.quote(paths.log(name))}"
+    channel = client.get_transport().open_session()
+    channel.exec_command(command)
+    try:
+        while True:
+            if channel.recv_ready():
+                write(channel.recv(65536).decode(errors="replace"))
+            elif channel.exit_status_ready() and not channel.recv_ready():
+                break
+            else:
+                time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        channel.close()
+
+
+def connect_recorded_host(record_hosts: dict, ssh_settings: dict, name: str) -> tuple[paramiko.SSHClient, HostConfig]:
+    """Reconnect to a host of a started run (its key must be the one accepted at ``up``)."""
+    from diloco_cli.config.regions import SSHSettings
+    from diloco_cli.launch.ssh import SSHTarget, connect
+
+    host = HostConfig.model_validate(record_hosts[name])
+    settings = SSHSettings.model_validate(ssh_settings or {})
+    target = SSHTarget(host.name, host.address or host.name, host.port, host.user, host.key_file, settings.known_hosts, settings.connect_timeout)
+    return connect(target), host

@@ -1,0 +1,31 @@
+"""The preflight table: one row per SSH host, its checks and its first problem."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from diloco_cli.launch.preflight import HostReport
+
+CHECKS = ("ssh", "python", "torch", "disk", "clock", "bucket")
+
+
+def render_preflight(reports: list[HostReport], width: int = 120) -> str:
+    table = Table(title="preflight", title_justify="left", show_edge=False)
+    table.add_column("host")
+    table.add_column("regions")
+    for check in CHECKS:
+        table.add_column(check)
+    table.add_column("first problem", overflow="fold")
+    for report in reports:
+        table.add_row(
+            report.host.name,
+            ", ".join(report.regions) or "(syncer)",
+            *(report.checks.get(check, "-") for check in CHECKS),
+            report.problem or "",
+        )
+    console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False)
+    console.print(table)
+    return console.file.getvalue()
