@@ -28,9 +28,28 @@ SSH_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 60}})
 
 @pytest.fixture(scope="module")
 def host_venv(tmp_path_factory):
-    """One environment path shared by every test host (they share this filesystem): the
-    first ``up`` installs diloco into it, later ones find it up to date."""
-    return str(tmp_path_factory.mktemp("hostenv") / "venv")
+    """One environment shared by every test host (they share this filesystem), installed
+    once here through diloco's own bootstrap over a loopback sshd, with the package index
+    reachable; hosts inside network namespaces then find it up to date."""
+    from diloco_cli.config.regions import HostConfig
+    from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
+    from diloco_cli.launch.ssh import SSHTarget, connect
+
+    root = tmp_path_factory.mktemp("hostenv")
+    venv = str(root / "venv")
+    (root / "sshd").mkdir()
+    with sshd_server(root / "sshd") as server:
+        known_hosts = root / "known_hosts"
+        known_hosts.write_text(server.known_hosts_line() + "\n")
+        host = HostConfig(name="installer", address=server.host, port=server.port, user=server.user, key_file=str(server.client_key_path),
+                          python=BASE_PYTHON, venv=venv, install=("torch==2.13.*",))
+        client = connect(SSHTarget("installer", server.host, server.port, server.user, str(server.client_key_path), str(known_hosts)))
+        try:
+            assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "installed"
+            assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "up to date"
+        finally:
+            client.close()
+    return venv
 
 
 def host_entry(server, name, venv, tmp_path, learners=1, **extra):
@@ -195,7 +214,7 @@ def test_unknown_host_keys_are_refused_with_their_fingerprint_and_changed_keys_a
         empty = tmp_path / "known_hosts"
         empty.write_text("")
         regions = regions_file(
-            tmp_path, [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=4)]}], empty
+            tmp_path, [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2)]}], empty
         )
         refused = dry_run(tmp_path, regions)
         assert refused.returncode == 2
@@ -217,8 +236,8 @@ def test_unknown_host_keys_are_refused_with_their_fingerprint_and_changed_keys_a
 def test_unreachable_hosts_and_hosts_without_torch_fail_preflight_by_name(tmp_path, host_venv):
     with sshd(tmp_path, "sshd") as server:
         known_hosts = known_hosts_of(tmp_path, server)
-        gone = dict(host_entry(server, "gone", host_venv, tmp_path, learners=2), port=1)  # nothing listens on port 1
-        bare = dict(host_entry(server, "bare", str(tmp_path / "bare-venv"), tmp_path, learners=2), install=[])
+        gone = dict(host_entry(server, "gone", host_venv, tmp_path), port=1)  # nothing listens on port 1
+        bare = dict(host_entry(server, "bare", str(tmp_path / "bare-venv"), tmp_path), install=[])
         regions = regions_file(
             tmp_path,
             [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [gone]}, {"name": "west", "bucket": f"file://{tmp_path}/c", "hosts": [bare]}],
@@ -246,7 +265,7 @@ def test_a_wrong_bucket_is_caught_by_preflight_from_the_host_before_anything_sta
         regions = regions_file(
             tmp_path,
             [{"name": "east", "bucket": "s3://no-such-bucket", "storage_options": {"endpoint_url": store.endpoint_url},
-              "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=4, env=env)]}],
+              "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2, env=env)]}],
             known_hosts_of(tmp_path, server),
         )
         runs_dir = tmp_path / "runs"

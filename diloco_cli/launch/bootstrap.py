@@ -38,7 +38,8 @@ with open(venv + ".lock", "w") as lock:
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", requirement, *extra], check=True)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "2", "--timeout", "30",
+                    "--upgrade", requirement, *extra], check=True)
     with open(mark, "w") as handle:
         handle.write(digest)
     print("installed")

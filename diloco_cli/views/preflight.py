@@ -28,4 +28,7 @@ def render_preflight(reports: list[HostReport], width: int = 120) -> str:
         )
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False)
     console.print(table)
+    problems = [f"  {report.host.name}: {report.problem}" for report in reports if report.problem]
+    if problems:  # again in full, one per line, for reading and copying
+        console.print("\n".join(["problems:", *problems]), soft_wrap=True)
     return console.file.getvalue()
