@@ -107,5 +107,5 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     assert result.exit_code == 0, result.output
     assert "run plan (dry run: nothing started)" in result.output
     assert "learner local-b-1 on local, shard 3" in result.output
-    assert "inner_steps: 400" in result.output
+    assert "inner_steps: 300" in result.output
     assert not runs_dir.exists()

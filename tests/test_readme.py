@@ -62,7 +62,7 @@ def test_every_readme_command_runs_as_written_on_the_default_job(tmp_path):
             time.sleep(6)
             process.send_signal(signal.SIGINT)
             output = process.communicate(timeout=30)[0]
-            assert "finished at step 400" in output, output[-2000:]
+            assert "finished at step 300" in output, output[-2000:]
             continue
         result = run(command, tmp_path, timeout=1200)
         assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

@@ -117,7 +117,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
             known_hosts,
         )
         # the default recipe (4 learners, the 0.84M GPT), shortened
-        shorter = ["--set", "training.inner_steps=40", "--set", "sync.sync_interval=10", "--set", "training.heartbeat_seconds=0.5"]
+        shorter = ["--set", "training.inner_steps=24", "--set", "sync.sync_interval=6", "--set", "training.heartbeat_seconds=0.5"]
         started = diloco("up", "--regions", str(regions), "--name", "ssh-run", "--runs-dir", str(runs_dir), *shorter, timeout=900)
         assert "preflight" in started.stdout and "first problem" in started.stdout
         assert re.search(r"one: diloco (installed|up to date)", started.stdout) and "started run ssh-run" in started.stdout
@@ -127,7 +127,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         secret = secret_file.read_text()
         assert secret not in "".join(p.read_text(errors="replace") for p in (tmp_path / "buckets").rglob("*.json"))
         # kill a learner on its host: its supervisor restarts it and it rejoins
-        wait_for(runs_dir, "ssh-run", lambda s: s.learners[0].step >= 5, 300, "east-0 training")
+        wait_for(runs_dir, "ssh-run", lambda s: s.learners[0].step >= 3, 300, "east-0 training")
         os.kill(remote_state(tmp_path, "one", "ssh-run", "east-0")["child_pid"], signal.SIGKILL)
         status = wait_finished(runs_dir, "ssh-run", timeout=300)
         rows = {row.learner: row for row in status.learners}
@@ -143,18 +143,46 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
             "west-1": ("two", "ok", "finished"),
         }
         log = diloco("logs", "ssh-run", "east-0", "--runs-dir", str(runs_dir)).stdout
-        assert "exit -9: restarting" in log and "finished at step 40" in log and "resumed from checkpoint" not in log
+        assert "exit -9: restarting" in log and "finished at step 24" in log and "resumed from checkpoint" not in log
         output = tmp_path / "model.safetensors"
         diloco("export", "ssh-run", "-o", str(output), "--runs-dir", str(runs_dir))
         byte_gpt().load_state_dict(load_file(str(output)))
         stopped = diloco("down", "ssh-run", "--runs-dir", str(runs_dir)).stdout
         assert "east-0" in stopped and "one" in stopped and "run ssh-run is down" in stopped
         assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
-        # a second up finds both hosts up to date: no copy, no install
-        again = diloco("up", "--regions", str(regions), "--name", "ssh-again", "--runs-dir", str(runs_dir), timeout=300)
-        assert "one: diloco up to date" in again.stdout and "two: diloco up to date" in again.stdout
-        diloco("down", "ssh-again", "--runs-dir", str(runs_dir))
-        assert processes_of(str(tmp_path / "work-one")) == []
+        # the README's multi-region commands, as written, on these hosts: a second up
+        # finds both hosts up to date (no copy, no install)
+        (tmp_path / "my-regions.yaml").write_text(regions.read_text())
+        run_name = None
+        for command in readme_multi_region_commands():
+            arguments = command.split()[1:]
+            if run_name:
+                arguments = [run_name if a == "RUN" else a for a in arguments]
+            if "--follow" in arguments:
+                process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+                time.sleep(8)
+                process.send_signal(signal.SIGINT)
+                assert "starting (restart 0)" in process.communicate(timeout=30)[0]
+                continue
+            result = diloco(*arguments, cwd=tmp_path, timeout=600)
+            if "--dry-run" in arguments:
+                assert "(dry run: nothing started)" in result.stdout and "learner west-1 on two" in result.stdout
+            elif arguments[0] == "up":
+                assert "one: diloco up to date" in result.stdout and "two: diloco up to date" in result.stdout
+                run_name = re.search(r"started run (\S+):", result.stdout).group(1)
+            elif "--probe" in arguments:
+                assert "processes (probed)" in result.stdout and "one" in result.stdout and "ok" in result.stdout
+            elif arguments[0] == "down":
+                assert f"run {run_name} is down" in result.stdout
+        assert run_name is not None
+        assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
+
+
+def readme_multi_region_commands() -> list[str]:
+    """The README's multi-region block (the ``sh`` one; the quick start's are ``bash``)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    (block,) = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("diloco ")]
 
 
 def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv, monkeypatch):

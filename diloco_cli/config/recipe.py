@@ -75,7 +75,7 @@ class TrainingConfig(BaseModel):
     batch_size: int = Field(default=16, ge=1)
     """Sequences per inner step per learner (split across its processes under torchrun)."""
 
-    inner_steps: int = Field(default=400, ge=1)
+    inner_steps: int = Field(default=300, ge=1)
     """Inner steps each learner takes before it finishes."""
 
     learning_rate: float = Field(default=6e-3, gt=0)

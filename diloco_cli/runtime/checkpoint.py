@@ -68,3 +68,12 @@ def restore_checkpoint(
     optimizer.load_state_dict(state_dict)
     fragments.load_state(tensors, meta["fragments"])
     return meta
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A data generator's position as text (stored in checkpoint metadata)."""
+    return bytes(generator.get_state().tolist()).hex()
+
+
+def restore_generator(generator: torch.Generator, state: str) -> None:
+    generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))

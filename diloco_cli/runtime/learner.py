@@ -22,7 +22,7 @@ import torch
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.core.fragments import fragments_due, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.checkpoint import encode_checkpoint, restore_checkpoint
+from diloco_cli.runtime.checkpoint import encode_checkpoint, generator_state, restore_checkpoint, restore_generator
 from diloco_cli.runtime.distributed import (
     broadcast_control,
     broadcast_parameters,
@@ -249,7 +249,7 @@ class Learner:
                     meta = restore_checkpoint(checkpoint, self.model, self.optimizer, self.fragments, self.secret)
                     self.progress.step, self.progress.tokens = int(meta["step"]), int(meta["tokens"])
                     self.progress.checkpoint_step = self.progress.step
-                    self.generator.set_state(torch.tensor(bytes.fromhex(meta["generator"]), dtype=torch.uint8))
+                    restore_generator(self.generator, meta["generator"])
                     log.info("resumed from checkpoint at step %d", self.progress.step)
                 except (PayloadError, KeyError) as error:
                     log.warning("checkpoint refused (%s); starting from the global weights", error)
@@ -276,7 +276,7 @@ class Learner:
         meta = {
             "step": self.progress.step,
             "tokens": self.progress.tokens,
-            "generator": bytes(self.generator.get_state().tolist()).hex(),
+            "generator": generator_state(self.generator),
             "learner": self.me.id,
         }
         payload = encode_checkpoint(self.model, self.optimizer, self.fragments, self.secret, meta)

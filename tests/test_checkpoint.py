@@ -1,0 +1,52 @@
+"""A learner's checkpoint restores parameters, AdamW state, fragments and data position."""
+
+import pytest
+import torch
+
+from diloco_cli.codec import CorruptPayload
+from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.models.gpt import byte_gpt
+from diloco_cli.runtime.checkpoint import encode_checkpoint, generator_state, restore_checkpoint, restore_generator
+from diloco_cli.runtime.learner_fragments import LearnerFragments
+from diloco_cli.training.inner import inner_step, make_inner_optimizer
+
+
+def learner(seed):
+    torch.manual_seed(seed)
+    model = byte_gpt(num_layers=1, width=32, num_heads=2, context=16)
+    fragments = LearnerFragments(fragments_of_model(model, 2), dict(model.named_parameters()))
+    return model, make_inner_optimizer(model, 1e-2, 0.1, (0.9, 0.95)), fragments
+
+
+def test_a_restored_learner_continues_exactly_like_the_original(secret):
+    model, optimizer, fragments = learner(0)
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        tokens = torch.randint(0, 256, (4, 17), generator=generator)
+        inner_step(model, optimizer, tokens[:, :-1], tokens[:, 1:], 1e-2)
+        fragments.count_step(64)
+    fragments.install(0, 7)
+    fragments.residual["blocks.0.mlp.0.weight"].fill_(0.25)
+    payload = encode_checkpoint(model, optimizer, fragments, secret, {"step": 3, "generator": generator_state(generator)})
+
+    other_model, other_optimizer, other_fragments = learner(1)
+    meta = restore_checkpoint(payload, other_model, other_optimizer, other_fragments, secret)
+    other_generator = torch.Generator()
+    restore_generator(other_generator, meta["generator"])
+    assert meta["step"] == 3 and other_fragments.base_version == fragments.base_version
+    assert other_fragments.c_steps == fragments.c_steps and other_fragments.c_tokens == fragments.c_tokens
+    assert torch.equal(other_fragments.residual["blocks.0.mlp.0.weight"], fragments.residual["blocks.0.mlp.0.weight"])
+    # one more step on each gives bit-identical parameters: AdamW state and data position came back
+    for m, o, g in ((model, optimizer, generator), (other_model, other_optimizer, other_generator)):
+        tokens = torch.randint(0, 256, (4, 17), generator=g)
+        inner_step(m, o, tokens[:, :-1], tokens[:, 1:], 1e-2)
+    for (name, a), (_, b) in zip(model.named_parameters(), other_model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_a_damaged_checkpoint_is_refused(secret):
+    model, optimizer, fragments = learner(0)
+    payload = bytearray(encode_checkpoint(model, optimizer, fragments, secret, {"step": 0, "generator": ""}))
+    payload[100] ^= 1
+    with pytest.raises(CorruptPayload):
+        restore_checkpoint(bytes(payload), *learner(1), secret)
