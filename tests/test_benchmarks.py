@@ -44,3 +44,21 @@ def test_merge_benchmark_quick(tmp_path):
     assert naive[16] > naive[2] + 8 * 8
     assert streaming[16] <= streaming[2] * 1.10 + 8
     assert "memory_growth_M16_vs_M2" in document["results"]["targets"]
+
+
+def test_quality_benchmark_quick(tmp_path):
+    """Real learners and syncer on a tiny budget: every row reports losses at each
+    fraction of the budget, and the global models learned something."""
+    from bench import quality
+
+    output = tmp_path / "quality.json"
+    quality.main(["--quick", "--output", str(output)])
+    document = json.loads(output.read_text())
+    summary = document["results"]["summary"]
+    assert set(summary) == {"data-parallel (batch M*b)", "DiLoCo K=M fp32", "Decoupled K=1 grace int4"}
+    for row in summary.values():
+        assert row["loss_1.0"] < 4.5  # from ~5.5 nats per byte at initialisation
+    diloco_rows = [row for row in document["results"]["rows"] if row["row"] != "data-parallel (batch M*b)"]
+    assert all(row["versions"] > 0 for row in diloco_rows)
+    assert {row["quorum"] for row in diloco_rows} == {1, 2}
+    assert set(document["results"]["targets"]) == {"async_vs_sync", "diloco_vs_dp"}
