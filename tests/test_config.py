@@ -109,3 +109,15 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     assert "learner local-b-1 on local, shard 3" in result.output
     assert "inner_steps: 300" in result.output
     assert not runs_dir.exists()
+
+
+def test_secrets_in_host_environment_or_data_options_are_refused(tmp_path):
+    from diloco_cli.config.regions import HostConfig
+
+    with pytest.raises(ValueError, match="env of host 'gpu' sets AWS_SECRET_ACCESS_KEY: secrets stay on the host"):
+        HostConfig(name="gpu", address="10.0.0.1", env={"AWS_SECRET_ACCESS_KEY": "x", "AWS_PROFILE": "ok"})
+    assert HostConfig(name="gpu", address="10.0.0.1", env={"AWS_SHARED_CREDENTIALS_FILE": "/etc/aws"}).env
+    with pytest.raises(ValueError, match=r"data.storage_options hold credentials \(secret\)"):
+        Recipe.model_validate({"data": {"storage_options": {"secret": "x"}}})
+    path = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "a", "bucket": "gs://b", "storage_options": {"token": "anon"}, "hosts": [{"learners": 4}]}]})
+    assert load_model(RegionsFile, path).regions[0].storage_options == {"token": "anon"}  # a mode, not a credential

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diloco_cli.codec import Codec, CodecSpec
+from diloco_cli.config.credentials import refuse_inline_credentials
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -62,6 +63,11 @@ class DataConfig(BaseModel):
 
     heldout_fraction: float = Field(default=0.05, gt=0, lt=0.5)
     """The last part of the text kept out of every shard to evaluate the global model."""
+
+    @model_validator(mode="after")
+    def _no_inline_credentials(self) -> DataConfig:
+        refuse_inline_credentials(self.storage_options, "data.storage_options")
+        return self
 
 
 class TrainingConfig(BaseModel):

@@ -11,19 +11,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from diloco_cli.config.credentials import refuse_inline_credentials
 from diloco_cli.core.types import LearnerId, RegionName
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-CREDENTIAL_KEYS = frozenset(
-    {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "session_token", "client_secret"}
-)
-"""Storage options that would put a credential into a file that travels with the run."""
-
-NON_SECRET_TOKENS = frozenset({"anon", "google_default", "cloud", "browser"})
-"""gcsfs ``token`` values that name a way to authenticate rather than a credential."""
-
 LOCAL_HOST = "local"
+
+SECRET_ENVIRONMENT = ("SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "PRIVATE_KEY")
+"""Environment variable names that hold secrets rather than point at them."""
 
 
 class HostConfig(BaseModel):
@@ -79,6 +75,16 @@ class HostConfig(BaseModel):
     def _remote_hosts_have_an_address(self) -> HostConfig:
         if not self.is_local and not self.address:
             raise ValueError(f"host {self.name!r} needs an address (or name it 'local' to run on this machine)")
+        secrets = sorted(
+            name
+            for name in self.env
+            if any(word in name.upper() for word in SECRET_ENVIRONMENT) and not name.upper().endswith(("_FILE", "_PATH"))
+        )
+        if secrets:
+            raise ValueError(
+                f"env of host {self.name!r} sets {', '.join(secrets)}: secrets stay on the host "
+                "(its ~/.aws/credentials, an instance role); point at them instead (AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE)"
+            )
         return self
 
 
@@ -111,17 +117,8 @@ class RegionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> RegionConfig:
-        inline = sorted(
-            key
-            for key, value in self.storage_options.items()
-            if key.lower() in CREDENTIAL_KEYS and not (key.lower() == "token" and value in NON_SECRET_TOKENS)
-        )
-        if inline:
-            raise ValueError(
-                f"storage_options of region {self.name!r} hold credentials ({', '.join(inline)}): "
-                "set them in the environment (AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS, ...) "
-                "or name a profile instead"
-            )
+        refuse_inline_credentials(self.storage_options, f"storage_options of region {self.name!r}")
+        refuse_inline_credentials(self.data_storage_options, f"data_storage_options of region {self.name!r}")
         return self
 
     def run_root(self, run: str, runs_dir: str) -> str:
@@ -162,6 +159,11 @@ class SyncerPlacement(BaseModel):
 
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Filesystem options for ``home``."""
+
+    @model_validator(mode="after")
+    def _no_inline_credentials(self) -> SyncerPlacement:
+        refuse_inline_credentials(self.storage_options, "storage_options of the syncer")
+        return self
 
 
 class RegionsFile(BaseModel):

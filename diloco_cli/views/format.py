@@ -18,28 +18,20 @@ def human_count(count: float) -> str:
     return f"{count:.0f}"
 
 
-def human_duration(seconds: float | None) -> str:
+def human_duration(seconds: float | None, compact: bool = False) -> str:
+    """``7 s``, ``3 min 05 s``, ``2 h 03 min``; with ``compact`` ``7s``, ``3m05s``,
+    ``2h03m`` for narrow table cells."""
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
+    second, minute, hour = ("s", "m", "h") if compact else (" s", " min", " h")
+    gap = "" if compact else " "
     if seconds < 60:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.0f}{second}"
     if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
+        return f"{seconds // 60:.0f}{minute}{gap}{seconds % 60:02.0f}{second}"
+    return f"{seconds // 3600:.0f}{hour}{gap}{seconds % 3600 // 60:02.0f}{minute}"
 
 
 def ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{human_duration(seconds)} ago"
-
-
-def short_duration(seconds: float | None) -> str:
-    """``7s``, ``3m05s``, ``2h03m``: for narrow table cells."""
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
-    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"

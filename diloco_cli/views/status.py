@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diloco_cli.runtime.run_spec import RunSpec
-from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, short_duration
+from diloco_cli.views.format import ago, human_bytes, human_count, human_duration
 from diloco_cli.views.run_state import RunStatus, collect_status
 
 STATE_STYLE = {"training": "green", "finished": "cyan", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
@@ -64,7 +64,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
             _loss(row.loss),
             "-" if row.steps_per_second is None else f"{row.steps_per_second:.2f}",
             base,
-            short_duration(row.last_seen_seconds),
+            human_duration(row.last_seen_seconds, compact=True),
             str(row.restarts),
         )
     syncer = status.syncer
