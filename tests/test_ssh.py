@@ -133,7 +133,9 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         rows = {row.learner: row for row in status.learners}
         assert rows["east-0"].restarts == 1 and rows["east-0"].state == "finished" and rows["east-0"].host == "one"
         assert [rows[m].host for m in ("east-1", "west-0", "west-1")] == ["one", "two", "two"]
-        assert all(row.state == "finished" and row.base_version and row.base_version > 0 for row in rows.values())
+        # learners never wait for merges, so a fast one may finish before the first; the
+        # syncer still merges everyone's sends, the restarted learner's included
+        assert all(row.state == "finished" for row in rows.values()) and status.version >= 2
         assert secret not in diloco("status", "ssh-run", "-o", "json", "--runs-dir", str(runs_dir)).stdout
         probed = json.loads(diloco("status", "ssh-run", "--probe", "-o", "json", "--runs-dir", str(runs_dir)).stdout)["probe"]
         assert {row["process"]: (row["host"], row["ssh"], row["supervisor"]) for row in probed if row["host"] != "local"} == {
