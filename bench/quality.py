@@ -2,10 +2,12 @@
 
 Same model, same data, equal tokens.  The baseline is synchronous data-parallel with the
 global batch M*b (one process with batch M*b is the same mathematics as DDP over M
-workers), its learning rate tuned on a grid at a quarter of the budget.  The DiLoCo rows
+workers), its learning rate tuned on a grid at an eighth of the budget.  The DiLoCo rows
 run the real learners and syncer (``diloco up`` on this machine, file:// buckets):
 K=M with fp32 and with int4 outer gradients, and Decoupled K=1 with the grace window in
-int4.  Losses are reported at a quarter, half and all of the token budget.
+int4.  Losses are reported at a quarter, half and all of the token budget.  The headline
+rows (data-parallel and Decoupled K=1) run ``--seeds`` seeds, the K=M rows
+``--other-seeds`` (each full row costs about 17 minutes on 2 cores).
 
     python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
     python -m bench.quality --quick         # a tiny model and budget (the test suite)
@@ -102,6 +104,8 @@ def run_data_parallel(recipe: Recipe, learning_rate: float, fraction_of_budget: 
         inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
         if step in checkpoints:
             losses[f"loss_{checkpoints[step]}"] = evaluate(model, heldout)
+    at_end = checkpoints.get(run_steps)
+    losses["loss_end"] = losses[f"loss_{at_end}"] if at_end else evaluate(model, heldout)
     tokens = run_steps * batch * recipe.data.sequence_length
     return {"tokens": tokens, "seconds": time.monotonic() - started, "learning_rate": learning_rate, **losses}
 
@@ -114,7 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and budget (~2 minutes)")
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)")
+    parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the K=M rows")
+    parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each data-parallel tuning run")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
@@ -122,26 +128,27 @@ def main(argv: list[str] | None = None) -> dict:
     per_step = probe.training.num_learners * tokens_per_learner_step(probe)
     args.steps_per_learner = 40 if args.quick else round(args.tokens / per_step)
     seeds = [0] if args.quick else list(range(args.seeds))
+    other_seeds = [0] if args.quick else list(range(args.other_seeds))
     grid = [6e-3] if args.quick else [3e-3, 6e-3, 1e-2]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         workdir = Path(directory)
-        # 1. tune data-parallel's learning rate at a quarter of the budget
+        # 1. tune data-parallel's learning rate on a fraction of the budget
         tuning = []
         for learning_rate in grid:
             args.evaluate_every = 1
-            result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, 0.25)
-            tuning.append({"learning_rate": learning_rate, "loss_0.25": result["loss_0.25"]})
-            print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_0.25']:.4f}", flush=True)
-        best = min(tuning, key=lambda row: row["loss_0.25"])["learning_rate"]
+            result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
+            tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
+            print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
+        best = min(tuning, key=lambda row: row["loss"])["learning_rate"]
         for seed in seeds:
             result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
             rows.append({"row": "data-parallel (batch M*b)", "seed": seed, **result})
             print(f"  data-parallel seed {seed}: {result['loss_1.0']:.4f}", flush=True)
         fp32 = {"codec": "fp32", "zstd_level": 1}
         settings = [
-            ("DiLoCo K=M fp32", {"sync": {"learner_codec": fp32, "update_codec": fp32}}, 10 if not args.quick else 2, seeds),
-            ("DiLoCo K=M int4", {}, 10 if not args.quick else 2, [] if args.quick else seeds[:1]),
+            ("DiLoCo K=M fp32", {"sync": {"learner_codec": fp32, "update_codec": fp32}}, 10 if not args.quick else 2, other_seeds),
+            ("DiLoCo K=M int4", {}, 10 if not args.quick else 2, [] if args.quick else other_seeds),
             ("Decoupled K=1 grace int4", {"sync": {"quorum": 1}}, 40 if not args.quick else 4, seeds),
         ]
         for label, overrides, evaluate_every, row_seeds in settings:
