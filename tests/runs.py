@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -113,3 +115,21 @@ def child_pid(runs_dir: Path, run: str, process: str) -> int:
     """The pid of the supervised child (the learner or syncer itself)."""
     state = load_run(runs_dir, run).process_state(process) or {}
     return int(state["child_pid"])
+
+
+def interrupted_output(arguments: list[str], cwd: Path, timeout: float = 120) -> str:
+    """Run ``diloco ARGUMENTS`` that runs until Ctrl-C (``logs --follow``): once it has
+    printed its first line (so it is past start-up), send SIGINT; return all it printed.
+    It must stop by itself after the interrupt."""
+    process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments], cwd=cwd, stdout=subprocess.PIPE, text=True)
+    try:
+        # wait for output without reading it: communicate() reads the pipe itself
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        assert ready, f"diloco {' '.join(arguments)} printed nothing in {timeout} s"
+        time.sleep(2)  # a follow loop turn or two
+        process.send_signal(signal.SIGINT)
+        return process.communicate(timeout=30)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -24,7 +24,8 @@ from diloco_cli.codec import (
     read_header,
 )
 from diloco_cli.codec.frame import PREFIX, PayloadLimits
-from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into, section_layout
+from diloco_cli.codec.layout import section_layout
+from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into
 
 ERROR_BOUNDS = {Codec.FP32: 0.0, Codec.BF16: 0.005, Codec.INT8: 0.01, Codec.INT4: 0.12}
 

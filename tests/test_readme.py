@@ -6,15 +6,13 @@ exercised here.  This runs the default job, untouched, to completion (several mi
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.runs import wait_processes_gone
+from tests.runs import interrupted_output, wait_processes_gone
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +56,7 @@ def test_every_readme_command_runs_as_written_on_the_default_job(tmp_path):
         command = command.replace("RUN", name)
         if "--follow" in command:  # runs until Ctrl-C: give it a moment, then interrupt it
             arguments = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)]
-            process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments[1:]], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-            time.sleep(6)
-            process.send_signal(signal.SIGINT)
-            output = process.communicate(timeout=30)[0]
+            output = interrupted_output(arguments[1:], tmp_path)
             assert "finished at step 300" in output, output[-2000:]
             continue
         result = run(command, tmp_path, timeout=1200)

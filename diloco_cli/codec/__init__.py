@@ -14,7 +14,7 @@ from diloco_cli.codec.errors import (
     WrongRun,
 )
 from diloco_cli.codec.frame import DecodedPayload, decode_payload, encode_payload, read_header
-from diloco_cli.codec.quantize import Codec
+from diloco_cli.codec.layout import Codec
 from diloco_cli.codec.secret import RunSecret
 from diloco_cli.codec.spec import CodecSpec
 

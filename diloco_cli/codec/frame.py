@@ -28,10 +28,9 @@ import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -42,16 +41,22 @@ from diloco_cli.codec.errors import (
     UnsupportedFormat,
     WrongRun,
 )
-from diloco_cli.codec.quantize import Codec, dequantize_into, quantize_into, section_layout
+from diloco_cli.codec.layout import section_layout
 from diloco_cli.codec.secret import RunSecret
 from diloco_cli.codec.spec import CodecSpec
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and the quantization kernels are imported where tensors are encoded or decoded,
+# so that what only verifies frames and reads headers (the CLI, status) starts fast.
 
 MAGIC = b"DLCO"
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<4sHH8sIQ")
 TAG_BYTES = 32
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,10 @@ class DecodedPayload:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    for name, candidate in _DTYPES.items():
-        if candidate == dtype:
+    import torch
+
+    for name in _DTYPES:
+        if getattr(torch, name) == dtype:
             return name
     raise TypeError(f"payloads carry floating-point tensors, not {dtype}")
 
@@ -134,6 +141,10 @@ def encode_payload(
     residual may be the very tensor being encoded (each value is read before its
     residual is written), which saves a copy.
     """
+    import torch
+
+    from diloco_cli.codec.quantize import quantize_into
+
     sections: list[np.ndarray] = []
     entries: list[dict[str, Any]] = []
     for name, tensor in tensors:
@@ -230,6 +241,8 @@ def decode_payload(
     tensors, which must be contiguous fp32 CPU tensors of the payload's names and shapes;
     the tag is verified before any of them is touched.
     """
+    from diloco_cli.codec.quantize import dequantize_into
+
     header, body = _verified_parts(data, secret, limits)
     sizes = header.section_sizes()
     decoded_bytes = sum(4 * entry.numel for entry in header.tensors)
@@ -273,6 +286,8 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
 
 
 def _decode_targets(header: PayloadHeader, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    import torch
+
     names = [entry.name for entry in header.tensors]
     if len(set(names)) != len(names):
         raise CorruptPayload("the payload names a tensor twice")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from diloco_cli.codec.quantize import Codec, MAX_INT4_BLOCK
+from diloco_cli.codec.layout import MAX_INT4_BLOCK, Codec
 
 
 class CodecSpec(BaseModel):
