@@ -34,6 +34,7 @@ from diloco_cli.views.run_state import collect_status
 FRACTIONS = (0.25, 0.5, 1.0)
 TARGET_ASYNC_VS_SYNC = 0.02
 TARGET_DILOCO_VS_DP = 0.05
+DATA_PARALLEL = "data-parallel (batch M*b)"
 
 
 def recipe_for(args: argparse.Namespace, seed: int, overrides: dict) -> Recipe:
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)")
     parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the K=M rows")
+    parser.add_argument("--dp-learning-rates", default="3e-3,6e-3,1e-2", help="data-parallel's grid; one value skips tuning")
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each data-parallel tuning run")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
@@ -129,57 +131,57 @@ def main(argv: list[str] | None = None) -> dict:
     args.steps_per_learner = 40 if args.quick else round(args.tokens / per_step)
     seeds = [0] if args.quick else list(range(args.seeds))
     other_seeds = [0] if args.quick else list(range(args.other_seeds))
-    grid = [6e-3] if args.quick else [3e-3, 6e-3, 1e-2]
+    grid = [6e-3] if args.quick else [float(value) for value in args.dp_learning_rates.split(",")]
+    settings = settings_of(args, per_step, seeds, other_seeds)
     rows: list[dict] = []
+    tuning: list[dict] = []
+    # 1. tune data-parallel's learning rate on a fraction of the budget
+    args.evaluate_every = 1
+    for learning_rate in grid if len(grid) > 1 else []:
+        result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
+        tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
+        print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
+    best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
+    # 2. the rows, most informative first; the JSON is rewritten after each, so a long
+    # run that is stopped early still reports what it measured
+    fp32 = {"codec": "fp32", "zstd_level": 1}
+    diloco_rows = {
+        "DiLoCo K=M fp32": ({"sync": {"learner_codec": fp32, "update_codec": fp32}}, 2 if args.quick else 10),
+        "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
+        "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
+    }
+    plan = [(DATA_PARALLEL, seeds[0]), ("Decoupled K=1 grace int4", seeds[0]), ("DiLoCo K=M fp32", other_seeds[0])]
+    plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
+    plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
+    plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
+    path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
-        workdir = Path(directory)
-        # 1. tune data-parallel's learning rate on a fraction of the budget
-        tuning = []
-        for learning_rate in grid:
-            args.evaluate_every = 1
-            result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
-            tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
-            print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
-        best = min(tuning, key=lambda row: row["loss"])["learning_rate"]
-        for seed in seeds:
-            result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
-            rows.append({"row": "data-parallel (batch M*b)", "seed": seed, **result})
-            print(f"  data-parallel seed {seed}: {result['loss_1.0']:.4f}", flush=True)
-        fp32 = {"codec": "fp32", "zstd_level": 1}
-        settings = [
-            ("DiLoCo K=M fp32", {"sync": {"learner_codec": fp32, "update_codec": fp32}}, 10 if not args.quick else 2, other_seeds),
-            ("DiLoCo K=M int4", {}, 10 if not args.quick else 2, [] if args.quick else other_seeds),
-            ("Decoupled K=1 grace int4", {"sync": {"quorum": 1}}, 40 if not args.quick else 4, seeds),
-        ]
-        for label, overrides, evaluate_every, row_seeds in settings:
-            for seed in row_seeds:
-                args.evaluate_every = evaluate_every
+        for label, seed in plan:
+            if label == DATA_PARALLEL:
+                result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
+                result.pop("loss_end")
+                rows.append({"row": label, "seed": seed, **result})
+            else:
+                overrides, args.evaluate_every = diloco_rows[label]
                 recipe = recipe_for(args, seed, overrides)
                 name = f"q-{label.split()[0].lower()}-{label.split()[1].lower().replace('=', '')}-{label.split()[-1]}-{seed}"
-                result = run_diloco(recipe, name.replace("_", "-"), workdir)
+                result = run_diloco(recipe, name, Path(directory))
                 result.pop("evaluations")
                 rows.append({"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result})
-                print(f"  {label} seed {seed}: {result['loss_1.0']:.4f} ({result['versions']} versions)", flush=True)
-    summary = {}
-    for label in dict.fromkeys(row["row"] for row in rows):
-        group = [row for row in rows if row["row"] == label]
-        summary[label] = {f"loss_{f}": mean(group, f"loss_{f}") for f in FRACTIONS} | {"seeds": len(group)}
-    dp, sync, asynchronous = summary["data-parallel (batch M*b)"], summary["DiLoCo K=M fp32"], summary["Decoupled K=1 grace int4"]
-    gaps = {f"diloco_vs_dp_{f}": sync[f"loss_{f}"] / dp[f"loss_{f}"] - 1 for f in FRACTIONS}
-    gaps |= {f"async_vs_sync_{f}": asynchronous[f"loss_{f}"] / sync[f"loss_{f}"] - 1 for f in FRACTIONS}
-    results = {
-        "rows": rows,
-        "summary": summary,
-        "dp_tuning": tuning,
-        "dp_learning_rate": best,
-        "gaps": gaps,
-        "targets": {
-            "async_vs_sync": {"target": f"<= {TARGET_ASYNC_VS_SYNC}", "measured": gaps["async_vs_sync_1.0"], "met": gaps["async_vs_sync_1.0"] <= TARGET_ASYNC_VS_SYNC},
-            "diloco_vs_dp": {"target": f"<= {TARGET_DILOCO_VS_DP}", "measured": gaps["diloco_vs_dp_1.0"], "met": gaps["diloco_vs_dp_1.0"] <= TARGET_DILOCO_VS_DP},
-        },
-    }
-    recipe = recipe_for(args, 0, {})
-    settings_out = {
+            print(f"  {label} seed {seed}: {result['loss_1.0']:.4f}", flush=True)
+            results = summarize(rows) | {"dp_tuning": tuning, "dp_learning_rate": best}
+            path = write_result("quality", args.quick, settings, results, args.output)
+    table = [{"row": label, **values} for label, values in results["summary"].items()]
+    print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0"])
+    for name, value in results["gaps"].items():
+        print(f"{name}: {value:+.2%}")
+    print(f"wrote {path}")
+    return results
+
+
+def settings_of(args: argparse.Namespace, per_step: int, seeds: list[int], other_seeds: list[int]) -> dict:
+    recipe = recipe_for(argparse.Namespace(**{**vars(args), "evaluate_every": 1}), 0, {})
+    return {
         "tokens": args.steps_per_learner * per_step,
         "steps_per_learner": args.steps_per_learner,
         "learners": recipe.training.num_learners,
@@ -189,16 +191,27 @@ def main(argv: list[str] | None = None) -> dict:
         "inner_learning_rate": recipe.training.learning_rate,
         "sync_interval": recipe.sync.sync_interval,
         "fragments": recipe.sync.num_fragments,
-        "seeds": seeds,
+        "headline_seeds": seeds,
+        "other_seeds": other_seeds,
     }
-    path = write_result("quality", args.quick, settings_out, results, args.output)
-    table = [{"row": label, **{k: v for k, v in values.items()}} for label, values in summary.items()]
-    print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0"])
-    for name, value in gaps.items():
-        print(f"{name}: {value:+.2%}")
-    print(f"wrote {path}")
-    return results
 
+
+def summarize(rows: list[dict]) -> dict:
+    """Mean losses per row over its seeds, and the relative gaps where both rows exist."""
+    summary = {}
+    for label in dict.fromkeys(row["row"] for row in rows):
+        group = [row for row in rows if row["row"] == label]
+        summary[label] = {f"loss_{f}": mean(group, f"loss_{f}") for f in FRACTIONS} | {"seeds": len(group)}
+    gaps, targets = {}, {}
+    for name, better, baseline, target in (
+        ("diloco_vs_dp", "DiLoCo K=M fp32", DATA_PARALLEL, TARGET_DILOCO_VS_DP),
+        ("async_vs_sync", "Decoupled K=1 grace int4", "DiLoCo K=M fp32", TARGET_ASYNC_VS_SYNC),
+    ):
+        if better in summary and baseline in summary:
+            gaps |= {f"{name}_{f}": summary[better][f"loss_{f}"] / summary[baseline][f"loss_{f}"] - 1 for f in FRACTIONS}
+            measured = gaps[f"{name}_1.0"]
+            targets[name] = {"target": f"<= {target}", "measured": measured, "met": measured <= target}
+    return {"rows": rows, "summary": summary, "gaps": gaps, "targets": targets}
 
 if __name__ == "__main__":
     main()
