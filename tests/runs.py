@@ -121,7 +121,10 @@ def interrupted_output(arguments: list[str], cwd: Path, timeout: float = 120) ->
     """Run ``diloco ARGUMENTS`` that runs until Ctrl-C (``logs --follow``): once it has
     printed its first line (so it is past start-up), send SIGINT; return all it printed.
     It must stop by itself after the interrupt."""
-    process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments], cwd=cwd, stdout=subprocess.PIPE, text=True)
+    # as from a terminal: a shell starts background jobs (CI under ``&``) with SIGINT
+    # ignored, which Python would inherit and keep
+    restore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments], cwd=cwd, stdout=subprocess.PIPE, text=True, preexec_fn=restore_sigint)
     try:
         # wait for output without reading it: communicate() reads the pipe itself
         ready, _, _ = select.select([process.stdout], [], [], timeout)
