@@ -75,6 +75,10 @@ class HostConfig(BaseModel):
     def _remote_hosts_have_an_address(self) -> HostConfig:
         if not self.is_local and not self.address:
             raise ValueError(f"host {self.name!r} needs an address (or name it 'local' to run on this machine)")
+        return self
+
+    @model_validator(mode="after")
+    def _no_secrets_in_environment(self) -> HostConfig:
         secrets = sorted(
             name
             for name in self.env
