@@ -11,6 +11,7 @@ rows (data-parallel and Decoupled K=1) run ``--seeds`` seeds, the K=M rows
 
     python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
     python -m bench.quality --quick         # a tiny model and budget (the test suite)
+    python -m bench.quality --resume        # run only the rows the result file lacks
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import print_table, write_result
+from bench._common import RESULTS, print_table, write_result
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.up import launch
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dp-learning-rates", default="3e-3,6e-3,1e-2", help="data-parallel's grid; one value skips tuning")
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each data-parallel tuning run")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
+    parser.add_argument("--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     probe = recipe_for(argparse.Namespace(quick=args.quick, steps_per_learner=1, evaluate_every=1), 0, {})
@@ -133,15 +135,16 @@ def main(argv: list[str] | None = None) -> dict:
     other_seeds = [0] if args.quick else list(range(args.other_seeds))
     grid = [6e-3] if args.quick else [float(value) for value in args.dp_learning_rates.split(",")]
     settings = settings_of(args, per_step, seeds, other_seeds)
-    rows: list[dict] = []
-    tuning: list[dict] = []
+    rows, tuning, earlier_rate = earlier_results(args, settings) if args.resume else ([], [], None)
     # 1. tune data-parallel's learning rate on a fraction of the budget
     args.evaluate_every = 1
-    for learning_rate in grid if len(grid) > 1 else []:
+    for learning_rate in grid if len(grid) > 1 and not tuning else []:
         result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
         tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
         print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
     best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
+    if earlier_rate is not None and best != earlier_rate:
+        raise SystemExit(f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; rerun without --resume")
     # 2. the rows, most informative first; the JSON is rewritten after each, so a long
     # run that is stopped early still reports what it measured
     fp32 = {"codec": "fp32", "zstd_level": 1}
@@ -154,9 +157,12 @@ def main(argv: list[str] | None = None) -> dict:
     plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
     plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
     plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
+    results = summarize(rows) | {"dp_tuning": tuning, "dp_learning_rate": best}
     path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         for label, seed in plan:
+            if any(row["row"] == label and row["seed"] == seed for row in rows):
+                continue
             if label == DATA_PARALLEL:
                 result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
                 result.pop("loss_end")
@@ -175,8 +181,23 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0"])
     for name, value in results["gaps"].items():
         print(f"{name}: {value:+.2%}")
-    print(f"wrote {path}")
+    print(f"wrote {path}" if path else "nothing left to run")
     return results
+
+
+def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], float | None]:
+    """The rows, tuning and data-parallel lr of the result file, if it measured the same settings."""
+    path = args.output or RESULTS / f"quality{'.quick' if args.quick else ''}.json"
+    if not path.exists():
+        return [], [], None
+    document = json.loads(path.read_text())
+    same = ("tokens", "learners", "batch_per_learner", "sequence_length", "model", "inner_learning_rate", "sync_interval", "fragments")
+    changed = [key for key in same if document["settings"].get(key) != settings[key]]
+    if changed:
+        raise SystemExit(f"--resume: {path} measured other settings ({', '.join(changed)}); rerun without --resume")
+    results = document["results"]
+    dp_rows = [row for row in results["rows"] if row["row"] == DATA_PARALLEL]
+    return results["rows"], results["dp_tuning"], dp_rows[0]["learning_rate"] if dp_rows else None
 
 
 def settings_of(args: argparse.Namespace, per_step: int, seeds: list[int], other_seeds: list[int]) -> dict:
