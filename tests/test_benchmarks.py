@@ -62,3 +62,11 @@ def test_quality_benchmark_quick(tmp_path):
     assert all(row["versions"] > 0 for row in diloco_rows)
     assert {row["quorum"] for row in diloco_rows} == {1, document["settings"]["learners"]}  # K=1 and K=M
     assert set(document["results"]["targets"]) == {"async_vs_sync", "diloco_vs_dp"}
+
+    # --resume keeps what was measured and runs only what the file lacks
+    document["results"]["rows"] = diloco_rows
+    output.write_text(json.dumps(document))
+    quality.main(["--quick", "--output", str(output), "--resume"])
+    resumed = json.loads(output.read_text())["results"]["rows"]
+    assert resumed[: len(diloco_rows)] == diloco_rows  # kept as they were, not rerun
+    assert [row["row"] for row in resumed[len(diloco_rows) :]] == ["data-parallel (batch M*b)"]
