@@ -32,7 +32,8 @@ def test_defaults_describe_the_default_job():
     assert recipe.training.num_learners == regions.num_learners == 4
     assert [r.name for r in regions.regions] == ["local-a", "local-b"]
     assert recipe.quorum == 4 and recipe.outer_learning_rate == 1.0
-    assert Recipe.model_validate({"sync": {"quorum": 1}}).outer_learning_rate == 0.25  # auto = K/M
+    assert Recipe.model_validate({"sync": {"quorum": 1}}).outer_learning_rate == 0.5  # auto = sqrt(K/M)
+    assert Recipe.model_validate({"sync": {"quorum": 2}, "training": {"num_learners": 8}}).outer_learning_rate == 0.5
 
 
 def test_overrides_take_precedence_and_are_validated(tmp_path):

@@ -8,6 +8,7 @@ with 4 learners in a few minutes on a laptop CPU.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -138,9 +139,10 @@ class SyncConfig(BaseModel):
     rounds).  K < M lets fast learners go on without the slow ones."""
 
     outer_learning_rate: float | Literal["auto"] = "auto"
-    """Nesterov outer learning rate; ``auto`` is K/M: 1.0 (plain averaging) when K = M,
-    smaller when each merge sees fewer learners and merges happen up to M/K times more
-    often (measured in bench/quality.py; see the README)."""
+    """Nesterov outer learning rate; ``auto`` is sqrt(K/M): 1.0 (plain averaging) when
+    K = M, 0.5 for K=1 of 4.  With K < M merges come up to M/K times as often, but each
+    stale learner's anchored outer gradient also pulls the global model back toward its
+    base, so K/M undershoots (measured in bench/quality.py; see the README)."""
 
     outer_momentum: float = Field(default=0.0, ge=0, lt=1)
     """Nesterov momentum of the outer step (DiLoCo uses 0.9 at large scale; at this
@@ -222,7 +224,16 @@ class Recipe(BaseModel):
 
     @property
     def outer_learning_rate(self) -> float:
-        """The outer learning rate with ``auto`` resolved to K/M."""
+        """The outer learning rate with ``auto`` resolved to sqrt(K/M).
+
+        Why not K/M: a merge of one learner with staleness s (versions published since its
+        base) moves the global model by lr * (g - s * x), where g is the learner's own
+        progress and x the model's progress per merge (its outer gradient is anchored,
+        Decoupled DiLoCo, arXiv 2604.21428).  In steady state x = lr * g / (1 + lr * s),
+        so M merges with s = M - 1 advance M * lr / (1 + lr * (M - 1)) of a synchronous
+        round: 57% at lr = 1/M for M = 4, but about 80% at lr = 1/sqrt(M) for any M, which
+        still averages where lr = 1 would copy the last learner.
+        """
         if self.sync.outer_learning_rate == "auto":
-            return self.quorum / self.training.num_learners
+            return math.sqrt(self.quorum / self.training.num_learners)
         return float(self.sync.outer_learning_rate)
