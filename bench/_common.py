@@ -54,9 +54,14 @@ def machine() -> dict[str, Any]:
     }
 
 
+def result_path(name: str, quick: bool, output: Path | None) -> Path:
+    """Where a benchmark's JSON goes: ``--output``, else ``bench/results/NAME[.quick].json``."""
+    return output or RESULTS / f"{name}{'.quick' if quick else ''}.json"
+
+
 def write_result(name: str, quick: bool, settings: dict[str, Any], results: Any, output: Path | None) -> Path:
     """Write ``{"benchmark", "machine", "settings", "results"}`` as JSON and return the path."""
-    path = output or RESULTS / f"{name}{'.quick' if quick else ''}.json"
+    path = result_path(name, quick, output)
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"benchmark": name, "quick": quick, "machine": machine(), "settings": settings, "results": results}
     path.write_text(json.dumps(document, indent=2) + "\n")

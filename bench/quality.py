@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import RESULTS, print_table, write_result
+from bench._common import print_table, result_path, write_result
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.up import launch
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
     plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
     plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
-    results = summarize(rows) | {"dp_tuning": tuning, "dp_learning_rate": best}
+    tuned = {"dp_tuning": tuning, "dp_learning_rate": best}
     path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         for label, seed in plan:
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
                 result.pop("evaluations")
                 rows.append({"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result})
             print(f"  {label} seed {seed}: {result['loss_1.0']:.4f}", flush=True)
-            results = summarize(rows) | {"dp_tuning": tuning, "dp_learning_rate": best}
-            path = write_result("quality", args.quick, settings, results, args.output)
+            path = write_result("quality", args.quick, settings, summarize(rows) | tuned, args.output)
+    results = summarize(rows) | tuned
     table = [{"row": label, **values} for label, values in results["summary"].items()]
     print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0"])
     for name, value in results["gaps"].items():
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], float | None]:
     """The rows, tuning and data-parallel lr of the result file, if it measured the same settings."""
-    path = args.output or RESULTS / f"quality{'.quick' if args.quick else ''}.json"
+    path = result_path("quality", args.quick, args.output)
     if not path.exists():
         return [], [], None
     document = json.loads(path.read_text())
