@@ -1,5 +1,7 @@
 """The codec: error bounds, determinism, exact residuals and rejection of bad frames."""
 
+import hashlib
+import random
 import struct
 
 import numpy as np
@@ -23,7 +25,7 @@ from diloco_cli.codec import (
     encode_payload,
     read_header,
 )
-from diloco_cli.codec.frame import PREFIX, PayloadLimits
+from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES, PayloadLimits
 from diloco_cli.codec.layout import section_layout
 from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into
 
@@ -164,16 +166,33 @@ def test_every_single_byte_corruption_is_rejected(secret, small_payload, flip):
 def test_rejections_name_their_cause(secret, small_payload):
     with pytest.raises(WrongRun):
         decode_payload(small_payload, RunSecret(bytes(32)))
-    with pytest.raises(UnsupportedFormat, match="magic"):
+    with pytest.raises(CorruptPayload, match="does not start like a diloco frame"):
         decode_payload(b"PK\x03\x04" + small_payload[4:], secret)
-    newer = bytearray(small_payload)
+    # a genuine frame of another format version (tagged as such) names its version
+    newer = bytearray(small_payload[:-TAG_BYTES])
     newer[4:6] = struct.pack("<H", 2)
+    newer += hashlib.blake2b(bytes(newer), key=secret.key, digest_size=TAG_BYTES).digest()
     with pytest.raises(UnsupportedFormat, match="version 2"):
         decode_payload(bytes(newer), secret)
     with pytest.raises(CorruptPayload, match="tag"):
         decode_payload(small_payload[:-1] + bytes([small_payload[-1] ^ 1]), secret)
     with pytest.raises(CorruptPayload):
         decode_payload(small_payload + b"\x00", secret)
+
+
+def test_damaged_bytes_read_as_damaged_never_as_another_format_version(secret, small_payload):
+    # the version field flipped by damage: the tag no longer verifies
+    damaged = bytearray(small_payload)
+    damaged[4:6] = struct.pack("<H", 11321)
+    with pytest.raises(CorruptPayload, match="tag mismatch") as refused:
+        decode_payload(bytes(damaged), secret)
+    assert not isinstance(refused.value, UnsupportedFormat)
+    # random bytes, with or without the magic in front
+    noise = random.Random(7).randbytes(len(small_payload))
+    for garbage in (noise, MAGIC + noise[4:]):
+        with pytest.raises(PayloadError) as refused:
+            decode_payload(garbage, secret)
+        assert not isinstance(refused.value, UnsupportedFormat), refused.value
 
 
 def test_forgery_with_the_fingerprint_but_not_the_key_is_rejected(secret, small_payload):

@@ -57,7 +57,7 @@ def up_fails(tmp_path, *arguments):
 def test_unknown_key_names_file_key_and_what_is_allowed(tmp_path):
     path = write_yaml(tmp_path / "bad.yaml", {"trainig": {"inner_steps": 10}})
     output = up_fails(tmp_path, str(path))
-    assert f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, sync, training)" in output
+    assert f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, storage, sync, training)" in output
 
 
 def test_nested_unknown_key_and_wrong_type_are_both_reported(tmp_path):

@@ -9,10 +9,12 @@ from diloco_cli.core.decisions import (
     Discard,
     HeartbeatSeen,
     Merge,
+    MergeAborted,
     MergeFinished,
     Resync,
     Wait,
     initial_state,
+    run_end,
     step,
 )
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -157,6 +159,58 @@ def test_the_newest_arrival_wins_and_older_ones_are_superseded():
     assert "older than #3, already merged" in only(actions, Discard).reason
 
 
+def test_arrivals_from_different_bases_hold_different_work_and_are_all_merged():
+    # a sent from base 0, installed version 1 (which did not hold that send), sent again
+    # from base 1: the second send does not contain the first, so both are merged
+    state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2), versions={P0: (Version(1), Version(0))})
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0)
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=3, base=1))], now=0.1)  # supersedes #2 only
+    state, actions = step(state, [ArrivalSeen(arrival("b", base=1))], now=0.2)
+    merge = only(actions, Merge)
+    assert [(a.learner, a.sequence) for a in merge.arrivals] == [("a", 1), ("a", 3), ("b", 1)]
+    assert [a.sequence for a in merge.superseded] == [2]
+    assert merge.reason.startswith("merging 2 learners")
+    state, _ = step(state, [MergeFinished(P0, Version(2), Version(0), 0.1)], now=0.3)
+    assert state.merged_sequence[("a", P0)] == 3
+
+
+def test_one_learner_with_two_bases_counts_once_toward_the_quorum():
+    state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2), versions={P0: (Version(1), Version(0))})
+    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0)
+    assert only(actions, Wait).reason == "1 of K=2 arrived for fragment 0; waiting"
+
+
+def test_the_run_ends_when_every_learner_finished_or_was_gone_long_enough():
+    state = initial_state(now=0.0, policy=policy(num_learners=3, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+    learners = [LearnerId(m) for m in "abc"]
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="finished"), HeartbeatSeen(LearnerId("b"), 1.0, state="failed"),
+                            HeartbeatSeen(LearnerId("c"), 1.0)], now=0.0)
+    assert not run_end(state, learners, now=1.0).over
+    state, _ = step(state, [HeartbeatSeen(LearnerId("c"), 1.0, state="finished")], now=50.0)
+    end = run_end(state, learners, now=60.0)
+    assert not end.over and not end.given_up  # b failed 60 s ago: its supervisor may restart it
+    end = run_end(state, learners, now=100.0)
+    assert end.over and end.given_up == {"b": "failed for 100 s"}
+    # a failed learner that came back is waited for again
+    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), 1.0, state="training")], now=101.0)
+    assert not run_end(state, learners, now=150.0).over
+
+
+def test_a_learner_never_heard_from_is_given_up_after_silence_plus_the_give_up_time():
+    state = initial_state(now=0.0, policy=policy(num_learners=2, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="finished")], now=1.0)
+    assert not run_end(state, [LearnerId("a"), LearnerId("b")], now=109.0).over
+    end = run_end(state, [LearnerId("a"), LearnerId("b")], now=110.0)
+    assert end.over and end.given_up == {"b": "silent for 100 s"}
+
+
+def test_a_late_arrival_does_not_undo_a_finished_heartbeat():
+    state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=1))
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="finished")], now=0.0)
+    state, _ = step(state, [ArrivalSeen(arrival("a"))], now=1.0)
+    assert state.learners["a"].state == "finished" and run_end(state, [LearnerId("a")], now=1.0).over
+
+
 def test_a_learner_beyond_the_window_is_told_to_resync():
     state = initial_state(now=0.0, policy=policy(), versions={P0: (Version(9), Version(5))})
     state, actions = step(state, [ArrivalSeen(arrival("a", base=4))], now=0.0)
@@ -178,10 +232,24 @@ def test_a_merging_fragment_waits_and_collects_the_next_round():
     assert only(actions, Merge).arrivals[0].sequence == 2
 
 
+def test_an_aborted_merge_puts_its_arrivals_back_and_merges_them_later():
+    state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2))
+    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=1)), ArrivalSeen(arrival("a", sequence=2)), ArrivalSeen(arrival("b"))], now=0.0)
+    assert [a.sequence for a in only(actions, Merge).superseded] == [1]
+    state, _ = step(state, [ArrivalSeen(arrival("b", sequence=2))], now=0.5)  # arrives while merging
+    state, actions = step(state, [MergeAborted(P0)], now=1.0)
+    merge = only(actions, Merge)  # b's newer send supersedes the aborted one; a's comes back
+    assert [(a.learner, a.sequence) for a in merge.arrivals] == [("a", 2), ("b", 2)]
+    assert sorted((a.learner, a.sequence) for a in merge.superseded) == [("a", 1), ("b", 1)]
+    assert state.merged_sequence == {}  # nothing is merged until a merge finishes
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=1.5)
+    assert state.merged_sequence == {("a", P0): 2, ("b", P0): 2}
+
+
 def test_stopped_learners_are_not_waited_for():
     state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=2))
     state, _ = step(state, heartbeats("a", "b", step_seconds=5.0), now=0.0)
-    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), None, stopped=True)], now=0.5)
+    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), None, state="finished")], now=0.5)
     state, actions = step(state, [ArrivalSeen(arrival("a"))], now=1.0)
     assert "every live learner arrived" in only(actions, Merge).reason
 

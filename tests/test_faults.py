@@ -49,12 +49,12 @@ def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
     (Path(tmp_path) / "east" / "payloads" / "east-1").mkdir(parents=True)
     (Path(tmp_path) / "east" / "payloads" / "east-1" / "000-000001000001.dlc.ab12.partial").write_bytes(b"half")
     for _ in range(3):
-        assert not [o for o in syncer._observe(0.0, read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
+        assert not [o for o in syncer._observe(read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
     assert bucket.payload_keys() == []
     # once the upload completes (payload whole, then marker) it is seen
     meta = {"base_version": 0, "c_steps": 10, "c_tokens": 100}
     bucket.send_payload("east-0", 0, 1000002, payload, meta)
-    seen = [o for o in syncer._observe(0.0, read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
+    seen = [o for o in syncer._observe(read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
     assert [o.arrival.key for o in seen] == ["east:payloads/east-0/000-000001000002.dlc"]
 
 
@@ -62,10 +62,10 @@ def audit_ledger(run_dir: Path, secret):
     """Every arrival merged at most once; every payload sent merged or superseded by a
     newer merged one of the same learner and fragment; each learner's last send merged."""
     record = load_run(run_dir.parent, run_dir.name)
-    commits = record.spec.home(secret).commits()
+    commits = record.spec.home(secret).history()
     assert [c.version for c in commits] == list(range(1, len(commits) + 1))
-    merged = [key for c in commits for key in c.merged]
-    retired = [key for c in commits for key in c.retired]
+    merged = [m.key for c in commits for m in c.merged]
+    retired = [r.key for c in commits for r in c.retired]
     assert len(merged) == len(set(merged)), "an arrival was merged twice"
     assert not set(merged) & set(retired)
     assert len(retired) == len(set(retired))
@@ -123,9 +123,7 @@ def test_syncer_killed_at_random_points_loses_nothing_and_merges_nothing_twice(t
     commits, merged = audit_ledger(record.directory, record.secret())
     # every region holds the syncer's final weights, bit for bit
     home = record.spec.home(record.secret())
-    newest = {}
-    for commit in commits:
-        newest[commit.fragment] = commit.version
+    newest = {commit.fragment: commit.version for commit in commits}
     syncer_theta = {}
     for version in newest.values():
         for key, tensor in decode_payload(home.read_state(version), record.secret()).tensors.items():

@@ -13,6 +13,10 @@ from diloco_cli.cli.app import app
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
+from diloco_cli.codec import RunSecret
+from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerStatus
+from diloco_cli.views.run_state import collect_status
+from diloco_cli.store.retry import StorageCounters
 
 runner = CliRunner()
 
@@ -20,35 +24,44 @@ runner = CliRunner()
 def make_run(tmp_path, name="viewed"):
     runs_dir = tmp_path / "runs"
     spec = plan_run(Recipe(), RegionsFile(), name, runs_dir)
-    create_run_directory(runs_dir, spec, launcher="local")
+    _, SECRETS[spec.run] = create_run_directory(runs_dir, spec, launcher="local")
     write_manifests(spec)
     return runs_dir, spec
 
 
-def beat(spec, learner, step, state="training", loss=2.5):
+def beat(spec, learner, step, state="training", loss=2.5, secret=None):
     region = spec.learner(learner).region
-    bucket = spec.bucket(region, None)
+    bucket = spec.bucket(region, secret or run_secret(spec))
     bucket.write_heartbeat(
-        learner,
-        {"learner": learner, "state": state, "step": step, "total_steps": 400, "tokens": step * 2048, "loss": loss,
-         "step_seconds": 0.5, "base_versions": {"0": 3, "1": 4}, "restarts": 1 if learner == "local-b-1" else 0,
-         "bytes_up": 1_500_000, "bytes_down": 300_000, "time": time.time()},
+        Heartbeat(
+            learner=learner, region=region, host="local", pid=1, state=state, step=step, total_steps=400, tokens=step * 2048, loss=loss,
+            step_seconds=0.5, base_versions={0: 3, 1: 4}, restarts=1 if learner == "local-b-1" else 0, epoch=1,
+            storage=StorageCounters(bytes_up=1_500_000, bytes_down=300_000, retries=2), started_at=0.0, time=time.time(),
+        )
     )
 
 
+SECRETS = {}
+
+
+def run_secret(spec):
+    return SECRETS[spec.run]
+
+
 def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 more learners on fragment 0 (2 arrived)"):
-    status = {
-        "state": state, "version": 7, "merges": 7, "merges_per_minute": 3,
-        "last_merge": {"fragment": 1, "version": 7, "learners": ["local-a-0", "local-b-0"], "seconds": 0.2, "time": time.time() - 3},
-        "quorum": 4, "effective_quorum": 3, "grace_seconds": 1.8, "live_learners": ["local-a-0", "local-a-1", "local-b-0"],
-        "reasons": {"0": reason, "1": "1 of K=3 arrived for fragment 1; waiting"},
-        "evaluations": [{"version": 0, "loss": 5.5, "tokens": 0, "time": time.time()}, {"version": 6, "loss": 2.71, "tokens": 400000, "time": time.time()}],
-        "bytes": {"local-a": {"up": 2_000_000, "down": 900_000}, "local-b": {"up": 2_000_000, "down": 800_000}},
-        "time": time.time(),
-    }
-    for bucket in spec.buckets(None):
+    now = time.time()
+    status = SyncerStatus(
+        state=state, run=spec.run, version=7, fragment_versions={0: 6, 1: 7}, snapshot_version=0, merges=7, merges_per_minute=3,
+        last_merge=LastMerge(fragment=1, version=7, learners=["local-a-0", "local-b-0"], seconds=0.2, time=now - 3),
+        quorum=4, effective_quorum=3, grace_seconds=1.8, live_learners=["local-a-0", "local-a-1", "local-b-0"],
+        reasons={0: reason, 1: "1 of K=3 arrived for fragment 1; waiting"},
+        evaluations=[Evaluation(version=0, loss=5.5, tokens=0, time=now), Evaluation(version=6, loss=2.71, tokens=400000, time=now)],
+        storage={"local-a": StorageCounters(bytes_up=2_000_000, bytes_down=900_000), "local-b": StorageCounters(bytes_up=2_000_000, bytes_down=800_000, retries=5)},
+        started_at=now - 100, time=now,
+    )
+    for bucket in spec.buckets(run_secret(spec)):
         bucket.write_syncer_status(status)
-        bucket.write_head({"version": 7, "fragment_versions": {"0": 6, "1": 7}, "snapshot_version": 0, "recent": [], "recent_from": 0})
+        bucket.write_head(Head(version=7, fragment_versions={0: 6, 1: 7}, snapshot_version=0, recent=(), recent_from=0))
 
 
 def test_json_output_carries_every_documented_field(tmp_path):
@@ -119,3 +132,41 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path):
         assert "finished" in final
     finally:
         tmux("kill-session", "-t", session)
+
+
+def test_refusals_retries_and_what_is_down_are_shown_with_what_to_run(tmp_path):
+    runs_dir, spec = make_run(tmp_path)
+    beat(spec, "local-a-0", 120)
+    refusals = Refusals()
+    refusals.record("update", "global/updates/0000000006-000.dlc", "tag mismatch: the payload was altered or forged", time.time() - 5)
+    bucket = spec.bucket("local-a", run_secret(spec))
+    bucket.write_heartbeat(bucket.read_heartbeat("local-a-0").model_copy(update={"refusals": refusals}))
+    # a heartbeat forged with another run's key is refused by status too
+    spec.bucket("local-b", RunSecret(bytes(32))).write_heartbeat(bucket.read_heartbeat("local-a-0").model_copy(update={"learner": "local-b-0", "region": "local-b"}))
+    syncer_status(spec)
+    # the syncer's supervisor gave up (its process is long gone)
+    (runs_dir / "viewed" / "processes" / "syncer.json").write_text(json.dumps({"state": "failed", "exit_code": 1, "restarts": 9, "supervisor_pid": 999999999}))
+    record = json.loads((runs_dir / "viewed" / "run.json").read_text())
+    record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
+    (runs_dir / "viewed" / "run.json").write_text(json.dumps(record))
+    result = runner.invoke(app, ["status", "viewed", "--output", "json", "--runs-dir", str(runs_dir)])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.output)
+    regions = {r["region"]: r for r in status["regions"]}
+    assert regions["local-a"]["refusals"] == {"update": 1}
+    assert regions["local-a"]["latest_refusal"]["key"] == "global/updates/0000000006-000.dlc"
+    assert regions["local-b"]["refusals"] == {"heartbeat": 1} and regions["local-b"]["retries"] == 5
+    assert regions["local-a"]["retries"] == 2
+    assert any("syncer is down: its supervisor gave up" in p and "diloco resume viewed" in p for p in status["problems"]), status["problems"]
+    text = subprocess.run([sys.executable, "-m", "diloco_cli", "status", "viewed", "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)
+    assert "! syncer is down: its supervisor gave up" in text.stdout
+    assert "refused in local-a: 1 update; latest update global/updates/0000000006-000.dlc" in text.stdout
+    assert "tag mismatch" in text.stdout
+
+
+def test_a_silent_syncer_is_reported_with_what_to_run(tmp_path):
+    runs_dir, spec = make_run(tmp_path)
+    syncer_status(spec)
+    status = collect_status(spec, run_secret(spec), now=time.time() + 120)
+    assert status.state == "syncer not reporting" and status.syncer.state == "not reporting"
+    assert status.problems == [f"the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it (`diloco status viewed --probe` asks its host)"]

@@ -1,11 +1,13 @@
 """The store layer: whole objects, markers, fresh listings, authenticated metadata."""
 
+import json
+
 import fsspec
 import pytest
 
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, encode_payload
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.global_weights import Head
+from diloco_cli.store.documents import ControlNote, DamagedDocument, ForgedDocument, Head, Heartbeat, LearnerState
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.region import RegionBucket
 
@@ -23,7 +25,7 @@ def root(request, tmp_path):
 
 def test_whole_objects_and_fresh_listings(root):
     store, other = ObjectStore(root), ObjectStore(root)
-    assert store.list("a") == [] and store.get_json("a/missing.json") is None
+    assert store.list("a") == [] and store.get_document("a/missing.json", Head, None) is None
     store.put("a/1", b"one")
     assert other.list("a") == ["a/1"]
     other.put("a/2", b"two")
@@ -32,7 +34,7 @@ def test_whole_objects_and_fresh_listings(root):
     assert other.list("a") == ["a/2"]
     with pytest.raises(FileNotFoundError):
         store.get("a/1")
-    assert store.bytes.up == 3 and other.bytes.up == 3
+    assert store.meter.snapshot().bytes_up == 3 and other.meter.snapshot().bytes_up == 3
 
 
 def test_only_marked_objects_are_listed_as_marked(root):
@@ -68,10 +70,47 @@ def test_payload_markers_are_authenticated(root, secret):
         bucket.payload_record("payloads/m0/001-000000000008.dlc")
 
 
-def test_learner_epochs_only_grow(root):
-    bucket = RegionBucket("r", root, None, None)
-    assert [bucket.next_epoch(LearnerId("m0")) for _ in range(3)] == [1, 2, 3]
-    assert bucket.next_epoch(LearnerId("m1")) == 1
+def test_learner_epochs_are_sealed_per_learner(root, secret):
+    bucket = RegionBucket("r", root, None, secret)
+    assert bucket.read_epoch(LearnerId("m0")) == 0
+    bucket.write_epoch(LearnerId("m0"), 3)
+    assert bucket.read_epoch(LearnerId("m0")) == 3 and bucket.read_epoch(LearnerId("m1")) == 0
+    bucket.store.put("control/m1.epoch", bucket.store.get("control/m0.epoch"))  # copied to another learner
+    with pytest.raises(ForgedDocument):
+        bucket.read_epoch(LearnerId("m1"))
+
+
+def beat(learner="m0", **changes):
+    values = dict(learner=learner, region="r", host="local", pid=1, state=LearnerState.TRAINING, step=5, total_steps=10, tokens=640, started_at=0.0, time=1.0)
+    return Heartbeat(**{**values, **changes})
+
+
+def test_documents_are_sealed_and_refused_when_damaged_forged_or_moved(root, secret):
+    bucket = RegionBucket("r", root, None, secret)
+    bucket.write_heartbeat(beat(base_versions={FragmentIndex(0): Version(3)}))
+    assert bucket.read_heartbeat(LearnerId("m0")) == beat(base_versions={FragmentIndex(0): Version(3)})
+    sealed = bucket.store.get("heartbeats/m0.json")
+    # moved to another learner's key: refused (the tag binds the key)
+    bucket.store.put("heartbeats/m1.json", sealed)
+    with pytest.raises(ForgedDocument, match="heartbeats/m1.json"):
+        bucket.read_heartbeat(LearnerId("m1"))
+    # edited, even with valid JSON: refused
+    edited = json.loads(sealed)
+    edited["document"]["step"] = 9
+    bucket.store.put("heartbeats/m0.json", json.dumps(edited).encode())
+    with pytest.raises(ForgedDocument):
+        bucket.read_heartbeat(LearnerId("m0"))
+    # written with another run's key: refused
+    RegionBucket("r", root, None, RunSecret(bytes(32))).write_control(LearnerId("m0"), ControlNote(resync_serial=9))
+    with pytest.raises(ForgedDocument):
+        bucket.read_control(LearnerId("m0"))
+    # not JSON at all: damaged, and never mistaken for absent
+    bucket.store.put("global/head.json", b"\x00garbage{")
+    with pytest.raises(DamagedDocument, match="global/head.json"):
+        bucket.read_head()
+    assert isinstance(DamagedDocument("x"), PayloadError) and isinstance(ForgedDocument("x"), PayloadError)
+    # a reader without the secret (status --manifest) only displays: no verification
+    assert RegionBucket("r", root, None, None).read_heartbeat(LearnerId("m0")).step == 9
 
 
 def test_head_lists_the_updates_a_reader_misses():
@@ -85,7 +124,7 @@ def test_head_lists_the_updates_a_reader_misses():
     assert head.updates_after(FragmentIndex(0), Version(4)) == [8]
     assert head.updates_after(FragmentIndex(1), Version(3)) == [5, 9]
     assert head.updates_after(FragmentIndex(1), Version(2)) is None  # older than listed: use the snapshot
-    assert Head.from_json(head.to_json()) == head
+    assert Head.model_validate_json(head.model_dump_json()) == head
 
 
 def test_markers_are_tiny_authenticated_frames(secret):

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import typer
 
+from diloco_cli.codec.errors import PayloadError
 from diloco_cli.config.loading import ConfigError
 from diloco_cli.store.filesystem import StorageError
 
@@ -16,13 +17,14 @@ EXIT_USER_ERROR = 2
 
 
 def reported(function: Function) -> Function:
-    """Print ConfigError and StorageError as ``error: ...`` and exit with code 2."""
+    """Print ConfigError, StorageError and PayloadError (an object refused as damaged
+    or forged) as ``error: ...`` and exit with code 2."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (ConfigError, StorageError) as error:
+        except (ConfigError, StorageError, PayloadError) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 

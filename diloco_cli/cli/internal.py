@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 
 import typer
@@ -25,12 +24,11 @@ def learner(
     storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
 ) -> None:
     """Run one learner (one rank of it under torchrun)."""
-    from diloco_cli.launch.supervisor import RESTARTS_VARIABLE
     from diloco_cli.runtime.learner import Learner
 
     _logging()
     spec = read_run_spec(manifest, json.loads(storage_options))
-    code = Learner(spec, learner_id, read_secret(secret_file), restarts=int(os.environ.get(RESTARTS_VARIABLE, "0"))).run()
+    code = Learner(spec, learner_id, read_secret(secret_file)).run()
     raise typer.Exit(code)
 
 

@@ -35,9 +35,7 @@ def up(
     typer.echo(f"  its logs:   diloco logs {result.spec.run} [LEARNER] --follow")
     typer.echo(f"  stop it:    diloco down {result.spec.run}")
     if watch:
-        from diloco_cli.views.status import watch_status
-
-        watch_status(runs_dir, result.spec.run)
+        _show_status(runs_dir, result.spec.run, "text", watch=True, manifest=None, probe=False)
 
 
 @reported
@@ -55,6 +53,23 @@ def down(
     for process, (host, how) in outcome.items():
         typer.echo(f"  {process:<16} {host:<12} {how}")
     typer.echo(f"run {record.name} is down")
+
+
+@reported
+def resume(
+    run: str = typer.Argument(..., help="The run to resume."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Start again whatever of a run is down (a process whose supervisor gave up or is gone), here and on SSH hosts, from the run's durable state: learners from their checkpoints, the syncer from its commits."""
+    from diloco_cli.launch.operations import resume_run
+    from diloco_cli.launch.runs import load_run
+
+    record = load_run(runs_dir, run)
+    started = resume_run(record, emit=typer.echo)
+    if started:
+        typer.echo(f"run {record.name} resumed: {', '.join(started)} started again; `diloco status {record.name} --watch` follows it")
+    else:
+        typer.echo(f"nothing of run {record.name} is down: every process is running or finished")
 
 
 @reported
@@ -98,12 +113,14 @@ def logs(
         stream_logs({name: record.log_path(name) for name in names}, follow)
 
 STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
-version, tokens, heldout_loss, elapsed_seconds; learners[] with learner, region, host, state,
-step, total_steps, tokens, loss, steps_per_second, base_version, staleness,
-last_seen_seconds, restarts, bytes_up, bytes_down; syncer with state, last_merge,
+version, tokens, heldout_loss, elapsed_seconds, problems[] (what is down and what to run);
+learners[] with learner, region, host, state, step, total_steps, tokens, loss,
+steps_per_second, base_version, staleness, last_seen_seconds, restarts, bytes_up,
+bytes_down, unsent, retries, refusals; syncer with state, last_report_seconds, last_merge,
 last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
-grace_seconds, live_learners, reasons (per fragment, why it is not merging now);
-regions[] with learners_up, learners_down, syncer_up, syncer_down; evaluations[]."""
+grace_seconds, live_learners, reasons (per fragment, why it is not merging now), repairs,
+leftovers_removed, given_up; regions[] with learners_up, learners_down, syncer_up,
+syncer_down, retries, failures, refusals (by kind), latest_refusal; evaluations[]."""
 
 
 @reported
@@ -111,32 +128,32 @@ def status(
     run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
     output: str = typer.Option("text", "--output", "-o", help="text, or json. " + STATUS_JSON_HELP),
-    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets)."),
+    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets; documents are then shown unverified)."),
     probe: bool = typer.Option(False, "--probe", help="Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Show a run: global version, loss, every learner, the syncer and the bytes per region."""
-    from diloco_cli.views.status import show_status
-
+    """Show a run: global version, loss, every learner, the syncer, storage per region, and what is down."""
     if output not in ("text", "json"):
         from diloco_cli.config.loading import ConfigError
 
         raise ConfigError(f"--output {output!r}: use text or json")
-    probe_rows = None
+    _show_status(runs_dir, run, output, watch, manifest, probe)
+
+
+def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, manifest: str | None, probe: bool) -> None:
+    from diloco_cli.views.status import show_status
+
     if manifest:
         from diloco_cli.runtime.run_spec import read_run_spec
 
-        spec = read_run_spec(manifest)
-    else:
-        from diloco_cli.launch.runs import load_run
+        show_status(read_run_spec(manifest), output, watch)
+        return
+    from diloco_cli.launch.operations import probe_run
+    from diloco_cli.launch.runs import load_run
 
-        record = load_run(runs_dir, run)
-        spec = record.spec
-        if probe:
-            from diloco_cli.launch.operations import probe_run
-
-            probe_rows = lambda: probe_run(record)  # noqa: E731 - asked again at every refresh
-    show_status(spec, output, watch, probe=probe_rows)
+    record = load_run(runs_dir, run)
+    supervisors = lambda: probe_run(record, remote=probe)  # noqa: E731 - asked again at every refresh
+    show_status(record.spec, output, watch, secret=record.secret(), processes=supervisors, probed=probe)
 
 
 def register(app: typer.Typer) -> None:
@@ -145,3 +162,4 @@ def register(app: typer.Typer) -> None:
     app.command()(runs)
     app.command()(logs)
     app.command()(down)
+    app.command()(resume)

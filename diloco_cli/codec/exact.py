@@ -10,7 +10,8 @@ feedback on the syncer side), so no part of an update is lost for good.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -63,3 +64,13 @@ def apply_update(parameters: Mapping[str, torch.Tensor], payload: bytes, secret:
     compute ``Theta + decode(U)`` with the same fp32 operations.
     """
     return decode_payload(payload, secret, into=parameters, accumulate=True).header
+
+
+def fragment_digest(tensors: Mapping[str, torch.Tensor], names: Iterable[str]) -> str:
+    """BLAKE2b of a fragment's fp32 values in ``names`` order: equal digests mean the same
+    weights bit for bit.  The syncer puts each fragment's digest in the head, and a
+    learner checks what it installed against it."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in names:
+        digest.update(tensors[name].detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -13,9 +13,11 @@
     28+H    L     body: per tensor a section [scales][codes], zstandard-compressed
     28+H+L  32    tag: BLAKE2b keyed with the run secret over everything before it
 
-Decoding checks, in order: the magic and version, the run fingerprint, the declared
-sizes against the limits and the actual length, then the tag; only a payload whose tag
-verifies is parsed further, and the body is decompressed with a hard output limit.  JSON
+Decoding checks, in order: the magic, the declared sizes against the limits and the
+actual length, then the tag (a wrong fingerprint names another run's secret); only then
+the format version and flags, so that damaged bytes read as damaged, not as another
+version.  Only a payload whose tag verifies is parsed further, and the body is
+decompressed with a hard output limit.  JSON
 is the only structured data, so nothing is ever unpickled.
 """
 
@@ -186,20 +188,11 @@ def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: Payload
     view = memoryview(data)
     if len(view) < PREFIX.size:
         if bytes(view[:4]) != MAGIC[: len(view)]:
-            raise UnsupportedFormat("not a diloco payload (bad magic)")
+            raise CorruptPayload("damaged or forged: it does not start like a diloco frame")
         raise TruncatedPayload(f"payload of {len(view)} bytes is shorter than its {PREFIX.size}-byte prefix")
     magic, version, flags, fingerprint, header_bytes, body_bytes = PREFIX.unpack_from(view)
     if magic != MAGIC:
-        raise UnsupportedFormat("not a diloco payload (bad magic)")
-    if version != FORMAT_VERSION:
-        raise UnsupportedFormat(
-            f"payload format version {version}; this diloco reads version {FORMAT_VERSION} "
-            "(run the same diloco version on every machine of a run)"
-        )
-    if flags != 0:
-        raise CorruptPayload(f"unknown flags {flags:#x} in the payload prefix")
-    if fingerprint != secret.fingerprint:
-        raise WrongRun("the payload was written under another run's secret")
+        raise CorruptPayload("damaged or forged: it does not start like a diloco frame")
     if header_bytes > limits.max_header_bytes or body_bytes > limits.max_body_bytes:
         raise PayloadTooLarge(
             f"frame declares a {header_bytes}-byte header and a {body_bytes}-byte body, beyond the limits "
@@ -210,10 +203,22 @@ def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: Payload
         raise TruncatedPayload(f"payload is {len(view)} bytes but its frame declares {expected}")
     if len(view) > expected:
         raise CorruptPayload(f"payload is {len(view)} bytes but its frame declares {expected}")
+    # The tag first: until it verifies, no field of the frame is believed, so random or
+    # altered bytes read as damaged or forged, never as some other format version.
     tagged = view[: expected - TAG_BYTES]
     digest = hashlib.blake2b(tagged, key=secret.key, digest_size=TAG_BYTES).digest()
     if not hmac.compare_digest(digest, bytes(view[expected - TAG_BYTES :])):
-        raise CorruptPayload("tag mismatch: the payload was altered or forged")
+        if fingerprint != secret.fingerprint:
+            raise WrongRun("the payload was written under another run's secret (or its prefix was damaged)")
+        other = f" (or written by a diloco of format version {version})" if version != FORMAT_VERSION else ""
+        raise CorruptPayload(f"tag mismatch: the payload was altered or forged{other}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormat(
+            f"payload format version {version}; this diloco reads version {FORMAT_VERSION} "
+            "(run the same diloco version on every machine of a run)"
+        )
+    if flags != 0:
+        raise UnsupportedFormat(f"unknown flags {flags:#x}: written by a newer diloco")
     header_start = PREFIX.size
     try:
         header = PayloadHeader.model_validate_json(bytes(view[header_start : header_start + header_bytes]))

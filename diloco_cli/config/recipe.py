@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diloco_cli.codec import Codec, CodecSpec
 from diloco_cli.config.credentials import refuse_inline_credentials
+from diloco_cli.store.retry import RetryPolicy
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -160,6 +161,10 @@ class SyncConfig(BaseModel):
     liveness_timeout_seconds: float = Field(default=60.0, gt=0)
     """A learner not heard from for this long is not waited for."""
 
+    give_up_seconds: float = Field(default=600.0, ge=0)
+    """The run ends without a learner that has failed, stopped or been silent this long
+    once every other learner has finished (``diloco resume`` can bring it back)."""
+
     window_versions: int = Field(default=32, ge=1)
     """W: updates kept per fragment to anchor stale learners; older bases must resync."""
 
@@ -184,6 +189,10 @@ class SyncConfig(BaseModel):
     delete_consumed_payloads: bool = True
     """Delete learner payloads once merged or superseded (keep them to audit a run)."""
 
+    leftover_seconds: float = Field(default=900.0, gt=0)
+    """Partial writes, payloads without their marker and stray keys are removed once the
+    syncer has seen them this long (longer than any upload in flight can take)."""
+
 
 class Recipe(BaseModel):
     """A whole training job."""
@@ -204,6 +213,9 @@ class Recipe(BaseModel):
 
     sync: SyncConfig = SyncConfig()
     """The syncer's merging."""
+
+    storage: RetryPolicy = RetryPolicy()
+    """How every storage call of learners and syncer is retried."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

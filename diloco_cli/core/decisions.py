@@ -9,9 +9,12 @@ the wait is hidden behind the learners' overlap of tau steps: the grace window::
 where ``xi_step`` is the slowest live learner's step time, ``xi_quorum`` the time from a
 round's first arrival to its quorum and ``xi_sync`` the time to pull, merge and publish,
 all exponential moving averages.  The window is capped and ends early when every live
-learner has arrived.  The newest arrival of a learner wins; the older ones are superseded
-(merging is state-based, so nothing is lost).  A learner whose base version is older
-than the window of kept updates cannot be anchored and is told to resync.
+learner has arrived.  Of a learner's arrivals made from the same base, the newest wins
+and the older ones are superseded (a learner's delta is everything it did since that
+base, so nothing is lost); arrivals from different bases hold different work and are all
+merged.  A learner whose base version is older than the window of kept updates cannot
+be anchored and is told to resync.  The run is over once every learner has finished or
+has been gone (failed, stopped or silent) for ``give_up_seconds``: :func:`run_end`.
 
 Nothing here does I/O or reads a clock: observations and ``now`` come in, actions go out,
 and whenever a fragment is not merged the action says why, in words.
@@ -36,9 +39,10 @@ class DecisionPolicy:
     num_fragments: int
     grace_gamma: float = 0.5
     overlap_steps: float = 2.0
-    max_grace_seconds: float = 30.0
+    max_grace_seconds: float = 10.0
     ema_weight: float = 0.2
     liveness_timeout_seconds: float = 60.0
+    give_up_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.quorum <= self.num_learners:
@@ -67,13 +71,17 @@ class ArrivalSeen:
     arrival: Arrival
 
 
+GONE_STATES = frozenset({"finished", "stopped", "failed"})
+"""Learner states in which it will send nothing more until it is started again."""
+
+
 @dataclass(frozen=True)
 class HeartbeatSeen:
     learner: LearnerId
     step_seconds: float | None
     """The learner's current seconds per inner step, if it has measured one."""
-    stopped: bool = False
-    """The learner says it has stopped (finished or shut down)."""
+    state: str = "training"
+    """What the learner says it is doing (``finished``, ``failed``, ``training``...)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,14 @@ class MergeFinished:
     """Time to pull, merge and publish."""
 
 
-Observation = ArrivalSeen | HeartbeatSeen | MergeFinished
+@dataclass(frozen=True)
+class MergeAborted:
+    """A merge could not read its payloads (storage failing): its arrivals wait again."""
+
+    fragment: FragmentIndex
+
+
+Observation = ArrivalSeen | HeartbeatSeen | MergeFinished | MergeAborted
 
 # --------------------------------------------------------------------------- outputs
 
@@ -138,7 +153,13 @@ Action = Merge | Resync | Discard | Wait
 class LearnerView:
     last_seen: float
     step_seconds: float | None = None
-    stopped: bool = False
+    state: str = "training"
+    state_since: float = 0.0
+    """When the syncer first saw the learner in ``state``."""
+
+    @property
+    def gone(self) -> bool:
+        return self.state in GONE_STATES
 
 
 @dataclass(frozen=True)
@@ -147,11 +168,13 @@ class FragmentRound:
 
     version: Version = Version(0)
     oldest_anchorable: Version = Version(0)
-    pending: Mapping[LearnerId, Arrival] = field(default_factory=dict)
+    pending: Mapping[LearnerId, tuple[Arrival, ...]] = field(default_factory=dict)
+    """Per learner, its newest arrival from each base version, oldest first."""
     superseded: tuple[Arrival, ...] = ()
     opened_at: float | None = None
     quorum_at: float | None = None
-    merging: bool = False
+    merging: Merge | None = None
+    """The merge in flight, until it finishes or is aborted."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +198,7 @@ class DecisionState:
         """Learners seen within the liveness timeout that have not said they stopped."""
         timeout = self.policy.liveness_timeout_seconds
         return frozenset(
-            learner for learner, view in self.learners.items() if not view.stopped and now - view.last_seen <= timeout
+            learner for learner, view in self.learners.items() if not view.gone and now - view.last_seen <= timeout
         )
 
     def unseen_presumed_live(self, now: float) -> int:
@@ -238,10 +261,10 @@ def step(state: DecisionState, observations: Iterable[Observation], now: float) 
     return state, actions
 
 
-def _seen(state: DecisionState, learner: LearnerId, now: float, **changes: object) -> DecisionState:
-    view = state.learners.get(learner, LearnerView(last_seen=now))
+def _seen(decisions: DecisionState, learner: LearnerId, now: float, **changes: object) -> DecisionState:
+    view = decisions.learners.get(learner, LearnerView(last_seen=now))
     view = replace(view, last_seen=max(view.last_seen, now), **changes)
-    return replace(state, learners={**state.learners, learner: view})
+    return replace(decisions, learners={**decisions.learners, learner: view})
 
 
 def _observe(state: DecisionState, observation: Observation, now: float, actions: list[Action]) -> DecisionState:
@@ -251,17 +274,27 @@ def _observe(state: DecisionState, observation: Observation, now: float, actions
         step_seconds = previous.step_seconds if previous else None
         if observation.step_seconds is not None:
             step_seconds = _ema(step_seconds, observation.step_seconds, weight)
-        return _seen(state, observation.learner, now, step_seconds=step_seconds, stopped=observation.stopped)
+        since = previous.state_since if previous and previous.state == observation.state else now
+        return _seen(state, observation.learner, now, step_seconds=step_seconds, state=observation.state, state_since=since)
     if isinstance(observation, MergeFinished):
         current = state.round(observation.fragment)
-        updated = replace(
-            current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=False
-        )
+        merged = current.merging.arrivals if current.merging else ()
+        sequences = {**state.merged_sequence, **{(a.learner, a.fragment): a.sequence for a in merged}}
+        updated = replace(current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=None)
         return replace(
             state,
             rounds={**state.rounds, observation.fragment: updated},
+            merged_sequence=sequences,
             sync_seconds=_ema(state.sync_seconds, observation.seconds, weight),
         )
+    if isinstance(observation, MergeAborted):
+        current = state.round(observation.fragment)
+        aborted = current.merging
+        restored = replace(current, merging=None, superseded=current.superseded + (aborted.superseded if aborted else ()))
+        state = replace(state, rounds={**state.rounds, observation.fragment: restored})
+        for arrival in aborted.arrivals if aborted else ():
+            state = _observe_arrival(state, arrival, now, actions)
+        return state
     return _observe_arrival(state, observation.arrival, now, actions)
 
 
@@ -270,10 +303,10 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
     if fragment not in state.rounds:
         actions.append(Discard(arrival, f"fragment {fragment} does not exist (P={state.policy.num_fragments})"))
         return state
-    state = _seen(state, learner, now, stopped=False)
+    state = _seen(state, learner, now)  # an arrival shows it alive, whatever it last said
     current = state.round(fragment)
-    pending = current.pending.get(learner)
-    if (pending and pending.key == arrival.key) or any(old.key == arrival.key for old in current.superseded):
+    pending = current.pending.get(learner, ())
+    if any(old.key == arrival.key for old in (*pending, *current.superseded)):
         return state
     merged = state.merged_sequence.get((learner, fragment), -1)
     if arrival.sequence <= merged:
@@ -293,16 +326,14 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
             )
         )
         return state
-    superseded = current.superseded
-    if pending is None or pending.sequence < arrival.sequence:
-        newest = {**current.pending, learner: arrival}
-        if pending is not None:
-            superseded += (pending,)
+    same_base = [old for old in pending if old.base_version == arrival.base_version]
+    if same_base and same_base[0].sequence > arrival.sequence:  # a late, older send of that base
+        superseded, newest = current.superseded + (arrival,), pending
     else:
-        newest = dict(current.pending)
-        superseded += (arrival,)
+        others = [old for old in pending if old.base_version != arrival.base_version]
+        superseded, newest = current.superseded + tuple(same_base), tuple(sorted([*others, arrival], key=lambda a: a.sequence))
     opened_at = current.opened_at if current.opened_at is not None else now
-    updated = replace(current, pending=newest, superseded=superseded, opened_at=opened_at)
+    updated = replace(current, pending={**current.pending, learner: newest}, superseded=superseded, opened_at=opened_at)
     return replace(state, rounds={**state.rounds, fragment: updated})
 
 
@@ -340,10 +371,46 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
         )
         return replace(state, rounds={**state.rounds, fragment: current})
     why = "every live learner arrived" if not missing else "the grace window ended"
-    arrivals = tuple(sorted(current.pending.values(), key=lambda a: a.learner))
-    actions.append(
-        Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrivals), 'learner')} into fragment {fragment}: {why}")
-    )
-    sequences = {**state.merged_sequence, **{(a.learner, fragment): a.sequence for a in arrivals}}
-    fresh = FragmentRound(version=current.version, oldest_anchorable=current.oldest_anchorable, merging=True)
-    return replace(state, rounds={**state.rounds, fragment: fresh}, merged_sequence=sequences)
+    arrivals = tuple(sorted((a for group in current.pending.values() for a in group), key=lambda a: (a.learner, a.sequence)))
+    merge = Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrived), 'learner')} into fragment {fragment}: {why}")
+    actions.append(merge)
+    fresh = FragmentRound(version=current.version, oldest_anchorable=current.oldest_anchorable, merging=merge)
+    return replace(state, rounds={**state.rounds, fragment: fresh})
+
+
+# --------------------------------------------------------------------------- the end
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """Whether the run is over, and the learners it ended without."""
+
+    over: bool
+    given_up: Mapping[LearnerId, str]
+    """Learners gone for at least ``give_up_seconds``, with why, in words."""
+
+
+def run_end(state: DecisionState, learners: Iterable[LearnerId], now: float) -> RunEnd:
+    """The run is over when every learner has finished, or has been gone (failed,
+    stopped, or silent past the liveness timeout) for at least ``give_up_seconds``:
+    a learner whose supervisor gave up must not hold the others' work hostage."""
+    policy = state.policy
+    given_up: dict[LearnerId, str] = {}
+    over = True
+    for learner in learners:
+        view = state.learners.get(learner)
+        if view is not None and view.state == "finished":
+            continue
+        silent_since = (view.last_seen if view else state.started_at) + policy.liveness_timeout_seconds
+        if view is not None and view.gone:
+            gone_since, why = view.state_since, view.state
+        elif now >= silent_since:
+            gone_since, why = silent_since, "silent"
+        else:
+            over = False
+            continue
+        if now - gone_since >= policy.give_up_seconds:
+            given_up[learner] = f"{why} for {now - gone_since:.0f} s"
+        else:
+            over = False
+    return RunEnd(over=over, given_up=given_up)

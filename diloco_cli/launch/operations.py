@@ -1,16 +1,28 @@
 """Operations on a started run wherever its processes are, here or on SSH hosts: stop
-them, read their logs, probe their supervisors."""
+them, read their logs, probe their supervisors, restart what is down."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
 
-from diloco_cli.launch.local import stop_local
-from diloco_cli.launch.processes import ProcessRecord, is_running
-from diloco_cli.launch.remote import connect_recorded_host, remote_paths, stop_remote, stream_remote_log, supervisor_states
-from diloco_cli.launch.ssh import SSHError
+from dataclasses import asdict
+
+from diloco_cli.launch.local import start_local, stop_local
+from diloco_cli.launch.processes import ProcessRecord, belongs_to, is_running
+from diloco_cli.launch.remote import (
+    command_for,
+    connect_recorded_host,
+    learner_arguments,
+    remote_paths,
+    start_remote_process,
+    stop_remote,
+    stream_remote_log,
+    supervisor_states,
+    syncer_arguments,
+)
 from diloco_cli.launch.runs import RunRecord
+from diloco_cli.launch.ssh import SSHError
 
 
 def stop_run(record: RunRecord, timeout: float = 30.0) -> dict[str, tuple[str, str]]:
@@ -47,9 +59,10 @@ def stream_host_logs(record: RunRecord, names: list[str], follow: bool) -> None:
             client.close()
 
 
-def probe_run(record: RunRecord) -> list[dict]:
+def probe_run(record: RunRecord, remote: bool = True) -> list[dict]:
     """Per process: its host, whether the host answers over SSH, and its supervisor's
-    recorded state (running, restarting, finished, stopped, failed) and liveness."""
+    recorded state (running, restarting, finished, stopped, failed) and liveness.
+    Processes on this machine are always looked at; SSH hosts only with ``remote``."""
     rows = []
     by_host: dict[str, list[dict]] = defaultdict(list)
     for process in record.processes:
@@ -58,7 +71,10 @@ def probe_run(record: RunRecord) -> list[dict]:
         if host_name == "local":
             for process in processes:
                 state = record.process_state(process["name"]) or {}
-                rows.append(_probe_row(process, "local", "-", state, is_running(process["pid"])))
+                alive = is_running(process["pid"]) and belongs_to(process["pid"], record.directory)
+                rows.append(_probe_row(process, "local", "-", state, alive))
+            continue
+        if not remote:
             continue
         try:
             client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
@@ -84,3 +100,41 @@ def _probe_row(process: dict, host: str, ssh: str, state: dict, alive: bool) -> 
         "supervisor_alive": alive,
         "restarts": state.get("restarts", 0),
     }
+
+
+def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
+    """Start again every process of the run that is down (its supervisor gone, or given
+    up), here and on SSH hosts, from the run's durable state; the syncer too when a
+    learner comes back after it finished.  Returns the names started."""
+    rows = {row["process"]: row for row in probe_run(record)}
+    down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
+    if any(name != "syncer" for name in down) and "syncer" not in down and not rows.get("syncer", {}).get("supervisor_alive"):
+        down.append("syncer")  # it finished without them: it must merge what they send
+    if not down:
+        return []
+    spec = record.spec
+    placement = {"syncer": spec.syncer.host, **{learner.id: learner.host for learner in spec.learners}}
+    started: list[ProcessRecord] = []
+    local = [name for name in down if placement[name] == "local"]
+    if local:
+        learners = [learner for learner in spec.learners if learner.id in local]
+        started += start_local(spec, record.directory, learners, with_syncer="syncer" in local)
+    for host_name in sorted({placement[name] for name in down} - {"local"}):
+        client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
+        try:
+            paths = remote_paths(client, host, spec.run)
+            for name in (n for n in down if placement[n] == host_name):
+                if name == "syncer":
+                    command = command_for(paths, syncer_arguments(paths), 1)
+                    started.append(start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"}))
+                else:
+                    learner = spec.learner(name)
+                    started.append(start_remote_process(client, host, paths, name, "learner", command_for(paths, learner_arguments(paths, learner), learner.processes), {}))
+        finally:
+            client.close()
+    for process in started:
+        emit(f"  {process.name:<16} {process.host:<12} started again")
+    replaced = {process.name for process in started}
+    record.processes = [p for p in record.processes if p["name"] not in replaced] + [asdict(p) for p in started]
+    record.save()
+    return sorted(replaced)

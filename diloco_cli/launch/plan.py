@@ -19,6 +19,7 @@ from diloco_cli.config.loading import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
+from diloco_cli.launch.runs import write_run_record
 from diloco_cli.runtime.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
@@ -106,7 +107,9 @@ def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[
     """``runs/<run>/`` with the run record and the secret (readable by its owner only)."""
     run_dir = runs_dir / spec.run
     if run_dir.exists():
-        raise ConfigError(f"run {spec.run} already exists in {runs_dir}; pick another --name")
+        raise ConfigError(
+            f"run {spec.run} already exists in {runs_dir}; pick another --name, or `diloco resume {spec.run}` to restart what of it is down"
+        )
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "processes").mkdir()
     secret = RunSecret.generate()
@@ -118,14 +121,7 @@ def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[
     return run_dir, secret
 
 
-def write_run_record(run_dir: Path, record: dict) -> None:
-    temporary = run_dir / "run.json.tmp"
-    temporary.write_text(json.dumps(record, indent=2))
-    os.replace(temporary, run_dir / "run.json")
-
-
 def write_manifests(spec: RunSpec) -> None:
     """The manifest into every region's bucket (no secret, no credential in it)."""
-    manifest = json.loads(spec.to_json())
     for bucket in spec.buckets(None):
-        bucket.write_manifest(manifest)
+        bucket.write_manifest(spec.to_json())

@@ -51,7 +51,7 @@ def install_run_files(client: paramiko.SSHClient, paths: RemotePaths, spec: RunS
     put_text(client, secret.to_hex(), f"{paths.run_dir}/secret", mode=0o600)
 
 
-def _command(paths: RemotePaths, arguments: list[str], processes: int) -> list[str]:
+def command_for(paths: RemotePaths, arguments: list[str], processes: int) -> list[str]:
     if processes > 1:
         return [paths.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "diloco_cli", *arguments]
     return [paths.python, "-m", "diloco_cli", *arguments]

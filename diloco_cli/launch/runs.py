@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,25 @@ class RunRecord:
     def log_path(self, process: str) -> Path:
         return self.directory / "logs" / f"{process}.log"
 
+    def save(self) -> None:
+        """Write the run record back (after processes were started again)."""
+        write_run_record(
+            self.directory,
+            {"spec": json.loads(self.spec.to_json()), "launcher": self.launcher, "processes": self.processes, "hosts": self.hosts, "ssh": self.ssh},
+        )
+
     def process_state(self, process: str) -> dict[str, Any] | None:
         path = self.directory / "processes" / f"{process}.json"
         try:
             return json.loads(path.read_text())
         except (FileNotFoundError, ValueError):
             return None
+
+
+def write_run_record(run_dir: Path, record: dict) -> None:
+    temporary = run_dir / "run.json.tmp"
+    temporary.write_text(json.dumps(record, indent=2))
+    os.replace(temporary, run_dir / "run.json")
 
 
 def load_run(runs_dir: Path, name: str | None) -> RunRecord:

@@ -22,7 +22,6 @@ from typing import Any
 HEALTHY_SECONDS = 60.0
 """A child that ran this long resets the count of consecutive crashes."""
 
-RESTARTS_VARIABLE = "DILOCO_RESTARTS"
 
 
 def _write_state(path: Path, **state: Any) -> None:
@@ -50,10 +49,9 @@ def supervise(command: list[str], log_path: Path, state_path: Path, max_crashes:
             log.write(f"[supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n".encode())
 
         while True:
-            env = {**os.environ, RESTARTS_VARIABLE: str(restarts)}
             started = time.monotonic()
             note(f"starting (restart {restarts}): {' '.join(command)}")
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             _write_state(state_path, state="running", child_pid=child.pid, restarts=restarts, command=command)
             code = child.wait()
             if stopping:

@@ -23,12 +23,11 @@ from diloco_cli.launch.plan import (
     new_run_name,
     plan_run,
     write_manifests,
-    write_run_record,
 )
+from diloco_cli.launch.runs import write_run_record
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
-from diloco_cli.launch.remote import install_run_files, learner_arguments, remote_paths, start_remote_process, syncer_arguments
-from diloco_cli.launch.remote import _command as remote_command
+from diloco_cli.launch.remote import command_for, install_run_files, learner_arguments, remote_paths, start_remote_process, syncer_arguments
 from diloco_cli.runtime.run_spec import RunSpec
 from diloco_cli.store.filesystem import protocol_of
 from diloco_cli.views.preflight import render_preflight
@@ -152,9 +151,9 @@ def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit
         threads = spec.recipe.training.threads_per_learner or max(1, int(report.facts.get("cores", 1)) // processes)
         env = {"OMP_NUM_THREADS": str(threads)}
         if spec.syncer.host == host.name:
-            records.append(start_remote_process(client, host, paths, "syncer", "syncer", remote_command(paths, syncer_arguments(paths), 1), {"OMP_NUM_THREADS": "1"}))
+            records.append(start_remote_process(client, host, paths, "syncer", "syncer", command_for(paths, syncer_arguments(paths), 1), {"OMP_NUM_THREADS": "1"}))
         for learner in learners:
-            command = remote_command(paths, learner_arguments(paths, learner), learner.processes)
+            command = command_for(paths, learner_arguments(paths, learner), learner.processes)
             records.append(start_remote_process(client, host, paths, learner.id, "learner", command, env))
         emit(f"  {host.name}: started {', '.join(l.id for l in learners) or 'the syncer'}")
     return records

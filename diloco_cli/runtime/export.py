@@ -10,8 +10,9 @@ from safetensors.torch import save_file
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.fragments import fragments_of_model
-from diloco_cli.runtime.global_weights import GlobalWeights, Head
+from diloco_cli.runtime.global_weights import latest_weights
 from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.documents import Head
 
 
 def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) -> tuple[torch.nn.Module, Head]:
@@ -19,7 +20,7 @@ def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) ->
     bucket = spec.bucket(region or spec.regions[0].name, secret)
     model = spec.recipe.model.build()
     fragments = fragments_of_model(model, spec.recipe.sync.num_fragments)
-    parameters, head = GlobalWeights(bucket, secret).latest({f.index: f.parameter_names for f in fragments})
+    parameters, head = latest_weights(bucket, secret, fragments)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(parameters[name])

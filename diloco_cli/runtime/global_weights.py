@@ -1,66 +1,35 @@
 """Reading the exact global weights from a region's bucket: snapshots plus updates.
 
 The syncer publishes each merged fragment as an update payload and, every S versions, a
-full snapshot.  ``global/head.json`` names the newest version of every fragment, the
-newest snapshot and the recent updates; a reader applies, in order, the updates it is
-missing with :func:`~diloco_cli.codec.exact.apply_update`, which gives it bit for bit the
-syncer's weights.
+full snapshot.  ``global/head.json`` (sealed) names the newest version of every
+fragment with its digest, the newest snapshot and the recent updates.  Reading is split
+in two so that the learner's training thread alone touches its weights:
+
+* :meth:`GlobalReader.fetch` (I/O, any thread) reads and verifies what a reader misses:
+  for each fragment, the updates after its base, each checked to be made for exactly
+  the version before it (``previous_version`` in its authenticated metadata), or, when
+  an update is missing or damaged, a snapshot and the updates after it (the newest
+  snapshot first, then an older one).  It never touches anyone's tensors.
+* :func:`apply_fetch` (the owner's thread) adds the updates, in order, to a copy of the
+  base with :func:`~diloco_cli.codec.exact.apply_update` (the syncer's own function, so
+  every holder computes the same bits) and checks the result against the head's digest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from diloco_cli.codec import CodecSpec, RunSecret, decode_payload, encode_payload
-from diloco_cli.codec.exact import apply_update
+from diloco_cli.codec import CodecSpec, CorruptPayload, PayloadError, RunSecret, decode_payload, encode_payload, read_header
+from diloco_cli.codec.exact import apply_update, fragment_digest
+from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.store.region import RegionBucket
+from diloco_cli.store.documents import Head
+from diloco_cli.store.region import RegionBucket, snapshot_key, update_key
 
 SNAPSHOT_SPEC = CodecSpec(codec="fp32", zstd_level=1)
-
-
-@dataclass(frozen=True)
-class Head:
-    """``global/head.json``: where the global weights stand."""
-
-    version: Version
-    fragment_versions: dict[FragmentIndex, Version]
-    snapshot_version: Version
-    recent: tuple[tuple[Version, FragmentIndex], ...]
-    """Every update published after ``recent_from``, oldest first."""
-    recent_from: Version
-    finished: bool = False
-
-    @classmethod
-    def from_json(cls, document: Mapping) -> Head:
-        return cls(
-            version=Version(int(document["version"])),
-            fragment_versions={FragmentIndex(int(p)): Version(int(v)) for p, v in document["fragment_versions"].items()},
-            snapshot_version=Version(int(document["snapshot_version"])),
-            recent=tuple((Version(int(v)), FragmentIndex(int(p))) for v, p in document["recent"]),
-            recent_from=Version(int(document["recent_from"])),
-            finished=bool(document.get("finished", False)),
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "version": self.version,
-            "fragment_versions": {str(p): v for p, v in sorted(self.fragment_versions.items())},
-            "snapshot_version": self.snapshot_version,
-            "recent": [[v, p] for v, p in self.recent],
-            "recent_from": self.recent_from,
-            "finished": self.finished,
-        }
-
-    def updates_after(self, fragment: FragmentIndex, base_version: Version) -> list[Version] | None:
-        """The versions of ``fragment`` newer than ``base_version``, or None when some of
-        them are no longer listed (the reader must start again from a snapshot)."""
-        if base_version < self.recent_from:
-            return None
-        return [version for version, p in self.recent if p == fragment and version > base_version]
 
 
 def encode_snapshot(parameters: Mapping[str, torch.Tensor], secret: RunSecret, version: Version, fragment_versions: Mapping[FragmentIndex, Version]) -> bytes:
@@ -68,34 +37,157 @@ def encode_snapshot(parameters: Mapping[str, torch.Tensor], secret: RunSecret, v
     return encode_payload(parameters.items(), SNAPSHOT_SPEC, secret, meta)
 
 
-class GlobalWeights:
-    """Reads the global weights of a run from one region's bucket."""
+@dataclass
+class FragmentFetch:
+    """What a reader must do to hold one fragment at ``version``."""
 
-    def __init__(self, bucket: RegionBucket, secret: RunSecret) -> None:
+    fragment: FragmentIndex
+    version: Version
+    start: dict[str, torch.Tensor] | None
+    """Values to start from (from a snapshot), or None to start from the reader's base."""
+    updates: list[tuple[Version, bytes]]
+    """Verified update payloads to add in this order."""
+    digest: str | None
+    """What the fragment's digest must be at ``version`` (from the head)."""
+
+
+@dataclass
+class Refusal:
+    kind: str
+    key: str
+    reason: str
+
+
+@dataclass
+class Fetched:
+    head: Head
+    fragments: list[FragmentFetch] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+class GlobalReader:
+    """Reads and verifies the global weights of a run from one region's bucket."""
+
+    def __init__(self, bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]) -> None:
         self.bucket = bucket
         self._secret = secret
+        self.fragments = fragments
 
     def head(self) -> Head | None:
-        document = self.bucket.read_head()
-        return Head.from_json(document) if document else None
+        return self.bucket.read_head()
 
-    def snapshot(self, version: Version) -> dict[str, torch.Tensor]:
-        return decode_payload(self.bucket.read_snapshot(version), self._secret).tensors
+    def fetch(self, head: Head, bases: Mapping[FragmentIndex, Version]) -> Fetched:
+        """Fetch what brings each fragment of ``bases`` (fragment -> the version the reader
+        holds, -1 for none) to the head's version.  A fragment that cannot be brought
+        there now (every path refused) is left out, with the refusals that say why."""
+        fetched = Fetched(head)
+        snapshots: dict[Version, dict | Exception] = {}
+        for fragment, base in sorted(bases.items()):
+            target = head.fragment_versions.get(fragment, Version(0))
+            digest = head.fragment_digests.get(fragment)
+            versions = head.updates_after(fragment, base) if base >= 0 else None
+            if versions is not None:
+                try:
+                    updates = self._chain(fragment, base, versions, target)
+                    fetched.fragments.append(FragmentFetch(fragment, target, None, updates, digest))
+                    continue
+                except (PayloadError, FileNotFoundError) as error:
+                    fetched.refusals.append(_refusal(error, "update"))
+            for snapshot_version in self._snapshot_versions(head):
+                try:
+                    values, fragment_versions = self._snapshot(snapshot_version, snapshots)
+                    after = head.updates_after(fragment, snapshot_version) or []
+                    updates = self._chain(fragment, fragment_versions.get(fragment, Version(0)), after, target)
+                    names = self.fragments[fragment].parameter_names
+                    fetched.fragments.append(FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest))
+                    break
+                except (PayloadError, FileNotFoundError) as error:
+                    fetched.refusals.append(_refusal(error, "snapshot" if isinstance(error, SnapshotRefused) else "update"))
+        return fetched
 
-    def apply_updates(self, parameters: Mapping[str, torch.Tensor], fragment: FragmentIndex, versions: list[Version]) -> None:
-        """Add the updates of ``fragment`` at ``versions`` (in order) to ``parameters``."""
+    def _snapshot_versions(self, head: Head) -> list[Version]:
+        """The head's snapshot first, then any older one the head's updates still cover."""
+        older = sorted((v for v in self.bucket.snapshot_versions() if head.recent_from <= v < head.snapshot_version), reverse=True)
+        return [head.snapshot_version, *older]
+
+    def _snapshot(self, version: Version, cache: dict) -> tuple[dict[str, torch.Tensor], dict[FragmentIndex, Version]]:
+        if version not in cache:
+            key = snapshot_key(version)
+            try:
+                decoded = decode_payload(self.bucket.read_snapshot(version), self._secret)
+                if decoded.meta.get("version") != version:
+                    raise CorruptPayload(f"it holds version {decoded.meta.get('version')}")
+                versions = {FragmentIndex(int(p)): Version(int(v)) for p, v in decoded.meta["fragment_versions"].items()}
+                cache[version] = (decoded.tensors, versions)
+            except (PayloadError, FileNotFoundError, KeyError, ValueError) as error:
+                cache[version] = SnapshotRefused(key, error)
+        if isinstance(cache[version], Exception):
+            raise cache[version]
+        return cache[version]
+
+    def _chain(self, fragment: FragmentIndex, base: Version, versions: list[Version], target: Version) -> list[tuple[Version, bytes]]:
+        """The update payloads of ``versions``, verified to lead from ``base`` to ``target``
+        one after another: each made for the fragment's previous version, in order."""
+        updates, previous = [], base
         for version in versions:
-            apply_update(parameters, self.bucket.read_update(version, fragment), self._secret)
+            key = update_key(version, fragment)
+            try:
+                payload = self.bucket.read_update(version, fragment)
+                meta = read_header(payload, self._secret).meta
+            except (PayloadError, FileNotFoundError) as error:
+                raise UpdateRefused(key, error) from None
+            found = (meta.get("fragment"), meta.get("version"), meta.get("previous_version"))
+            if found != (fragment, version, previous):
+                raise UpdateRefused(key, CorruptPayload(f"it is the update of fragment {found[0]} from version {found[2]} to {found[1]}, not {previous} to {version}"))
+            updates.append((version, payload))
+            previous = version
+        if previous != target:
+            raise UpdateRefused(update_key(target, fragment), CorruptPayload(f"the head lists updates up to version {previous}, not to {target}"))
+        return updates
 
-    def latest(self, fragment_names: Mapping[FragmentIndex, tuple[str, ...]]) -> tuple[dict[str, torch.Tensor], Head]:
-        """The newest global weights of every parameter, reconstructed exactly."""
-        head = self.head()
-        if head is None:
-            raise FileNotFoundError(f"{self.bucket.store.root} has no global weights yet (no global/head.json)")
-        parameters = self.snapshot(head.snapshot_version)
-        for fragment, names in fragment_names.items():
-            versions = head.updates_after(fragment, head.snapshot_version)
-            if versions is None:
-                raise FileNotFoundError(f"updates after snapshot {head.snapshot_version} are missing in {self.bucket.store.root}")
-            self.apply_updates({name: parameters[name] for name in names}, fragment, versions)
-        return parameters, head
+
+class UpdateRefused(CorruptPayload):
+    def __init__(self, key: str, error: Exception) -> None:
+        self.key = key
+        super().__init__(f"{key}: {error}")
+
+
+class SnapshotRefused(CorruptPayload):
+    def __init__(self, key: str, error: Exception) -> None:
+        self.key = key
+        super().__init__(f"{key}: {error}")
+
+
+def _refusal(error: Exception, kind: str) -> Refusal:
+    return Refusal(kind, getattr(error, "key", "?"), str(error))
+
+
+def apply_fetch(fetch: FragmentFetch, names: tuple[str, ...], base: Mapping[str, torch.Tensor] | None, secret: RunSecret) -> dict[str, torch.Tensor]:
+    """The fragment's tensors at ``fetch.version``: the start (or a copy of ``base``) plus
+    every update, checked against the head's digest.  Raises CorruptPayload when the
+    result is not what the syncer holds (nothing of ``base`` is changed)."""
+    source = fetch.start if fetch.start is not None else base
+    if source is None:
+        raise ValueError("a fetch without a snapshot needs the reader's base")
+    tensors = {name: source[name].detach().to(torch.float32).clone() for name in names}
+    for _, payload in fetch.updates:
+        apply_update(tensors, payload, secret)
+    if fetch.digest is not None and fragment_digest(tensors, names) != fetch.digest:
+        raise CorruptPayload(f"fragment {fetch.fragment} at version {fetch.version} does not match the head's digest")
+    return tensors
+
+
+def latest_weights(bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]) -> tuple[dict[str, torch.Tensor], Head]:
+    """The newest global weights of every parameter, reconstructed exactly (for export)."""
+    reader = GlobalReader(bucket, secret, fragments)
+    head = reader.head()
+    if head is None:
+        raise FileNotFoundError(f"{bucket.store.root} has no global weights yet (no global/head.json)")
+    fetched = reader.fetch(head, {f.index: Version(-1) for f in fragments})
+    if len(fetched.fragments) != len(fragments):
+        reasons = "; ".join(r.reason for r in fetched.refusals) or "unknown"
+        raise CorruptPayload(f"the global weights in {bucket.store.root} cannot be read back whole: {reasons}")
+    parameters: dict[str, torch.Tensor] = {}
+    for fetch in fetched.fragments:
+        parameters.update(apply_fetch(fetch, fragments[fetch.fragment].parameter_names, None, secret))
+    return parameters, head

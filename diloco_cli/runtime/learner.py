@@ -2,9 +2,14 @@
 global versions, heartbeat and checkpoint, never waiting for anyone.
 
 Started by a launcher (``diloco _learner``), possibly under ``torchrun``; only rank 0
-touches storage, and storage I/O runs on background threads so training never blocks
-on a bucket.  Exit codes: 0 finished, 143 stopped by a signal (the supervisor restarts
-it unless it was told to stop), anything else a failure.
+touches storage.  Storage I/O runs on background threads (the outbox uploads payloads,
+a poll reads and verifies new global versions, heartbeats and checkpoints upload), but
+tensors the model depends on (parameters, bases, residuals, counters) are read and
+written by the training thread alone, in :meth:`Learner._train`'s loop: a finished poll
+is installed there, and the next poll starts only after that, from the bases as they
+now are.  Exit codes: 0 finished, 143 stopped by a signal, 75 finished but could not
+deliver its last payloads (the supervisor restarts it and it sends them again from its
+final checkpoint), anything else a failure.
 """
 
 from __future__ import annotations
@@ -15,42 +20,36 @@ import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
+import numpy as np
 import torch
 
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.core.fragments import fragments_due, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.checkpoint import encode_checkpoint, generator_state, restore_checkpoint, restore_generator
-from diloco_cli.runtime.distributed import (
-    broadcast_control,
-    broadcast_parameters,
-    choose_device,
-    join_process_group,
-    leave_process_group,
-)
-from diloco_cli.runtime.global_weights import GlobalWeights, Head
+from diloco_cli.runtime.distributed import broadcast_control, broadcast_parameters, choose_device, join_process_group, leave_process_group
+from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
+from diloco_cli.runtime.outbox import OutgoingPayload, Outbox
 from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.documents import Heartbeat, LearnerState, Refusals
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.region import PAYLOAD_KEY
+from diloco_cli.store.retry import StorageCounters
 from diloco_cli.training.data import TextSplit, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer
 
 log = logging.getLogger("diloco.learner")
 
 EXIT_FINISHED = 0
+EXIT_UNDELIVERED = 75
 EXIT_STOPPED = 143
 SEQUENCE_PER_EPOCH = 1_000_000
 LOG_EVERY_STEPS = 50
-
-
-@dataclass
-class Install:
-    """Global fragments fetched by the I/O thread, ready to install."""
-
-    versions: dict[FragmentIndex, Version]
-    tensors: dict[str, torch.Tensor]
-    resync: bool = False
+DELIVERY_SECONDS_AT_FINISH = 600.0
+"""How long a finished learner keeps trying to deliver its last payloads."""
+DELIVERY_SECONDS_AT_STOP = 20.0
 
 
 @dataclass
@@ -62,41 +61,42 @@ class Progress:
     sends: int = 0
     installs: int = 0
     checkpoint_step: int | None = None
-    state: str = "starting"
+    state: LearnerState = LearnerState.STARTING
     started_at: float = field(default_factory=time.time)
 
 
-def _retrying(action, *, attempts: int = 5, first_delay: float = 0.5):
-    """Run a storage action, retrying transient failures with exponential backoff."""
-    delay = first_delay
-    for attempt in range(attempts):
-        try:
-            return action()
-        except (OSError, TimeoutError) as error:  # network and filesystem hiccups
-            if attempt == attempts - 1:
-                raise
-            log.warning("storage call failed (%s); retrying in %.1f s", error, delay)
-            time.sleep(delay)
-            delay *= 2
-    return None
+@dataclass
+class Poll:
+    """What one look at the region's global objects found (made on the poll thread)."""
+
+    fetched: Fetched | None = None
+    resync_serial: int | None = None
+    """The syncer's resync request this poll answers, if any."""
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+def data_generator(seed: int, shard: int, rank: int, step: int) -> torch.Generator:
+    """The generator of a learner's batches, independent for every (seed, shard, rank)
+    and reproducible from any step a learner must restart at without its checkpoint."""
+    state = np.random.SeedSequence([seed, shard, rank, step]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 class Learner:
     """One learner process (one rank of it under torchrun)."""
 
-    def __init__(self, spec: RunSpec, learner: LearnerId, secret: RunSecret, restarts: int = 0) -> None:
+    def __init__(self, spec: RunSpec, learner: LearnerId, secret: RunSecret) -> None:
         self.spec = spec
         self.recipe = spec.recipe
         self.me = spec.learner(learner)
         self.secret = secret
-        self.restarts = restarts
         self.stop_requested = False
         self.progress = Progress()
 
     # ----------------------------------------------------------------------- setup
 
-    def _request_stop(self, signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the step and the upload in flight, then stopping", signum)
+    def _request_stop(self, signum: int, _frame: object) -> None:
+        log.info("signal %d: finishing the step and the uploads in flight, then stopping", signum)
         self.stop_requested = True
 
     def _setup(self) -> None:
@@ -121,168 +121,272 @@ class Learner:
         if training.batch_size % self.group.world_size:
             raise ValueError(f"training.batch_size {training.batch_size} must divide among {self.group.world_size} processes")
         self.rank_batch = training.batch_size // self.group.world_size
-        self.generator = torch.Generator().manual_seed(training.seed * 7919 + self.me.shard * 104729 + self.group.rank)
+        self.tokens_per_step = training.batch_size * self.recipe.data.sequence_length
+        self.generator = data_generator(training.seed, self.me.shard, self.group.rank, 0)
         self.trained_model = self.model
         if self.group.distributed:
             self.trained_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if self.group.is_storage_rank:
             self.bucket = self.spec.bucket(self.me.region, self.secret)
-            self.global_weights = GlobalWeights(self.bucket, self.secret)
-            self.epoch = _retrying(lambda: self.bucket.next_epoch(self.me.id))
+            self.reader = GlobalReader(self.bucket, self.secret, self.fragments.fragments)
+            self.refusals = Refusals()
+            self.storage_before = StorageCounters()
+            self.epoch = self._next_epoch()
             self.sequence = 0
-            self.uploads = ThreadPoolExecutor(1, thread_name_prefix="upload")
-            self.fetches = ThreadPoolExecutor(1, thread_name_prefix="fetch")
+            self.outbox = Outbox(self.bucket, self.me.id)
+            self.polls = ThreadPoolExecutor(1, thread_name_prefix="poll")
+            self.uploads = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
             self.beats = ThreadPoolExecutor(1, thread_name_prefix="heartbeat")
-            self.pending_uploads: list[Future] = []
+            self.poll: Future | None = None
+            self.last_poll = self.last_beat = float("-inf")
+            self.checkpoint_upload: Future | None = None
+            self.newest_head = Version(-1)
+            self.resync_seen = 0
+            self.needs_snapshot: set[FragmentIndex] = set()
+
+    def _next_epoch(self) -> int:
+        """Count this start, above every epoch this learner may have used before (its
+        epoch record, its last heartbeat, the payloads it left), so that send sequence
+        numbers never repeat; what was refused is reported and skipped."""
+        seen = [0]
+        try:
+            seen.append(self.bucket.read_epoch(self.me.id))
+        except PayloadError as error:
+            self._refused("epoch", f"control/{self.me.id}.epoch", str(error))
+        try:
+            previous = self.bucket.read_heartbeat(self.me.id)
+        except PayloadError as error:
+            self._refused("heartbeat", f"heartbeats/{self.me.id}.json", str(error))
+            previous = None
+        if previous is not None:
+            seen.append(previous.epoch)
+            self.storage_before, self.refusals = previous.storage, previous.refusals.plus(self.refusals)
+        for key in self.bucket.store.list(f"payloads/{self.me.id}"):
+            if match := PAYLOAD_KEY.match(key.removesuffix(".ready")):
+                seen.append(int(match["sequence"]) // SEQUENCE_PER_EPOCH)
+        epoch = max(seen) + 1
+        self.bucket.write_epoch(self.me.id, epoch)
+        return epoch
+
+    def _refused(self, kind: str, key: str, reason: str) -> None:
+        log.warning("refused %s %s: %s", kind, key, reason)
+        self.refusals.record(kind, key, reason, time.time())
+
+    # ------------------------------------------------------------------- resuming
+
+    def _start(self) -> None:
+        """Resume from this learner's newest checkpoint that verifies, else from the
+        global weights (keeping the step count of the newest checkpoint it had)."""
+        if self.group.is_storage_rank and not self._resume_from_checkpoint():
+            self._heartbeat(LearnerState.WAITING)
+            while not self.fragments.installed and not self.stop_requested:
+                missing = {p: Version(-1) for p, v in self.fragments.base_version.items() if v < 0}
+                try:
+                    self._apply_poll(self._poll(missing, self.newest_head, self.resync_seen))
+                except StorageError as error:
+                    log.warning("looking for global weights failed: %s", error)
+                if not self.fragments.installed:
+                    time.sleep(self.recipe.training.poll_seconds)
+        step = broadcast_control(self.group, [self.progress.step], self.device)[0]
+        self.progress.step = step
+        self.resumed_at_the_end = step >= self.recipe.training.inner_steps
+        broadcast_parameters(self.group, list(self.model.parameters()))
+
+    def _resume_from_checkpoint(self) -> bool:
+        refused_steps = []
+        for key in reversed(self.bucket.checkpoint_keys(self.me.id)):
+            try:
+                meta = restore_checkpoint(self.bucket.read_checkpoint(key), self.model, self.optimizer, self.fragments, self.secret)
+            except (PayloadError, KeyError) as error:
+                self._refused("checkpoint", key, str(error))
+                try:
+                    refused_steps.append(int(self.bucket.marker_meta(key)["step"]))
+                except (PayloadError, KeyError, FileNotFoundError):
+                    pass
+                self.bucket.drop_checkpoint(key)
+                continue
+            self.progress.step, self.progress.tokens = int(meta["step"]), int(meta["tokens"])
+            self.progress.checkpoint_step = self.progress.step
+            restore_generator(self.generator, meta["generator"])
+            log.info("resumed from checkpoint at step %d", self.progress.step)
+            return True
+        if refused_steps:  # keep the step count (and the schedule), not the weights
+            step = max(refused_steps)
+            self.progress.step, self.progress.tokens = step, step * self.tokens_per_step
+            self.generator = data_generator(self.recipe.training.seed, self.me.shard, self.group.rank, step)
+            log.warning("no checkpoint verifies; starting from the global weights at step %d", step)
+        return False
 
     # --------------------------------------------------------------------- storage
 
-    def _heartbeat(self, state: str | None = None, wait: bool = False) -> None:
+    def _heartbeat(self, state: LearnerState | None = None, wait: bool = False) -> None:
         if state:
             self.progress.state = state
         p = self.progress
-        beat = {
-            "learner": self.me.id,
-            "region": self.me.region,
-            "host": self.me.host,
-            "pid": os.getpid(),
-            "processes": self.group.world_size,
-            "state": p.state,
-            "step": p.step,
-            "total_steps": self.recipe.training.inner_steps,
-            "tokens": p.tokens,
-            "loss": p.loss,
-            "step_seconds": p.step_seconds,
-            "base_versions": {str(k): v for k, v in self.fragments.base_version.items()},
-            "sends": p.sends,
-            "installs": p.installs,
-            "checkpoint_step": p.checkpoint_step,
-            "restarts": self.restarts,
-            "epoch": self.epoch,
-            "bytes_up": self.bucket.store.bytes.up,
-            "bytes_down": self.bucket.store.bytes.down,
-            "started_at": p.started_at,
-            "time": time.time(),
-        }
-        future = self.beats.submit(_retrying, lambda: self.bucket.write_heartbeat(self.me.id, beat))
+        beat = Heartbeat(
+            learner=self.me.id,
+            region=self.me.region,
+            host=self.me.host,
+            pid=os.getpid(),
+            processes=self.group.world_size,
+            state=p.state,
+            step=p.step,
+            total_steps=self.recipe.training.inner_steps,
+            tokens=p.tokens,
+            loss=p.loss if p.loss is not None and np.isfinite(p.loss) else None,
+            step_seconds=p.step_seconds,
+            base_versions=dict(self.fragments.base_version),
+            sends=p.sends,
+            delivered=self.outbox.delivered,
+            unsent=self.outbox.waiting,
+            installs=p.installs,
+            tokens_overwritten=dict(self.fragments.tokens_overwritten),
+            checkpoint_step=p.checkpoint_step,
+            restarts=self.epoch - 1,
+            epoch=self.epoch,
+            storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
+            refusals=self.refusals.model_copy(deep=True),
+            started_at=p.started_at,
+            time=time.time(),
+        )
+        future = self.beats.submit(self.bucket.write_heartbeat, beat)
         if wait:
             future.result()
 
     def _send(self, fragment: FragmentIndex) -> None:
         self.sequence += 1
         sequence = self.epoch * SEQUENCE_PER_EPOCH + self.sequence
+        f = self.fragments
         meta = {"learner": self.me.id, "step": self.progress.step, "loss": self.progress.loss, "sent_at": time.time()}
-        payload = self.fragments.encode_delta(fragment, self.recipe.sync.learner_codec, self.secret, meta)
+        base_version, c_steps, c_tokens = f.base_version[fragment], f.c_steps[fragment], f.c_tokens[fragment]
+        payload = f.encode_delta(fragment, self.recipe.sync.learner_codec, self.secret, meta)
         self.progress.sends += 1
-        upload_meta = {k: meta[k] for k in ("step", "loss", "sent_at")} | {
-            "base_version": self.fragments.base_version[fragment],
-            "c_steps": self.fragments.c_steps[fragment],
-            "c_tokens": self.fragments.c_tokens[fragment],
-        }
-        self.pending_uploads = [f for f in self.pending_uploads if not f.done()]
-        self.pending_uploads.append(
-            self.uploads.submit(_retrying, lambda: self.bucket.send_payload(self.me.id, fragment, sequence, payload, upload_meta))
-        )
+        marker = {"step": meta["step"], "loss": meta["loss"], "sent_at": meta["sent_at"], "base_version": base_version, "c_steps": c_steps, "c_tokens": c_tokens}
+        self.outbox.put(OutgoingPayload(fragment, sequence, base_version, f.install_serial[fragment], payload, marker))
 
-    def _fetch_install(self, base_versions: dict[FragmentIndex, Version], resync_seen: int) -> Install | None:
-        """Runs on the fetch thread: what newer global fragments there are, fetched and
-        applied to copies of the bases (exactly as the syncer holds them)."""
-        head = self.global_weights.head()
+    def _poll(self, bases: dict[FragmentIndex, Version], newest_head: Version, resync_seen: int) -> Poll:
+        """Runs on the poll thread (or at start): read the head and the syncer's note,
+        fetch and verify whatever brings ``bases`` up to the head.  Touches none of the
+        learner's state: its arguments are copies made by the training thread."""
+        poll = Poll()
+        try:
+            head = self.reader.head()
+        except PayloadError as error:
+            poll.refusals.append(Refusal("head", "global/head.json", str(error)))
+            return poll
         if head is None:
-            return None
-        control = self.bucket.read_control(self.me.id)
-        resync = int(control.get("resync_serial", 0)) > resync_seen
-        due = [p for p, v in head.fragment_versions.items() if v > base_versions.get(p, Version(-1))]
-        if resync:
-            due = sorted(head.fragment_versions)
-        if not due:
-            return None
-        updates = {p: head.updates_after(p, base_versions.get(p, Version(-1))) for p in due}
-        if resync or any(versions is None for versions in updates.values()):
-            return self._fetch_snapshot(head, resync)
-        tensors, versions = {}, {}
-        for p in due:
-            names = self.fragments.names(p)
-            copies = {name: self.fragments.base[name].clone() for name in names}
-            self.global_weights.apply_updates(copies, p, updates[p])
-            tensors.update(copies)
-            versions[p] = head.fragment_versions[p]
-        return Install(versions, tensors)
+            return poll
+        if head.version < newest_head:
+            poll.refusals.append(Refusal("head", "global/head.json", f"version {head.version} is older than version {newest_head} seen before: a replayed head"))
+            return poll
+        try:
+            control = self.bucket.read_control(self.me.id)
+        except PayloadError as error:
+            poll.refusals.append(Refusal("control", f"control/{self.me.id}.json", str(error)))
+            control = None
+        if control is not None and control.resync_serial > resync_seen:
+            poll.resync_serial = control.resync_serial
+            due = {p: Version(-1) for p in head.fragment_versions}
+        else:
+            due = {p: base for p, base in bases.items() if head.fragment_versions.get(p, Version(0)) > base}
+        poll.fetched = self.reader.fetch(head, due)
+        poll.refusals += poll.fetched.refusals
+        return poll
 
-    def _fetch_snapshot(self, head: Head, resync: bool = False) -> Install:
-        names = {f.index: f.parameter_names for f in self.fragments.fragments}
-        parameters = self.global_weights.snapshot(head.snapshot_version)
-        for p, fragment_names in names.items():
-            self.global_weights.apply_updates({n: parameters[n] for n in fragment_names}, p, head.updates_after(p, head.snapshot_version) or [])
-        versions = {p: head.fragment_versions.get(p, head.snapshot_version) for p in names}
-        return Install(versions, {name: parameters[name] for name in self.fragments.base}, resync=resync)
+    def _take_poll(self) -> Poll | None:
+        """The poll that finished since the last look, if one did."""
+        if self.poll is None or not self.poll.done():
+            return None
+        future, self.poll = self.poll, None
+        try:
+            return future.result()
+        except StorageError as error:
+            log.warning("looking for global weights failed: %s", error)
+            return None
+
+    def _start_poll(self) -> None:
+        """Look for newer global weights, from the bases as they are now (every install
+        so far applied: the training thread calls this only after installing)."""
+        now = time.monotonic()
+        if self.poll is None and now - self.last_poll >= self.recipe.training.poll_seconds:
+            bases = {p: Version(-1) if p in self.needs_snapshot else v for p, v in self.fragments.base_version.items()}
+            self.poll = self.polls.submit(self._poll, bases, self.newest_head, self.resync_seen)
+            self.last_poll = now
 
     # ----------------------------------------------------------------- installation
 
-    def _apply_install(self, install: Install | None) -> None:
-        """Install fetched fragments on every rank (rank 0 decides, others follow)."""
-        fragment_count = len(self.fragments.fragments)
-        mask = [0] * fragment_count
-        if install is not None:
-            for p in install.versions:
-                mask[p] = 1
+    def _apply_poll(self, poll: Poll) -> list[FragmentIndex]:
+        """On the storage rank's training thread: apply what a poll fetched to the
+        bases, check each fragment against the head and install it; returns the
+        fragments installed."""
+        for refusal in poll.refusals:
+            self._refused(refusal.kind, refusal.key, refusal.reason)
+        if poll.fetched is None:
+            return []
+        installed = []
+        for fetch in poll.fetched.fragments:
+            try:
+                values = apply_fetch(fetch, self.fragments.names(fetch.fragment), self.fragments.base, self.secret)
+            except PayloadError as error:
+                self._refused("install", f"fragment {fetch.fragment} version {fetch.version}", str(error))
+                self.needs_snapshot.add(fetch.fragment)
+                continue
+            self.fragments.install(fetch.fragment, fetch.version, values)
+            self.needs_snapshot.discard(fetch.fragment)
+            installed.append(fetch.fragment)
+            log.info("installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version)
+        self.newest_head = max(self.newest_head, poll.fetched.head.version)
+        if poll.resync_serial is not None and len(installed) == len(poll.fetched.fragments):
+            self.resync_seen = poll.resync_serial
+        self.progress.installs += bool(installed)
+        return installed
+
+    def _install(self, poll: Poll | None) -> None:
+        """Install a finished poll on every rank: rank 0 applies and checks it, then the
+        other ranks receive the installed parameters."""
+        installed = self._apply_poll(poll) if poll is not None else []
+        mask = [int(FragmentIndex(p) in installed) for p in range(len(self.fragments.fragments))]
         control = broadcast_control(self.group, [int(self.stop_requested), *mask], self.device)
         self.stop_requested = bool(control[0])
         chosen = [FragmentIndex(p) for p, flag in enumerate(control[1:]) if flag]
-        if not chosen:
-            return
-        if self.group.is_storage_rank and install is not None:
-            for p in chosen:
-                for name in self.fragments.names(p):
-                    self.fragments.base[name].copy_(install.tensors[name])
-                self.fragments.install(p, install.versions[p])
-            self.progress.installs += 1
         parameters = dict(self.model.named_parameters())
         broadcast_parameters(self.group, [parameters[n] for p in chosen for n in self.fragments.names(p)])
 
-    def _start(self) -> None:
-        """Resume from this learner's checkpoint, else from the newest global weights."""
-        if self.group.is_storage_rank:
-            checkpoint = _retrying(lambda: self.bucket.latest_checkpoint(self.me.id))
-            if checkpoint is not None:
-                try:
-                    meta = restore_checkpoint(checkpoint, self.model, self.optimizer, self.fragments, self.secret)
-                    self.progress.step, self.progress.tokens = int(meta["step"]), int(meta["tokens"])
-                    self.progress.checkpoint_step = self.progress.step
-                    restore_generator(self.generator, meta["generator"])
-                    log.info("resumed from checkpoint at step %d", self.progress.step)
-                except (PayloadError, KeyError) as error:
-                    log.warning("checkpoint refused (%s); starting from the global weights", error)
-                    checkpoint = None
-            if checkpoint is None:
-                self._heartbeat("waiting")
-                install = None
-                while install is None and not self.stop_requested:
-                    head = _retrying(self.global_weights.head)
-                    if head is not None:
-                        install = self._fetch_snapshot(head)
-                    else:
-                        time.sleep(self.recipe.training.poll_seconds)
-                if install is not None:
-                    for name, tensor in install.tensors.items():
-                        self.fragments.base[name].copy_(tensor)
-                    for p, version in install.versions.items():
-                        self.fragments.install(p, version)
-        step = broadcast_control(self.group, [self.progress.step], self.device)[0]
-        self.progress.step = step
-        broadcast_parameters(self.group, list(self.model.parameters()))
-
     def _checkpoint(self) -> None:
-        meta = {
-            "step": self.progress.step,
-            "tokens": self.progress.tokens,
-            "generator": generator_state(self.generator),
-            "learner": self.me.id,
-        }
+        meta = {"step": self.progress.step, "tokens": self.progress.tokens, "generator": generator_state(self.generator), "learner": self.me.id}
         payload = encode_checkpoint(self.model, self.optimizer, self.fragments, self.secret, meta)
         step = self.progress.step
+        self._collect_checkpoint_upload()
+        self.checkpoint_upload = self.uploads.submit(self.bucket.write_checkpoint, self.me.id, step, payload)
         self.progress.checkpoint_step = step
-        self.pending_uploads.append(self.uploads.submit(_retrying, lambda: self.bucket.write_checkpoint(self.me.id, step, payload)))
+
+    def _collect_checkpoint_upload(self, wait: bool = False) -> bool:
+        """Whether the last checkpoint upload succeeded (logged when it failed)."""
+        upload, self.checkpoint_upload = self.checkpoint_upload, None
+        if upload is None:
+            return True
+        try:
+            upload.result(timeout=None if wait else 0)
+            return True
+        except StorageError as error:
+            log.warning("checkpoint upload failed: %s", error)
+            return False
+        except TimeoutError:
+            self.checkpoint_upload = upload
+            return True
+
+    def _report(self) -> None:
+        """Heartbeat, checkpoint and log line, each when due."""
+        training, p = self.recipe.training, self.progress
+        now = time.monotonic()
+        if now - self.last_beat >= training.heartbeat_seconds:
+            self._heartbeat()
+            self.last_beat = now
+        if p.step % training.checkpoint_every_steps == 0 and p.step < training.inner_steps:
+            self._checkpoint()
+        if p.step % LOG_EVERY_STEPS == 0:
+            versions = ", ".join(f"{k}:{v}" for k, v in sorted(self.fragments.base_version.items()))
+            log.info("step %d/%d loss %.4f %.2f steps/s base versions %s", p.step, training.inner_steps, p.loss, 1 / p.step_seconds, versions)
 
     # ------------------------------------------------------------------------ loop
 
@@ -294,78 +398,72 @@ class Learner:
             return self._train()
         except BaseException:
             if self.group.is_storage_rank:
-                self._heartbeat("failed", wait=True)
+                try:
+                    self._heartbeat(LearnerState.FAILED, wait=True)
+                except StorageError as error:
+                    log.warning("could not report the failure: %s", error)
             raise
         finally:
             leave_process_group(self.group)
 
+    def _inner_step(self) -> float:
+        started = time.perf_counter()
+        inputs, targets = random_batch(self.shard, self.rank_batch, self.recipe.data.sequence_length, self.generator)
+        learning_rate = self.schedule.learning_rate(self.progress.step)
+        loss = inner_step(self.trained_model, self.optimizer, inputs.to(self.device), targets.to(self.device), learning_rate, self.recipe.training.gradient_clip)
+        p = self.progress
+        p.step += 1
+        p.tokens += self.tokens_per_step
+        p.loss = loss
+        seconds = time.perf_counter() - started
+        p.step_seconds = seconds if p.step_seconds is None else 0.8 * p.step_seconds + 0.2 * seconds
+        return loss
+
     def _train(self) -> int:
-        training, sync = self.recipe.training, self.recipe.sync
-        storage = self.group.is_storage_rank
+        """The loop, top to bottom: a step; sends due; install a finished poll; only then
+        start the next poll; report."""
+        sync, storage = self.recipe.sync, self.group.is_storage_rank
         self._start()
         if storage:
-            self._heartbeat("training")
-        tokens_per_step = training.batch_size * self.recipe.data.sequence_length
-        poll: Future | None = None
-        resync_seen = 0
-        last_poll = last_beat = time.monotonic()
-        while self.progress.step < training.inner_steps and not self.stop_requested:
-            started = time.perf_counter()
-            inputs, targets = random_batch(self.shard, self.rank_batch, self.recipe.data.sequence_length, self.generator)
-            learning_rate = self.schedule.learning_rate(self.progress.step)
-            loss = inner_step(self.trained_model, self.optimizer, inputs.to(self.device), targets.to(self.device), learning_rate, training.gradient_clip)
-            self.progress.step += 1
-            self.progress.tokens += tokens_per_step
-            self.progress.loss = loss
-            seconds = time.perf_counter() - started
-            p = self.progress
-            p.step_seconds = seconds if p.step_seconds is None else 0.8 * p.step_seconds + 0.2 * seconds
-            install = None
+            self._heartbeat(LearnerState.TRAINING)
+        while self.progress.step < self.recipe.training.inner_steps and not self.stop_requested:
+            self._inner_step()
+            self.fragments.count_step(self.tokens_per_step)
+            poll = None
             if storage:
-                self.fragments.count_step(tokens_per_step)
-                for fragment in fragments_due(p.step, sync.sync_interval, sync.num_fragments):
+                for fragment in fragments_due(self.progress.step, sync.sync_interval, sync.num_fragments):
                     self._send(fragment)
-                now = time.monotonic()
-                if poll is not None and poll.done():
-                    try:
-                        install = poll.result()
-                    except (OSError, PayloadError, TimeoutError) as error:
-                        log.warning("fetching global weights failed: %s", error)
-                    if install is not None and install.resync:
-                        resync_seen = int(self.bucket.read_control(self.me.id).get("resync_serial", 0))
-                    poll = None
-                if poll is None and now - last_poll >= training.poll_seconds:
-                    versions = dict(self.fragments.base_version)
-                    poll = self.fetches.submit(self._fetch_install, versions, resync_seen)
-                    last_poll = now
-                if now - last_beat >= training.heartbeat_seconds:
-                    self._heartbeat()
-                    last_beat = now
-                if p.step % training.checkpoint_every_steps == 0 and p.step < training.inner_steps:
-                    self._checkpoint()
-                if p.step % LOG_EVERY_STEPS == 0:
-                    versions = ", ".join(f"{k}:{v}" for k, v in sorted(self.fragments.base_version.items()))
-                    log.info("step %d/%d loss %.4f %.2f steps/s base versions %s", p.step, training.inner_steps, loss, 1 / p.step_seconds, versions)
-            else:
-                self.fragments.count_step(tokens_per_step)
-            self._apply_install(install)
+                poll = self._take_poll()
+            self._install(poll)
+            if storage:
+                self._start_poll()
+                self._report()
         return self._finish()
 
     def _finish(self) -> int:
         finished = self.progress.step >= self.recipe.training.inner_steps
+        code = EXIT_FINISHED if finished else EXIT_STOPPED
         if self.group.is_storage_rank:
             if finished:
-                # the work since each fragment's last send must count too
-                sync = self.recipe.sync
-                just_sent = set(fragments_due(self.progress.step, sync.sync_interval, sync.num_fragments))
-                for fragment in self.fragments.c_steps:
-                    if self.fragments.c_steps[fragment] > 0 and fragment not in just_sent:
+                # the work since each fragment's last send must count too; a learner
+                # restarted at its last step cannot know what the one before it delivered
+                f = self.fragments
+                for fragment in f.c_steps:
+                    if f.c_tokens[fragment] > f.sent_tokens[fragment] or (self.resumed_at_the_end and f.c_steps[fragment] > 0):
                         self._send(fragment)
                 self._checkpoint()
-            for future in self.pending_uploads:
-                future.result()
-            self._heartbeat("finished" if finished else "stopped", wait=True)
-            for executor in (self.uploads, self.fetches, self.beats):
+            delivered = self.outbox.wait_empty(DELIVERY_SECONDS_AT_FINISH if finished else DELIVERY_SECONDS_AT_STOP)
+            delivered = self._collect_checkpoint_upload(wait=True) and delivered
+            state = LearnerState.FINISHED if finished else LearnerState.STOPPED
+            if finished and not delivered:
+                log.error("%d payloads or the final checkpoint could not be delivered; exiting so that the supervisor restarts this learner and it sends them again", self.outbox.waiting)
+                state, code = LearnerState.FAILED, EXIT_UNDELIVERED
+            try:
+                self._heartbeat(state, wait=True)
+            except StorageError as error:
+                log.warning("could not write the last heartbeat: %s", error)
+            self.outbox.close()
+            for executor in (self.polls, self.uploads, self.beats):
                 executor.shutdown(wait=True, cancel_futures=True)
-        log.info("%s at step %d", "finished" if finished else "stopped", self.progress.step)
-        return EXIT_FINISHED if finished else EXIT_STOPPED
+        log.info("%s at step %d", "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered", self.progress.step)
+        return code

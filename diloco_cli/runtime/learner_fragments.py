@@ -1,6 +1,6 @@
 """A learner's bookkeeping per fragment: its base, counters and error-feedback residual.
 
-Algorithm (Decoupled DiLoCo, arXiv 2604.21428; algorithm.md "Learner m"):
+Algorithm (Decoupled DiLoCo, arXiv 2604.21428; docs/algorithm.md, "Learner m"):
 
 * after each inner step every fragment's ``c_steps`` and ``c_tokens`` grow;
 * when fragment p is due the learner sends ``delta = base[p] - theta[p] + e[p]``
@@ -10,6 +10,10 @@ Algorithm (Decoupled DiLoCo, arXiv 2604.21428; algorithm.md "Learner m"):
   resets the counters; the inner AdamW state is kept.
 
 ``base`` and ``e`` live on the CPU in fp32, whatever the model's device and dtype.
+
+Installing overwrites what the learner trained on a fragment since its last send of it;
+``tokens_overwritten`` counts those tokens, so that every token trained is accounted
+for: in a merged payload, or overwritten by an install.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class LearnerFragments:
         self.base_version = {fragment.index: Version(-1) for fragment in fragments}
         self.c_steps = {fragment.index: 0 for fragment in fragments}
         self.c_tokens = {fragment.index: 0 for fragment in fragments}
+        self.sent_tokens = {fragment.index: 0 for fragment in fragments}
+        """``c_tokens`` at the fragment's last send since its last install."""
+        self.tokens_overwritten = {fragment.index: 0 for fragment in fragments}
+        self.install_serial = {fragment.index: 0 for fragment in fragments}
+        """Installs of each fragment so far (a payload made after an install does not
+        hold what was sent before it)."""
 
     def names(self, fragment: FragmentIndex) -> tuple[str, ...]:
         return self.fragments[fragment].parameter_names
@@ -64,16 +74,24 @@ class LearnerFragments:
             "c_tokens": self.c_tokens[fragment],
         }
         residuals = {name: self.residual[name] for name in self.names(fragment)}
-        return encode_payload(self._deltas(fragment), spec, secret, full_meta, residuals_into=residuals)
+        payload = encode_payload(self._deltas(fragment), spec, secret, full_meta, residuals_into=residuals)
+        self.sent_tokens[fragment] = self.c_tokens[fragment]
+        return payload
 
     @torch.no_grad()
-    def install(self, fragment: FragmentIndex, version: Version) -> None:
-        """Overwrite theta[p] with base[p] (already holding ``version``); reset counters."""
+    def install(self, fragment: FragmentIndex, version: Version, values: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Make ``values`` (or the base as it is) the fragment's base at ``version`` and
+        overwrite theta[p] with it; reset the counters."""
         for name in self.names(fragment):
+            if values is not None:
+                self.base[name].copy_(values[name])
             self.parameters[name].copy_(self.base[name])
         self.base_version[fragment] = version
+        self.tokens_overwritten[fragment] += self.c_tokens[fragment] - self.sent_tokens[fragment]
         self.c_steps[fragment] = 0
         self.c_tokens[fragment] = 0
+        self.sent_tokens[fragment] = 0
+        self.install_serial[fragment] += 1
 
     def base_of(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
         return {name: self.base[name] for name in self.names(fragment)}
@@ -85,17 +103,14 @@ class LearnerFragments:
         tensors.update({f"residual/{name}": tensor for name, tensor in self.residual.items()})
         return tensors
 
+    COUNTERS = ("base_version", "c_steps", "c_tokens", "sent_tokens", "tokens_overwritten")
+
     def state_meta(self) -> dict[str, Any]:
-        return {
-            "base_version": {str(p): v for p, v in self.base_version.items()},
-            "c_steps": {str(p): v for p, v in self.c_steps.items()},
-            "c_tokens": {str(p): v for p, v in self.c_tokens.items()},
-        }
+        return {counter: {str(p): v for p, v in getattr(self, counter).items()} for counter in self.COUNTERS}
 
     def load_state(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
         for name in self.base:
             self.base[name].copy_(tensors[f"base/{name}"])
             self.residual[name].copy_(tensors[f"residual/{name}"])
-        self.base_version = {FragmentIndex(int(p)): Version(int(v)) for p, v in meta["base_version"].items()}
-        self.c_steps = {FragmentIndex(int(p)): int(v) for p, v in meta["c_steps"].items()}
-        self.c_tokens = {FragmentIndex(int(p)): int(v) for p, v in meta["c_tokens"].items()}
+        for counter in self.COUNTERS:
+            setattr(self, counter, {FragmentIndex(int(p)): int(v) for p, v in meta[counter].items()})

@@ -80,13 +80,13 @@ class RunSpec(BaseModel):
 
     def bucket(self, region: RegionName | str, secret: RunSecret | None) -> RegionBucket:
         spec = self.region(region)
-        return RegionBucket(spec.name, spec.root, spec.storage_options, secret)
+        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, self.recipe.storage)
 
     def buckets(self, secret: RunSecret | None) -> list[RegionBucket]:
-        return [RegionBucket(spec.name, spec.root, spec.storage_options, secret) for spec in self.regions]
+        return [self.bucket(spec.name, secret) for spec in self.regions]
 
     def home(self, secret: RunSecret) -> SyncerHome:
-        return SyncerHome(self.syncer.home, self.syncer.storage_options, secret)
+        return SyncerHome(self.syncer.home, self.syncer.storage_options, secret, self.recipe.storage)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

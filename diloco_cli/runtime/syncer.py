@@ -2,12 +2,13 @@
 
 Each loop lists the buckets for new marked payloads (their markers verified), reads the
 heartbeats, and feeds both to the pure decision state machine
-(:mod:`diloco_cli.core.decisions`).  A merge is computed by
-:func:`~diloco_cli.runtime.merge_round.merge_round`, committed to the home store, and
-only then published to every region (one upload per region: the WAN cost), with a full
-snapshot every S versions.  The global model is evaluated on held-out text every N
-versions.  Killed at any instant, the syncer restarts from its commits with no arrival
-lost and none merged twice.
+(:mod:`diloco_cli.core.decisions`).  A merge reads its payloads, is computed by
+:func:`~diloco_cli.runtime.merge_round.merge_round`, committed to the home store with
+its ledger entry (and, every few versions, the held-out loss), and only then published
+to every region (:mod:`diloco_cli.runtime.publication`).  Killed at any instant, the
+syncer restarts from its commits with no arrival lost and none merged twice.  Along the
+way it rewrites published objects learners report damaged, catches up regions that
+missed a publication, and sweeps leftovers (:mod:`diloco_cli.runtime.leftovers`).
 """
 
 from __future__ import annotations
@@ -16,21 +17,28 @@ import logging
 import signal
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from diloco_cli.codec import PayloadError, RunSecret
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
 from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.global_weights import Head, encode_snapshot
+from diloco_cli.runtime.global_weights import encode_snapshot
+from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
+from diloco_cli.runtime.publication import Publication
 from diloco_cli.runtime.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
-from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket
+from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
+from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket, heartbeat_key
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text
 from diloco_cli.training.inner import evaluate
 
@@ -39,13 +47,18 @@ log = logging.getLogger("diloco.syncer")
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
 STATUS_SECONDS = 2.0
-TERMINAL_LEARNER_STATES = ("finished",)
-STOPPED_LEARNER_STATES = ("finished", "stopped", "failed")
+CATCH_UP_SECONDS = 5.0
+"""How often regions that missed a publication are tried again."""
 
 
 def qualified(region: str, key: str) -> str:
     """A payload key made unique across regions (the form the ledger stores)."""
     return f"{region}:{key}"
+
+
+def payload_id(name: str) -> PayloadId | None:
+    match = PAYLOAD_KEY.match(name.split(":", 1)[1])
+    return PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])) if match else None
 
 
 class Syncer:
@@ -58,14 +71,20 @@ class Syncer:
         self.buckets = {bucket.name: bucket for bucket in spec.buckets(secret)}
         self.home = spec.home(secret)
         self.observed: dict[str, PayloadRecord] = {}
-        self.retired_unmerged: set[str] = set()
-        """Payloads consumed without a merge and kept (delete_consumed_payloads: false)."""
+        self.retiring: dict[str, PayloadId] = {}
+        """Payloads consumed unmerged since the last commit (its record will list them)."""
         self.pending_observations: list[decisions.Observation] = []
-        self.heartbeats: dict[LearnerId, dict[str, Any]] = {}
-        self.reasons: dict[int, str] = {}
+        self.heartbeats: dict[LearnerId, Heartbeat] = {}
+        self.refusals = {name: Refusals() for name in self.buckets}
+        self.reasons: dict[FragmentIndex, str] = {}
         self.merge_times: deque[float] = deque(maxlen=50)
-        self.last_merge: dict[str, Any] | None = None
+        self.last_merge: LastMerge | None = None
+        self.resync_serials: dict[LearnerId, int] = {}
+        self.given_up: dict[LearnerId, str] = {}
+        self.finished = False
         self.started_at = time.time()
+        self._last = {"beats": float("-inf"), "status": float("-inf"), "catch_up": float("-inf"), "sweep": float("-inf")}
+        """When each periodic task of the loop last ran (syncer clock)."""
 
     # ----------------------------------------------------------------------- setup
 
@@ -77,11 +96,10 @@ class Syncer:
         initial = {name: p.detach() for name, p in self.model.named_parameters()}
         optimizer = NesterovOuterOptimizer(recipe.outer_learning_rate, recipe.sync.outer_momentum)
         publisher = ExactPublisher(recipe.sync.update_codec, self.secret)
-        self.state: SyncerState = restore_state(self.home, self.secret, self.fragments, initial, optimizer, publisher, recipe.sync.window_versions)
-        meta = self.state.meta
-        self.snapshot_version = Version(int(meta.get("snapshot_version", 0)))
-        self.evaluations: list[dict[str, Any]] = list(meta.get("evaluations", []))
-        self.merges = int(meta.get("merges", 0))
+        split = TextSplit.of(load_text(recipe.data.source, recipe.data.storage_options), recipe.data.heldout_fraction, recipe.data.sequence_length)
+        self.heldout = evaluation_batches(split.heldout, recipe.training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches)
+        self.state: SyncerState = restore_state(self.home, self.secret, self.fragments, initial, optimizer, publisher, recipe.sync.window_versions, self._evaluate)
+        self.digests = {f.index: self.state.digest(f.index) for f in self.fragments}
         policy = decisions.DecisionPolicy(
             num_learners=len(self.spec.learners),
             quorum=recipe.quorum,
@@ -90,106 +108,107 @@ class Syncer:
             overlap_steps=recipe.sync.overlap_steps,
             max_grace_seconds=recipe.sync.max_grace_seconds,
             liveness_timeout_seconds=recipe.sync.liveness_timeout_seconds,
+            give_up_seconds=recipe.sync.give_up_seconds,
         )
         versions = {f.index: (self.state.fragment_versions[f.index], self.state.windows[f.index].oldest_anchorable) for f in self.fragments}
-        decision_state = decisions.initial_state(policy, self.clock(), versions)
-        merged_sequence: dict[tuple[LearnerId, FragmentIndex], int] = {}
-        for commit in self.state.commits:
-            for key in commit.merged:
-                match = PAYLOAD_KEY.match(key.split(":", 1)[1])
-                if match:
-                    slot = (LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])))
-                    merged_sequence[slot] = max(merged_sequence.get(slot, -1), int(match["sequence"]))
+        fresh = decisions.initial_state(policy, self.clock(), versions)
         self.decisions = decisions.DecisionState(
             policy=policy,
-            rounds=decision_state.rounds,
-            started_at=decision_state.started_at,
-            merged_sequence=merged_sequence,
-            quorum_seconds=meta.get("quorum_seconds"),
-            sync_seconds=meta.get("sync_seconds"),
+            rounds=fresh.rounds,
+            started_at=fresh.started_at,
+            merged_sequence=dict(self.state.ledger.merged),
+            quorum_seconds=self.state.quorum_seconds,
+            sync_seconds=self.state.sync_seconds,
         )
-        split = TextSplit.of(load_text(recipe.data.source, recipe.data.storage_options), recipe.data.heldout_fraction, recipe.data.sequence_length)
-        self.heldout = evaluation_batches(split.heldout, recipe.training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches)
-        self._catch_up_regions()
-        if not self.evaluations:
-            self._evaluate()
+        self.publication = Publication(self.buckets, self.home, self.secret)
+        after = recipe.sync.leftover_seconds
+        self.sweepers = [LeftoverSweeper(bucket.store, after) for bucket in self.buckets.values()]
+        self.sweepers.append(LeftoverSweeper(self.home.store, after, only_partial=True))
+        self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
 
     def _head(self) -> Head:
-        recent_from = max(0, self.snapshot_version - self.recipe.sync.snapshot_every)
-        recent = tuple((c.version, c.fragment) for c in self.state.commits if c.version > recent_from)
+        snapshot_every = self.recipe.sync.snapshot_every
+        recent_from = Version(max(0, self.state.snapshot_version - snapshot_every))
         return Head(
             version=self.state.version,
             fragment_versions=dict(self.state.fragment_versions),
-            snapshot_version=self.snapshot_version,
-            recent=recent,
-            recent_from=Version(recent_from),
-            finished=False,
+            fragment_digests=dict(self.digests),
+            snapshot_version=self.state.snapshot_version,
+            recent=self.state.recent_commits(recent_from),
+            recent_from=recent_from,
+            finished=self.finished,
         )
-
-    def _catch_up_regions(self) -> None:
-        """After a (re)start: every region gets the snapshot and the committed updates it
-        misses (writing an immutable object that exists is skipped), then the head."""
-        head = self._head()
-        for bucket in self.buckets.values():
-            if self.snapshot_version not in bucket.snapshot_versions():
-                if self.snapshot_version != self.state.version:
-                    # the snapshot's version is gone from memory: snapshot the present instead
-                    self.snapshot_version = self.state.version
-                    return self._catch_up_regions()
-                bucket.write_snapshot(self.snapshot_version, self._snapshot_payload())
-            for version, fragment in head.recent:
-                bucket.publish_update(version, fragment, self.home.read_update(version))
-            bucket.write_head(head.to_json())
-        return None
 
     def _snapshot_payload(self) -> bytes:
         return encode_snapshot(self.state.theta, self.secret, self.state.version, self.state.fragment_versions)
 
+    def _fresh_snapshot(self) -> None:
+        """A snapshot of the present to every region (repairing a damaged one)."""
+        self.state.snapshot_version = self.state.version
+        payload, head = self._snapshot_payload(), self._head()
+        for name, bucket in self.buckets.items():
+            try:
+                bucket.write_snapshot(head.snapshot_version, payload, replace=True)
+                bucket.write_head(head)
+            except StorageError:
+                self.publication.behind.add(name)
+
     # ---------------------------------------------------------------- observations
 
-    def _observe(self, now: float, read_heartbeats: bool) -> list[decisions.Observation]:
-        observations = self.pending_observations
-        self.pending_observations = []
+    def _refused(self, region: str, kind: str, key: str, error: Exception) -> None:
+        log.warning("refusing %s %s in region %s: %s", kind, key, region, error)
+        self.refusals[region].record(kind, key, str(error), time.time())
+
+    def _observe(self, read_heartbeats: bool) -> list[decisions.Observation]:
+        observations, self.pending_observations = self.pending_observations, []
         for region, bucket in self.buckets.items():
-            for key in bucket.payload_keys():
-                name = qualified(region, key)
-                if name in self.state.ledger:
-                    if self.recipe.sync.delete_consumed_payloads:
-                        bucket.delete_payload(key)
-                    continue
-                if name in self.observed or name in self.retired_unmerged:
-                    continue
-                try:
-                    record = bucket.payload_record(key)
-                except FileNotFoundError:
-                    continue
-                except PayloadError as error:
-                    log.warning("refusing payload %s: %s", name, error)
-                    self._retire(name)
-                    continue
-                self.observed[name] = record
-                observations.append(
-                    decisions.ArrivalSeen(
-                        decisions.Arrival(
-                            learner=record.learner,
-                            fragment=record.fragment,
-                            base_version=record.base_version,
-                            c_steps=record.c_steps,
-                            c_tokens=record.c_tokens,
-                            sequence=record.sequence,
-                            key=name,
-                        )
-                    )
-                )
-            if read_heartbeats:
-                for learner, beat in bucket.read_heartbeats().items():
-                    previous = self.heartbeats.get(learner)
-                    self.heartbeats[learner] = beat
-                    if previous is None or previous.get("time") != beat.get("time"):
-                        observations.append(
-                            decisions.HeartbeatSeen(learner, beat.get("step_seconds"), stopped=beat.get("state") in STOPPED_LEARNER_STATES)
-                        )
+            try:
+                observations += self._observe_payloads(region, bucket)
+                if read_heartbeats:
+                    observations += self._observe_heartbeats(region, bucket)
+            except StorageError as error:  # this region later; payloads are read in order
+                log.warning("region %s cannot be read now: %s", region, error)
         return observations
+
+    def _observe_payloads(self, region: str, bucket: RegionBucket) -> list[decisions.Observation]:
+        found = []
+        for key in bucket.payload_keys():
+            name = qualified(region, key)
+            payload = payload_id(name)
+            if self.state.ledger.consumed(payload):
+                if self.recipe.sync.delete_consumed_payloads:
+                    bucket.delete_payload(key)
+                continue
+            if name in self.observed or name in self.retiring:
+                continue
+            try:
+                record = bucket.payload_record(key)
+            except FileNotFoundError:
+                continue
+            except PayloadError as error:
+                self._refused(region, "marker", key, error)
+                self._retire(payload)
+                continue
+            self.observed[name] = record
+            arrival = decisions.Arrival(record.learner, record.fragment, record.base_version, record.c_steps, record.c_tokens, record.sequence, name)
+            found.append(decisions.ArrivalSeen(arrival))
+        return found
+
+    def _observe_heartbeats(self, region: str, bucket: RegionBucket) -> list[decisions.Observation]:
+        found = []
+        for learner in (spec.id for spec in self.spec.learners if spec.region == region):
+            try:
+                beat = bucket.read_heartbeat(learner)
+            except PayloadError as error:
+                self._refused(region, "heartbeat", heartbeat_key(learner), error)
+                continue
+            if beat is None:
+                continue
+            previous = self.heartbeats.get(learner)
+            self.heartbeats[learner] = beat
+            if previous is None or previous.time != beat.time:
+                found.append(decisions.HeartbeatSeen(learner, beat.step_seconds, beat.state.value))
+        return found
 
     # ---------------------------------------------------------------------- merges
 
@@ -197,144 +216,162 @@ class Syncer:
         region, key = name.split(":", 1)
         return self.buckets[region], key
 
-    def _merge(self, action: decisions.Merge) -> None:
-        started = self.clock()
-        fragment = action.fragment
-        version = Version(self.state.version + 1)
-        inputs = []
+    def _read_payloads(self, action: decisions.Merge) -> dict[str, bytes | None] | None:
+        """Every arrival's bytes (None for one that vanished), or None when a bucket
+        cannot be read now: the merge waits rather than drop an arrival."""
+        blobs: dict[str, bytes | None] = {}
         for arrival in action.arrivals:
             bucket, key = self._bucket_and_key(arrival.key)
-            inputs.append(RoundInput(arrival.learner, arrival.base_version, arrival.c_steps, arrival.c_tokens, lambda b=bucket, k=key: b.read_payload(k)))
-        names = self.fragments[fragment].embedding_names
+            try:
+                blobs[arrival.key] = bucket.read_payload(key)
+            except FileNotFoundError:
+                blobs[arrival.key] = None
+            except StorageError as error:
+                log.warning("merge of fragment %d postponed: %s", action.fragment, error)
+                return None
+        return blobs
+
+    def _merge(self, action: decisions.Merge) -> None:
+        started = self.clock()
+        fragment, state = action.fragment, self.state
+        blobs = self._read_payloads(action)
+        if blobs is None:
+            self.pending_observations.append(decisions.MergeAborted(fragment))
+            return
+        version, previous_version = Version(state.version + 1), state.fragment_versions[fragment]
+        inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key], a.key)) for a in action.arrivals]
         result = merge_round(
-            fragment,
-            version,
-            inputs,
-            self.state.fragment_theta(fragment),
-            self.state.windows[fragment],
-            self.state.optimizer,
-            self.state.publisher,
-            self.secret,
-            mean_names=names,
-            meta={"time": time.time()},
-        )
-        merged = [a.key for a, r in zip(action.arrivals, inputs) if r in result.merged]
-        rejected = [a.key for a, r in zip(action.arrivals, inputs) if any(r is bad for bad, _ in result.rejected)]
+            fragment, version, inputs, state.fragment_theta(fragment), state.windows[fragment], state.optimizer, state.publisher, self.secret,
+            mean_names=self.fragments[fragment].embedding_names, meta={"time": time.time(), "previous_version": previous_version},
+        )  # fmt: skip
+        merged = [a for a, r in zip(action.arrivals, inputs) if r in result.merged]
         for bad, error in result.rejected:
-            log.warning("refused %s's payload for fragment %d: %s", bad.learner, fragment, error)
-        retired = [a.key for a in action.superseded] + rejected
-        self.merges += 1
-        if version - self.snapshot_version >= self.recipe.sync.snapshot_every:
-            self.snapshot_version = version
-        seconds = self.clock() - started
-        meta = {
-            "time": time.time(),
-            "merges": self.merges,
-            "seconds": seconds,
-            "learners": [a.learner for a, r in zip(action.arrivals, inputs) if r in result.merged],
-            "snapshot_version": self.snapshot_version,
-            "quorum_seconds": self.decisions.quorum_seconds,
-            "sync_seconds": self.decisions.sync_seconds,
-            "evaluations": self.evaluations[-50:],
-        }
-        keep_after = Version(max(0, self.snapshot_version - self.recipe.sync.snapshot_every))
-        commit_merge(self.home, self.state, self.secret, fragment, version, result.payload, merged, retired, meta, keep_after)
-        self._publish(version, fragment, result.payload)
-        if self.recipe.sync.delete_consumed_payloads:
-            for name in merged + retired:
-                bucket, key = self._bucket_and_key(name)
-                bucket.delete_payload(key)
-        for name in merged + retired:
+            arrival = action.arrivals[inputs.index(bad)]
+            self._refused(arrival.key.split(":", 1)[0], "payload", arrival.key.split(":", 1)[1], error)
+            self._retire(payload_id(arrival.key))
+        for arrival in action.superseded:
+            self._retire(payload_id(arrival.key))
+        evaluation = self._evaluate(state.theta, version) if version % self.recipe.sync.evaluate_every == 0 else None
+        if version - state.snapshot_version >= self.recipe.sync.snapshot_every:
+            state.snapshot_version = version
+        record = CommitRecord(
+            version=version,
+            fragment=fragment,
+            previous_version=previous_version,
+            merged=tuple(MergedPayload(key=a.key, learner=a.learner, sequence=a.sequence, base_version=a.base_version, c_steps=a.c_steps, c_tokens=a.c_tokens) for a in merged),
+            retired=tuple(RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence) for p in self.retiring.values()),
+            digest=state.digest(fragment),
+            time=time.time(),
+            seconds=self.clock() - started,
+            merges=state.merges + 1,
+            snapshot_version=state.snapshot_version,
+            quorum_seconds=self.decisions.quorum_seconds,
+            sync_seconds=self.decisions.sync_seconds,
+            evaluation=evaluation,
+        )
+        keep_after = Version(max(0, state.snapshot_version - self.recipe.sync.snapshot_every))
+        commit_merge(self.home, state, self.secret, record, result.payload, keep_after)
+        self.digests[fragment] = record.digest
+        snapshot = self._snapshot_payload() if state.snapshot_version == version else None
+        self.publication.publish(version, fragment, result.payload, snapshot, self._head())
+        consumed = [a.key for a in merged] + list(self.retiring)
+        self.retiring = {}
+        for name in consumed:
             self.observed.pop(name, None)
+            if self.recipe.sync.delete_consumed_payloads:
+                self._delete_payload(name)
         seconds = self.clock() - started
         self.merge_times.append(time.time())
-        self.last_merge = {"fragment": fragment, "version": version, "learners": meta["learners"], "seconds": seconds, "time": time.time()}
-        self.pending_observations.append(decisions.MergeFinished(fragment, version, self.state.windows[fragment].oldest_anchorable, seconds))
-        log.info("version %d: fragment %d from %s in %.2f s", version, fragment, ", ".join(meta["learners"]) or "nobody", seconds)
-        if version % self.recipe.sync.evaluate_every == 0:
-            self._evaluate()
+        self.last_merge = LastMerge(fragment=fragment, version=version, learners=sorted({a.learner for a in merged}), seconds=seconds, time=time.time())
+        self.pending_observations.append(decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds))
+        log.info("version %d: fragment %d from %s in %.2f s", version, fragment, ", ".join(self.last_merge.learners) or "nobody", seconds)
 
-    def _publish(self, version: Version, fragment: FragmentIndex, payload: bytes) -> None:
-        """One upload per region (the WAN cost), a snapshot every S versions, then heads."""
-        snapshot = self._snapshot_payload() if self.snapshot_version == version else None
-        head = self._head()
-        for bucket in self.buckets.values():
-            bucket.publish_update(version, fragment, payload)
-            if snapshot is not None:
-                bucket.write_snapshot(version, snapshot)
-            bucket.write_head(head.to_json())
-            if snapshot is not None:
-                self._collect_garbage(bucket, head)
-
-    def _collect_garbage(self, bucket: RegionBucket, head: Head) -> None:
-        """Drop updates and snapshots no reader can need any more."""
-        for version, fragment in bucket.update_versions():
-            if version <= head.recent_from:
-                bucket.delete_update(version, fragment)
-        for version in bucket.snapshot_versions():
-            if version < head.recent_from:
-                bucket.delete_snapshot(version)
+    def _delete_payload(self, name: str) -> None:
+        bucket, key = self._bucket_and_key(name)
+        try:
+            bucket.delete_payload(key)
+        except StorageError as error:  # consumed per the ledger: deleted when seen again
+            log.warning("could not delete %s: %s", name, error)
 
     def _resync(self, action: decisions.Resync) -> None:
-        learner = self.spec.learner(action.learner)
-        bucket = self.buckets[learner.region]
-        control = bucket.read_control(action.learner)
-        serial = int(control.get("resync_serial", 0)) + 1
-        bucket.write_control(action.learner, {"resync_serial": serial, "fragment": action.fragment, "reason": action.reason, "time": time.time()})
-        self._retire(action.arrival.key)
+        region = self.spec.learner(action.learner).region
+        bucket = self.buckets[region]
+        serial = self.resync_serials.get(action.learner)
+        if serial is None:
+            try:
+                serial = bucket.read_control(action.learner).resync_serial
+            except PayloadError as error:
+                self._refused(region, "control", f"control/{action.learner}.json", error)
+                serial = 0
+        serial += 1
+        bucket.write_control(action.learner, ControlNote(resync_serial=serial, fragment=action.fragment, reason=action.reason, time=time.time()))
+        self.resync_serials[action.learner] = serial
+        self._retire(payload_id(action.arrival.key))
         log.info("told %s to resync: %s", action.learner, action.reason)
 
-    def _retire(self, name: str) -> None:
-        """A payload consumed without a merge (older than one merged, or unanchorable)."""
-        if self.recipe.sync.delete_consumed_payloads:
-            bucket, key = self._bucket_and_key(name)
-            bucket.delete_payload(key)
-        else:
-            self.retired_unmerged.add(name)
-        self.observed.pop(name, None)
+    def _retire(self, payload: PayloadId) -> None:
+        """A payload consumed without a merge: the next commit's record lists it, and it
+        is deleted once that record is durable."""
+        self.retiring[payload.key] = payload
+        self.observed.pop(payload.key, None)
 
     # ------------------------------------------------------------------ evaluation
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, theta: Mapping[str, torch.Tensor], version: Version) -> Evaluation:
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
-                parameter.copy_(self.state.theta[name])
+                parameter.copy_(theta[name])
         loss = evaluate(self.model, self.heldout)
-        tokens = sum(int(beat.get("tokens", 0)) for beat in self.heartbeats.values())
-        self.evaluations.append({"version": self.state.version, "loss": loss, "tokens": tokens, "time": time.time()})
-        log.info("version %d: held-out loss %.4f", self.state.version, loss)
+        tokens = sum(beat.tokens for beat in self.heartbeats.values())
+        log.info("version %d: held-out loss %.4f", version, loss)
+        return Evaluation(version=version, loss=loss, tokens=tokens, time=time.time())
+
+    # ------------------------------------------------------------------ upkeep
+
+    def _repair_from_reports(self) -> None:
+        """Check the published objects learners reported refusing; rewrite damaged ones."""
+        head = self._head()
+        for learner, beat in self.heartbeats.items():
+            for note in beat.refusals.recent:
+                if note.kind in ("update", "snapshot", "head") and note.time >= self.started_at - 60:
+                    self.publication.repair(beat.region, note, learner, head, self._fresh_snapshot)
 
     # ---------------------------------------------------------------------- status
 
-    def _status(self, state: str, now: float) -> dict[str, Any]:
-        live = self.decisions.live_learners(now)
+    def _status(self, phase: SyncerPhase, now: float) -> SyncerStatus:
         recent = [t for t in self.merge_times if t > time.time() - 60]
-        pending = {str(p): sorted(r.pending) for p, r in self.decisions.rounds.items() if r.pending}
-        return {
-            "state": state,
-            "run": self.spec.run,
-            "version": self.state.version,
-            "fragment_versions": {str(p): v for p, v in self.state.fragment_versions.items()},
-            "snapshot_version": self.snapshot_version,
-            "merges": self.merges,
-            "merges_per_minute": len(recent),
-            "last_merge": self.last_merge,
-            "quorum": self.decisions.policy.quorum,
-            "effective_quorum": self.decisions.effective_quorum(now),
-            "grace_seconds": self.decisions.grace_seconds(now),
-            "live_learners": sorted(live),
-            "pending": pending,
-            "reasons": {str(p): reason for p, reason in sorted(self.reasons.items())},
-            "evaluations": self.evaluations[-200:],
-            "bytes": {name: {"up": b.store.bytes.up, "down": b.store.bytes.down} for name, b in self.buckets.items()},
-            "started_at": self.started_at,
-            "time": time.time(),
-        }
+        return SyncerStatus(
+            state=phase,
+            run=self.spec.run,
+            version=self.state.version,
+            fragment_versions=dict(self.state.fragment_versions),
+            snapshot_version=self.state.snapshot_version,
+            merges=self.state.merges,
+            merges_per_minute=len(recent),
+            last_merge=self.last_merge,
+            quorum=self.decisions.policy.quorum,
+            effective_quorum=self.decisions.effective_quorum(now),
+            grace_seconds=self.decisions.grace_seconds(now),
+            live_learners=sorted(self.decisions.live_learners(now)),
+            pending={p: sorted(r.pending) for p, r in self.decisions.rounds.items() if r.pending},
+            reasons=dict(sorted(self.reasons.items())),
+            evaluations=self.state.evaluations[-200:],
+            storage={name: bucket.store.meter.snapshot() for name, bucket in self.buckets.items()},
+            refusals=self.refusals,
+            repairs=self.publication.repairs,
+            leftovers_removed=sum(sweeper.removed for sweeper in self.sweepers),
+            given_up=self.given_up,
+            started_at=self.started_at,
+            time=time.time(),
+        )
 
-    def _write_status(self, state: str, now: float) -> None:
-        status = self._status(state, now)
-        for bucket in self.buckets.values():
-            bucket.write_syncer_status(status)
+    def _write_status(self, phase: SyncerPhase, now: float) -> None:
+        status = self._status(phase, now)
+        for name, bucket in self.buckets.items():
+            try:
+                bucket.write_syncer_status(status)
+            except StorageError as error:
+                log.warning("could not write the status to region %s: %s", name, error)
 
     # ------------------------------------------------------------------------ loop
 
@@ -342,56 +379,83 @@ class Syncer:
         log.info("signal %d: stopping after the current merge", signum)
         self.stop_requested = True
 
-    def _finished(self) -> bool:
-        learners = [spec.id for spec in self.spec.learners]
-        all_done = all(self.heartbeats.get(m, {}).get("state") in TERMINAL_LEARNER_STATES for m in learners)
+    def _over(self, now: float) -> bool:
+        """Every learner finished or was given up, and nothing is left to merge."""
+        end = decisions.run_end(self.decisions, [spec.id for spec in self.spec.learners], now)
+        self.given_up = dict(end.given_up)
         idle = not self.observed and not self.pending_observations and not any(r.pending or r.merging for r in self.decisions.rounds.values())
-        return all_done and idle
+        return end.over and idle
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         self._setup()
-        poll = self.recipe.sync.poll_seconds
-        last_status = last_beats = float("-inf")
         while not self.stop_requested:
-            now = self.clock()
-            read_beats = now - last_beats >= min(STATUS_SECONDS, self.recipe.training.heartbeat_seconds)
-            if read_beats:
-                last_beats = now
-            observations = self._observe(now, read_beats)
-            self.decisions, actions = decisions.step(self.decisions, observations, now)
-            wake = now + poll
-            for action in actions:
-                if isinstance(action, decisions.Merge):
-                    self._merge(action)
-                    self.reasons[action.fragment] = action.reason
-                    wake = now
-                elif isinstance(action, decisions.Resync):
-                    self._resync(action)
-                elif isinstance(action, decisions.Discard):
-                    log.info("discarding %s: %s", action.arrival.key, action.reason)
-                    self._retire(action.arrival.key)
-                elif isinstance(action, decisions.Wait):
-                    self.reasons[action.fragment] = action.reason
-                    if action.until is not None:
-                        wake = min(wake, action.until)
-            if read_beats and self._finished():
-                return self._finish()
-            if self.clock() - last_status >= STATUS_SECONDS:
-                self._write_status("running", self.clock())
-                last_status = self.clock()
+            wake = self._turn()
+            if self.finished:
+                return EXIT_FINISHED
             time.sleep(max(0.0, wake - self.clock()))
-        self._write_status("stopped", self.clock())
+        self._write_status(SyncerPhase.STOPPED, self.clock())
         return EXIT_STOPPED
 
-    def _finish(self) -> int:
-        if not self.evaluations or self.evaluations[-1]["version"] != self.state.version:
-            self._evaluate()
-        head = self._head()
-        finished = Head(head.version, head.fragment_versions, head.snapshot_version, head.recent, head.recent_from, finished=True)
-        for bucket in self.buckets.values():
-            bucket.write_head(finished.to_json())
-        self._write_status("finished", self.clock())
-        log.info("finished at version %d", self.state.version)
-        return EXIT_FINISHED
+    def _turn(self) -> float:
+        """One turn of the loop: observe, decide, act, upkeep; returns when to wake."""
+        now = self.clock()
+        read_beats = now - self._last["beats"] >= min(STATUS_SECONDS, self.recipe.training.heartbeat_seconds)
+        if read_beats:
+            self._last["beats"] = now
+        self.decisions, actions = decisions.step(self.decisions, self._observe(read_beats), now)
+        wake = now + self.recipe.sync.poll_seconds
+        for action in actions:
+            if isinstance(action, decisions.Merge):
+                self._merge(action)
+                self.reasons[action.fragment] = action.reason
+                wake = now
+            elif isinstance(action, decisions.Resync):
+                self._resync(action)
+            elif isinstance(action, decisions.Discard):
+                log.info("discarding %s: %s", action.arrival.key, action.reason)
+                self._retire(payload_id(action.arrival.key))
+            elif isinstance(action, decisions.Wait):
+                self.reasons[action.fragment] = action.reason
+                if action.until is not None:
+                    wake = min(wake, action.until)
+        if read_beats:
+            self._repair_from_reports()
+        if self.publication.behind and now - self._last["catch_up"] >= CATCH_UP_SECONDS:
+            self.publication.catch_up(set(self.publication.behind), self._head(), self._snapshot_payload)
+            self._last["catch_up"] = now
+        if now - self._last["sweep"] >= max(1.0, self.recipe.sync.leftover_seconds / 4):
+            self._sweep(now)
+            self._last["sweep"] = now
+        if read_beats and self._over(self.clock()):
+            self._finish()
+        elif self.clock() - self._last["status"] >= STATUS_SECONDS:
+            self._write_status(SyncerPhase.RUNNING, self.clock())
+            self._last["status"] = self.clock()
+        return wake
+
+    def _sweep(self, now: float) -> None:
+        for sweeper in self.sweepers:
+            try:
+                sweeper.sweep(now)
+            except StorageError as error:
+                log.warning("could not sweep %s: %s", sweeper.store.root, error)
+
+    def _finish(self) -> None:
+        if self.state.evaluations[-1].version != self.state.version:
+            self.state.evaluations.append(self._evaluate(self.state.theta, self.state.version))
+        self.finished = True
+        self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
+        self._write_status(SyncerPhase.FINISHED, self.clock())
+        without = f" without {', '.join(f'{m} ({why})' for m, why in sorted(self.given_up.items()))}" if self.given_up else ""
+        log.info("finished at version %d%s", self.state.version, without)
+
+
+def _loader(blob: bytes | None, name: str):
+    def load() -> bytes:
+        if blob is None:
+            raise CorruptPayload(f"{name} vanished before it could be merged")
+        return blob
+
+    return load

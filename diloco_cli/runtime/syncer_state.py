@@ -1,26 +1,30 @@
 """What the syncer holds, and how it is made durable and restored.
 
 The global weights Theta, the outer momentum, the carried publication error and the
-window of recent updates, per fragment.  Each merge is committed to the home store
+window of recent updates, per fragment, plus the exactly-once ledger of consumed
+payloads.  Each merge is committed to the home store
 (:class:`~diloco_cli.store.home.SyncerHome`) before it is published; a restarted syncer
-rebuilds everything from the initial weights and the newest commit of each fragment, and
-its ledger (the merged and retired payload keys) from all commit markers.
+rebuilds everything from the initial weights, the newest ledger checkpoint, the commit
+records after it and the newest state of each fragment: a bounded number of objects
+however many versions the run has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from diloco_cli.codec import CodecSpec, RunSecret, decode_payload, encode_payload
-from diloco_cli.codec.exact import ExactPublisher
+from diloco_cli.codec.exact import ExactPublisher, fragment_digest
 from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.fragments import Fragment
+from diloco_cli.core.ledger import Ledger, PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.store.home import Commit, SyncerHome
+from diloco_cli.store.documents import Evaluation
+from diloco_cli.store.home import CHECKPOINT_EVERY, CommitRecord, LedgerCheckpoint, SyncerHome
 
 STATE_SPEC = CodecSpec(codec="fp32", zstd_level=0)
 INITIAL_SPEC = CodecSpec(codec="fp32", zstd_level=1)
@@ -37,14 +41,64 @@ class SyncerState:
     windows: dict[FragmentIndex, UpdateWindow]
     fragment_versions: dict[FragmentIndex, Version]
     version: Version = Version(0)
-    ledger: set[str] = field(default_factory=set)
-    """Payload keys (``<region>:<key>``) consumed: merged or superseded."""
-    commits: list[Commit] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    """Restored from the newest commit: EMAs, counters."""
+    ledger: Ledger = field(default_factory=Ledger)
+    index: list[tuple[Version, FragmentIndex]] = field(default_factory=list)
+    """Recent commits (version, fragment), oldest first (see LedgerCheckpoint.index)."""
+    evaluations: list[Evaluation] = field(default_factory=list)
+    merges: int = 0
+    snapshot_version: Version = Version(0)
+    quorum_seconds: float | None = None
+    sync_seconds: float | None = None
+    update_files: set[Version] = field(default_factory=set)
+    """Versions whose update file is in the home store (to delete each once)."""
 
     def fragment_theta(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
         return {name: self.theta[name] for name in self.fragments[fragment].parameter_names}
+
+    def digest(self, fragment: FragmentIndex) -> str:
+        return fragment_digest(self.theta, self.fragments[fragment].parameter_names)
+
+    def recent_commits(self, after: Version) -> tuple[tuple[Version, FragmentIndex], ...]:
+        return tuple((version, fragment) for version, fragment in self.index if version > after)
+
+    def _absorb(self, record: CommitRecord) -> None:
+        """Fold one commit record into the bookkeeping (not the tensors)."""
+        self.ledger.record(
+            (PayloadId(m.key, m.learner, record.fragment, m.sequence) for m in record.merged),
+            (PayloadId(r.key, r.learner, r.fragment, r.sequence) for r in record.retired),
+        )
+        self.index.append((record.version, record.fragment))
+        self.update_files.add(record.version)
+        self.fragment_versions[record.fragment] = record.version
+        self.version = record.version
+        if record.evaluation is not None:
+            self.evaluations.append(record.evaluation)
+        self.merges, self.snapshot_version = record.merges, record.snapshot_version
+        self.quorum_seconds, self.sync_seconds = record.quorum_seconds, record.sync_seconds
+
+    def _trim_index(self, keep_after: Version) -> None:
+        """Keep what restarts need: per fragment its last W+1 commits (the window, and the
+        one before it that sets the oldest anchorable base) and every commit after
+        ``keep_after`` (the updates the head lists)."""
+        kept = []
+        seen: dict[FragmentIndex, int] = {}
+        for version, fragment in reversed(self.index):
+            seen[fragment] = seen.get(fragment, 0) + 1
+            if version > keep_after or seen[fragment] <= self.windows[fragment].size + 1:
+                kept.append((version, fragment))
+        self.index = kept[::-1]
+
+    def checkpoint(self) -> LedgerCheckpoint:
+        return LedgerCheckpoint(
+            version=self.version,
+            ledger=self.ledger.to_json(),
+            index=tuple(self.index),
+            evaluations=tuple(self.evaluations),
+            merges=self.merges,
+            snapshot_version=self.snapshot_version,
+            quorum_seconds=self.quorum_seconds,
+            sync_seconds=self.sync_seconds,
+        )
 
 
 def _update_loader(home: SyncerHome, version: Version, secret: RunSecret):
@@ -69,26 +123,48 @@ def restore_state(
     optimizer: NesterovOuterOptimizer,
     publisher: ExactPublisher,
     window_versions: int,
+    evaluate: Callable[[Mapping[str, torch.Tensor], Version], Evaluation],
 ) -> SyncerState:
-    """Rebuild the syncer's state from its home store (initial weights + commits)."""
+    """Rebuild the syncer's state from its home store (initial weights with their
+    held-out loss, the newest ledger checkpoint, the commit records after it, each
+    fragment's newest state).  ``evaluate`` measures the initial weights, once."""
     initial = home.read_initial()
     if initial is None:
-        home.write_initial(encode_payload(initial_theta.items(), INITIAL_SPEC, secret, {"version": 0}))
         theta = {name: tensor.detach().to(torch.float32).clone() for name, tensor in initial_theta.items()}
+        evaluation = evaluate(theta, Version(0))
+        home.write_initial(encode_payload(theta.items(), INITIAL_SPEC, secret, {"version": 0, "evaluation": evaluation.model_dump()}))
     else:
-        theta = decode_payload(initial, secret).tensors
-    commits = home.commits()
-    windows = {f.index: UpdateWindow(window_versions) for f in fragments}
-    versions = {f.index: Version(0) for f in fragments}
+        decoded = decode_payload(initial, secret)
+        theta, evaluation = decoded.tensors, Evaluation.model_validate(decoded.meta["evaluation"])
+    state = SyncerState(
+        fragments=fragments,
+        theta=theta,
+        optimizer=optimizer,
+        publisher=publisher,
+        windows={f.index: UpdateWindow(window_versions) for f in fragments},
+        fragment_versions={f.index: Version(0) for f in fragments},
+        evaluations=[evaluation],
+    )
+    checkpoint = home.latest_checkpoint()
+    if checkpoint is not None:
+        state.ledger = Ledger.from_json(checkpoint.ledger)
+        state.index = list(checkpoint.index)
+        state.evaluations = list(checkpoint.evaluations)
+        state.version = checkpoint.version
+        state.merges, state.snapshot_version = checkpoint.merges, checkpoint.snapshot_version
+        state.quorum_seconds, state.sync_seconds = checkpoint.quorum_seconds, checkpoint.sync_seconds
+        for version, fragment in state.index:
+            state.fragment_versions[fragment] = version
+    for record in home.records_after(state.version):
+        state._absorb(record)
+    for version, fragment in state.index:
+        state.windows[fragment].record(version, _update_loader(home, version, secret))
+    state.update_files = {version for version, _ in state.index}
     momentum, carries = {}, {}
-    newest_by_fragment: dict[FragmentIndex, Commit] = {}
-    for commit in commits:
-        newest_by_fragment[commit.fragment] = commit
-        versions[commit.fragment] = commit.version
-        windows[commit.fragment].record(commit.version, _update_loader(home, commit.version, secret))
-    for fragment, commit in newest_by_fragment.items():
-        tensors = decode_payload(home.read_state(commit.version), secret).tensors
-        for key, tensor in tensors.items():
+    for fragment, version in state.fragment_versions.items():
+        if version == 0:
+            continue
+        for key, tensor in decode_payload(home.read_state(version), secret).tensors.items():
             kind, _, name = key.partition("/")
             if kind == "theta":
                 theta[name].copy_(tensor)
@@ -98,49 +174,26 @@ def restore_state(
                 carries[f"{fragment}/{name}"] = tensor
     optimizer.load_state_tensors(momentum)
     publisher.load_carry_tensors(carries)
-    ledger = {key for commit in commits for key in commit.merged + commit.retired}
-    return SyncerState(
-        fragments=fragments,
-        theta=theta,
-        optimizer=optimizer,
-        publisher=publisher,
-        windows=windows,
-        fragment_versions=versions,
-        version=max((c.version for c in commits), default=Version(0)),
-        ledger=ledger,
-        commits=commits,
-        meta=commits[-1].meta if commits else {},
-    )
+    return state
 
 
-def commit_merge(
-    home: SyncerHome,
-    state: SyncerState,
-    secret: RunSecret,
-    fragment: FragmentIndex,
-    version: Version,
-    update: bytes,
-    merged: list[str],
-    retired: list[str],
-    meta: dict[str, Any],
-    keep_updates_after: Version,
-) -> Commit:
-    """Make a merged version durable, then drop state files that no restart needs.
+def commit_merge(home: SyncerHome, state: SyncerState, secret: RunSecret, record: CommitRecord, update: bytes, keep_updates_after: Version) -> None:
+    """Make a merged version durable, then drop what no restart needs.
 
-    The merge round has already advanced ``state`` (Theta, momentum, carry, window).
-    Update files stay while the window needs them or while they are newer than
-    ``keep_updates_after`` (regions may still have to be given them after a restart)."""
-    home.commit(version, fragment, update, encode_fragment_state(state, fragment, secret), merged, retired, meta)
-    commit = Commit(version, fragment, tuple(merged), tuple(retired), {**meta, "version": version, "fragment": fragment})
-    previous = [c for c in state.commits if c.fragment == fragment]
-    state.commits.append(commit)
-    state.ledger.update(merged + retired)
-    state.version = version
-    state.fragment_versions[fragment] = version
+    The merge round has already advanced ``state``'s tensors (Theta, momentum, carry,
+    window).  Update files stay while the window needs them or while they are newer
+    than ``keep_updates_after`` (regions may still have to be given them after a
+    restart).  Every CHECKPOINT_EVERY versions the ledger is checkpointed and compacted."""
+    previous = state.fragment_versions[record.fragment]
+    home.commit(record, update, encode_fragment_state(state, record.fragment, secret))
+    state._absorb(record)
     if previous:
-        home.delete_state(previous[-1].version)
-    kept = set(state.windows[fragment].versions)
-    for old in previous:
-        if old.version not in kept and old.version <= keep_updates_after:
-            home.delete_update(old.version)
-    return commit
+        home.delete_state(previous)
+    needed = {v for window in state.windows.values() for v in window.versions} | {v for v, _ in state.index if v > keep_updates_after}
+    for version in sorted(state.update_files - needed):
+        home.delete_update(version)
+    state.update_files &= needed
+    state._trim_index(keep_updates_after)
+    if record.version % CHECKPOINT_EVERY == 0:
+        home.write_checkpoint(state.checkpoint())
+

@@ -23,8 +23,10 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 OPTIONAL_BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
 
 
-class StorageError(RuntimeError):
-    """A bucket cannot be used; the message names it and says what to do."""
+class StorageError(Exception):
+    """A bucket cannot be used, or a call to it still failed after every retry; the
+    message names the bucket (and object) and says what to do.  Deliberately not an
+    ``OSError``: it is the end of the retry policy, never retried again by it."""
 
 
 def protocol_of(url: str) -> str:

@@ -1,36 +1,35 @@
 """An object store rooted at one URL: whole-object reads and writes, fresh listings,
-marked objects, and a count of the bytes that crossed in each direction."""
+marked objects, sealed documents, every call under the retry policy and metered."""
 
 from __future__ import annotations
 
-import json
-import threading
-from dataclasses import dataclass
 from typing import Any
 
+from diloco_cli.codec import RunSecret
+from diloco_cli.store.documents import DocumentType, seal, unseal
 from diloco_cli.store.filesystem import StorageError, open_filesystem, write_whole
+from diloco_cli.store.retry import RetryPolicy, StorageMeter, call_with_retries
 
 MARKER_SUFFIX = ".ready"
 """A marked object ``X`` is trusted only once ``X.ready`` exists (written after ``X``)."""
 
-
-@dataclass
-class ByteCounter:
-    """Bytes written to (up) and read from (down) a store by this process."""
-
-    up: int = 0
-    down: int = 0
+PARTIAL_SUFFIX = ".partial"
+"""A local write in progress (renamed into place when whole)."""
 
 
 class ObjectStore:
-    """Objects under ``root`` (an fsspec URL); keys are ``/``-separated relative paths."""
+    """Objects under ``root`` (an fsspec URL); keys are ``/``-separated relative paths.
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+    Every call is retried under ``retry`` (:mod:`diloco_cli.store.retry`) and counted in
+    ``meter``.  Absent objects raise ``FileNotFoundError`` (or read as None where said);
+    a call that still fails after every try raises ``StorageError``."""
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
         self.root = root.rstrip("/")
         self._storage_options = dict(storage_options or {})
         self._filesystem, self._path = open_filesystem(self.root, self._storage_options)
-        self.bytes = ByteCounter()
-        self._lock = threading.Lock()
+        self.retry = retry or RetryPolicy()
+        self.meter = StorageMeter()
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.root!r})"
@@ -38,55 +37,60 @@ class ObjectStore:
     def _full(self, key: str) -> str:
         return f"{self._path}/{key}" if key else self._path
 
-    def _count(self, up: int = 0, down: int = 0) -> None:
-        with self._lock:
-            self.bytes.up += up
-            self.bytes.down += down
+    def _call(self, what: str, key: str, call):
+        return call_with_retries(call, self.retry, self.meter, f"{what} {self.root}/{key}")
 
     def put(self, key: str, data: bytes) -> None:
         """Write a whole object (replacing it: use only for mutable objects or new keys)."""
-        try:
-            write_whole(self._filesystem, self._full(key), data)
-        except OSError as error:
-            raise StorageError(f"cannot write {self.root}/{key}: {error}") from error
-        self._count(up=len(data))
+        self._call("writing", key, lambda: write_whole(self._filesystem, self._full(key), data))
+        self.meter.count(up=len(data))
 
     def get(self, key: str) -> bytes:
         """Read a whole object; FileNotFoundError when it does not exist."""
-        data = self._filesystem.cat_file(self._full(key))
-        self._count(down=len(data))
+        data = self._call("reading", key, lambda: self._filesystem.cat_file(self._full(key)))
+        self.meter.count(down=len(data))
         return data
 
-    def get_json(self, key: str) -> Any | None:
-        """A JSON object, or None when it does not exist (or is not valid JSON)."""
-        try:
-            return json.loads(self.get(key))
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return None
-
-    def put_json(self, key: str, value: Any) -> None:
-        self.put(key, json.dumps(value, separators=(",", ":"), sort_keys=True).encode())
-
     def exists(self, key: str) -> bool:
-        return self._filesystem.exists(self._full(key))
+        return self._call("checking", key, lambda: self._filesystem.exists(self._full(key)))
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, include_partial: bool = False) -> list[str]:
         """Keys of every object under ``prefix/``, freshly listed (recursive, sorted)."""
-        self._filesystem.invalidate_cache()
-        try:
-            found = self._filesystem.find(self._full(prefix))
-        except FileNotFoundError:
-            return []
+
+        def find() -> list[str]:
+            self._filesystem.invalidate_cache()
+            try:
+                return self._filesystem.find(self._full(prefix))
+            except FileNotFoundError:
+                return []
+
         start = len(self._path) + 1
-        return sorted(path[start:] for path in found if not path.endswith(".partial"))
+        keys = (path[start:] for path in self._call("listing", prefix, find))
+        return sorted(key for key in keys if include_partial or not key.endswith(PARTIAL_SUFFIX))
 
     def delete(self, key: str) -> None:
+        def remove() -> None:
+            try:
+                self._filesystem.rm_file(self._full(key))
+            except FileNotFoundError:
+                pass
+
+        self._call("deleting", key, remove)
+
+    # ------------------------------------------------------------------ documents
+
+    def get_document(self, key: str, model: type[DocumentType], secret: RunSecret | None) -> DocumentType | None:
+        """A sealed document (verified when ``secret`` is given), or None when absent.
+        A damaged or forged one raises (a subclass of ``PayloadError``): it is never
+        mistaken for an absent one."""
         try:
-            self._filesystem.rm_file(self._full(key))
+            data = self.get(key)
         except FileNotFoundError:
-            pass
+            return None
+        return unseal(data, key, model, secret)
+
+    def put_document(self, key: str, document, secret: RunSecret) -> None:
+        self.put(key, seal(document, key, secret))
 
     # ------------------------------------------------------------------ marked objects
 
@@ -108,7 +112,8 @@ class ObjectStore:
         self.delete(key)
 
     def probe(self) -> None:
-        """Write, read and delete a probe object; StorageError names the bucket if any fails."""
+        """Write, read and delete a probe object (once, no retries: preflight wants a
+        quick answer); StorageError names the bucket if any step fails."""
         key = "diloco-probe"
         try:
             write_whole(self._filesystem, self._full(key), b"probe")

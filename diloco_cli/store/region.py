@@ -4,18 +4,18 @@ Layout under the run's root (see docs/protocol.md)::
 
     manifest.json                                   the run: recipe, learners, regions
     payloads/<learner>/<fragment>-<sequence>.dlc    a learner's delta      (+ .ready)
-    control/<learner>.epoch                         how often the learner started (mutable)
-    heartbeats/<learner>.json                       a learner's heartbeat  (mutable)
+    control/<learner>.epoch                         how often the learner started (sealed)
+    heartbeats/<learner>.json                       a learner's heartbeat  (sealed)
     checkpoints/<learner>/<step>.dlc                a learner's checkpoint (+ .ready)
-    control/<learner>.json                          the syncer's notes to a learner (mutable)
+    control/<learner>.json                          the syncer's notes to a learner (sealed)
     global/updates/<version>-<fragment>.dlc         a published update     (+ .ready)
     global/snapshots/<version>.dlc                  full global weights    (+ .ready)
-    global/head.json                                newest version, recent updates (mutable)
-    global/syncer.json                              the syncer's status    (mutable)
+    global/head.json                                newest version, recent updates (sealed)
+    global/syncer.json                              the syncer's status    (sealed)
 
 Immutable objects (``.dlc``) are written first and their marker last, and read only when
-marked; markers are authenticated metadata frames.  Mutable objects are small JSON
-documents written whole.
+marked; markers are authenticated metadata frames.  Mutable objects are small typed
+documents (:mod:`diloco_cli.store.documents`) written whole and sealed with the run's key.
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ from typing import Any
 
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, encode_payload, read_header
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.store.documents import ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
 from diloco_cli.store.objects import ObjectStore
+from diloco_cli.store.retry import RetryPolicy
 
 MARKER_SPEC = CodecSpec(zstd_level=0)
 PAYLOAD_KEY = re.compile(r"^payloads/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
 UPDATE_KEY = re.compile(r"^global/updates/(?P<version>\d{10})-(?P<fragment>\d{3})\.dlc$")
 SNAPSHOT_KEY = re.compile(r"^global/snapshots/(?P<version>\d{10})\.dlc$")
-CHECKPOINT_KEY = re.compile(r"^checkpoints/[^/]+/(?P<step>\d{10})\.dlc$")
+CHECKPOINT_KEY = re.compile(r"^checkpoints/(?P<learner>[^/]+)/(?P<step>\d{10})\.dlc$")
+HEAD_KEY = "global/head.json"
+SYNCER_STATUS_KEY = "global/syncer.json"
 
 
 def payload_key(learner: LearnerId, fragment: FragmentIndex, sequence: int) -> str:
@@ -49,6 +53,18 @@ def snapshot_key(version: Version) -> str:
 
 def checkpoint_key(learner: LearnerId, step: int) -> str:
     return f"checkpoints/{learner}/{step:010d}.dlc"
+
+
+def heartbeat_key(learner: LearnerId) -> str:
+    return f"heartbeats/{learner}.json"
+
+
+def control_key(learner: LearnerId) -> str:
+    return f"control/{learner}.json"
+
+
+def epoch_key(learner: LearnerId) -> str:
+    return f"control/{learner}.epoch"
 
 
 @dataclass(frozen=True)
@@ -68,9 +84,9 @@ class PayloadRecord:
 class RegionBucket:
     """The run's objects in one region's bucket."""
 
-    def __init__(self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None) -> None:
+    def __init__(self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None, retry: RetryPolicy | None = None) -> None:
         self.name = name
-        self.store = ObjectStore(root, storage_options)
+        self.store = ObjectStore(root, storage_options, retry)
         self._secret = secret
 
     def __repr__(self) -> str:
@@ -85,16 +101,14 @@ class RegionBucket:
     def _marker(self, meta: dict[str, Any]) -> bytes:
         return encode_payload([], MARKER_SPEC, self.secret, meta)
 
-    def _marker_meta(self, key: str) -> dict[str, Any]:
+    def marker_meta(self, key: str) -> dict[str, Any]:
+        """The verified metadata of ``key``'s marker (PayloadError when not authentic)."""
         return read_header(self.store.get_marker(key), self.secret).meta
 
     # ---------------------------------------------------------------- run manifest
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        self.store.put_json("manifest.json", manifest)
-
-    def read_manifest(self) -> dict[str, Any] | None:
-        return self.store.get_json("manifest.json")
+    def write_manifest(self, manifest_json: str) -> None:
+        self.store.put("manifest.json", manifest_json.encode())
 
     # -------------------------------------------------------------- learner payloads
 
@@ -115,7 +129,7 @@ class RegionBucket:
         match = PAYLOAD_KEY.match(key)
         if not match:
             raise PayloadError(f"{key} is not a payload key")
-        meta = self._marker_meta(key)
+        meta = self.marker_meta(key)
         named = (LearnerId(match["learner"]), int(match["fragment"]), int(match["sequence"]))
         if (meta.get("learner"), meta.get("fragment"), meta.get("sequence")) != named:
             raise PayloadError(f"the marker of {key} describes another payload")
@@ -138,32 +152,32 @@ class RegionBucket:
 
     # ------------------------------------------------------- heartbeats and control
 
-    def write_heartbeat(self, learner: LearnerId, heartbeat: dict[str, Any]) -> None:
-        self.store.put_json(f"heartbeats/{learner}.json", heartbeat)
+    def write_heartbeat(self, heartbeat: Heartbeat) -> None:
+        self.store.put_document(heartbeat_key(heartbeat.learner), heartbeat, self.secret)
 
-    def read_heartbeats(self) -> dict[LearnerId, dict[str, Any]]:
-        beats = {}
-        for key in self.store.list("heartbeats"):
-            if key.endswith(".json"):
-                beat = self.store.get_json(key)
-                if isinstance(beat, dict):
-                    beats[LearnerId(key[len("heartbeats/") : -len(".json")])] = beat
-        return beats
+    def read_heartbeat(self, learner: LearnerId) -> Heartbeat | None:
+        """A learner's last heartbeat (None before its first; PayloadError when refused)."""
+        beat = self.store.get_document(heartbeat_key(learner), Heartbeat, self._secret)
+        if beat is not None and beat.learner != learner:
+            raise PayloadError(f"{heartbeat_key(learner)} holds {beat.learner}'s heartbeat")
+        return beat
 
-    def write_control(self, learner: LearnerId, control: dict[str, Any]) -> None:
-        self.store.put_json(f"control/{learner}.json", control)
+    def write_control(self, learner: LearnerId, control: ControlNote) -> None:
+        self.store.put_document(control_key(learner), control, self.secret)
 
-    def read_control(self, learner: LearnerId) -> dict[str, Any]:
-        return self.store.get_json(f"control/{learner}.json") or {}
+    def read_control(self, learner: LearnerId) -> ControlNote:
+        """The syncer's note to ``learner`` (an empty note when there is none)."""
+        return self.store.get_document(control_key(learner), ControlNote, self.secret) or ControlNote()
 
-    def next_epoch(self, learner: LearnerId) -> int:
-        """Count this start of a learner (one process per learner reads and writes it), so
-        that send sequence numbers never repeat across restarts."""
-        key = f"control/{learner}.epoch"
-        record = self.store.get_json(key) or {"epoch": 0}
-        epoch = int(record["epoch"]) + 1
-        self.store.put_json(key, {"epoch": epoch})
-        return epoch
+    def read_epoch(self, learner: LearnerId) -> int:
+        """How often ``learner`` has started (0 before its first start)."""
+        record = self.store.get_document(epoch_key(learner), EpochRecord, self.secret)
+        return record.epoch if record else 0
+
+    def write_epoch(self, learner: LearnerId, epoch: int) -> None:
+        """One process per learner reads and writes it, so that its send sequence
+        numbers never repeat across restarts."""
+        self.store.put_document(epoch_key(learner), EpochRecord(epoch=epoch), self.secret)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -175,18 +189,26 @@ class RegionBucket:
             self.store.delete_marked(old)
 
     def checkpoint_keys(self, learner: LearnerId) -> list[str]:
+        """Marked checkpoints of ``learner``, oldest first."""
         return [key for key in self.store.list_marked(f"checkpoints/{learner}") if CHECKPOINT_KEY.match(key)]
 
-    def latest_checkpoint(self, learner: LearnerId) -> bytes | None:
-        keys = self.checkpoint_keys(learner)
-        return self.store.get(keys[-1]) if keys else None
+    def read_checkpoint(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def drop_checkpoint(self, key: str) -> None:
+        """Remove a refused checkpoint (marker first), so no later start picks it again."""
+        self.store.delete_marked(key)
 
     # ------------------------------------------------------------- global weights
 
-    def publish_update(self, version: Version, fragment: FragmentIndex, payload: bytes) -> None:
+    def publish_update(self, version: Version, fragment: FragmentIndex, payload: bytes, replace: bool = False) -> bool:
+        """Publish an update (payload, then marker).  Skipped when already published,
+        unless ``replace`` (a damaged copy is being repaired); returns whether it wrote."""
         key = update_key(version, fragment)
-        if not self.store.exists(key + ".ready"):  # idempotent when a restarted syncer republishes
-            self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}))
+        if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
+            return False
+        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}))
+        return True
 
     def read_update(self, version: Version, fragment: FragmentIndex) -> bytes:
         return self.store.get(update_key(version, fragment))
@@ -201,10 +223,12 @@ class RegionBucket:
     def delete_update(self, version: Version, fragment: FragmentIndex) -> None:
         self.store.delete_marked(update_key(version, fragment))
 
-    def write_snapshot(self, version: Version, payload: bytes) -> None:
+    def write_snapshot(self, version: Version, payload: bytes, replace: bool = False) -> bool:
         key = snapshot_key(version)
-        if not self.store.exists(key + ".ready"):
-            self.store.put_marked(key, payload, self._marker({"version": version}))
+        if not replace and self.store.exists(key + ".ready"):
+            return False
+        self.store.put_marked(key, payload, self._marker({"version": version}))
+        return True
 
     def read_snapshot(self, version: Version) -> bytes:
         return self.store.get(snapshot_key(version))
@@ -215,15 +239,16 @@ class RegionBucket:
     def delete_snapshot(self, version: Version) -> None:
         self.store.delete_marked(snapshot_key(version))
 
-    def write_head(self, head: dict[str, Any]) -> None:
+    def write_head(self, head: Head) -> None:
         """The pointer to the newest version; written after the objects it names."""
-        self.store.put_json("global/head.json", head)
+        self.store.put_document(HEAD_KEY, head, self.secret)
 
-    def read_head(self) -> dict[str, Any] | None:
-        return self.store.get_json("global/head.json")
+    def read_head(self) -> Head | None:
+        """The head (verified when this bucket holds the secret); PayloadError when refused."""
+        return self.store.get_document(HEAD_KEY, Head, self._secret)
 
-    def write_syncer_status(self, status: dict[str, Any]) -> None:
-        self.store.put_json("global/syncer.json", status)
+    def write_syncer_status(self, status: SyncerStatus) -> None:
+        self.store.put_document(SYNCER_STATUS_KEY, status, self.secret)
 
-    def read_syncer_status(self) -> dict[str, Any] | None:
-        return self.store.get_json("global/syncer.json")
+    def read_syncer_status(self) -> SyncerStatus | None:
+        return self.store.get_document(SYNCER_STATUS_KEY, SyncerStatus, self._secret)

@@ -1,7 +1,9 @@
-"""The state of a run, read from its buckets alone (any machine that can read them).
+"""The state of a run, read from its buckets (any machine that can read them), plus what
+its supervisors say when the caller knows them.
 
 Heartbeats give the learners, ``global/syncer.json`` and ``global/head.json`` the syncer
-and the global model; nothing here needs the run's secret.
+and the global model.  With the run's secret every document is verified (one that is
+not counts as refused); without it (``status --manifest``) they are only displayed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.documents import Head, Heartbeat, Refusals, SyncerStatus
+from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, heartbeat_key
+from diloco_cli.store.retry import StorageCounters
 
 SYNCER_SILENT_SECONDS = 30.0
 """A syncer status older than this is reported as not reporting."""
@@ -34,10 +40,14 @@ class LearnerRow:
     restarts: int
     bytes_up: int
     bytes_down: int
+    unsent: int
+    """Payloads waiting in the learner's outbox."""
+    retries: int
+    refusals: int
 
 
 @dataclass
-class RegionBytes:
+class RegionHealth:
     region: str
     learners_up: int = 0
     learners_down: int = 0
@@ -45,11 +55,20 @@ class RegionBytes:
     """Bytes the syncer wrote to this region's bucket (updates, snapshots, heads)."""
     syncer_down: int = 0
     """Bytes the syncer read from it (payloads, markers, heartbeats)."""
+    retries: int = 0
+    """Storage calls to this bucket retried, by its learners and the syncer."""
+    failures: int = 0
+    """Storage calls to it that failed after every retry."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Objects of this bucket refused as damaged or forged, by kind."""
+    latest_refusal: dict[str, Any] | None = None
+    """The newest refusal: kind, key, reason, time."""
 
 
 @dataclass
 class SyncerSummary:
     state: str
+    last_report_seconds: float | None
     last_merge_seconds_ago: float | None
     last_merge: dict[str, Any] | None
     merges: int
@@ -59,6 +78,9 @@ class SyncerSummary:
     grace_seconds: float | None
     live_learners: list[str]
     reasons: dict[str, str]
+    repairs: int = 0
+    leftovers_removed: int = 0
+    given_up: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,90 +93,174 @@ class RunStatus:
     elapsed_seconds: float
     learners: list[LearnerRow]
     syncer: SyncerSummary
-    regions: list[RegionBytes] = field(default_factory=list)
+    regions: list[RegionHealth] = field(default_factory=list)
     evaluations: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """What is wrong, in sentences that say what to run."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def collect_status(spec: RunSpec, now: float | None = None) -> RunStatus:
+@dataclass
+class _Read:
+    heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
+    syncer: SyncerStatus | None = None
+    head: Head | None = None
+    refused: dict[str, Refusals] = field(default_factory=dict)
+
+
+def _read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> _Read:
+    read = _Read()
+    for bucket in spec.buckets(secret):
+        refused = read.refused.setdefault(bucket.name, Refusals())
+        for learner in (s.id for s in spec.learners if s.region == bucket.name):
+            try:
+                if (beat := bucket.read_heartbeat(learner)) is not None:
+                    read.heartbeats[learner] = beat
+            except PayloadError as error:
+                refused.record("heartbeat", heartbeat_key(learner), str(error), now)
+        try:
+            candidate = bucket.read_syncer_status()
+            if candidate and (read.syncer is None or candidate.time > read.syncer.time):
+                read.syncer = candidate
+        except PayloadError as error:
+            refused.record("status", SYNCER_STATUS_KEY, str(error), now)
+        try:
+            head = bucket.read_head()
+            if head and (read.head is None or head.version > read.head.version):
+                read.head = head
+        except PayloadError as error:
+            refused.record("head", HEAD_KEY, str(error), now)
+    return read
+
+
+def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: list[dict] | None = None, now: float | None = None) -> RunStatus:
+    """The run as its buckets show it; ``processes`` (from the run's supervisors, when
+    the caller can ask them) adds what is down and what to run about it."""
     now = time.time() if now is None else now
-    buckets = spec.buckets(None)
-    heartbeats: dict[str, dict] = {}
-    syncer: dict[str, Any] | None = None
-    head: dict[str, Any] | None = None
-    for bucket in buckets:
-        heartbeats.update(bucket.read_heartbeats())
-        candidate = bucket.read_syncer_status()
-        if candidate and (syncer is None or candidate.get("time", 0) > syncer.get("time", 0)):
-            syncer = candidate
-        head_candidate = bucket.read_head()
-        if head_candidate and (head is None or head_candidate["version"] > head["version"]):
-            head = head_candidate
-    version = int(head["version"]) if head else 0
-    rows = []
+    read = _read_buckets(spec, secret, now)
+    syncer, head = read.syncer, read.head
+    version = head.version if head else 0
+    rows = [_learner_row(spec, learner.id, read.heartbeats.get(learner.id), version, now) for learner in spec.learners]
+    regions = {region.name: RegionHealth(region.name) for region in spec.regions}
+    region_refusals = {name: Refusals() for name in regions}
     for learner in spec.learners:
-        beat = heartbeats.get(learner.id, {})
-        bases = [int(v) for v in beat.get("base_versions", {}).values() if int(v) >= 0]
-        step_seconds = beat.get("step_seconds")
-        rows.append(
-            LearnerRow(
-                learner=learner.id,
-                region=learner.region,
-                host=learner.host,
-                state=beat.get("state", "not started"),
-                step=int(beat.get("step", 0)),
-                total_steps=int(beat.get("total_steps", spec.recipe.training.inner_steps)),
-                tokens=int(beat.get("tokens", 0)),
-                loss=beat.get("loss"),
-                steps_per_second=1.0 / step_seconds if step_seconds else None,
-                base_version=min(bases) if bases else None,
-                staleness=version - min(bases) if bases else None,
-                last_seen_seconds=now - beat["time"] if "time" in beat else None,
-                restarts=int(beat.get("restarts", 0)),
-                bytes_up=int(beat.get("bytes_up", 0)),
-                bytes_down=int(beat.get("bytes_down", 0)),
-            )
-        )
-    regions = {region.name: RegionBytes(region.name) for region in spec.regions}
-    for row in rows:
-        regions[row.region].learners_up += row.bytes_up
-        regions[row.region].learners_down += row.bytes_down
-    for name, counts in (syncer or {}).get("bytes", {}).items():
-        if name in regions:
-            regions[name].syncer_up = int(counts.get("up", 0))
-            regions[name].syncer_down = int(counts.get("down", 0))
-    evaluations = (syncer or {}).get("evaluations", [])
-    last_merge = (syncer or {}).get("last_merge")
+        beat = read.heartbeats.get(learner.id)
+        if beat is not None:
+            _add_storage(regions[learner.region], beat.storage, learner=True)
+            region_refusals[learner.region] = region_refusals[learner.region].plus(beat.refusals)
+    for name in regions:
+        if syncer is not None and name in syncer.storage:
+            _add_storage(regions[name], syncer.storage[name], learner=False)
+        for refusals in (syncer.refusals.get(name) if syncer else None, read.refused.get(name)):
+            if refusals is not None:
+                region_refusals[name] = region_refusals[name].plus(refusals)
+        regions[name].refusals = dict(region_refusals[name].counts)
+        latest = region_refusals[name].latest
+        regions[name].latest_refusal = latest.model_dump() if latest else None
+    evaluations = [e.model_dump() for e in syncer.evaluations] if syncer else []
+    silent = syncer is not None and syncer.state.value not in ("finished", "stopped") and now - syncer.time > SYNCER_SILENT_SECONDS
     if syncer is None:
         state = "starting"
-    elif syncer["state"] in ("finished", "stopped"):
-        state = syncer["state"]
-    elif now - syncer.get("time", 0) > SYNCER_SILENT_SECONDS:
+    elif silent:
         state = "syncer not reporting"
     else:
-        state = "running"
-    return RunStatus(
+        state = syncer.state.value
+    status = RunStatus(
         run=spec.run,
         state=state,
         version=version,
         tokens=sum(row.tokens for row in rows),
         heldout_loss=evaluations[-1]["loss"] if evaluations else None,
-        elapsed_seconds=(syncer or {}).get("time", now) - spec.created if state in ("finished", "stopped") else now - spec.created,
+        elapsed_seconds=(syncer.time if syncer else now) - spec.created if state in ("finished", "stopped") else now - spec.created,
         learners=rows,
-        syncer=SyncerSummary(
-            state=(syncer or {}).get("state", "starting"),
-            last_merge_seconds_ago=now - last_merge["time"] if last_merge else None,
-            last_merge=last_merge,
-            merges=int((syncer or {}).get("merges", 0)),
-            merges_per_minute=int((syncer or {}).get("merges_per_minute", 0)),
-            quorum=(syncer or {}).get("quorum"),
-            effective_quorum=(syncer or {}).get("effective_quorum"),
-            grace_seconds=(syncer or {}).get("grace_seconds"),
-            live_learners=(syncer or {}).get("live_learners", []),
-            reasons=(syncer or {}).get("reasons", {}),
-        ),
+        syncer=_syncer_summary(syncer, silent, now),
         regions=list(regions.values()),
         evaluations=evaluations,
     )
+    status.problems = problems(status, processes)
+    return status
+
+
+def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool) -> None:
+    if learner:
+        region.learners_up += counters.bytes_up
+        region.learners_down += counters.bytes_down
+    else:
+        region.syncer_up += counters.bytes_up
+        region.syncer_down += counters.bytes_down
+    region.retries += counters.retries
+    region.failures += counters.failures
+
+
+def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: int, now: float) -> LearnerRow:
+    placed = spec.learner(learner)
+    bases = [int(v) for v in beat.base_versions.values() if int(v) >= 0] if beat else []
+    return LearnerRow(
+        learner=learner,
+        region=placed.region,
+        host=placed.host,
+        state=beat.state.value if beat else "not started",
+        step=beat.step if beat else 0,
+        total_steps=beat.total_steps if beat else spec.recipe.training.inner_steps,
+        tokens=beat.tokens if beat else 0,
+        loss=beat.loss if beat else None,
+        steps_per_second=1.0 / beat.step_seconds if beat and beat.step_seconds else None,
+        base_version=min(bases) if bases else None,
+        staleness=version - min(bases) if bases else None,
+        last_seen_seconds=now - beat.time if beat else None,
+        restarts=beat.restarts if beat else 0,
+        bytes_up=beat.storage.bytes_up if beat else 0,
+        bytes_down=beat.storage.bytes_down if beat else 0,
+        unsent=beat.unsent if beat else 0,
+        retries=beat.storage.retries if beat else 0,
+        refusals=beat.refusals.total if beat else 0,
+    )
+
+
+def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float) -> SyncerSummary:
+    if syncer is None:
+        return SyncerSummary("starting", None, None, None, 0, 0, None, None, None, [], {})
+    merge = syncer.last_merge
+    return SyncerSummary(
+        state="not reporting" if silent else syncer.state.value,
+        last_report_seconds=now - syncer.time,
+        last_merge_seconds_ago=now - merge.time if merge else None,
+        last_merge=merge.model_dump() if merge else None,
+        merges=syncer.merges,
+        merges_per_minute=syncer.merges_per_minute,
+        quorum=syncer.quorum,
+        effective_quorum=syncer.effective_quorum,
+        grace_seconds=syncer.grace_seconds,
+        live_learners=list(syncer.live_learners),
+        reasons={str(p): reason for p, reason in syncer.reasons.items()},
+        repairs=syncer.repairs,
+        leftovers_removed=syncer.leftovers_removed,
+        given_up=dict(syncer.given_up),
+    )
+
+
+def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
+    """What is down or was left behind, each with what to run."""
+    run = status.run
+    found = []
+    down = set()
+    for process in processes or []:
+        name, supervisor = process["process"], process["supervisor"]
+        if supervisor == "failed":
+            down.add(name)
+            found.append(
+                f"{name} is down: its supervisor gave up after repeated crashes (see `diloco logs {run} {name}`); "
+                f"once the cause is fixed, `diloco resume {run}` restarts it"
+            )
+        elif not process["supervisor_alive"] and supervisor not in ("finished", "stopped"):
+            down.add(name)
+            found.append(f"{name} is down (its supervisor is gone); `diloco resume {run}` restarts it")
+    if status.state == "syncer not reporting" and "syncer" not in down:
+        ago = status.syncer.last_report_seconds or 0
+        hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
+        found.append(f"the syncer has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}")
+    for learner, why in sorted(status.syncer.given_up.items()):
+        found.append(f"the run went on without {learner} ({why}); `diloco resume {run}` brings it back")
+    return found

@@ -7,7 +7,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
@@ -15,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from diloco_cli.codec import RunSecret
 from diloco_cli.runtime.run_spec import RunSpec
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration
 from diloco_cli.views.run_state import RunStatus, collect_status
@@ -74,17 +74,32 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     quorum = "-" if syncer.quorum is None else f"K={syncer.quorum}" + (
         f" (now {syncer.effective_quorum})" if syncer.effective_quorum not in (None, syncer.quorum) else ""
     )
+    state = syncer.state if syncer.state != "not reporting" else f"not reporting (last report {ago(syncer.last_report_seconds)})"
     lines = [
-        f"syncer: {syncer.state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
+        f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
     ]
+    if syncer.repairs or syncer.leftovers_removed:
+        lines.append(f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers")
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
-    regions = Table(box=table_box, title="bytes per region", title_justify="left", show_edge=False)
-    for column in ("region", "learners up", "learners down", "syncer up", "syncer down"):
+    regions = Table(box=table_box, title="storage per region (retried: calls tried again; refused: objects damaged or forged)", title_justify="left", show_edge=False)
+    for column in ("region", "learners up", "learners down", "syncer up", "syncer down", "retried", "refused"):
         regions.add_column(column, justify="left" if column == "region" else "right")
+    refusal_lines = []
     for region in status.regions:
-        regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.syncer_up), human_bytes(region.syncer_down))
-    parts = [run, learners, Text("\n".join(lines)), regions]
+        refused = sum(region.refusals.values())
+        failed = f" ({region.failures} failed)" if region.failures else ""
+        regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.syncer_up), human_bytes(region.syncer_down), f"{region.retries}{failed}", str(refused))
+        if region.latest_refusal is not None:
+            note = region.latest_refusal
+            kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(region.refusals.items()))
+            refusal_lines.append(f"refused in {region.region}: {kinds}; latest {note['kind']} {note['key']} {ago(time.time() - note['time'])}: {note['reason']}")
+    parts = [run]
+    if status.problems:
+        parts.append(Text("\n".join(f"! {problem}" for problem in status.problems), style="bold red"))
+    parts += [learners, Text("\n".join(lines)), regions]
+    if refusal_lines:
+        parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:
         hosts = Table(box=table_box, title="processes (probed)", title_justify="left", show_edge=False)
         for column in ("process", "host", "ssh", "supervisor", "restarts"):
@@ -108,37 +123,34 @@ def render_json(status: RunStatus, probe: list[dict] | None = None) -> str:
     return json.dumps(document, indent=2)
 
 
-def show_status(spec: RunSpec, output: str, watch: bool, interval: float = 2.0, probe: Callable[[], list[dict]] | None = None) -> None:
-    """Print once, or keep the view up until the run ends (Ctrl-C detaches)."""
+def show_status(spec: RunSpec, output: str, watch: bool, interval: float = 2.0, secret: RunSecret | None = None, processes: Callable[[], list[dict]] | None = None, probed: bool = False) -> None:
+    """Print once, or keep the view up until the run ends (Ctrl-C detaches).
+    ``processes`` asks the run's supervisors (at every refresh); with ``probed`` their
+    rows are shown too."""
 
     def gather() -> tuple[RunStatus, list[dict] | None]:
-        return collect_status(spec), probe() if probe else None
+        rows = processes() if processes else None
+        return collect_status(spec, secret, rows), rows if probed else None
 
     if output == "json" or not sys.stdout.isatty():
         render = render_json if output == "json" else render_plain
         while True:
-            status, probed = gather()
-            print(render(status, probe=probed), flush=True)
+            status, rows = gather()
+            print(render(status, probe=rows), flush=True)
             if not watch or status.state in FINAL_STATES:
                 return
             time.sleep(interval)
     console = Console()
     if not watch:
-        status, probed = gather()
-        console.print(build_view(status, probe=probed))
+        status, rows = gather()
+        console.print(build_view(status, probe=rows))
         return
     try:
-        status, probed = gather()
-        with Live(build_view(status, probe=probed), console=console, refresh_per_second=4, screen=False) as live:
+        status, rows = gather()
+        with Live(build_view(status, probe=rows), console=console, refresh_per_second=4, screen=False) as live:
             while status.state not in FINAL_STATES:
                 time.sleep(interval)
-                status, probed = gather()
-                live.update(build_view(status, probe=probed))
+                status, rows = gather()
+                live.update(build_view(status, probe=rows))
     except KeyboardInterrupt:
         console.print(f"detached; the run goes on (diloco down {spec.run} stops it)")
-
-
-def watch_status(runs_dir: Path, run: str) -> None:
-    from diloco_cli.launch.runs import load_run
-
-    show_status(load_run(runs_dir, run).spec, "text", watch=True)

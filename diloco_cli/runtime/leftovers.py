@@ -1,0 +1,68 @@
+"""Removing what killed writes and strangers leave in a run's buckets.
+
+A process killed while writing leaves a ``.partial`` file (``file://``), a payload or
+checkpoint without its marker, or a marker whose object was already removed; a person or
+a program may drop stray keys among the run's objects.  None of these is ever read (only
+marked objects are), but they cost storage forever.  The syncer lists each bucket now
+and then, remembers when it first saw each leftover, and removes it once it has been
+there longer than any write in flight could take (``sync.leftover_seconds``).  Ages come
+from the syncer's own clock, so clock skew between machines and backends that report
+modification times differently do not matter.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from diloco_cli.store.objects import MARKER_SUFFIX, PARTIAL_SUFFIX, ObjectStore
+from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, UPDATE_KEY
+
+log = logging.getLogger("diloco.syncer")
+
+MARKED = (PAYLOAD_KEY, CHECKPOINT_KEY, UPDATE_KEY, SNAPSHOT_KEY)
+DOCUMENTS = (re.compile(r"^heartbeats/[^/]+\.json$"), re.compile(r"^control/[^/]+\.(json|epoch)$"), re.compile(r"^global/(head|syncer)\.json$"))
+OWNED_PREFIXES = ("payloads/", "checkpoints/", "global/", "heartbeats/", "control/")
+"""Where only diloco writes: anything else under these prefixes is a leftover."""
+
+
+def leftovers(keys: list[str]) -> list[str]:
+    """The keys of a run's root listing that no reader will ever use."""
+    present = set(keys)
+    found = []
+    for key in keys:
+        if key.endswith(PARTIAL_SUFFIX):
+            found.append(key)
+        elif key.endswith(MARKER_SUFFIX):
+            target = key[: -len(MARKER_SUFFIX)]
+            if target not in present or not any(pattern.match(target) for pattern in MARKED):
+                found.append(key)
+        elif any(pattern.match(key) for pattern in MARKED):
+            if key + MARKER_SUFFIX not in present:
+                found.append(key)
+        elif key.startswith(OWNED_PREFIXES) and not any(pattern.match(key) for pattern in DOCUMENTS):
+            found.append(key)
+    return found
+
+
+class LeftoverSweeper:
+    """Removes leftovers from a store once they have been seen for ``after_seconds``."""
+
+    def __init__(self, store: ObjectStore, after_seconds: float, only_partial: bool = False) -> None:
+        self.store = store
+        self.after_seconds = after_seconds
+        self.only_partial = only_partial
+        """For the syncer's home store, which has its own layout: only killed local writes."""
+        self.first_seen: dict[str, float] = {}
+        self.removed = 0
+
+    def sweep(self, now: float) -> None:
+        keys = self.store.list("", include_partial=True)
+        found = [k for k in keys if k.endswith(PARTIAL_SUFFIX)] if self.only_partial else leftovers(keys)
+        self.first_seen = {key: self.first_seen.get(key, now) for key in found}
+        for key, since in list(self.first_seen.items()):
+            if now - since >= self.after_seconds:
+                self.store.delete(key)
+                del self.first_seen[key]
+                self.removed += 1
+                log.info("removed leftover %s/%s (there for %.0f s)", self.store.root, key, now - since)

@@ -1,0 +1,131 @@
+"""Publishing the global weights to every region, and keeping what was published whole.
+
+One upload per region and merge (the WAN cost), a full snapshot every S versions, then
+the head.  A region whose bucket cannot be written is *behind*: the merge is already
+committed, so nothing is lost, and the region is caught up (missing updates, the
+snapshot, the head) on a later turn of the syncer's loop.  When a learner reports a
+published object it refused (a damaged update or snapshot, a head that does not
+verify), the syncer checks the object and rewrites it from its own commits; published
+objects are never trusted just because their marker exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from diloco_cli.codec import PayloadError, RunSecret, read_header
+from diloco_cli.core.types import FragmentIndex, Version
+from diloco_cli.store.documents import Head, RefusalNote
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.home import SyncerHome
+from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, UPDATE_KEY, RegionBucket
+
+log = logging.getLogger("diloco.syncer")
+
+
+class Publication:
+    """The syncer's side of the global objects in every region's bucket."""
+
+    def __init__(self, buckets: dict[str, RegionBucket], home: SyncerHome, secret: RunSecret) -> None:
+        self.buckets = buckets
+        self.home = home
+        self.secret = secret
+        self.behind: set[str] = set()
+        """Regions that missed a publication and must be caught up."""
+        self.repairs = 0
+        self._handled: set[tuple[str, str, float]] = set()
+
+    def publish(self, version: Version, fragment: FragmentIndex, payload: bytes, snapshot: bytes | None, head: Head) -> None:
+        """The update (and snapshot) to every region that is not behind, then its head."""
+        for name, bucket in self.buckets.items():
+            if name in self.behind:
+                continue
+            try:
+                bucket.publish_update(version, fragment, payload)
+                if snapshot is not None:
+                    bucket.write_snapshot(head.snapshot_version, snapshot)
+                bucket.write_head(head)
+                if snapshot is not None:
+                    collect_garbage(bucket, head)
+            except StorageError as error:
+                log.warning("region %s missed version %d (%s); it will be caught up", name, version, error)
+                self.behind.add(name)
+
+    def catch_up(self, names: set[str], head: Head, snapshot: Callable[[], bytes]) -> None:
+        """Give each region in ``names`` the head's snapshot and every update it lists,
+        then the head (writing an immutable object that is already there is skipped)."""
+        for name in sorted(names):
+            bucket = self.buckets[name]
+            try:
+                if head.snapshot_version not in bucket.snapshot_versions():
+                    bucket.write_snapshot(head.snapshot_version, snapshot())
+                for version, fragment in head.recent:
+                    bucket.publish_update(version, fragment, self.home.read_update(version))
+                bucket.write_head(head)
+                collect_garbage(bucket, head)
+                self.behind.discard(name)
+                log.info("region %s is caught up at version %d", name, head.version)
+            except StorageError as error:
+                self.behind.add(name)
+                log.warning("region %s is still behind (%s)", name, error)
+
+    def repair(self, region: str, note: RefusalNote, learner: str, head: Head, fresh_snapshot: Callable[[], None]) -> None:
+        """Check a published object a learner of ``region`` refused; rewrite it if it is
+        damaged or missing.  A damaged snapshot cannot be rebuilt at its own version,
+        so ``fresh_snapshot`` publishes one of the present to every region instead."""
+        if (learner, note.key, note.time) in self._handled or region in self.behind:
+            return
+        self._handled.add((learner, note.key, note.time))
+        bucket = self.buckets[region]
+        try:
+            if note.key == HEAD_KEY:
+                if _refused(lambda: bucket.read_head()):
+                    bucket.write_head(head)
+                    self._repaired(region, note.key)
+            elif match := UPDATE_KEY.match(note.key):
+                version, fragment = Version(int(match["version"])), FragmentIndex(int(match["fragment"]))
+                if (version, fragment) not in head.recent:
+                    return  # no longer published: nothing reads it
+                good = self.home.read_update(version)
+                if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
+                    bucket.publish_update(version, fragment, good, replace=True)
+                    self._repaired(region, note.key)
+            elif match := SNAPSHOT_KEY.match(note.key):
+                version = Version(int(match["version"]))
+                data = _read_or_none(lambda: bucket.read_snapshot(version))
+                if version == head.snapshot_version and (data is None or _refused(lambda: read_header(data, self.secret))):
+                    fresh_snapshot()
+                    self._repaired(region, note.key)
+        except (StorageError, FileNotFoundError) as error:
+            log.warning("could not check %s in region %s: %s", note.key, region, error)
+
+    def _repaired(self, region: str, key: str) -> None:
+        self.repairs += 1
+        log.warning("rewrote %s in region %s: a learner refused it and it was damaged or missing", key, region)
+
+
+def collect_garbage(bucket: RegionBucket, head: Head) -> None:
+    """Drop updates and snapshots no reader can need any more: those at or before the
+    head's ``recent_from`` (the previous snapshot stays, as a fallback)."""
+    for version, fragment in bucket.update_versions():
+        if version <= head.recent_from:
+            bucket.delete_update(version, fragment)
+    for version in bucket.snapshot_versions():
+        if version < head.recent_from:
+            bucket.delete_snapshot(version)
+
+
+def _read_or_none(read: Callable[[], bytes]) -> bytes | None:
+    try:
+        return read()
+    except FileNotFoundError:
+        return None
+
+
+def _refused(read: Callable[[], object]) -> bool:
+    try:
+        read()
+    except PayloadError:
+        return True
+    return False

@@ -1,0 +1,271 @@
+"""The small mutable documents of a run's buckets, typed and sealed with the run's key.
+
+Heartbeats, the head, the syncer's status, control notes and learner epochs cross
+process (and region) boundaries as JSON.  Each is a pydantic model here, and each is
+stored *sealed*::
+
+    {"document": {...}, "tag": "<BLAKE2b of the object's key and the document, keyed
+                                with the run's secret>"}
+
+so that a reader holding the secret refuses a document that was damaged, forged, or
+copied to another key (another learner's control note, say).  A replayed old document
+is authentic; what reads the head refuses one older than a head it has already seen.
+A reader without the secret (``diloco status --manifest``) reads documents unverified:
+it only displays them.  The head's tag is what makes it safe for learners to act on it;
+the heartbeats' tags let the syncer trust a learner's "finished".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from enum import Enum
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from diloco_cli.codec import CorruptPayload, RunSecret
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.store.retry import StorageCounters
+
+RECENT_REFUSALS = 10
+"""Refusals a report keeps by name (the newest); counts are kept for all."""
+
+
+class DamagedDocument(CorruptPayload):
+    """A stored document is not the JSON it should be: damaged, or written by something else."""
+
+
+class ForgedDocument(CorruptPayload):
+    """A stored document's tag does not verify: forged, damaged, or moved to another key."""
+
+
+class Document(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+DocumentType = TypeVar("DocumentType", bound=Document)
+
+
+def _tag(key: str, canonical: bytes, secret: RunSecret) -> str:
+    digest = hashlib.blake2b(key=secret.key, digest_size=32, person=b"diloco document")
+    digest.update(key.encode())
+    digest.update(b"\0")
+    digest.update(canonical)
+    return digest.hexdigest()
+
+
+def _canonical(document: object) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def seal(document: Document, key: str, secret: RunSecret) -> bytes:
+    """The stored form of ``document`` at ``key``."""
+    body = document.model_dump(mode="json")
+    return json.dumps({"document": body, "tag": _tag(key, _canonical(body), secret)}, sort_keys=True).encode()
+
+
+def unseal(data: bytes, key: str, model: type[DocumentType], secret: RunSecret | None) -> DocumentType:
+    """Read the document stored at ``key``, verified when ``secret`` is given."""
+    try:
+        envelope = json.loads(data)
+        body, tag = envelope["document"], envelope["tag"]
+        canonical = _canonical(body)
+    except (ValueError, TypeError, KeyError) as error:
+        raise DamagedDocument(f"{key} is not a sealed diloco document ({type(error).__name__}: {error})") from None
+    if secret is not None and not (isinstance(tag, str) and hmac.compare_digest(tag, _tag(key, canonical, secret))):
+        raise ForgedDocument(f"{key}: tag mismatch, the document was damaged, forged or moved from another key")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise DamagedDocument(f"{key} does not hold a valid {model.__name__}: {error.errors()[0]['msg']}") from None
+
+
+# ----------------------------------------------------------------------- refusals
+
+
+class RefusalNote(Document):
+    """One object refused: what, where, why, when."""
+
+    kind: str
+    """payload, update, snapshot, checkpoint, marker, head, control, epoch, heartbeat."""
+    key: str
+    reason: str
+    time: float
+
+
+class Refusals(Document):
+    """Objects a process refused, counted by kind, the newest by name."""
+
+    counts: dict[str, int] = Field(default_factory=dict)
+    recent: list[RefusalNote] = Field(default_factory=list)
+    """Oldest first, at most RECENT_REFUSALS."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def latest(self) -> RefusalNote | None:
+        return self.recent[-1] if self.recent else None
+
+    def record(self, kind: str, key: str, reason: str, now: float) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.recent = [*self.recent, RefusalNote(kind=kind, key=key, reason=reason[:300], time=now)][-RECENT_REFUSALS:]
+
+    def plus(self, other: Refusals) -> Refusals:
+        counts = dict(self.counts)
+        for kind, count in other.counts.items():
+            counts[kind] = counts.get(kind, 0) + count
+        recent = sorted([*self.recent, *other.recent], key=lambda note: note.time)[-RECENT_REFUSALS:]
+        return Refusals(counts=counts, recent=recent)
+
+
+# ---------------------------------------------------------------------- learners
+
+
+class LearnerState(str, Enum):
+    STARTING = "starting"
+    WAITING = "waiting"
+    """For the first global weights (no checkpoint to resume from)."""
+    TRAINING = "training"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    """Asked to stop (``diloco down``); not finished."""
+    FAILED = "failed"
+    """Crashed; its supervisor restarts it unless it gave up."""
+
+
+class Heartbeat(Document):
+    """``heartbeats/<learner>.json``: a learner's report, rewritten every few seconds."""
+
+    learner: LearnerId
+    region: str
+    host: str
+    pid: int
+    processes: int = 1
+    state: LearnerState
+    step: int
+    total_steps: int
+    tokens: int
+    loss: float | None = None
+    step_seconds: float | None = None
+    base_versions: dict[FragmentIndex, Version] = Field(default_factory=dict)
+    sends: int = 0
+    """Payloads made."""
+    delivered: int = 0
+    """Payloads that reached the bucket (the rest wait in the outbox or were superseded)."""
+    unsent: int = 0
+    """Payloads waiting to be uploaded."""
+    installs: int = 0
+    tokens_overwritten: dict[FragmentIndex, int] = Field(default_factory=dict)
+    """Per fragment, tokens trained after its last send that an install then overwrote
+    (installing overwrites the fragment; Decoupled DiLoCo's learner step 3)."""
+    checkpoint_step: int | None = None
+    restarts: int = 0
+    """Starts of this learner after its first (from its epoch)."""
+    epoch: int = 0
+    storage: StorageCounters = Field(default_factory=StorageCounters)
+    refusals: Refusals = Field(default_factory=Refusals)
+    started_at: float
+    time: float
+
+
+class EpochRecord(Document):
+    """``control/<learner>.epoch``: how often the learner has started."""
+
+    epoch: int
+
+
+class ControlNote(Document):
+    """``control/<learner>.json``: the syncer's notes to one learner."""
+
+    resync_serial: int = 0
+    """When it grows, the learner reinstalls the newest global weights."""
+    fragment: FragmentIndex | None = None
+    reason: str = ""
+    time: float = 0.0
+
+
+# ------------------------------------------------------------------------- global
+
+
+class Head(Document):
+    """``global/head.json``: where the global weights stand."""
+
+    version: Version
+    fragment_versions: dict[FragmentIndex, Version]
+    fragment_digests: dict[FragmentIndex, str] = Field(default_factory=dict)
+    """BLAKE2b of each fragment's weights at its version (fp32, in parameter order):
+    a learner checks what it installed against it, bit for bit."""
+    snapshot_version: Version
+    recent: tuple[tuple[Version, FragmentIndex], ...]
+    """Every update published after ``recent_from``, oldest first."""
+    recent_from: Version
+    finished: bool = False
+
+    def updates_after(self, fragment: FragmentIndex, base_version: Version) -> list[Version] | None:
+        """The versions of ``fragment`` newer than ``base_version``, or None when some of
+        them are no longer listed (the reader must start again from a snapshot)."""
+        if base_version < self.recent_from:
+            return None
+        return [version for version, p in self.recent if p == fragment and version > base_version]
+
+
+class SyncerPhase(str, Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+
+
+class Evaluation(Document):
+    """The global model's held-out loss at one version."""
+
+    version: Version
+    loss: float
+    tokens: int
+    """Learner tokens trained when it was measured (summed over learners)."""
+    time: float
+
+
+class LastMerge(Document):
+    fragment: FragmentIndex
+    version: Version
+    learners: list[LearnerId]
+    seconds: float
+    time: float
+
+
+class SyncerStatus(Document):
+    """``global/syncer.json``: what ``diloco status`` shows about the syncer."""
+
+    state: SyncerPhase
+    run: str
+    version: Version
+    fragment_versions: dict[FragmentIndex, Version]
+    snapshot_version: Version
+    merges: int
+    merges_per_minute: int
+    last_merge: LastMerge | None = None
+    quorum: int
+    effective_quorum: int
+    grace_seconds: float
+    live_learners: list[LearnerId]
+    pending: dict[FragmentIndex, list[LearnerId]] = Field(default_factory=dict)
+    reasons: dict[FragmentIndex, str] = Field(default_factory=dict)
+    """Per fragment, why it is not merging now."""
+    evaluations: list[Evaluation] = Field(default_factory=list)
+    storage: dict[str, StorageCounters] = Field(default_factory=dict)
+    """The syncer's calls to each region's bucket."""
+    refusals: dict[str, Refusals] = Field(default_factory=dict)
+    """What the syncer refused in each region's bucket."""
+    repairs: int = 0
+    """Damaged or missing published objects the syncer rewrote."""
+    leftovers_removed: int = 0
+    """Partial writes, unmarked payloads and stray keys removed."""
+    given_up: dict[LearnerId, str] = Field(default_factory=dict)
+    """Learners the syncer no longer waits for, and why."""
+    started_at: float
+    time: float

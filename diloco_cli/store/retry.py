@@ -1,0 +1,148 @@
+"""One retry policy for every storage call, and the counters that make it visible.
+
+Across regions a request fails now and then: a 503 "slow down", a connection reset, a
+timeout.  Every call an :class:`~diloco_cli.store.objects.ObjectStore` makes goes through
+:func:`call_with_retries`: transient failures are retried with exponential backoff and
+full jitter (tenacity's ``wait_random_exponential``, so many learners that failed at
+once do not retry in lockstep), up to ``attempts`` tries; what still fails raises
+:class:`~diloco_cli.store.filesystem.StorageError` naming the object.  Answers that are
+not failures of the link (the object does not exist, access is denied) are never
+retried.  The backends (s3fs, gcsfs) retry a few errors themselves first; this policy is
+the one that bounds how long any call may keep trying.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from diloco_cli.store.filesystem import StorageError
+
+log = logging.getLogger("diloco.storage")
+
+Result = TypeVar("Result")
+
+ANSWERS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+"""Errors that are the storage's answer, not a failure of the link: never retried."""
+
+BUGS = (TypeError, AttributeError, NameError, NotImplementedError, AssertionError, ImportError, KeyError)
+"""Errors of the program, not of the storage: never retried."""
+
+
+class RetryPolicy(BaseModel):
+    """How storage calls are retried (the recipe's ``storage`` section)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    attempts: int = Field(default=6, ge=1)
+    """Tries per storage call before it is reported as failed (1 = no retry)."""
+
+    first_backoff_seconds: float = Field(default=0.5, gt=0)
+    """Upper bound of the first random wait; each further wait may be up to twice as long."""
+
+    max_backoff_seconds: float = Field(default=20.0, gt=0)
+    """Upper bound of any single wait between two tries."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed call may succeed if tried again."""
+    if isinstance(error, (StorageError, *ANSWERS, *BUGS)):
+        return False
+    return isinstance(error, Exception)
+
+
+class StorageCounters(BaseModel):
+    """What one process's storage calls to one store did (persisted in its reports)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int = 0
+    """Calls made (each retry counts again)."""
+    bytes_up: int = 0
+    bytes_down: int = 0
+    retries: int = 0
+    """Calls that failed transiently and were tried again."""
+    failures: int = 0
+    """Calls that still failed after every try."""
+    last_error: str | None = None
+    last_error_time: float | None = None
+
+    def plus(self, other: StorageCounters) -> StorageCounters:
+        """The sum of two counts (the latest error wins)."""
+        newer = other if (other.last_error_time or 0) >= (self.last_error_time or 0) else self
+        return StorageCounters(
+            requests=self.requests + other.requests,
+            bytes_up=self.bytes_up + other.bytes_up,
+            bytes_down=self.bytes_down + other.bytes_down,
+            retries=self.retries + other.retries,
+            failures=self.failures + other.failures,
+            last_error=newer.last_error,
+            last_error_time=newer.last_error_time,
+        )
+
+
+class StorageMeter:
+    """Thread-safe counters of one store's calls (storage I/O runs on several threads)."""
+
+    def __init__(self) -> None:
+        self._counters = StorageCounters()
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> StorageCounters:
+        with self._lock:
+            return self._counters.model_copy()
+
+    def count(self, *, requests: int = 0, up: int = 0, down: int = 0, retries: int = 0) -> None:
+        with self._lock:
+            counters = self._counters
+            counters.requests += requests
+            counters.bytes_up += up
+            counters.bytes_down += down
+            counters.retries += retries
+
+    def failed(self, error: BaseException) -> None:
+        with self._lock:
+            self._counters.failures += 1
+            self._counters.last_error = f"{type(error).__name__}: {error}"[:300]
+            self._counters.last_error_time = time.time()
+
+
+def call_with_retries(call: Callable[[], Result], policy: RetryPolicy, meter: StorageMeter, what: str) -> Result:
+    """Run ``call`` under ``policy``; ``what`` names the operation and object in messages.
+
+    Raises the call's own error for answers (``FileNotFoundError``...), and
+    :class:`StorageError` once a transient failure has used up every attempt."""
+
+    def counted() -> Result:
+        meter.count(requests=1)
+        return call()
+
+    def before_sleep(state: RetryCallState) -> None:
+        meter.count(retries=1)
+        error = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s failed (%s: %s); try %d of %d in %.1f s", what, type(error).__name__, error, state.attempt_number + 1, policy.attempts, wait)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(policy.attempts),
+        wait=wait_random_exponential(multiplier=policy.first_backoff_seconds, max=policy.max_backoff_seconds),
+        retry=retry_if_exception(is_transient),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        return retrying(counted)
+    except PermissionError as error:
+        meter.failed(error)
+        raise StorageError(f"{what}: access denied ({error}); check the credentials in the environment and the bucket's permissions") from error
+    except Exception as error:
+        if not is_transient(error):
+            raise
+        meter.failed(error)
+        raise StorageError(f"{what} failed after {policy.attempts} tries: {type(error).__name__}: {error}") from error
