@@ -2,7 +2,10 @@
 
 A poller must never be fooled by a cache: every filesystem is created with
 ``skip_instance_cache=True`` (s3fs and gcsfs are not fork-safe, and a cached instance
-would share listings) and ``use_listings_cache=False``.  Local files are written to a
+would share listings) and ``use_listings_cache=False``.  s3fs and botocore each retry a
+failed request several times, and their loops nest (a reset GET measured 250 requests
+and 212 s before failing): for S3 both are set to one attempt, so that diloco's own
+policy (:mod:`diloco_cli.store.retry`) is the one that decides and counts retries.  Local files are written to a
 temporary name and renamed, so a reader sees a file whole or not at all, as with an
 object store's PUT.
 """
@@ -53,10 +56,15 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     options = {"skip_instance_cache": True, "use_listings_cache": False, **(storage_options or {})}
     if protocol == "file":
         options = {"auto_mkdir": True, **(storage_options or {})}
+    if OPTIONAL_BACKENDS.get(protocol, ("",))[0] == "s3fs":
+        # one attempt per call in botocore (diloco's retry policy decides the rest)
+        options["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}, **options.get("config_kwargs", {})}
     try:
         filesystem, path = fsspec.core.url_to_fs(absolute_url(url), **options)
     except (ValueError, ImportError) as error:
         raise StorageError(f"{url}: cannot open this storage URL: {error}") from None
+    if OPTIONAL_BACKENDS.get(protocol, ("",))[0] == "s3fs":
+        filesystem.retries = 1  # and in s3fs: its loops would multiply the attempts
     return filesystem, path.rstrip("/")
 
 
