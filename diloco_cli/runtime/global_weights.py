@@ -81,7 +81,8 @@ class GlobalReader:
         holds, -1 for none) to the head's version.  A fragment that cannot be brought
         there now (every path refused) is left out, with the refusals that say why."""
         fetched = Fetched(head)
-        snapshots: dict[Version, dict | Exception] = {}
+        snapshots: dict[Version, tuple | Exception] = {}
+        refused: set[str] = set()
         for fragment, base in sorted(bases.items()):
             target = head.fragment_versions.get(fragment, Version(0))
             digest = head.fragment_digests.get(fragment)
@@ -102,7 +103,9 @@ class GlobalReader:
                     fetched.fragments.append(FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest))
                     break
                 except (PayloadError, FileNotFoundError) as error:
-                    fetched.refusals.append(_refusal(error, "snapshot" if isinstance(error, SnapshotRefused) else "update"))
+                    if getattr(error, "key", None) not in refused:  # a snapshot fails once for every fragment
+                        fetched.refusals.append(_refusal(error, "snapshot" if isinstance(error, SnapshotRefused) else "update"))
+                        refused.add(getattr(error, "key", None))
         return fetched
 
     def _snapshot_versions(self, head: Head) -> list[Version]:

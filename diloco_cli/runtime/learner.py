@@ -178,8 +178,8 @@ class Learner:
         """Resume from this learner's newest checkpoint that verifies, else from the
         global weights (keeping the step count of the newest checkpoint it had)."""
         if self.group.is_storage_rank and not self._resume_from_checkpoint():
-            self._heartbeat(LearnerState.WAITING)
             while not self.fragments.installed and not self.stop_requested:
+                self._heartbeat(LearnerState.WAITING)  # with what it refused: the syncer repairs it
                 missing = {p: Version(-1) for p, v in self.fragments.base_version.items() if v < 0}
                 try:
                     self._apply_poll(self._poll(missing, self.newest_head, self.resync_seen))
