@@ -7,7 +7,12 @@ run the real learners and syncer (``diloco up`` on this machine, file:// buckets
 K=M with fp32 and with int4 outer gradients, and Decoupled K=1 with the grace window in
 int4.  Losses are reported at a quarter, half and all of the token budget.  The headline
 rows (data-parallel and Decoupled K=1) run ``--seeds`` seeds, the K=M rows
-``--other-seeds`` (each full row costs about 17 minutes on 2 cores).
+``--other-seeds`` (each full row costs about 15 minutes on 2 cores).
+
+Both sides are tuned the same way: data-parallel's learning rate over a grid, and the
+DiLoCo learners' inner learning rate and H over a grid, each at an eighth of the budget
+(the schedule of the full run, stopped there).  The rows run the defaults; the best
+DiLoCo setting gets rows of its own beside them ("tuned").
 
     python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
     python -m bench.quality --quick         # a tiny model and budget (the test suite)
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -27,6 +33,8 @@ import torch
 
 from bench._common import print_table, result_path, write_result
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.launch.operations import stop_run
+from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, evaluate, inner_step, make_inner_optimizer
@@ -36,6 +44,8 @@ FRACTIONS = (0.25, 0.5, 1.0)
 TARGET_ASYNC_VS_SYNC = 0.02
 TARGET_DILOCO_VS_DP = 0.05
 DATA_PARALLEL = "data-parallel (batch M*b)"
+TUNED_SYNC = "DiLoCo K=M int4 tuned"
+TUNED_ASYNC = "Decoupled K=1 grace int4 tuned"
 
 
 def recipe_for(args: argparse.Namespace, seed: int, overrides: dict) -> Recipe:
@@ -64,19 +74,26 @@ def loss_at(evaluations: list[dict], tokens: float) -> float:
     return min(evaluations, key=lambda e: abs(e["tokens"] - tokens))["loss"]
 
 
-def run_diloco(recipe: Recipe, name: str, workdir: Path) -> dict:
-    """Train through the real CLI path (processes, buckets) and read the syncer's evaluations."""
+def run_diloco(recipe: Recipe, name: str, workdir: Path, stop_at: float | None = None) -> dict:
+    """Train through the real CLI path (processes, buckets) and read the syncer's
+    evaluations; with ``stop_at`` (a fraction of the budget) the run is stopped once the
+    global model was evaluated past that many tokens."""
     recipe_path = workdir / f"{name}.json"
     recipe_path.write_text(recipe.model_dump_json())
     started = time.monotonic()
     result = launch(recipe_path, None, [], name, workdir / "runs", dry_run=False)
+    budget = recipe.training.num_learners * recipe.training.inner_steps * tokens_per_learner_step(recipe)
     while True:
         status = collect_status(result.spec)
         if status.state in ("finished", "stopped"):
             break
-        time.sleep(5)
-    budget = recipe.training.num_learners * recipe.training.inner_steps * tokens_per_learner_step(recipe)
+        if stop_at is not None and any(e["tokens"] >= stop_at * budget for e in status.evaluations):
+            stop_run(load_run(workdir / "runs", name))
+            break
+        time.sleep(2 if stop_at else 5)
     evaluations = status.evaluations
+    if stop_at is not None:
+        return {"tokens": budget * stop_at, "seconds": time.monotonic() - started, "loss": loss_at(evaluations, stop_at * budget)}
     return {
         "tokens": budget,
         "versions": status.version,
@@ -123,7 +140,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)")
     parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the K=M rows")
     parser.add_argument("--dp-learning-rates", default="3e-3,6e-3,1e-2", help="data-parallel's grid; one value skips tuning")
-    parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each data-parallel tuning run")
+    parser.add_argument("--diloco-learning-rates", default="3e-3,6e-3,1e-2", help="the DiLoCo learners' inner learning rates to tune over")
+    parser.add_argument("--sync-intervals", default="10,25,50", help="the values of H to tune over")
+    parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each tuning run")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     parser.add_argument("--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest")
     args = parser.parse_args(argv)
@@ -134,8 +153,11 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [0] if args.quick else list(range(args.seeds))
     other_seeds = [0] if args.quick else list(range(args.other_seeds))
     grid = [6e-3] if args.quick else [float(value) for value in args.dp_learning_rates.split(",")]
+    diloco_grid = [(6e-3, 10), (6e-3, 20)] if args.quick else [
+        (float(lr), int(h)) for lr in args.diloco_learning_rates.split(",") for h in args.sync_intervals.split(",")
+    ]
     settings = settings_of(args, per_step, seeds, other_seeds)
-    rows, tuning, earlier_rate = earlier_results(args, settings) if args.resume else ([], [], None)
+    rows, tuning, earlier_rate, diloco_tuning = earlier_results(args, settings) if args.resume else ([], [], None, [])
     # 1. tune data-parallel's learning rate on a fraction of the budget
     args.evaluate_every = 1
     for learning_rate in grid if len(grid) > 1 and not tuning else []:
@@ -145,6 +167,18 @@ def main(argv: list[str] | None = None) -> dict:
     best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
     if earlier_rate is not None and best != earlier_rate:
         raise SystemExit(f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; rerun without --resume")
+    # 1b. tune the DiLoCo learners' inner learning rate and H the same way (K=M, int4)
+    fraction = 0.5 if args.quick else args.tuning_fraction
+    with tempfile.TemporaryDirectory(prefix="diloco-tuning-") as directory:
+        for learning_rate, interval in diloco_grid if len(diloco_grid) > 1 else []:
+            if any(t["learning_rate"] == learning_rate and t["sync_interval"] == interval for t in diloco_tuning):
+                continue
+            args.evaluate_every = 1
+            recipe = recipe_for(args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}})
+            result = run_diloco(recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction)
+            diloco_tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": result["loss"]})
+            print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {result['loss']:.4f}", flush=True)
+    tuned_setting = min(diloco_tuning, key=lambda row: row["loss"]) if diloco_tuning else None
     # 2. the rows, most informative first; the JSON is rewritten after each, so a long
     # run that is stopped early still reports what it measured
     fp32 = {"codec": "fp32", "zstd_level": 1}
@@ -153,11 +187,16 @@ def main(argv: list[str] | None = None) -> dict:
         "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
         "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
     }
+    if tuned_setting is not None:
+        tuned = {"training": {"learning_rate": tuned_setting["learning_rate"]}, "sync": {"sync_interval": tuned_setting["sync_interval"]}}
+        diloco_rows[TUNED_SYNC] = (tuned, 2 if args.quick else 10)
+        diloco_rows[TUNED_ASYNC] = ({"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}}, 4 if args.quick else 40)
     plan = [(DATA_PARALLEL, seeds[0]), ("Decoupled K=1 grace int4", seeds[0]), ("DiLoCo K=M fp32", other_seeds[0])]
     plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
     plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
     plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
-    tuned = {"dp_tuning": tuning, "dp_learning_rate": best}
+    plan += [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
+    tuned = {"dp_tuning": tuning, "dp_learning_rate": best, "diloco_tuning": diloco_tuning, "diloco_tuned": tuned_setting}
     path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         for label, seed in plan:
@@ -170,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 overrides, args.evaluate_every = diloco_rows[label]
                 recipe = recipe_for(args, seed, overrides)
-                name = f"q-{label.split()[0].lower()}-{label.split()[1].lower().replace('=', '')}-{label.split()[-1]}-{seed}"
+                name = "q-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") + f"-{seed}"
                 result = run_diloco(recipe, name, Path(directory))
                 result.pop("evaluations")
                 rows.append({"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result})
@@ -185,11 +224,11 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], float | None]:
-    """The rows, tuning and data-parallel lr of the result file, if it measured the same settings."""
+def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], float | None, list[dict]]:
+    """The rows, tunings and data-parallel lr of the result file, if it measured the same settings."""
     path = result_path("quality", args.quick, args.output)
     if not path.exists():
-        return [], [], None
+        return [], [], None, []
     document = json.loads(path.read_text())
     same = ("tokens", "learners", "batch_per_learner", "sequence_length", "model", "inner_learning_rate", "sync_interval", "fragments")
     changed = [key for key in same if document["settings"].get(key) != settings[key]]
@@ -197,7 +236,7 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict
         raise SystemExit(f"--resume: {path} measured other settings ({', '.join(changed)}); rerun without --resume")
     results = document["results"]
     dp_rows = [row for row in results["rows"] if row["row"] == DATA_PARALLEL]
-    return results["rows"], results["dp_tuning"], dp_rows[0]["learning_rate"] if dp_rows else None
+    return results["rows"], results["dp_tuning"], dp_rows[0]["learning_rate"] if dp_rows else None, results.get("diloco_tuning", [])
 
 
 def settings_of(args: argparse.Namespace, per_step: int, seeds: list[int], other_seeds: list[int]) -> dict:
@@ -227,6 +266,8 @@ def summarize(rows: list[dict]) -> dict:
     for name, better, baseline, target in (
         ("diloco_vs_dp", "DiLoCo K=M fp32", DATA_PARALLEL, TARGET_DILOCO_VS_DP),
         ("async_vs_sync", "Decoupled K=1 grace int4", "DiLoCo K=M fp32", TARGET_ASYNC_VS_SYNC),
+        ("tuned_diloco_vs_dp", TUNED_SYNC, DATA_PARALLEL, TARGET_DILOCO_VS_DP),
+        ("tuned_async_vs_sync", TUNED_ASYNC, TUNED_SYNC, TARGET_ASYNC_VS_SYNC),
     ):
         if better in summary and baseline in summary:
             gaps |= {f"{name}_{f}": summary[better][f"loss_{f}"] / summary[baseline][f"loss_{f}"] - 1 for f in FRACTIONS}

@@ -18,3 +18,23 @@ def secret():
     from diloco_cli.codec import RunSecret
 
     return RunSecret(bytes(range(32)))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--chaos-seconds", type=int, default=20, help="how long tests/test_chaos.py strikes (CI: 20)")
+    parser.addoption("--chaos-seed", type=int, default=1, help="the seed of its events")
+
+
+@pytest.fixture(autouse=True)
+def _no_local_process_outlives_its_test(request):
+    """A test that fails half-way leaves its run's processes behind: stop them."""
+    yield
+    if "tmp_path" not in request.fixturenames:
+        return
+    runs_dir = request.getfixturevalue("tmp_path") / "runs"
+    if runs_dir.exists():
+        from diloco_cli.launch.local import stop_local
+        from diloco_cli.launch.runs import list_runs
+
+        for record in list_runs(runs_dir):
+            stop_local(record, timeout=5)

@@ -62,6 +62,10 @@ def test_quality_benchmark_quick(tmp_path):
     assert all(row["versions"] > 0 for row in diloco_rows)
     assert {row["quorum"] for row in diloco_rows} == {1, document["settings"]["learners"]}  # K=1 and K=M
     assert set(document["results"]["targets"]) == {"async_vs_sync", "diloco_vs_dp"}
+    # the DiLoCo side is tuned as data-parallel is, on runs stopped early
+    tuning = document["results"]["diloco_tuning"]
+    assert [(t["learning_rate"], t["sync_interval"]) for t in tuning] == [(6e-3, 10), (6e-3, 20)]
+    assert all(t["loss"] < 5.0 for t in tuning) and document["results"]["diloco_tuned"] in tuning
 
     # --resume keeps what was measured and runs only what the file lacks
     document["results"]["rows"] = diloco_rows
@@ -70,3 +74,14 @@ def test_quality_benchmark_quick(tmp_path):
     resumed = json.loads(output.read_text())["results"]["rows"]
     assert resumed[: len(diloco_rows)] == diloco_rows  # kept as they were, not rerun
     assert [row["row"] for row in resumed[len(diloco_rows) :]] == ["data-parallel (batch M*b)"]
+
+
+def test_ledger_benchmark_quick(tmp_path):
+    from bench import ledger
+
+    output = tmp_path / "ledger.json"
+    ledger.main(["--quick", "--repeats", "3", "--output", str(output)])
+    results = json.loads(output.read_text())["results"]
+    assert [row["commits"] for row in results["rows"]] == [100, 149, 300, 349, 1000, 1049]
+    assert results["requests_independent_of_history"]  # a restart reads the same objects at 100 and 1,000 commits
+    assert {row["requests"] for row in results["rows"] if row["since_checkpoint"] == 0} == {7}

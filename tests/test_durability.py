@@ -79,7 +79,8 @@ def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):
     digest by the learner, and the final bases against the syncer's commits by us."""
     runs_dir, name = tmp_path / "runs", "slow-fetches"
     slow = FaultRules(delay_seconds=1.2, delay_methods=frozenset({"GET"}), delay_path_contains="/global/")
-    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 240, "poll_seconds": 0.3}, "sync": {"snapshot_every": 4}})
+    # no snapshots after the first: every install goes through the updates, on the base
+    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 240, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}})
     with fault_proxy(s3.endpoint_url, FaultRules()) as proxy:
         regions = s3_regions(tmp_path, [s3], [proxy], learners=(2,))
         diloco("up", str(write_yaml(tmp_path / "tiny.yaml", recipe)), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
@@ -97,14 +98,21 @@ def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):
 
 def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(tmp_path, s3):
     """One region's endpoint refuses, resets or stalls a share of all requests for the
-    whole run.  Every token each learner trained is in a merged payload or was
-    overwritten by an install (counted); status shows the retries."""
+    whole run, and refuses everything for 15 s in the middle (longer than the retry
+    policy of this recipe tries: uploads fail for good and wait in the outbox).  Every token each
+    learner trained is in a merged payload or was overwritten by an install (counted);
+    status shows the retries and failures."""
     runs_dir, name = tmp_path / "runs", "failing-endpoint"
-    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 160}, "sync": {"liveness_timeout_seconds": 60}})
+    changes = {"training": {"inner_steps": 600}, "sync": {"liveness_timeout_seconds": 60}, "storage": {"attempts": 3, "max_backoff_seconds": 2}}
+    recipe = deep_update(TINY_RECIPE, changes)
     flaky = FaultRules(refuse=0.15, reset=0.05, stall=0.05, stall_seconds=1.0)
     with fault_proxy(s3.endpoint_url, FaultRules(), seed=11) as proxy:
         regions = s3_regions(tmp_path, [s3, s3], [proxy, None])
         diloco("up", str(write_yaml(tmp_path / "tiny.yaml", recipe)), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+        proxy.set_rules(flaky)
+        wait_for(runs_dir, name, lambda s: s.version >= 1, 120, "version 1")
+        proxy.set_rules(FaultRules(outage=True))
+        time.sleep(15)
         proxy.set_rules(flaky)
         wait_finished(runs_dir, name, timeout=300)
         faults = proxy.stats.total("refused") + proxy.stats.total("reset") + proxy.stats.total("stalled")
@@ -114,7 +122,8 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
         assert_bases_are_the_syncers(runs_dir, name)
     assert faults > 20
     region = {r["region"]: r for r in status["regions"]}
-    assert region["r0"]["retries"] > 0 and region["r0"]["failures"] == 0 and region["r1"]["retries"] == 0
+    assert region["r0"]["retries"] > 0 and region["r0"]["failures"] > 0 and region["r1"]["retries"] == 0
+    assert "not delivered" in (runs_dir / name / "logs" / "r0-0.log").read_text()  # it waited in the outbox
     record = load_run(runs_dir, name)
     history = record.spec.home(record.secret()).history()
     for learner, beat in beats.items():
@@ -149,7 +158,8 @@ def two_file_regions(tmp_path):
     )  # fmt: skip
 
 
-DAMAGE_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 160, "checkpoint_every_steps": 1000}, "sync": {"snapshot_every": 4}})
+# one snapshot (version 0): once damaged, only the syncer's repair can serve a newcomer
+DAMAGE_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 160, "checkpoint_every_steps": 1000}, "sync": {"snapshot_every": 1000}})
 
 
 def settled_after(seconds):

@@ -83,9 +83,9 @@ class Harness:
 
     def close(self):
         for learner in self.learners:
-            learner.outbox.close()
-            for executor in (learner.polls, learner.uploads, learner.beats):
-                executor.shutdown(wait=True)
+            for uploads in (learner.outbox, learner.checkpoints, learner.beats):
+                uploads.close()
+            learner.polls.shutdown(wait=True)
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_forged_replayed_and_reordered_objects_are_refused_counted_and_shown(har
     harness.poll(reader)
     harness.assert_bases_equal_the_syncers(reader)
     # the refusals reach the heartbeat, which status shows
-    reader._heartbeat(wait=True)
+    reader._heartbeat(wait=10)
     from diloco_cli.views.run_state import collect_status
 
     region = collect_status(harness.spec, harness.secret).regions[0]
@@ -172,7 +172,7 @@ def test_a_damaged_update_is_rewritten_by_the_syncer_and_installs_resume(harness
     assert fragment not in installed
     assert reader.refusals.counts.get("update", 0) >= 1
     # the reader reports it in its heartbeat; the syncer checks the object and rewrites it
-    reader._heartbeat(wait=True)
+    reader._heartbeat(wait=10)
     harness.syncer._last["beats"] = float("-inf")
     harness.syncer._turn()
     assert harness.syncer.publication.repairs >= 1
@@ -193,14 +193,15 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
     try:
         assert harness.poll(newcomer) == []
         assert newcomer.refusals.counts["snapshot"] >= 1 and not newcomer.fragments.installed
-        newcomer._heartbeat(wait=True)
+        newcomer._heartbeat(wait=10)
         harness.syncer._last["beats"] = float("-inf")
         harness.syncer._turn()  # the syncer publishes a fresh snapshot of the present
         assert harness.syncer.publication.repairs >= 1
         assert len(harness.poll(newcomer)) == 2
         harness.assert_bases_equal_the_syncers(newcomer)
     finally:
-        newcomer.outbox.close()
+        for uploads in (newcomer.outbox, newcomer.checkpoints, newcomer.beats):
+            uploads.close()
 
 
 def test_a_damaged_checkpoint_falls_back_to_an_older_one_then_to_the_global_weights_keeping_the_step(tmp_path, secret):
@@ -208,7 +209,7 @@ def test_a_damaged_checkpoint_falls_back_to_an_older_one_then_to_the_global_weig
     try:
         learner = harness.learners[0]
         harness.train(learner, 25)
-        assert learner._collect_checkpoint_upload(wait=True)
+        assert learner.checkpoints.flush(10)
         keys = harness.bucket.checkpoint_keys("east-0")
         assert [key.rsplit("/", 1)[1] for key in keys] == ["0000000010.dlc", "0000000020.dlc"]
         flip_a_byte(harness.bucket, keys[-1])
@@ -217,7 +218,7 @@ def test_a_damaged_checkpoint_falls_back_to_an_older_one_then_to_the_global_weig
         assert harness.bucket.checkpoint_keys("east-0") == keys[:1]  # the damaged one is gone for good
         harness.learners.append(restarted)
         harness.train(restarted, 15)  # checkpoints at 20 again
-        assert restarted._collect_checkpoint_upload(wait=True)
+        assert restarted.checkpoints.flush(10)
         for key in harness.bucket.checkpoint_keys("east-0"):
             flip_a_byte(harness.bucket, key)
         again = harness.learner("east-0")

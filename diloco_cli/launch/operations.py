@@ -23,6 +23,7 @@ from diloco_cli.launch.remote import (
 )
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.launch.ssh import SSHError
+from diloco_cli.launch.ssh import run as run_over_ssh
 
 
 def stop_run(record: RunRecord, timeout: float = 30.0) -> dict[str, tuple[str, str]]:
@@ -123,13 +124,17 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         try:
             paths = remote_paths(client, host, spec.run)
+            processes = sum(learner.processes for learner in spec.learners if learner.host == host_name) or 1
+            cores = int(run_over_ssh(client, "nproc").stdout.strip() or "1")
+            threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
             for name in (n for n in down if placement[n] == host_name):
                 if name == "syncer":
                     command = command_for(paths, syncer_arguments(paths), 1)
                     started.append(start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"}))
                 else:
                     learner = spec.learner(name)
-                    started.append(start_remote_process(client, host, paths, name, "learner", command_for(paths, learner_arguments(paths, learner), learner.processes), {}))
+                    command = command_for(paths, learner_arguments(paths, learner), learner.processes)
+                    started.append(start_remote_process(client, host, paths, name, "learner", command, {"OMP_NUM_THREADS": str(threads)}))
         finally:
             client.close()
     for process in started:

@@ -31,7 +31,7 @@ from diloco_cli.runtime.checkpoint import encode_checkpoint, generator_state, re
 from diloco_cli.runtime.distributed import broadcast_control, broadcast_parameters, choose_device, join_process_group, leave_process_group
 from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
-from diloco_cli.runtime.outbox import OutgoingPayload, Outbox
+from diloco_cli.runtime.outbox import LatestUpload, OutgoingPayload, Outbox
 from diloco_cli.runtime.run_spec import RunSpec
 from diloco_cli.store.documents import Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
@@ -135,11 +135,10 @@ class Learner:
             self.sequence = 0
             self.outbox = Outbox(self.bucket, self.me.id)
             self.polls = ThreadPoolExecutor(1, thread_name_prefix="poll")
-            self.uploads = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-            self.beats = ThreadPoolExecutor(1, thread_name_prefix="heartbeat")
+            self.checkpoints = LatestUpload("checkpoint")
+            self.beats = LatestUpload("heartbeat")
             self.poll: Future | None = None
             self.last_poll = self.last_beat = float("-inf")
-            self.checkpoint_upload: Future | None = None
             self.newest_head = Version(-1)
             self.resync_seen = 0
             self.needs_snapshot: set[FragmentIndex] = set()
@@ -161,9 +160,16 @@ class Learner:
         if previous is not None:
             seen.append(previous.epoch)
             self.storage_before, self.refusals = previous.storage, previous.refusals.plus(self.refusals)
-        for key in self.bucket.store.list(f"payloads/{self.me.id}"):
-            if match := PAYLOAD_KEY.match(key.removesuffix(".ready")):
-                seen.append(int(match["sequence"]) // SEQUENCE_PER_EPOCH)
+        keys = [k for k in self.bucket.store.list_marked(f"payloads/{self.me.id}") if PAYLOAD_KEY.match(k)]
+        keys.sort(key=lambda k: int(PAYLOAD_KEY.match(k)["sequence"]), reverse=True)
+        for key in keys:  # the newest payload whose marker verifies (junk and forgeries skipped)
+            try:
+                seen.append(self.bucket.payload_record(key).sequence // SEQUENCE_PER_EPOCH)
+                break
+            except PayloadError as error:
+                self._refused("marker", key, str(error))
+            except FileNotFoundError:
+                continue
         epoch = max(seen) + 1
         self.bucket.write_epoch(self.me.id, epoch)
         return epoch
@@ -219,7 +225,9 @@ class Learner:
 
     # --------------------------------------------------------------------- storage
 
-    def _heartbeat(self, state: LearnerState | None = None, wait: bool = False) -> None:
+    def _heartbeat(self, state: LearnerState | None = None, wait: float = 0.0) -> None:
+        """Write a heartbeat (the newest replaces one still waiting); with ``wait``, for
+        up to that many seconds until it is written."""
         if state:
             self.progress.state = state
         p = self.progress
@@ -249,9 +257,9 @@ class Learner:
             started_at=p.started_at,
             time=time.time(),
         )
-        future = self.beats.submit(self.bucket.write_heartbeat, beat)
-        if wait:
-            future.result()
+        self.beats.submit(self.bucket.write_heartbeat, beat)
+        if wait and not self.beats.flush(wait):
+            raise StorageError(f"the heartbeat of {self.me.id} could not be written in {wait:.0f} s")
 
     def _send(self, fragment: FragmentIndex) -> None:
         self.sequence += 1
@@ -355,25 +363,8 @@ class Learner:
     def _checkpoint(self) -> None:
         meta = {"step": self.progress.step, "tokens": self.progress.tokens, "generator": generator_state(self.generator), "learner": self.me.id}
         payload = encode_checkpoint(self.model, self.optimizer, self.fragments, self.secret, meta)
-        step = self.progress.step
-        self._collect_checkpoint_upload()
-        self.checkpoint_upload = self.uploads.submit(self.bucket.write_checkpoint, self.me.id, step, payload)
-        self.progress.checkpoint_step = step
-
-    def _collect_checkpoint_upload(self, wait: bool = False) -> bool:
-        """Whether the last checkpoint upload succeeded (logged when it failed)."""
-        upload, self.checkpoint_upload = self.checkpoint_upload, None
-        if upload is None:
-            return True
-        try:
-            upload.result(timeout=None if wait else 0)
-            return True
-        except StorageError as error:
-            log.warning("checkpoint upload failed: %s", error)
-            return False
-        except TimeoutError:
-            self.checkpoint_upload = upload
-            return True
+        self.checkpoints.submit(self.bucket.write_checkpoint, self.me.id, self.progress.step, payload)
+        self.progress.checkpoint_step = self.progress.step
 
     def _report(self) -> None:
         """Heartbeat, checkpoint and log line, each when due."""
@@ -399,7 +390,7 @@ class Learner:
         except BaseException:
             if self.group.is_storage_rank:
                 try:
-                    self._heartbeat(LearnerState.FAILED, wait=True)
+                    self._heartbeat(LearnerState.FAILED, wait=DELIVERY_SECONDS_AT_STOP)
                 except StorageError as error:
                     log.warning("could not report the failure: %s", error)
             raise
@@ -452,18 +443,22 @@ class Learner:
                     if f.c_tokens[fragment] > f.sent_tokens[fragment] or (self.resumed_at_the_end and f.c_steps[fragment] > 0):
                         self._send(fragment)
                 self._checkpoint()
-            delivered = self.outbox.wait_empty(DELIVERY_SECONDS_AT_FINISH if finished else DELIVERY_SECONDS_AT_STOP)
-            delivered = self._collect_checkpoint_upload(wait=True) and delivered
+            patience = DELIVERY_SECONDS_AT_FINISH if finished else DELIVERY_SECONDS_AT_STOP
+            payloads_delivered = self.outbox.wait_empty(patience)
+            checkpoint_written = self.checkpoints.flush(patience)
             state = LearnerState.FINISHED if finished else LearnerState.STOPPED
-            if finished and not delivered:
-                log.error("%d payloads or the final checkpoint could not be delivered; exiting so that the supervisor restarts this learner and it sends them again", self.outbox.waiting)
+            if finished and not (payloads_delivered and checkpoint_written):
+                log.error(
+                    "after %.0f s, %d payloads are not delivered and the final checkpoint is %s; exiting so that the "
+                    "supervisor restarts this learner and it sends them again", patience, self.outbox.waiting, "written" if checkpoint_written else "not written",
+                )  # fmt: skip
                 state, code = LearnerState.FAILED, EXIT_UNDELIVERED
             try:
-                self._heartbeat(state, wait=True)
+                self._heartbeat(state, wait=patience)
             except StorageError as error:
                 log.warning("could not write the last heartbeat: %s", error)
-            self.outbox.close()
-            for executor in (self.polls, self.uploads, self.beats):
-                executor.shutdown(wait=True, cancel_futures=True)
+            for uploads in (self.outbox, self.checkpoints, self.beats):
+                uploads.close()
+            self.polls.shutdown(wait=True, cancel_futures=True)
         log.info("%s at step %d", "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered", self.progress.step)
         return code

@@ -56,12 +56,14 @@ class LeftoverSweeper:
         self.first_seen: dict[str, float] = {}
         self.removed = 0
 
-    def sweep(self, now: float) -> None:
+    def sweep(self, now: float, all_of_them: bool = False) -> None:
+        """Remove the leftovers seen for ``after_seconds``; with ``all_of_them``, every
+        leftover now (when the run has ended and no write can be in flight)."""
         keys = self.store.list("", include_partial=True)
         found = [k for k in keys if k.endswith(PARTIAL_SUFFIX)] if self.only_partial else leftovers(keys)
         self.first_seen = {key: self.first_seen.get(key, now) for key in found}
         for key, since in list(self.first_seen.items()):
-            if now - since >= self.after_seconds:
+            if all_of_them or now - since >= self.after_seconds:
                 self.store.delete(key)
                 del self.first_seen[key]
                 self.removed += 1

@@ -1,4 +1,5 @@
-"""A learner's outbox: payloads on their way to its region's bucket, delivered in order.
+"""A learner's uploads: payloads delivered in order (the outbox), and uploads of which
+only the newest matters (:class:`LatestUpload`: checkpoints, heartbeats).
 
 One thread uploads the payloads strictly in the order they were made, and keeps trying
 the oldest (each try under the store's retry policy, then a pause) before anything newer:
@@ -108,3 +109,60 @@ class Outbox:
 
 def _supersedes(newer: OutgoingPayload, older: OutgoingPayload) -> bool:
     return newer.fragment == older.fragment and newer.install_serial == older.install_serial
+
+
+class LatestUpload:
+    """An upload of which only the newest matters (a checkpoint, a heartbeat): one in
+    flight at most, a newer one waiting replaces the one waiting before it (slow storage
+    never builds a queue of stale uploads), and a failed one is tried again after a pause
+    unless a newer one has come."""
+
+    def __init__(self, name: str, retry_pause: float = RETRY_PAUSE_SECONDS) -> None:
+        self.name = name
+        self.retry_pause = retry_pause
+        self.failures = 0
+        self._waiting: tuple | None = None
+        self._busy = False
+        self._changed = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call, *arguments) -> None:
+        with self._changed:
+            self._waiting = (call, arguments)
+            self._changed.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the newest upload is written; False if ``timeout`` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._waiting is None and not self._busy, timeout)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._waiting is not None or self._closing)
+                if self._closing:
+                    return
+                upload, self._waiting, self._busy = self._waiting, None, True
+            call, arguments = upload
+            try:
+                call(*arguments)
+                failed = False
+            except StorageError as error:
+                failed = True
+                log.warning("%s upload failed (%s); trying again in %.0f s", self.name, error, self.retry_pause)
+            with self._changed:
+                self._busy = False
+                if failed:
+                    self.failures += 1
+                    if self._waiting is None:
+                        self._waiting = upload
+                    self._changed.wait_for(lambda: self._closing, self.retry_pause)
+                self._changed.notify_all()

@@ -164,24 +164,26 @@ class Syncer:
         for region, bucket in self.buckets.items():
             try:
                 observations += self._observe_payloads(region, bucket)
-                if read_heartbeats:
-                    observations += self._observe_heartbeats(region, bucket)
-            except StorageError as error:  # this region later; payloads are read in order
-                log.warning("region %s cannot be read now: %s", region, error)
+            except StorageError as error:
+                log.warning("region %s cannot be listed now: %s", region, error)
+            if read_heartbeats:
+                observations += self._observe_heartbeats(region, bucket)
         return observations
 
     def _observe_payloads(self, region: str, bucket: RegionBucket) -> list[decisions.Observation]:
-        found = []
+        """New marked payloads of a region, in order; a storage failure ends the turn's
+        look at this region (what was seen before it is kept, the rest comes later)."""
+        found: list[decisions.Observation] = []
         for key in bucket.payload_keys():
             name = qualified(region, key)
             payload = payload_id(name)
-            if self.state.ledger.consumed(payload):
-                if self.recipe.sync.delete_consumed_payloads:
-                    bucket.delete_payload(key)
-                continue
-            if name in self.observed or name in self.retiring:
-                continue
             try:
+                if self.state.ledger.consumed(payload):
+                    if self.recipe.sync.delete_consumed_payloads:
+                        bucket.delete_payload(key)
+                    continue
+                if name in self.observed or name in self.retiring:
+                    continue
                 record = bucket.payload_record(key)
             except FileNotFoundError:
                 continue
@@ -189,6 +191,9 @@ class Syncer:
                 self._refused(region, "marker", key, error)
                 self._retire(payload)
                 continue
+            except StorageError as error:
+                log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
+                break
             self.observed[name] = record
             arrival = decisions.Arrival(record.learner, record.fragment, record.base_version, record.c_steps, record.c_tokens, record.sequence, name)
             found.append(decisions.ArrivalSeen(arrival))
@@ -201,6 +206,9 @@ class Syncer:
                 beat = bucket.read_heartbeat(learner)
             except PayloadError as error:
                 self._refused(region, "heartbeat", heartbeat_key(learner), error)
+                continue
+            except StorageError as error:
+                log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
                 continue
             if beat is None:
                 continue
@@ -251,7 +259,9 @@ class Syncer:
             self._retire(payload_id(arrival.key))
         for arrival in action.superseded:
             self._retire(payload_id(arrival.key))
+        merge_seconds = self.clock() - started
         evaluation = self._evaluate(state.theta, version) if version % self.recipe.sync.evaluate_every == 0 else None
+        evaluation_seconds = self.clock() - started - merge_seconds  # not part of xi_sync
         if version - state.snapshot_version >= self.recipe.sync.snapshot_every:
             state.snapshot_version = version
         record = CommitRecord(
@@ -262,7 +272,7 @@ class Syncer:
             retired=tuple(RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence) for p in self.retiring.values()),
             digest=state.digest(fragment),
             time=time.time(),
-            seconds=self.clock() - started,
+            seconds=merge_seconds,
             merges=state.merges + 1,
             snapshot_version=state.snapshot_version,
             quorum_seconds=self.decisions.quorum_seconds,
@@ -280,7 +290,7 @@ class Syncer:
             self.observed.pop(name, None)
             if self.recipe.sync.delete_consumed_payloads:
                 self._delete_payload(name)
-        seconds = self.clock() - started
+        seconds = self.clock() - started - evaluation_seconds
         self.merge_times.append(time.time())
         self.last_merge = LastMerge(fragment=fragment, version=version, learners=sorted({a.learner for a in merged}), seconds=seconds, time=time.time())
         self.pending_observations.append(decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds))
@@ -435,10 +445,10 @@ class Syncer:
             self._last["status"] = self.clock()
         return wake
 
-    def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float, all_of_them: bool = False) -> None:
         for sweeper in self.sweepers:
             try:
-                sweeper.sweep(now)
+                sweeper.sweep(now, all_of_them)
             except StorageError as error:
                 log.warning("could not sweep %s: %s", sweeper.store.root, error)
 
@@ -447,6 +457,7 @@ class Syncer:
             self.state.evaluations.append(self._evaluate(self.state.theta, self.state.version))
         self.finished = True
         self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
+        self._sweep(self.clock(), all_of_them=True)  # every learner is done: nothing is in flight
         self._write_status(SyncerPhase.FINISHED, self.clock())
         without = f" without {', '.join(f'{m} ({why})' for m, why in sorted(self.given_up.items()))}" if self.given_up else ""
         log.info("finished at version %d%s", self.state.version, without)

@@ -15,7 +15,8 @@ from typing import Any
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.runtime.run_spec import RunSpec
 from diloco_cli.store.documents import Head, Heartbeat, Refusals, SyncerStatus
-from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, heartbeat_key
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
 from diloco_cli.store.retry import StorageCounters
 
 SYNCER_SILENT_SECONDS = 30.0
@@ -108,31 +109,39 @@ class _Read:
     syncer: SyncerStatus | None = None
     head: Head | None = None
     refused: dict[str, Refusals] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
 
 def _read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> _Read:
     read = _Read()
     for bucket in spec.buckets(secret):
-        refused = read.refused.setdefault(bucket.name, Refusals())
-        for learner in (s.id for s in spec.learners if s.region == bucket.name):
-            try:
-                if (beat := bucket.read_heartbeat(learner)) is not None:
-                    read.heartbeats[learner] = beat
-            except PayloadError as error:
-                refused.record("heartbeat", heartbeat_key(learner), str(error), now)
         try:
-            candidate = bucket.read_syncer_status()
-            if candidate and (read.syncer is None or candidate.time > read.syncer.time):
-                read.syncer = candidate
-        except PayloadError as error:
-            refused.record("status", SYNCER_STATUS_KEY, str(error), now)
-        try:
-            head = bucket.read_head()
-            if head and (read.head is None or head.version > read.head.version):
-                read.head = head
-        except PayloadError as error:
-            refused.record("head", HEAD_KEY, str(error), now)
+            _read_bucket(spec, bucket, read, now)
+        except StorageError as error:  # show the others, and say which cannot be read
+            read.unreachable[bucket.name] = str(error)
     return read
+
+
+def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: _Read, now: float) -> None:
+    refused = read.refused.setdefault(bucket.name, Refusals())
+    for learner in (s.id for s in spec.learners if s.region == bucket.name):
+        try:
+            if (beat := bucket.read_heartbeat(learner)) is not None:
+                read.heartbeats[learner] = beat
+        except PayloadError as error:
+            refused.record("heartbeat", heartbeat_key(learner), str(error), now)
+    try:
+        candidate = bucket.read_syncer_status()
+        if candidate and (read.syncer is None or candidate.time > read.syncer.time):
+            read.syncer = candidate
+    except PayloadError as error:
+        refused.record("status", SYNCER_STATUS_KEY, str(error), now)
+    try:
+        head = bucket.read_head()
+        if head and (read.head is None or head.version > read.head.version):
+            read.head = head
+    except PayloadError as error:
+        refused.record("head", HEAD_KEY, str(error), now)
 
 
 def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: list[dict] | None = None, now: float | None = None) -> RunStatus:
@@ -179,7 +188,9 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
         regions=list(regions.values()),
         evaluations=evaluations,
     )
-    status.problems = problems(status, processes)
+    status.problems = problems(status, processes) + [
+        f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
+    ]
     return status
 
 
