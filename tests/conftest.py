@@ -28,10 +28,11 @@ def pytest_addoption(parser):
 @pytest.fixture(autouse=True)
 def _no_local_process_outlives_its_test(request):
     """A test that fails half-way leaves its run's processes behind: stop them."""
+    tmp_path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    if "tmp_path" not in request.fixturenames:
+    if tmp_path is None:
         return
-    runs_dir = request.getfixturevalue("tmp_path") / "runs"
+    runs_dir = tmp_path / "runs"
     if runs_dir.exists():
         from diloco_cli.launch.local import stop_local
         from diloco_cli.launch.runs import list_runs
