@@ -1,1 +1,1 @@
-"""Benchmarks (see ../shared/spec/benchmarks.md). Each is ``python -m bench.NAME [--quick]``."""
+"""Benchmarks (see docs/benchmarks.md). Each is ``python -m bench.NAME [--quick]``."""

@@ -1,6 +1,6 @@
 """A learner's bookkeeping per fragment: its base, counters and error-feedback residual.
 
-Algorithm (Decoupled DiLoCo, arXiv 2604.21428; docs/algorithm.md, "Learner m"):
+Algorithm (Decoupled DiLoCo, arXiv 2604.21428; docs/algorithm.md, "A learner"):
 
 * after each inner step every fragment's ``c_steps`` and ``c_tokens`` grow;
 * when fragment p is due the learner sends ``delta = base[p] - theta[p] + e[p]``

@@ -1,6 +1,6 @@
 """One merge round of one fragment: decode, anchor, weight, merge, outer step, publish.
 
-The steps of the syncer's round (algorithm.md, "Syncer, one round for fragment p",
+The steps of the syncer's round (docs/algorithm.md, "The syncer, one round of fragment p",
 steps 4-8), composed from the pure core and the codec.  Arrivals stream in one at a
 time: each payload is loaded, verified and decoded directly on top of its base's drift
 (``Delta_m = (Theta_now - Theta^b) + delta_m``) and folded into running sums, so the
