@@ -365,7 +365,7 @@ class Syncer:
             live_learners=sorted(self.decisions.live_learners(now)),
             pending={p: sorted(r.pending) for p, r in self.decisions.rounds.items() if r.pending},
             reasons=dict(sorted(self.reasons.items())),
-            evaluations=self.state.evaluations[-200:],
+            evaluations=self.state.evaluations,
             storage={name: bucket.store.meter.snapshot() for name, bucket in self.buckets.items()},
             refusals=self.refusals,
             repairs=self.publication.repairs,

@@ -28,6 +28,9 @@ from diloco_cli.store.home import CHECKPOINT_EVERY, CommitRecord, LedgerCheckpoi
 
 STATE_SPEC = CodecSpec(codec="fp32", zstd_level=0)
 INITIAL_SPEC = CodecSpec(codec="fp32", zstd_level=1)
+RECENT_EVALUATIONS = 200
+"""Evaluations the syncer holds, checkpoints and shows; every one also stays in the
+commit record of its version (and so in the home store's history)."""
 
 
 @dataclass
@@ -45,6 +48,7 @@ class SyncerState:
     index: list[tuple[Version, FragmentIndex]] = field(default_factory=list)
     """Recent commits (version, fragment), oldest first (see LedgerCheckpoint.index)."""
     evaluations: list[Evaluation] = field(default_factory=list)
+    """The most recent RECENT_EVALUATIONS held-out losses, oldest first."""
     merges: int = 0
     snapshot_version: Version = Version(0)
     quorum_seconds: float | None = None
@@ -72,7 +76,7 @@ class SyncerState:
         self.fragment_versions[record.fragment] = record.version
         self.version = record.version
         if record.evaluation is not None:
-            self.evaluations.append(record.evaluation)
+            self.evaluations = [*self.evaluations, record.evaluation][-RECENT_EVALUATIONS:]
         self.merges, self.snapshot_version = record.merges, record.snapshot_version
         self.quorum_seconds, self.sync_seconds = record.quorum_seconds, record.sync_seconds
 

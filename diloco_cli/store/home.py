@@ -102,6 +102,7 @@ class LedgerCheckpoint(BaseModel):
     """Recent commits (version, fragment), oldest first: each fragment's newest, its
     update window and the updates the head lists."""
     evaluations: tuple[Evaluation, ...] = ()
+    """The most recent held-out losses (all of them are in the commit records)."""
     merges: int
     snapshot_version: Version
     quorum_seconds: float | None
