@@ -2,6 +2,7 @@
 send of the same install holds."""
 
 import threading
+import time
 
 from diloco_cli.runtime.outbox import OutgoingPayload, Outbox
 from diloco_cli.store.filesystem import StorageError
@@ -59,7 +60,7 @@ def test_a_failed_payload_superseded_meanwhile_is_dropped_not_sent(tmp_path, sec
     try:
         outbox.put(item(0, 1))
         while not bucket.tries:
-            pass
+            time.sleep(0.01)
         outbox.put(item(0, 2))  # queued while #1 is being tried
         bucket.failing.clear()
         assert outbox.wait_empty(5)

@@ -39,21 +39,41 @@ class OutgoingPayload:
     meta: dict[str, Any]
 
 
-class Outbox:
+class _UploadThread:
+    """A thread that uploads what its owner hands it, and stops when closed."""
+
+    def __init__(self, name: str, retry_pause: float) -> None:
+        self.retry_pause = retry_pause
+        self._changed = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join(timeout=5)
+
+    def _pause(self) -> None:
+        """After a failed upload (with the lock held): wait, unless closing."""
+        self._changed.wait_for(lambda: self._closing, self.retry_pause)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Outbox(_UploadThread):
     """Payloads waiting for the bucket, and the thread that uploads them."""
 
     def __init__(self, bucket: RegionBucket, learner: LearnerId, retry_pause: float = RETRY_PAUSE_SECONDS) -> None:
+        super().__init__("outbox", retry_pause)
         self.bucket = bucket
         self.learner = learner
-        self.retry_pause = retry_pause
         self.delivered = 0
         self.superseded = 0
         self.failed_tries = 0
         self._queue: deque[OutgoingPayload] = deque()
         self._in_flight: OutgoingPayload | None = None
-        self._changed = threading.Condition()
-        self._closing = False
-        self._thread = threading.Thread(target=self._deliver, name="outbox", daemon=True)
         self._thread.start()
 
     def put(self, item: OutgoingPayload) -> None:
@@ -75,13 +95,7 @@ class Outbox:
         with self._changed:
             return self._changed.wait_for(lambda: not self._queue and self._in_flight is None, timeout)
 
-    def close(self) -> None:
-        with self._changed:
-            self._closing = True
-            self._changed.notify_all()
-        self._thread.join(timeout=5)
-
-    def _deliver(self) -> None:
+    def _run(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._queue or self._closing)
@@ -99,7 +113,7 @@ class Outbox:
                     else:
                         self._queue.appendleft(item)  # still the oldest: it goes first
                     log.warning("payload #%d of fragment %d not delivered (%s); trying again in %.0f s", item.sequence, item.fragment, error, self.retry_pause)
-                    self._changed.wait_for(lambda: self._closing, self.retry_pause)
+                    self._pause()
                 continue
             with self._changed:
                 self._in_flight = None
@@ -111,21 +125,18 @@ def _supersedes(newer: OutgoingPayload, older: OutgoingPayload) -> bool:
     return newer.fragment == older.fragment and newer.install_serial == older.install_serial
 
 
-class LatestUpload:
+class LatestUpload(_UploadThread):
     """An upload of which only the newest matters (a checkpoint, a heartbeat): one in
     flight at most, a newer one waiting replaces the one waiting before it (slow storage
     never builds a queue of stale uploads), and a failed one is tried again after a pause
     unless a newer one has come."""
 
     def __init__(self, name: str, retry_pause: float = RETRY_PAUSE_SECONDS) -> None:
+        super().__init__(name, retry_pause)
         self.name = name
-        self.retry_pause = retry_pause
         self.failures = 0
         self._waiting: tuple | None = None
         self._busy = False
-        self._changed = threading.Condition()
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, call, *arguments) -> None:
@@ -137,12 +148,6 @@ class LatestUpload:
         """Wait until the newest upload is written; False if ``timeout`` passed first."""
         with self._changed:
             return self._changed.wait_for(lambda: self._waiting is None and not self._busy, timeout)
-
-    def close(self) -> None:
-        with self._changed:
-            self._closing = True
-            self._changed.notify_all()
-        self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while True:
@@ -164,5 +169,5 @@ class LatestUpload:
                     self.failures += 1
                     if self._waiting is None:
                         self._waiting = upload
-                    self._changed.wait_for(lambda: self._closing, self.retry_pause)
+                    self._pause()
                 self._changed.notify_all()
