@@ -57,7 +57,7 @@ def up_fails(tmp_path, *arguments):
 def test_unknown_key_names_file_key_and_what_is_allowed(tmp_path):
     path = write_yaml(tmp_path / "bad.yaml", {"trainig": {"inner_steps": 10}})
     output = up_fails(tmp_path, str(path))
-    assert f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, storage, sync, training)" in output
+    assert f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, storage, sync, training); did you mean 'training'?" in output
 
 
 def test_nested_unknown_key_and_wrong_type_are_both_reported(tmp_path):
@@ -65,6 +65,20 @@ def test_nested_unknown_key_and_wrong_type_are_both_reported(tmp_path):
     output = up_fails(tmp_path, str(path))
     assert "training.batch_size: Input should be a valid integer" in output and "(got 'big')" in output
     assert "unknown key 'training.inner_step' (allowed here:" in output and "inner_steps" in output
+
+
+def test_unknown_keys_inside_lists_list_what_is_allowed_and_the_close_match(tmp_path):
+    regions = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [{"learnerz": 4}]}]})
+    output = " ".join(up_fails(tmp_path, "--regions", str(regions)).split())
+    assert f"{regions}: unknown key 'regions.0.hosts.0.learnerz' (allowed here: address, env," in output
+    assert "did you mean 'learners'?" in output
+
+
+def test_a_yaml_syntax_error_names_the_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("training: [inner_steps\n")
+    output = up_fails(tmp_path, str(path))
+    assert f'error: {path}: not valid YAML' in output and f'in "{path}", line' in output and "<unicode string>" not in output
 
 
 def test_missing_data_file_is_named(tmp_path):

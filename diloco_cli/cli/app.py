@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from diloco_cli import __version__
@@ -9,9 +12,8 @@ from diloco_cli.cli import internal, model_commands, runs_commands
 
 app = typer.Typer(
     name="diloco",
-    no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # click's plain help: no metavar after flags, and no rich to import
     pretty_exceptions_enable=False,
 )
 
@@ -22,14 +24,18 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def root(
+    context: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
 ) -> None:
     """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).
 
     M learners train on their own and never wait for one another; every H steps each writes a small, compressed, authenticated delta to its own region's bucket; a CPU syncer merges whatever K of the M have arrived and publishes new global weights back to every region.
     """
+    if context.invoked_subcommand is None:  # bare `diloco`: what it can do, and success
+        typer.echo(context.get_help())
+        raise typer.Exit(0)
 
 
 runs_commands.register(app)
@@ -38,4 +44,8 @@ internal.register(app)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:  # `diloco logs RUN | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -17,14 +17,17 @@ EXIT_USER_ERROR = 2
 
 
 def reported(function: Function) -> Function:
-    """Print ConfigError, StorageError and PayloadError (an object refused as damaged
-    or forged) as ``error: ...`` and exit with code 2."""
+    """Print ConfigError, StorageError, PayloadError (an object refused as damaged or
+    forged) and OSError (a file or host that is not there) as ``error: ...`` and exit
+    with code 2: every mistake is one line, never a traceback."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except (ConfigError, StorageError, PayloadError) as error:
+        except BrokenPipeError:
+            raise  # the reader went away: main() ends quietly
+        except (ConfigError, StorageError, PayloadError, OSError) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 

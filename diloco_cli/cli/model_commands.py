@@ -29,7 +29,7 @@ def export(
 @reported
 def sample(
     run: str = typer.Argument(..., help="The run."),
-    prompt: str = typer.Option("\n", "--prompt", "-p", help="Text to continue."),
+    prompt: str = typer.Option("\n", "--prompt", "-p", help="Text to continue.", show_default="a new line"),
     length: int = typer.Option(300, "--length", "-n", help="Bytes to generate."),
     temperature: float = typer.Option(0.8, help="Sampling temperature (0 picks the likeliest byte)."),
     top_k: int = typer.Option(40, "--top-k", help="Sample among the k likeliest bytes."),

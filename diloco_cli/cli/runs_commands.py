@@ -16,7 +16,7 @@ def up(
     recipe: Path | None = typer.Argument(None, help="Recipe file (recipes/*.yaml); default: the built-in default recipe.", show_default=False),
     regions: Path | None = typer.Option(None, "--regions", "-r", help="Region file (regions/*.yaml); default: two local regions of two learners."),
     name: str | None = typer.Option(None, "--name", help="Run name (default: <recipe name>-<date>-<time>)."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable)."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable)."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run preflight and print the resolved plan; start nothing."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused."),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import difflib
+import typing
+
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,15 +20,26 @@ class ConfigError(ValueError):
     """A configuration file or override is wrong; the message says where and what to do."""
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (directly, in a list, or optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        if (found := _model_in(argument)) is not None:
+            return found
+    return None
+
+
 def _allowed_keys(model: type[BaseModel], location: Sequence[Any]) -> list[str]:
-    """The field names allowed at ``location`` (the path of keys into the model)."""
-    current: Any = model
+    """The field names allowed at ``location`` (the path of keys, and list indices,
+    into the model)."""
+    current: type[BaseModel] | None = model
     for key in location[:-1]:
-        field = getattr(current, "model_fields", {}).get(key)
-        if field is None:
-            return []
-        current = field.annotation
-    return sorted(getattr(current, "model_fields", {}))
+        if isinstance(key, int):  # an index into a list: the list's items are the model
+            continue
+        field = current.model_fields.get(key) if current else None
+        current = _model_in(field.annotation) if field else None
+    return sorted(current.model_fields) if current else []
 
 
 def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
@@ -35,8 +50,10 @@ def describe_validation_error(error: ValidationError, model: type[BaseModel], so
         key = ".".join(str(part) for part in location) or "(top level)"
         if problem["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, location)
+            close = difflib.get_close_matches(str(location[-1]), allowed, n=1)
             hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
-            lines.append(f"{source}: unknown key '{key}'{hint}")
+            guess = f"; did you mean '{close[0]}'?" if close else ""
+            lines.append(f"{source}: unknown key '{key}'{hint}{guess}")
         elif problem["type"] == "missing":
             lines.append(f"{source}: missing key '{key}'")
         else:
@@ -56,7 +73,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Set each ``key.path=value`` into a nested dict (a copy)."""
-    result = _deep_copy(data)
+    result = copy.deepcopy(data)
     for override in overrides:
         path, value = parse_override(override)
         node = result
@@ -69,21 +86,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return result
 
 
-def _deep_copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {key: _deep_copy(value) for key, value in data.items()}
-    if isinstance(data, list):
-        return [_deep_copy(value) for value in data]
-    return data
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        with path.open() as handle:  # a named stream: YAML errors then name the file
+            data = yaml.safe_load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    try:
-        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if data is None:

@@ -8,11 +8,10 @@ always refused.  Connections time out, and the error names the host.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import shlex
 import socket
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -23,11 +22,6 @@ from diloco_cli.config.loading import ConfigError
 
 class SSHError(ConfigError):
     """A host cannot be used over SSH; the message names it and says what to do."""
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's form: ``SHA256:<base64 without padding>``."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 @dataclass(frozen=True)
@@ -55,7 +49,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if not self.accept_new:
             raise SSHError(
-                f"host {self.target.name} ({self.target.where}) offered an unknown {key.get_name()} key {fingerprint(key)}; "
+                f"host {self.target.name} ({self.target.where}) offered an unknown {key.get_name()} key {key.fingerprint}; "
                 f"if that is its key, run again with --accept-new-host-keys (adds it to {self.target.known_hosts}), "
                 f"or add it yourself: ssh-keyscan -p {self.target.port} {self.target.address} >> {self.target.known_hosts}"
             )
@@ -88,8 +82,8 @@ def connect(target: SSHTarget, accept_new_host_keys: bool = False) -> paramiko.S
     except paramiko.BadHostKeyException as error:
         client.close()
         raise SSHError(
-            f"host {target.name} ({target.where}) offered a {error.key.get_name()} key {fingerprint(error.key)} "
-            f"but {known_hosts} holds {fingerprint(error.expected_key)}: the host key CHANGED. This is refused always "
+            f"host {target.name} ({target.where}) offered a {error.key.get_name()} key {error.key.fingerprint} "
+            f"but {known_hosts} holds {error.expected_key.fingerprint}: the host key CHANGED. This is refused always "
             "(it may be an attack); if the host was really reinstalled, remove the old line from known_hosts"
         ) from None
     except paramiko.AuthenticationException as error:
@@ -111,11 +105,31 @@ class CommandResult:
 
 
 def run(client: paramiko.SSHClient, command: str, timeout: float = 600.0) -> CommandResult:
-    """Run a shell command on the host and wait for it."""
-    _, stdout, stderr = client.exec_command(command, timeout=timeout)
-    out = stdout.read().decode(errors="replace")
-    err = stderr.read().decode(errors="replace")
-    return CommandResult(stdout.channel.recv_exit_status(), out, err)
+    """Run a shell command on the host and wait for it.  Both streams are drained as
+    they come (reading one to its end first can deadlock on a full other one)."""
+    channel = client.get_transport().open_session(timeout=timeout)
+    channel.settimeout(timeout)
+    channel.exec_command(command)
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        if time.monotonic() > deadline:
+            channel.close()
+            raise SSHError(f"`{command[:80]}` did not finish within {timeout:.0f} s")
+        if channel.recv_ready():
+            out += channel.recv(1 << 16)
+        elif channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 16)
+        elif channel.exit_status_ready():
+            break
+        else:
+            channel.status_event.wait(0.05)
+    while channel.recv_ready() or channel.recv_stderr_ready():  # what came with the exit
+        out += channel.recv(1 << 16) if channel.recv_ready() else b""
+        err += channel.recv_stderr(1 << 16) if channel.recv_stderr_ready() else b""
+    code = channel.recv_exit_status()
+    channel.close()
+    return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 def expand_home(client: paramiko.SSHClient, path: str) -> str:

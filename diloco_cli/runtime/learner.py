@@ -50,6 +50,9 @@ LOG_EVERY_STEPS = 50
 DELIVERY_SECONDS_AT_FINISH = 600.0
 """How long a finished learner keeps trying to deliver its last payloads."""
 DELIVERY_SECONDS_AT_STOP = 20.0
+STEP_TIME_SMOOTHING = 0.2
+"""Weight of the newest step in the moving average of step time that heartbeats report
+(the syncer's grace window reads it)."""
 
 
 @dataclass
@@ -407,7 +410,8 @@ class Learner:
         p.tokens += self.tokens_per_step
         p.loss = loss
         seconds = time.perf_counter() - started
-        p.step_seconds = seconds if p.step_seconds is None else 0.8 * p.step_seconds + 0.2 * seconds
+        w = STEP_TIME_SMOOTHING
+        p.step_seconds = seconds if p.step_seconds is None else (1 - w) * p.step_seconds + w * seconds
         return loss
 
     def _train(self) -> int:

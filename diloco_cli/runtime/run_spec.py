@@ -11,10 +11,11 @@ import json
 from typing import Any
 
 import fsspec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli import __version__
 from diloco_cli.codec import RunSecret
+from diloco_cli.config.loading import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.types import LearnerId, RegionName
 from diloco_cli.store.filesystem import absolute_url, open_filesystem
@@ -22,6 +23,10 @@ from diloco_cli.store.home import SyncerHome
 from diloco_cli.store.region import RegionBucket
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ManifestError(ConfigError):
+    """A run's manifest cannot be read; the message names its URL."""
 
 
 class LearnerSpec(BaseModel):
@@ -93,13 +98,22 @@ class RunSpec(BaseModel):
 
 
 def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> RunSpec:
-    """Read a manifest (``.../manifest.json`` in a bucket, or a local ``run.json``)."""
+    """Read a manifest (``.../manifest.json`` in a bucket, or a local ``run.json``);
+    ManifestError says what is wrong with which URL."""
     filesystem, path = open_filesystem(absolute_url(url), storage_options)
-    with filesystem.open(path, "rb") as handle:
-        document = json.load(handle)
-    if "spec" in document:  # a local run record wraps the spec
+    try:
+        with filesystem.open(path, "rb") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise ManifestError(f"{url}: no such manifest; a run's is <bucket>/<run>/manifest.json (or runs/<run>/run.json here)") from None
+    except (OSError, ValueError) as error:
+        raise ManifestError(f"{url}: cannot be read as a run manifest: {error}") from None
+    if isinstance(document, dict) and "spec" in document:  # a local run record wraps the spec
         document = document["spec"]
-    return RunSpec.model_validate(document)
+    try:
+        return RunSpec.model_validate(document)
+    except ValidationError as error:
+        raise ManifestError(f"{url} is not a manifest of this diloco ({__version__}): {error.errors()[0]['msg']}") from None
 
 
 def read_secret(path: str) -> RunSecret:
