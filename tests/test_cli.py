@@ -26,7 +26,7 @@ def test_commands_that_only_read_buckets_do_not_import_torch():
     import subprocess
     import sys
 
-    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.views.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations"]
+    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.launch.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations"]
     probe = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

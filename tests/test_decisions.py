@@ -53,9 +53,9 @@ def only(actions, kind):
 def test_waits_for_quorum_then_merges_when_every_live_learner_arrived():
     state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3))
     state, actions = step(state, heartbeats("a", "b", "c"), now=0.0)
-    assert only(actions, Wait).reason == "no arrivals for fragment 0 yet"
+    assert only(actions, Wait).reason == "no arrivals yet"
     state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
-    assert only(actions, Wait).reason == "2 of K=3 arrived for fragment 0; waiting"
+    assert only(actions, Wait).reason == "2 of K=3 arrived; waiting"
     state, actions = step(state, [ArrivalSeen(arrival("c"))], now=2.0)
     merge = only(actions, Merge)
     assert [a.learner for a in merge.arrivals] == ["a", "b", "c"]
@@ -69,7 +69,7 @@ def test_grace_window_holds_the_merge_then_ends_early_when_the_last_live_learner
     state, actions = step(state, [ArrivalSeen(arrival("a")), ArrivalSeen(arrival("b"))], now=1.0)
     # xi_step 1 s * tau 4 = 4 s budget; xi_quorum 0 (first sample), xi_sync unknown: grace = 0.5*4 = 2 s
     wait = only(actions, Wait)
-    assert wait.reason == "grace window: 2.0 s left for 1 more learner on fragment 0 (2 arrived)"
+    assert wait.reason == "grace window: 2.0 s left for 1 more learner (2 arrived)"
     assert wait.until == pytest.approx(3.0)
     state, actions = step(state, [], now=1.2)
     assert "1.8 s left for 1 more learner" in only(actions, Wait).reason
@@ -120,10 +120,10 @@ def test_quorum_is_lowered_when_fewer_learners_live_but_not_while_learners_start
     state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3, liveness_timeout_seconds=5.0))
     # a is the first learner seen; b and c are presumed live while the syncer starts up
     state, actions = step(state, [ArrivalSeen(arrival("a"))], now=0.0)
-    assert only(actions, Wait).reason == "1 of K=3 arrived for fragment 0; waiting"
+    assert only(actions, Wait).reason == "1 of K=3 arrived; waiting"
     state, _ = step(state, heartbeats("a", "b", "c"), now=1.0)
     state, actions = step(state, [ArrivalSeen(arrival("b"))], now=1.5)
-    assert only(actions, Wait).reason == "2 of K=3 arrived for fragment 0; waiting"
+    assert only(actions, Wait).reason == "2 of K=3 arrived; waiting"
     state, _ = step(state, heartbeats("b"), now=4.0)
     state, _ = step(state, heartbeats("c"), now=6.0)
     state, actions = step(state, [], now=6.5)  # a is dead now: b and c are live, K lowered to 2
@@ -134,14 +134,14 @@ def test_quorum_is_lowered_when_fewer_learners_live_but_not_while_learners_start
     assert [a.learner for a in merge.arrivals] == ["a", "b"] and "the grace window ended" in merge.reason
     state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=6.6)
     state, actions = step(state, [], now=6.7)
-    assert only(actions, Wait).reason == "no arrivals for fragment 0 yet"
+    assert only(actions, Wait).reason == "no arrivals yet"
 
 
 def test_the_lowered_quorum_is_explained():
     state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=4, liveness_timeout_seconds=5.0))
     state, _ = step(state, heartbeats("a", "b"), now=6.0)
     state, actions = step(state, [ArrivalSeen(arrival("a"))], now=6.1)
-    assert only(actions, Wait).reason == "1 of K=2 (lowered from 3: 2 live) arrived for fragment 0; waiting"
+    assert only(actions, Wait).reason == "1 of K=2 (lowered from 3: 2 live) arrived; waiting"
 
 
 def test_the_newest_arrival_wins_and_older_ones_are_superseded():
@@ -177,7 +177,7 @@ def test_arrivals_from_different_bases_hold_different_work_and_are_all_merged():
 def test_one_learner_with_two_bases_counts_once_toward_the_quorum():
     state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2), versions={P0: (Version(1), Version(0))})
     state, actions = step(state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0)
-    assert only(actions, Wait).reason == "1 of K=2 arrived for fragment 0; waiting"
+    assert only(actions, Wait).reason == "1 of K=2 arrived; waiting"
 
 
 def test_the_run_ends_when_every_learner_finished_or_was_gone_long_enough():
@@ -227,7 +227,7 @@ def test_a_merging_fragment_waits_and_collects_the_next_round():
     state, actions = step(state, [ArrivalSeen(arrival("a"))], now=0.0)
     assert only(actions, Merge).fragment == 0
     state, actions = step(state, [ArrivalSeen(arrival("a", sequence=2))], now=0.5)
-    assert "merging fragment 0" in [a for a in actions if isinstance(a, Wait) and a.fragment == 0][0].reason
+    assert "a merge is in progress" in [a for a in actions if isinstance(a, Wait) and a.fragment == 0][0].reason
     state, actions = step(state, [MergeFinished(P0, Version(1), Version(0), 0.4)], now=1.0)
     assert only(actions, Merge).arrivals[0].sequence == 2
 

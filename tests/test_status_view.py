@@ -16,6 +16,7 @@ from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifes
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerStatus
 from diloco_cli.views.run_state import collect_status
+from diloco_cli.views.status import LEGEND
 from diloco_cli.store.retry import StorageCounters
 
 runner = CliRunner()
@@ -48,13 +49,13 @@ def run_secret(spec):
     return SECRETS[spec.run]
 
 
-def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 more learners on fragment 0 (2 arrived)"):
+def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 more learners (2 arrived)"):
     now = time.time()
     status = SyncerStatus(
         state=state, run=spec.run, version=7, fragment_versions={0: 6, 1: 7}, snapshot_version=0, merges=7, merges_per_minute=3,
         last_merge=LastMerge(fragment=1, version=7, learners=["local-a-0", "local-b-0"], seconds=0.2, time=now - 3),
         quorum=4, effective_quorum=3, grace_seconds=1.8, live_learners=["local-a-0", "local-a-1", "local-b-0"],
-        reasons={0: reason, 1: "1 of K=3 arrived for fragment 1; waiting"},
+        reasons={0: reason, 1: "1 of K=3 arrived; waiting"},
         evaluations=[Evaluation(version=0, loss=5.5, tokens=0, time=now), Evaluation(version=6, loss=2.71, tokens=400000, time=now)],
         storage={"local-a": StorageCounters(bytes_up=2_000_000, bytes_down=900_000), "local-b": StorageCounters(bytes_up=2_000_000, bytes_down=800_000, retries=5)},
         started_at=now - 100, time=now,
@@ -99,14 +100,15 @@ def tmux(*arguments):
     return subprocess.run(["tmux", *arguments], capture_output=True, text=True)
 
 
-def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path):
+@pytest.mark.parametrize("columns", [80, 160])
+def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path, columns):
     runs_dir, spec = make_run(tmp_path)
     for learner in ("local-a-0", "local-a-1", "local-b-0", "local-b-1"):
         beat(spec, learner, 10)
     syncer_status(spec)
     session = f"diloco-status-{time.monotonic_ns()}"
     command = f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli status viewed --watch --runs-dir {shlex.quote(str(runs_dir))}; echo VIEW-ENDED; sleep 30"
-    assert tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "40", command).returncode == 0
+    assert tmux("new-session", "-d", "-s", session, "-x", str(columns), "-y", "40", command).returncode == 0
     try:
         def screen():
             return tmux("capture-pane", "-p", "-t", session).stdout
@@ -120,14 +122,22 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path):
             raise AssertionError(f"{text!r} never appeared on the terminal:\n{screen()}")
 
         first = wait_screen("10/400")
-        assert "run viewed" in first and "grace window: 1.8 s left" in first and "learners" in first
+        assert "run viewed" in first and "grace window: 1.8 s left" in first and "local-b-1" in first
+        assert "fragment 0: grace window" in first and "for fragment 0" not in first  # said once
+        words = " ".join(first.split())
+        assert "K=4, lowered to 3 while only 3 live" in words and "(2 learners)" in words
+        assert max(len(line.rstrip()) for line in first.splitlines()) <= columns
+        if columns >= 160:  # the legend is one line where there is room
+            assert LEGEND in first
+        else:
+            assert LEGEND in words
         colours = tmux("capture-pane", "-p", "-e", "-t", session).stdout
         assert "\x1b[" in colours  # a real terminal gets the rich view
         beat(spec, "local-a-0", 77)
         wait_screen("77/400")
         for learner in ("local-a-0", "local-a-1", "local-b-0", "local-b-1"):
             beat(spec, learner, 400, state="finished")
-        syncer_status(spec, state="finished", reason="no arrivals for fragment 0 yet")
+        syncer_status(spec, state="finished", reason="no arrivals yet")
         final = wait_screen("VIEW-ENDED")
         assert "finished" in final
     finally:

@@ -8,9 +8,6 @@ from typing import TypeVar
 
 import typer
 
-from diloco_cli.codec.errors import PayloadError
-from diloco_cli.config.loading import ConfigError
-from diloco_cli.store.filesystem import StorageError
 
 Function = TypeVar("Function", bound=Callable)
 EXIT_USER_ERROR = 2
@@ -27,7 +24,14 @@ def reported(function: Function) -> Function:
             return function(*args, **kwargs)
         except BrokenPipeError:
             raise  # the reader went away: main() ends quietly
-        except (ConfigError, StorageError, PayloadError, OSError) as error:
+        except Exception as error:
+            # imported here, not at start: `diloco --help` must not pay for them
+            from diloco_cli.codec.errors import PayloadError
+            from diloco_cli.config.errors import ConfigError
+            from diloco_cli.store.filesystem import StorageError
+
+            if not isinstance(error, ConfigError | StorageError | PayloadError | OSError):
+                raise
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_USER_ERROR) from None
 

@@ -8,8 +8,6 @@ import sys
 
 import typer
 
-from diloco_cli.runtime.run_spec import read_run_spec, read_secret
-
 MANIFEST_HELP = "URL of the run's manifest (a bucket's manifest.json, or a local run.json)."
 
 
@@ -25,6 +23,7 @@ def learner(
 ) -> None:
     """Run one learner (one rank of it under torchrun)."""
     from diloco_cli.runtime.learner import Learner
+    from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
     spec = read_run_spec(manifest, json.loads(storage_options))
@@ -39,6 +38,7 @@ def syncer(
 ) -> None:
     """Run the syncer."""
     from diloco_cli.runtime.syncer import Syncer
+    from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
     spec = read_run_spec(manifest, json.loads(storage_options))

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from enum import Enum
 from pathlib import Path
 
 import typer
 
 from diloco_cli.cli.errors import reported
+
+class Output(str, Enum):
+    TEXT = "text"
+    JSON = "json"
+
 
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where local run records live.", envvar="DILOCO_RUNS_DIR")
 
@@ -25,8 +32,10 @@ def up(
     """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
     from diloco_cli.launch.up import launch
     from diloco_cli.views.plan import render_plan
+    from diloco_cli.views.preflight import render_preflight
 
-    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo)
+    show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
+    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo, show_preflight=show_preflight)
     if dry_run:
         typer.echo(render_plan(result.spec))
         return
@@ -74,43 +83,35 @@ def resume(
 
 @reported
 def runs(
-    output: str = typer.Option("text", "--output", "-o", help="text or json."),
+    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """List the runs started from this directory."""
+    """List the runs started from this directory: finished, running, stopped, failed or down."""
+    from diloco_cli.launch.runs import list_runs, summarize_run
     from diloco_cli.views.runs import render_runs
 
-    typer.echo(render_runs(runs_dir, output))
+    typer.echo(render_runs([summarize_run(record) for record in list_runs(runs_dir.resolve())], runs_dir, output.value))
 
 
 @reported
 def logs(
     run: str = typer.Argument(..., help="The run."),
     process: str | None = typer.Argument(None, help="A learner id or 'syncer' (default: all, one after another)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until Ctrl-C."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the process is done (or Ctrl-C)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Print a learner's or the syncer's log."""
+    """Print a learner's or the syncer's log, here or over SSH."""
+    from diloco_cli.launch.logs import log_text, process_names
     from diloco_cli.launch.runs import load_run
 
-    from diloco_cli.views.logs import stream_logs
-
     record = load_run(runs_dir, run)
-    known = ["syncer", *(learner.id for learner in record.spec.learners)]
-    if process is not None and process not in known:
-        from diloco_cli.config.loading import ConfigError
+    try:
+        for text in log_text(record, process_names(record, process), follow):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
 
-        raise ConfigError(f"run {record.name} has no process {process!r} (processes: {', '.join(known)})")
-    names = [process] if process else known
-    placement = {"syncer": record.spec.syncer.host, **{learner.id: learner.host for learner in record.spec.learners}}
-    remote = [name for name in names if placement[name] != "local"]
-    if remote:
-        from diloco_cli.launch.operations import stream_host_logs
-
-        stream_host_logs(record, remote, follow)
-        names = [name for name in names if name not in remote]
-    if names:
-        stream_logs({name: record.log_path(name) for name in names}, follow)
 
 STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
 version, tokens, heldout_loss, elapsed_seconds, problems[] (what is down and what to run);
@@ -127,24 +128,20 @@ syncer_down, retries, failures, refusals (by kind), latest_refusal; evaluations[
 def status(
     run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
-    output: str = typer.Option("text", "--output", "-o", help="text, or json. " + STATUS_JSON_HELP),
+    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON. " + STATUS_JSON_HELP),
     manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets; documents are then shown unverified)."),
     probe: bool = typer.Option(False, "--probe", help="Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Show a run: global version, loss, every learner, the syncer, storage per region, and what is down."""
-    if output not in ("text", "json"):
-        from diloco_cli.config.loading import ConfigError
-
-        raise ConfigError(f"--output {output!r}: use text or json")
-    _show_status(runs_dir, run, output, watch, manifest, probe)
+    _show_status(runs_dir, run, output.value, watch, manifest, probe)
 
 
 def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, manifest: str | None, probe: bool) -> None:
     from diloco_cli.views.status import show_status
 
     if manifest:
-        from diloco_cli.runtime.run_spec import read_run_spec
+        from diloco_cli.store.run_spec import read_run_spec
 
         show_status(read_run_spec(manifest), output, watch)
         return

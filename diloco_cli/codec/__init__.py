@@ -13,10 +13,26 @@ from diloco_cli.codec.errors import (
     UnsupportedFormat,
     WrongRun,
 )
-from diloco_cli.codec.frame import DecodedPayload, decode_payload, encode_payload, read_header
 from diloco_cli.codec.layout import Codec
 from diloco_cli.codec.secret import RunSecret
-from diloco_cli.codec.spec import CodecSpec
+
+_LAZY = {
+    "CodecSpec": "diloco_cli.codec.spec",
+    "DecodedPayload": "diloco_cli.codec.frame",
+    "decode_payload": "diloco_cli.codec.frame",
+    "encode_payload": "diloco_cli.codec.frame",
+    "read_header": "diloco_cli.codec.frame",
+}
+"""Imported on first use (numpy, zstandard, pydantic), so that what only needs the
+errors or the secret (``diloco runs``, ``logs``) starts fast."""
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'diloco_cli.codec' has no attribute {name!r}")
 
 __all__ = [
     "Codec",

@@ -13,11 +13,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from diloco_cli.config.errors import ConfigError
+
 Model = TypeVar("Model", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A configuration file or override is wrong; the message says where and what to do."""
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diloco_cli.codec import Codec, CodecSpec
 from diloco_cli.config.credentials import refuse_inline_credentials
-from diloco_cli.store.retry import RetryPolicy
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -192,6 +191,21 @@ class SyncConfig(BaseModel):
     leftover_seconds: float = Field(default=900.0, gt=0)
     """Partial writes, payloads without their marker and stray keys are removed once the
     syncer has seen them this long (longer than any upload in flight can take)."""
+
+
+class RetryPolicy(BaseModel):
+    """How storage calls are retried (the recipe's ``storage`` section)."""
+
+    model_config = FROZEN
+
+    attempts: int = Field(default=6, ge=1)
+    """Tries per storage call before it is reported as failed (1 = no retry)."""
+
+    first_backoff_seconds: float = Field(default=0.5, gt=0)
+    """Upper bound of the first random wait; each further wait may be up to twice as long."""
+
+    max_backoff_seconds: float = Field(default=20.0, gt=0)
+    """Upper bound of any single wait between two tries."""
 
 
 class Recipe(BaseModel):

@@ -17,7 +17,8 @@ be anchored and is told to resync.  The run is over once every learner has finis
 has been gone (failed, stopped or silent) for ``give_up_seconds``: :func:`run_end`.
 
 Nothing here does I/O or reads a clock: observations and ``now`` come in, actions go out,
-and whenever a fragment is not merged the action says why, in words.
+and whenever a fragment is not merged the action says why, in words (the action names
+the fragment; its reason does not repeat it).
 """
 
 from __future__ import annotations
@@ -340,11 +341,11 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
 def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: list[Action]) -> DecisionState:
     current = state.round(fragment)
     if current.merging:
-        actions.append(Wait(fragment, f"merging fragment {fragment}"))
+        actions.append(Wait(fragment, "a merge is in progress"))
         return state
     arrived = frozenset(current.pending)
     if not arrived:
-        actions.append(Wait(fragment, f"no arrivals for fragment {fragment} yet"))
+        actions.append(Wait(fragment, "no arrivals yet"))
         return state
     live = state.live_learners(now)
     unseen = state.unseen_presumed_live(now)
@@ -352,7 +353,7 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
     policy = state.policy
     if len(arrived) < quorum:
         lowered = f" (lowered from {policy.quorum}: {len(live) + unseen} live)" if quorum < policy.quorum else ""
-        actions.append(Wait(fragment, f"{len(arrived)} of K={quorum}{lowered} arrived for fragment {fragment}; waiting"))
+        actions.append(Wait(fragment, f"{len(arrived)} of K={quorum}{lowered} arrived; waiting"))
         return state
     if current.quorum_at is None:
         opened_at = current.opened_at if current.opened_at is not None else now
@@ -364,15 +365,14 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
         actions.append(
             Wait(
                 fragment,
-                f"grace window: {deadline - now:.1f} s left for {_plural(missing, 'more learner')} "
-                f"on fragment {fragment} ({len(arrived)} arrived)",
+                f"grace window: {deadline - now:.1f} s left for {_plural(missing, 'more learner')} ({len(arrived)} arrived)",
                 until=deadline,
             )
         )
         return replace(state, rounds={**state.rounds, fragment: current})
     why = "every live learner arrived" if not missing else "the grace window ended"
     arrivals = tuple(sorted((a for group in current.pending.values() for a in group), key=lambda a: (a.learner, a.sequence)))
-    merge = Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrived), 'learner')} into fragment {fragment}: {why}")
+    merge = Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrived), 'learner')}: {why}")
     actions.append(merge)
     fresh = FragmentRound(version=current.version, oldest_anchorable=current.oldest_anchorable, merging=merge)
     return replace(state, rounds={**state.rounds, fragment: fresh})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_supervised
 from diloco_cli.launch.runs import RunRecord
-from diloco_cli.runtime.run_spec import LearnerSpec, RunSpec
+from diloco_cli.store.run_spec import LearnerSpec, RunSpec
 
 
 def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> list[str]:

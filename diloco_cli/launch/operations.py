@@ -1,5 +1,5 @@
 """Operations on a started run wherever its processes are, here or on SSH hosts: stop
-them, read their logs, probe their supervisors, restart what is down."""
+them, probe their supervisors, restart what is down (their logs: launch/logs.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from diloco_cli.launch.remote import (
     remote_paths,
     start_remote_process,
     stop_remote,
-    stream_remote_log,
     supervisor_states,
     syncer_arguments,
 )
@@ -44,20 +43,6 @@ def stop_run(record: RunRecord, timeout: float = 30.0) -> dict[str, tuple[str, s
             client.close()
         outcome.update({name: (host_name, how) for name, how in results.items()})
     return outcome
-
-
-def stream_host_logs(record: RunRecord, names: list[str], follow: bool) -> None:
-    """Print (and follow) the logs of processes that run on SSH hosts."""
-    placement = {"syncer": record.spec.syncer.host, **{learner.id: learner.host for learner in record.spec.learners}}
-    for name in names:
-        client, host = connect_recorded_host(record.hosts, record.ssh, placement[name])
-        try:
-            if len(names) > 1:
-                sys.stdout.write(f"==> {name} on {host.name} <==\n")
-            stream_remote_log(client, remote_paths(client, host, record.name), name, follow, sys.stdout.write)
-            sys.stdout.flush()
-        finally:
-            client.close()
 
 
 def probe_run(record: RunRecord, remote: bool = True) -> list[dict]:
@@ -114,7 +99,7 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     if not down:
         return []
     spec = record.spec
-    placement = {"syncer": spec.syncer.host, **{learner.id: learner.host for learner in spec.learners}}
+    placement = record.placement()
     started: list[ProcessRecord] = []
     local = [name for name in down if placement[name] == "local"]
     if local:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.config.loading import ConfigError
+from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
 from diloco_cli.launch.runs import write_run_record
-from diloco_cli.runtime.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
+from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.training.data import BUILTIN_PREFIX

@@ -19,7 +19,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.config.regions import HostConfig
 from diloco_cli.launch.processes import ProcessRecord
 from diloco_cli.launch.ssh import SSHError, expand_home, put_text, run
-from diloco_cli.runtime.run_spec import LearnerSpec, RunSpec
+from diloco_cli.store.run_spec import LearnerSpec, RunSpec
 
 
 @dataclass(frozen=True)
@@ -112,25 +112,6 @@ def supervisor_states(client: paramiko.SSHClient, paths: RemotePaths) -> dict[st
     for name, state in states.items():
         state["supervisor_alive"] = name in alive
     return states
-
-
-def stream_remote_log(client: paramiko.SSHClient, paths: RemotePaths, name: str, follow: bool, write) -> None:
-    """Print a log on the host (and keep printing it with ``follow``) until Ctrl-C."""
-    command = f"tail -n +1 {'-F' if follow else ''} {shlex.quote(paths.log(name))}"
-    channel = client.get_transport().open_session()
-    channel.exec_command(command)
-    try:
-        while True:
-            if channel.recv_ready():
-                write(channel.recv(65536).decode(errors="replace"))
-            elif channel.exit_status_ready() and not channel.recv_ready():
-                break
-            else:
-                time.sleep(0.1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        channel.close()
 
 
 def connect_recorded_host(record_hosts: dict, ssh_settings: dict, name: str) -> tuple[paramiko.SSHClient, HostConfig]:

@@ -2,30 +2,73 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.config.loading import ConfigError
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.launch.processes import belongs_to, is_running
+
+if TYPE_CHECKING:
+    from diloco_cli.store.run_spec import RunSpec
+
+SYNCER_SILENT_SECONDS = 30.0
+"""A syncer whose report is older than this is taken for down."""
 
 
 @dataclass
 class RunRecord:
+    """A run started here: its record (``runs/<run>/run.json``) as written by ``up``.
+    The resolved run (``spec``) is validated on first use: listing runs and reading
+    their logs need only the record."""
+
     directory: Path
-    spec: RunSpec
-    launcher: str
-    processes: list[dict[str, Any]]
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """SSH hosts by name (their region-file entries), for down, logs and probes."""
-    ssh: dict[str, Any] = field(default_factory=dict)
+    document: dict[str, Any]
 
     @property
     def name(self) -> str:
-        return self.spec.run
+        return self.document["spec"]["run"]
+
+    @property
+    def created(self) -> float:
+        return float(self.document["spec"]["created"])
+
+    @functools.cached_property
+    def spec(self) -> RunSpec:
+        from diloco_cli.store.run_spec import RunSpec
+
+        return RunSpec.model_validate(self.document["spec"])
+
+    @property
+    def launcher(self) -> str:
+        return self.document["launcher"]
+
+    @property
+    def processes(self) -> list[dict[str, Any]]:
+        return self.document["processes"]
+
+    @processes.setter
+    def processes(self, processes: list[dict[str, Any]]) -> None:
+        self.document["processes"] = processes
+
+    @property
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        """SSH hosts by name (their region-file entries), for down, logs and probes."""
+        return self.document.get("hosts", {})
+
+    @property
+    def ssh(self) -> dict[str, Any]:
+        return self.document.get("ssh", {})
+
+    def placement(self) -> dict[str, str]:
+        """Which host each process of the run runs on ("local" for this machine)."""
+        spec = self.document["spec"]
+        return {"syncer": spec["syncer"]["host"], **{learner["id"]: learner["host"] for learner in spec["learners"]}}
 
     @property
     def secret_path(self) -> Path:
@@ -39,10 +82,7 @@ class RunRecord:
 
     def save(self) -> None:
         """Write the run record back (after processes were started again)."""
-        write_run_record(
-            self.directory,
-            {"spec": json.loads(self.spec.to_json()), "launcher": self.launcher, "processes": self.processes, "hosts": self.hosts, "ssh": self.ssh},
-        )
+        write_run_record(self.directory, self.document)
 
     def process_state(self, process: str) -> dict[str, Any] | None:
         path = self.directory / "processes" / f"{process}.json"
@@ -72,14 +112,9 @@ def load_run(runs_dir: Path, name: str | None) -> RunRecord:
     except FileNotFoundError:
         known = ", ".join(record.name for record in list_runs(runs_dir)[-5:]) or "none"
         raise ConfigError(f"no run {name!r} in {runs_dir} (recent runs: {known}); `diloco runs` lists them") from None
-    return RunRecord(
-        directory,
-        RunSpec.model_validate(document["spec"]),
-        document["launcher"],
-        document["processes"],
-        document.get("hosts", {}),
-        document.get("ssh", {}),
-    )
+    if not isinstance(document, dict) or "spec" not in document or "processes" not in document:
+        raise ConfigError(f"{directory / 'run.json'} is not a run record of diloco")
+    return RunRecord(directory, document)
 
 
 def list_runs(runs_dir: Path) -> list[RunRecord]:
@@ -88,6 +123,63 @@ def list_runs(runs_dir: Path) -> list[RunRecord]:
     for path in sorted(runs_dir.glob("*/run.json")) if runs_dir.exists() else []:
         try:
             records.append(load_run(runs_dir, path.parent.name))
-        except (ValueError, KeyError):
+        except (ValueError, KeyError):  # a damaged record: not a run to list
             continue
-    return sorted(records, key=lambda record: record.spec.created)
+    return sorted(records, key=lambda record: record.created)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``diloco runs``."""
+
+    name: str
+    created: float
+    learners: int
+    regions: tuple[str, ...]
+    hosts: tuple[str, ...]
+    """Where its processes run ("local" for this machine)."""
+    state: str
+    """finished, running, stopped (by ``down``), failed (a supervisor gave up), down (its
+    processes are gone without finishing), or the syncer's state when all run elsewhere."""
+
+
+def summarize_run(record: RunRecord) -> RunSummary:
+    """A run's state from its supervisors here and, for processes on SSH hosts, its
+    syncer's report in a bucket (pids of other machines mean nothing here)."""
+    states = []
+    for process in record.processes:
+        if process.get("host", "local") != "local":
+            continue
+        recorded = (record.process_state(process["name"]) or {}).get("state", "unknown")
+        alive = is_running(process["pid"]) and belongs_to(process["pid"], record.directory)
+        states.append(recorded if alive or recorded in ("finished", "stopped", "failed") else "down")
+    if len(states) < len(record.processes):  # some run on hosts: ask the syncer's report
+        states.append(_syncer_state(record.spec))
+    for state in ("failed", "down", "running", "restarting", "starting", "stopped", "unknown"):
+        if state in states:
+            return _summary(record, "running" if state in ("restarting", "starting") else state)
+    return _summary(record, "finished" if states else "unknown")
+
+
+def _summary(record: RunRecord, state: str) -> RunSummary:
+    hosts = tuple(dict.fromkeys(process.get("host", "local") for process in record.processes))
+    spec = record.document["spec"]
+    regions = tuple(region["name"] for region in spec["regions"])
+    return RunSummary(record.name, record.created, len(spec["learners"]), regions, hosts, state)
+
+
+def _syncer_state(spec: RunSpec) -> str:
+    """The syncer's own report, read once without retries (``runs`` must answer fast)."""
+    from diloco_cli.config.recipe import RetryPolicy
+    from diloco_cli.store.region import RegionBucket
+
+    region = spec.regions[0]
+    try:
+        status = RegionBucket(region.name, region.root, region.storage_options, None, RetryPolicy(attempts=1)).read_syncer_status()
+    except Exception:  # noqa: BLE001 - an unreachable bucket only makes the state unknown
+        return "unknown"
+    if status is None:
+        return "starting"
+    if status.state.value == "running" and time.time() - status.time > SYNCER_SILENT_SECONDS:
+        return "down"
+    return status.state.value

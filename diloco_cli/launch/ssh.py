@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import paramiko
 
-from diloco_cli.config.loading import ConfigError
+from diloco_cli.config.errors import ConfigError
 
 
 class SSHError(ConfigError):

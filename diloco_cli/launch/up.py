@@ -28,11 +28,13 @@ from diloco_cli.launch.runs import write_run_record
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
 from diloco_cli.launch.remote import command_for, install_run_files, learner_arguments, remote_paths, start_remote_process, syncer_arguments
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.filesystem import protocol_of
-from diloco_cli.views.preflight import render_preflight
 
 Emit = Callable[[str], None]
+"""Receives a line of progress to show."""
+ShowPreflight = Callable[[list[HostReport]], None]
+"""Receives the preflight reports to show (the CLI renders them)."""
 
 
 class StartError(ConfigError):
@@ -73,13 +75,14 @@ def launch(
     dry_run: bool,
     accept_new_host_keys: bool = False,
     emit: Emit = lambda line: None,
+    show_preflight: ShowPreflight = lambda reports: None,
 ) -> Launch:
     runs_dir = runs_dir.resolve()  # processes start elsewhere: every path they get is absolute
     spec, regions, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir)
     reports = preflight(regions, accept_new_host_keys)
     try:
         if reports:
-            emit(render_preflight(reports))
+            show_preflight(reports)
         if any(report.problem for report in reports):
             raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
         if dry_run:
@@ -87,7 +90,7 @@ def launch(
         run_dir, secret = create_run_directory(runs_dir, spec, launcher="ssh" if reports else "local")
         try:
             if reports:
-                _install_everywhere(reports, spec, runs_dir, emit)
+                _install_everywhere(reports, spec, runs_dir, emit, show_preflight)
             if spec.syncer.host == "local":
                 check_buckets(spec, sources)
         except BaseException:
@@ -117,7 +120,7 @@ def launch(
                 report.client.close()
 
 
-def _install_everywhere(reports: list[HostReport], spec: RunSpec, runs_dir: Path, emit: Emit) -> None:
+def _install_everywhere(reports: list[HostReport], spec: RunSpec, runs_dir: Path, emit: Emit, show_preflight: ShowPreflight) -> None:
     """Build (once), copy and install the project on every host, then probe each host's
     buckets from the host itself."""
     distribution = build_distribution(runs_dir / ".wheels")
@@ -136,7 +139,7 @@ def _install_everywhere(reports: list[HostReport], spec: RunSpec, runs_dir: Path
     venvs = {report.host.name: remote_paths(report.client, report.host, spec.run).venv for report in reports}
     probe_buckets_from_hosts(reports, roots, venvs)
     if any(report.problem for report in reports):
-        emit(render_preflight(reports))
+        show_preflight(reports)
         raise StartError("a bucket cannot be used from a host; nothing was started")
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.runtime.global_weights import latest_weights
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Head
 
 

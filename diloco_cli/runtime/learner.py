@@ -32,7 +32,7 @@ from diloco_cli.runtime.distributed import broadcast_control, broadcast_paramete
 from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
 from diloco_cli.runtime.outbox import LatestUpload, OutgoingPayload, Outbox
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PAYLOAD_KEY

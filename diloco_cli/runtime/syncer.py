@@ -33,7 +33,7 @@ from diloco_cli.runtime.global_weights import encode_snapshot
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError

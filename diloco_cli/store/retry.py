@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from diloco_cli.config.recipe import RetryPolicy
 from diloco_cli.store.filesystem import StorageError
 
 log = logging.getLogger("diloco.storage")
@@ -33,21 +34,6 @@ ANSWERS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryE
 
 BUGS = (TypeError, AttributeError, NameError, NotImplementedError, AssertionError, ImportError, KeyError)
 """Errors of the program, not of the storage: never retried."""
-
-
-class RetryPolicy(BaseModel):
-    """How storage calls are retried (the recipe's ``storage`` section)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-    attempts: int = Field(default=6, ge=1)
-    """Tries per storage call before it is reported as failed (1 = no retry)."""
-
-    first_backoff_seconds: float = Field(default=0.5, gt=0)
-    """Upper bound of the first random wait; each further wait may be up to twice as long."""
-
-    max_backoff_seconds: float = Field(default=20.0, gt=0)
-    """Upper bound of any single wait between two tries."""
 
 
 def is_transient(error: BaseException) -> bool:

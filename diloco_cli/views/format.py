@@ -35,3 +35,8 @@ def human_duration(seconds: float | None, compact: bool = False) -> str:
 
 def ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{human_duration(seconds)} ago"
+
+
+def plural(count: int, word: str) -> str:
+    """``1 learner``, ``2 learners``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 
 
 def render_plan(spec: RunSpec) -> str:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 
-from diloco_cli.launch.preflight import HostReport
+if TYPE_CHECKING:  # a view renders what launch found; it does not call launch
+    from diloco_cli.launch.preflight import HostReport
 
 CHECKS = ("ssh", "python", "torch", "disk", "clock", "bucket")
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from diloco_cli.codec import PayloadError, RunSecret
-from diloco_cli.runtime.run_spec import RunSpec
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Head, Heartbeat, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key

@@ -1,40 +1,26 @@
-"""``diloco runs``: the runs started from this directory."""
+"""``diloco runs``: the runs started from this directory, as a table or JSON."""
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from diloco_cli.launch.processes import is_running
-from diloco_cli.launch.runs import list_runs
-
-
-def runs_table(runs_dir: Path) -> list[dict]:
-    rows = []
-    for record in list_runs(runs_dir):
-        alive = sum(1 for process in record.processes if is_running(process["pid"]))
-        rows.append(
-            {
-                "run": record.name,
-                "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.spec.created)),
-                "learners": len(record.spec.learners),
-                "regions": [region.name for region in record.spec.regions],
-                "processes_running": alive,
-                "state": "running" if alive else "stopped",
-            }
-        )
-    return rows
+if TYPE_CHECKING:
+    from diloco_cli.launch.runs import RunSummary
 
 
-def render_runs(runs_dir: Path, output: str) -> str:
-    rows = runs_table(runs_dir)
+def render_runs(summaries: list[RunSummary], runs_dir: Path, output: str) -> str:
     if output == "json":
-        return json.dumps(rows, indent=2)
-    if not rows:
+        return json.dumps([asdict(summary) for summary in summaries], indent=2)
+    if not summaries:
         return f"no runs in {runs_dir}; start one with `diloco up`"
-    header = f"{'RUN':<40} {'CREATED':<20} {'LEARNERS':>8}  {'STATE':<8} REGIONS"
-    lines = [header]
-    for row in rows:
-        lines.append(f"{row['run']:<40} {row['created']:<20} {row['learners']:>8}  {row['state']:<8} {', '.join(row['regions'])}")
+    width = max(len("RUN"), *(len(summary.name) for summary in summaries))
+    lines = [f"{'RUN':<{width}}  {'CREATED':<19}  {'STATE':<9} {'LEARNERS':>8}  WHERE"]
+    for summary in summaries:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(summary.created))
+        where = ", ".join(summary.regions) + ("" if summary.hosts == ("local",) else f" (hosts: {', '.join(summary.hosts)})")
+        lines.append(f"{summary.name:<{width}}  {created:<19}  {summary.state:<9} {summary.learners:>8}  {where}")
     return "\n".join(lines)

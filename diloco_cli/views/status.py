@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.runtime.run_spec import RunSpec
-from diloco_cli.views.format import ago, human_bytes, human_count, human_duration
+from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
 from diloco_cli.views.run_state import RunStatus, collect_status
 
 STATE_STYLE = {"training": "green", "finished": "cyan", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
@@ -35,6 +35,8 @@ LEARNER_COLUMNS = (
 """Steps per second, base version (+ staleness in versions), time since the last
 heartbeat, restarts.  Region and host share a column ("where"; the host only when it is
 not this machine), so the table fits an 80-column terminal."""
+STORAGE_LEGEND = "storage per region: bytes each way; retried: calls tried again; refused: objects damaged or forged"
+LEGEND = "st/s: steps per second; base: the global version a learner holds, +versions behind; seen: since its last heartbeat; rst: restarts"
 
 
 def _loss(value: float | None) -> str:
@@ -50,7 +52,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         f"  version {status.version}  tokens {human_count(status.tokens)}  held-out loss {_loss(status.heldout_loss)}"
         f"  elapsed {human_duration(status.elapsed_seconds)}"
     )
-    learners = Table(box=table_box, title="learners (st/s: steps per second; base: version +staleness; seen: last heartbeat; rst: restarts)", title_justify="left", show_edge=False, pad_edge=False)
+    learners = Table(box=table_box, show_edge=False, pad_edge=False)
     for column, justify in LEARNER_COLUMNS:
         learners.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis" if column in ("learner", "where") else "fold")
     for row in status.learners:
@@ -67,13 +69,15 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
             human_duration(row.last_seen_seconds, compact=True),
             str(row.restarts),
         )
+    legend = Text(LEGEND, style="dim")  # its own line, wrapped to the terminal, not to the table
     syncer = status.syncer
     merge = syncer.last_merge
-    merged = f"version {merge['version']} (fragment {merge['fragment']}, {len(merge['learners'])} learners) {ago(syncer.last_merge_seconds_ago)}" if merge else "none yet"
+    merged = f"version {merge['version']} (fragment {merge['fragment']}, {plural(len(merge['learners']), 'learner')}) {ago(syncer.last_merge_seconds_ago)}" if merge else "none yet"
     grace = "-" if syncer.grace_seconds is None else f"{syncer.grace_seconds:.1f} s"
     quorum = "-" if syncer.quorum is None else f"K={syncer.quorum}" + (
-        f" (now {syncer.effective_quorum})" if syncer.effective_quorum not in (None, syncer.quorum) else ""
-    )
+        f", lowered to {syncer.effective_quorum} while only {len(syncer.live_learners)} live"
+        if syncer.effective_quorum not in (None, syncer.quorum) else ""
+    )  # fmt: skip
     state = syncer.state if syncer.state != "not reporting" else f"not reporting (last report {ago(syncer.last_report_seconds)})"
     lines = [
         f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
@@ -82,7 +86,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         lines.append(f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers")
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
-    regions = Table(box=table_box, title="storage per region (retried: calls tried again; refused: objects damaged or forged)", title_justify="left", show_edge=False)
+    regions = Table(box=table_box, show_edge=False)
     for column in ("region", "learners up", "learners down", "syncer up", "syncer down", "retried", "refused"):
         regions.add_column(column, justify="left" if column == "region" else "right")
     refusal_lines = []
@@ -97,7 +101,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     parts = [run]
     if status.problems:
         parts.append(Text("\n".join(f"! {problem}" for problem in status.problems), style="bold red"))
-    parts += [learners, Text("\n".join(lines)), regions]
+    parts += [learners, legend, Text("\n".join(lines)), regions, Text(STORAGE_LEGEND, style="dim")]
     if refusal_lines:
         parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:

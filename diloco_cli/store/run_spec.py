@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli import __version__
 from diloco_cli.codec import RunSecret
-from diloco_cli.config.loading import ConfigError
+from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.types import LearnerId, RegionName
 from diloco_cli.store.filesystem import absolute_url, open_filesystem
