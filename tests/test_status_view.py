@@ -125,7 +125,7 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path, co
         assert "run viewed" in first and "grace window: 1.8 s left" in first and "local-b-1" in first
         assert "fragment 0: grace window" in first and "for fragment 0" not in first  # said once
         words = " ".join(first.split())
-        assert "K=4, lowered to 3 while only 3 live" in words and "(2 learners)" in words
+        assert "K=4, lowered to 3 while only 3 live" in words and "(fragment 1, 2 learners)" in words, first
         assert max(len(line.rstrip()) for line in first.splitlines()) <= columns
         if columns >= 160:  # the legend is one line where there is room
             assert LEGEND in first
