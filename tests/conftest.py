@@ -1,11 +1,30 @@
 import os
+import shutil
+import subprocess
 
 # gcsfs must see this before it is first imported (else it hangs on a gRPC call).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+SYSTEM_TOOLS = {"/usr/sbin/sshd": "openssh-server", "tmux": "tmux", "ip": "iproute2"}
+"""What the tests drive for real (sshd for SSH hosts, tmux for the live view, ip/tc for
+network namespaces), by the Debian package that provides it."""
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
+
+def pytest_sessionstart(session):
+    """Install the system tools the tests need where this machine allows it (root with
+    apt-get, as on a fresh CI machine); elsewhere the tests that need a missing one fail
+    saying which package to install."""
+    missing = sorted({package for tool, package in SYSTEM_TOOLS.items() if shutil.which(tool) is None})
+    if not missing or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    print(f"installing what the tests drive: {' '.join(missing)}", flush=True)
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=environment, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=environment, stdout=subprocess.DEVNULL)
+
 
 settings.register_profile("default", deadline=None, max_examples=40)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

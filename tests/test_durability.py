@@ -223,6 +223,8 @@ def test_resume_restarts_a_syncer_that_is_down_and_status_says_so(tmp_path):
     diloco("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     kill_group(runs_dir, name, "syncer")  # the supervisor and the syncer: nothing restarts it
+    refused = diloco("rm", name, "--runs-dir", str(runs_dir), check=False)  # its learners still run
+    assert refused.returncode == 2 and f"run {name} is running here; stop it first with `diloco down {name}`" in refused.stderr
     status = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert f"syncer is down (its supervisor is gone); `diloco resume {name}` restarts it" in status["problems"]
     text = diloco("status", name, "--runs-dir", str(runs_dir)).stdout

@@ -61,6 +61,16 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
     stopped = diloco("down", "e2e-file", "--runs-dir", str(runs_dir))
     assert "run e2e-file is down" in stopped.stdout
     wait_processes_gone(runs_dir, "e2e-file")
+    # a finished learner keeps one checkpoint; `rm` removes the run everywhere
+    record = load_run(runs_dir, "e2e-file")
+    assert len(record.spec.bucket("east", record.secret()).checkpoint_keys("east-0")) == 1
+    planned = diloco("rm", "--older-than", "0", "--dry-run", "--runs-dir", str(runs_dir)).stdout
+    assert f"would remove run e2e-file: {runs_dir / 'e2e-file'}; file://{tmp_path}/buckets/east/e2e-file" in planned
+    assert (tmp_path / "buckets" / "east" / "e2e-file").exists()
+    removed = diloco("rm", "e2e-file", "--runs-dir", str(runs_dir)).stdout
+    assert "removed run e2e-file" in removed and "left alone" not in removed
+    assert not (tmp_path / "buckets" / "east" / "e2e-file").exists() and not (runs_dir / "e2e-file").exists()
+    assert "no runs in" in diloco("runs", "--runs-dir", str(runs_dir)).stdout
 
 
 BACKENDS = {"s3": moto_s3_server, "gcs": fake_gcs_server}

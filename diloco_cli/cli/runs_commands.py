@@ -82,6 +82,32 @@ def resume(
 
 
 @reported
+def rm(
+    names: list[str] = typer.Argument(None, help="The runs to remove.", show_default=False),
+    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS", help="Also remove every finished or stopped run created more than DAYS days ago."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Remove runs for good: their record and logs here, their objects in every region's bucket, the syncer's home, their folders on SSH hosts. A running run is refused."""
+    from diloco_cli.config.errors import ConfigError
+    from diloco_cli.launch.removal import plan_removal, remove_run, runs_to_prune
+    from diloco_cli.launch.runs import load_run
+
+    records = [load_run(runs_dir, name) for name in names or []]
+    records += [r for r in (runs_to_prune(runs_dir.resolve(), older_than) if older_than is not None else []) if r.name not in (names or [])]
+    if not records:
+        raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
+    for record in records:
+        removal = plan_removal(record)
+        if not dry_run:
+            remove_run(record, removal)
+        verb = "would remove" if dry_run else "removed"
+        typer.echo(f"{verb} run {record.name}: {'; '.join(removal.places)}")
+        for skipped in removal.skipped:
+            typer.echo(f"  left alone: {skipped}")
+
+
+@reported
 def runs(
     output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON."),
     runs_dir: Path = RUNS_DIR,
@@ -160,3 +186,4 @@ def register(app: typer.Typer) -> None:
     app.command()(logs)
     app.command()(down)
     app.command()(resume)
+    app.command()(rm)

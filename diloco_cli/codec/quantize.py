@@ -38,7 +38,11 @@ def _load_kernels() -> ctypes.CDLL | None:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         candidate = here / f"_kernels{suffix}"
         if candidate.exists():
-            library = ctypes.CDLL(str(candidate))
+            try:
+                library = ctypes.CDLL(str(candidate))
+            except OSError as error:  # built for another platform: the torch path serves
+                warnings.warn(f"diloco's codec kernels {candidate} cannot be loaded ({error}); using the torch path", RuntimeWarning, stacklevel=2)
+                return None
             pointer, size = ctypes.c_void_p, ctypes.c_int64
             for name in ("diloco_quantize_int8", "diloco_quantize_int4"):
                 function = getattr(library, name)

@@ -3,7 +3,10 @@ host's environment; skipped when the host already has this exact build.
 
 The wheel is built from the project's source tree and cached by a hash of that source,
 so a second ``up`` rebuilds nothing and, when the host's environment carries the same
-hash, copies and installs nothing either.
+hash, copies and installs nothing either.  It is platform independent (``py3-none-any``,
+the codec's C source inside it): any supported Python on any platform installs it, and
+the host compiles the kernels for itself after installing (without a compiler the codec
+uses its torch path).
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +45,8 @@ with open(venv + ".lock", "w") as lock:
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "2", "--timeout", "30",
                     "--upgrade", requirement, *extra], check=True)
+    kernels = subprocess.run([python, "-m", "diloco_cli.codec.build"], capture_output=True, text=True)
+    print(kernels.stdout.strip() or kernels.stderr.strip()[-300:])
     with open(mark, "w") as handle:
         handle.write(digest)
     print("installed")
@@ -65,11 +72,15 @@ def project_root() -> Path | None:
     return root if (root / "pyproject.toml").exists() and (root / "setup.py").exists() else None
 
 
+def source_files(root: Path) -> list[Path]:
+    """What a wheel is built from: the project's files, no build products."""
+    files = [root / "pyproject.toml", root / "setup.py", root / "README.md"]
+    return files + sorted(p for p in (root / "diloco_cli").rglob("*") if p.is_file() and p.suffix not in (".pyc", ".so") and "__pycache__" not in p.parts)
+
+
 def source_hash(root: Path) -> str:
     digest = hashlib.sha256()
-    files = [root / "pyproject.toml", root / "setup.py", root / "README.md"]
-    files += sorted(p for p in (root / "diloco_cli").rglob("*") if p.is_file() and p.suffix not in (".pyc", ".so") and "__pycache__" not in p.parts)
-    for path in files:
+    for path in source_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes() if path.exists() else b"")
     return digest.hexdigest()[:20]
@@ -85,8 +96,14 @@ def build_distribution(cache_dir: Path) -> Distribution:
     wheels = sorted(target.glob("diloco_cli-*.whl"))
     if not wheels:
         target.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(target), str(root)]
-        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+        with tempfile.TemporaryDirectory(prefix="diloco-wheel-") as clean:  # no stale build products
+            for path in source_files(root):
+                copy = Path(clean) / path.relative_to(root)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, copy)
+            command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(target), clean]
+            environment = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH, "DILOCO_PURE_WHEEL": "1"}
+            result = subprocess.run(command, capture_output=True, text=True, env=environment)
         if result.returncode != 0:
             raise SSHError(f"building a wheel of {root} failed:\n{result.stderr[-2000:]}")
         wheels = sorted(target.glob("diloco_cli-*.whl"))
@@ -117,4 +134,5 @@ def bootstrap_host(client: paramiko.SSHClient, host: HostConfig, distribution: D
         raise SSHError(f"host {host.name}: installing diloco into {venv} failed:\n{(result.stderr or result.stdout)[-2000:]}")
     if result.stdout.strip().endswith("up to date"):
         return "up to date"
-    return "installed"
+    compiled = "kernels compiled" in result.stdout
+    return "installed" if compiled else "installed (no C compiler there: the codec's torch path)"

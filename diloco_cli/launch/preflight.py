@@ -38,7 +38,8 @@ has_venv = os.path.exists(venv_python)
 torch_version, torch_error = torch_in(venv_python if has_venv else sys.executable)
 print(json.dumps({"python": sys.version.split()[0], "version_info": list(sys.version_info[:2]), "platform": sysconfig.get_platform(),
     "cores": os.cpu_count(), "disk_free": shutil.disk_usage(existing).free, "venv": has_venv,
-    "torch": torch_version, "torch_error": torch_error, "home": os.path.expanduser("~")}))
+    "torch": torch_version, "torch_error": torch_error, "home": os.path.expanduser("~"),
+    "compiler": shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None}))
 """
 
 
@@ -86,8 +87,9 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
     report.facts = json.loads(facts.stdout.strip().splitlines()[-1])
     if tuple(report.facts["version_info"]) < (3, 10):
         report.fail("python", f"host {host.name}: Python {report.facts['python']} is too old; diloco needs 3.10 or newer (set python:)")
-    else:
-        report.checks["python"] = report.facts["python"]
+    else:  # what `up` ships is py3-none-any: any Python >= 3.10 on any platform installs it
+        compiled = "" if report.facts["compiler"] else ", no C compiler: the codec's slower torch path"
+        report.checks["python"] = f"{report.facts['python']} {report.facts['platform']}{compiled}"
     if report.facts["torch"]:
         report.checks["torch"] = report.facts["torch"]
     elif any(requirement.split("=")[0].split("<")[0].split(">")[0].strip() == "torch" for requirement in host.install):

@@ -459,8 +459,10 @@ class Learner:
                 state, code = LearnerState.FAILED, EXIT_UNDELIVERED
             try:
                 self._heartbeat(state, wait=patience)
+                if code == EXIT_FINISHED:  # delivered and reported: only the last one can matter now
+                    self.bucket.prune_checkpoints(self.me.id, keep=1)
             except StorageError as error:
-                log.warning("could not write the last heartbeat: %s", error)
+                log.warning("could not write the last heartbeat or tidy the checkpoints: %s", error)
             for uploads in (self.outbox, self.checkpoints, self.beats):
                 uploads.close()
             self.polls.shutdown(wait=True, cancel_futures=True)

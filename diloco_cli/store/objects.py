@@ -77,6 +77,17 @@ class ObjectStore:
 
         self._call("deleting", key, remove)
 
+    def remove_everything(self) -> None:
+        """Delete every object under the root (``diloco rm``: the root is the run's own)."""
+
+        def remove() -> None:
+            try:
+                self._filesystem.rm(self._path, recursive=True)
+            except FileNotFoundError:
+                pass
+
+        self._call("removing everything under", "", remove)
+
     # ------------------------------------------------------------------ documents
 
     def get_document(self, key: str, model: type[DocumentType], secret: RunSecret | None) -> DocumentType | None:

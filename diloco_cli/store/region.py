@@ -182,9 +182,13 @@ class RegionBucket:
     # ------------------------------------------------------------------ checkpoints
 
     def write_checkpoint(self, learner: LearnerId, step: int, payload: bytes, keep: int = 2) -> None:
-        """Upload a checkpoint (marked), then delete all but the newest ``keep``."""
+        """Upload a checkpoint (marked), then delete all but the newest ``keep`` (two
+        while training: the older one is the fallback if the newer is damaged)."""
         key = checkpoint_key(learner, step)
         self.store.put_marked(key, payload, self._marker({"learner": learner, "step": step}))
+        self.prune_checkpoints(learner, keep)
+
+    def prune_checkpoints(self, learner: LearnerId, keep: int) -> None:
         for old in self.checkpoint_keys(learner)[:-keep]:
             self.store.delete_marked(old)
 
