@@ -12,7 +12,7 @@ rows (data-parallel and Decoupled K=1) run ``--seeds`` seeds, the K=M rows
 Both sides are tuned the same way: data-parallel's learning rate over a grid, and the
 DiLoCo learners' inner learning rate and H over a grid, each at an eighth of the budget
 (the schedule of the full run, stopped there).  The rows run the defaults; the best
-DiLoCo setting gets rows of its own beside them ("tuned").
+DiLoCo setting gets rows of its own beside them ("tuned"), unless it is the default.
 
     python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
     python -m bench.quality --quick         # a tiny model and budget (the test suite)
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict:
         "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
         "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
     }
-    if tuned_setting is not None:
+    default = recipe_for(args, 0, {})
+    if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (default.training.learning_rate, default.sync.sync_interval):
         tuned = {"training": {"learning_rate": tuned_setting["learning_rate"]}, "sync": {"sync_interval": tuned_setting["sync_interval"]}}
         diloco_rows[TUNED_SYNC] = (tuned, 2 if args.quick else 10)
         diloco_rows[TUNED_ASYNC] = ({"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}}, 4 if args.quick else 40)
