@@ -92,8 +92,9 @@ def run_diloco(recipe: Recipe, name: str, workdir: Path, stop_at: float | None =
             break
         time.sleep(2 if stop_at else 5)
     evaluations = status.evaluations
-    if stop_at is not None:
-        return {"tokens": budget * stop_at, "seconds": time.monotonic() - started, "loss": loss_at(evaluations, stop_at * budget)}
+    if stop_at is not None:  # the first evaluation past the stop (the run may have ended sooner)
+        past = [e for e in evaluations if e["tokens"] >= stop_at * budget] or evaluations[-1:]
+        return {"tokens": budget * stop_at, "seconds": time.monotonic() - started, "loss": past[0]["loss"]}
     return {
         "tokens": budget,
         "versions": status.version,
