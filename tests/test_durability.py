@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import time
-from contextlib import ExitStack
 
 import pytest
 

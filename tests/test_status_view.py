@@ -179,4 +179,4 @@ def test_a_silent_syncer_is_reported_with_what_to_run(tmp_path):
     syncer_status(spec)
     status = collect_status(spec, run_secret(spec), now=time.time() + 120)
     assert status.state == "syncer not reporting" and status.syncer.state == "not reporting"
-    assert status.problems == [f"the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it (`diloco status viewed --probe` asks its host)"]
+    assert status.problems == ["the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it (`diloco status viewed --probe` asks its host)"]

@@ -115,7 +115,6 @@ def test_forged_replayed_and_reordered_objects_are_refused_counted_and_shown(har
     harness.assert_bases_equal_the_syncers(reader)
 
     # a head sealed with another key: refused, nothing installed
-    authentic = harness.bucket.store.get(HEAD_KEY)
     head = harness.bucket.read_head()
     forged = head.model_copy(update={"version": head.version + 5})
     harness.bucket.store.put(HEAD_KEY, seal(forged, HEAD_KEY, RunSecret(bytes(32))))

@@ -3,26 +3,16 @@ them, probe their supervisors, restart what is down (their logs: launch/logs.py)
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 from dataclasses import asdict
 
 from diloco_cli.launch.local import start_local, stop_local
 from diloco_cli.launch.processes import ProcessRecord, belongs_to, is_running
-from diloco_cli.launch.remote import (
-    command_for,
-    connect_recorded_host,
-    learner_arguments,
-    remote_paths,
-    start_remote_process,
-    stop_remote,
-    supervisor_states,
-    syncer_arguments,
-)
 from diloco_cli.launch.runs import RunRecord
-from diloco_cli.launch.ssh import SSHError
-from diloco_cli.launch.ssh import run as run_over_ssh
+
+# launch.remote and launch.ssh (paramiko, ~100 ms to import) are imported where a run has
+# SSH hosts: status of a local run must not pay for them.
 
 
 def stop_run(record: RunRecord, timeout: float = 30.0) -> dict[str, tuple[str, str]]:
@@ -31,6 +21,8 @@ def stop_run(record: RunRecord, timeout: float = 30.0) -> dict[str, tuple[str, s
     for process in record.processes:
         by_host[process.get("host", "local")].append(ProcessRecord(**process))
     outcome: dict[str, tuple[str, str]] = {}
+    from diloco_cli.launch.remote import connect_recorded_host, remote_paths, stop_remote
+
     if "local" in by_host:
         outcome.update({name: ("local", how) for name, how in stop_local(record, timeout).items()})
     for host_name, processes in by_host.items():
@@ -62,6 +54,9 @@ def probe_run(record: RunRecord, remote: bool = True) -> list[dict]:
             continue
         if not remote:
             continue
+        from diloco_cli.launch.remote import connect_recorded_host, remote_paths, supervisor_states
+        from diloco_cli.launch.ssh import SSHError
+
         try:
             client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         except SSHError as error:
@@ -106,6 +101,9 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
         learners = [learner for learner in spec.learners if learner.id in local]
         started += start_local(spec, record.directory, learners, with_syncer="syncer" in local)
     for host_name in sorted({placement[name] for name in down} - {"local"}):
+        from diloco_cli.launch.remote import command_for, connect_recorded_host, learner_arguments, remote_paths, start_remote_process, syncer_arguments
+        from diloco_cli.launch.ssh import run as run_over_ssh
+
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         try:
             paths = remote_paths(client, host, spec.run)
