@@ -93,9 +93,6 @@ class LearnerFragments:
         self.sent_tokens[fragment] = 0
         self.install_serial[fragment] += 1
 
-    def base_of(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
-        return {name: self.base[name] for name in self.names(fragment)}
-
     # ------------------------------------------------------------------ checkpoints
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
