@@ -25,6 +25,34 @@ Names carry a per-run prefix (``dlc<pid>s<seq>-<name>``), the subnets are chosen
 among those no address or route in the root namespace uses yet (under a lock
 file, so parallel runs do not collide), and leftovers of dead runs are removed.
 Needs root and iproute2 (``ip``, ``tc``).
+
+A routed topology, for places that must reach one another over shaped links (tests/wan.py)::
+
+    from tests.netns import routed_namespaces, shape_wan
+
+    with routed_namespaces(["east", "west", "syncer"], rate_mbit=100,
+                           rates={"syncer": 20}) as net:
+        east = net["east"]        # a Place: a Namespace (its root link as above) and more
+        east.wan_address          # "10.200.12.2": where other places (and root) reach it
+        east.router_address       # "10.200.12.1": the router's side of east's link
+        net.router                # the router's Namespace
+        shape_wan(east, 50)       # change east's link: 50 Mbit/s each way
+
+On top of :func:`namespaces` (one namespace per place plus one, ``router``, each with its
+unshaped link to the root namespace), each place gets a second veth pair, ``wan0`` inside the
+place to ``w<k>`` inside the router, on a subnet of its own (``10.200.<j>.0/24``: router side
+``.1``, place side ``.2``).  Only the router forwards (``net.ipv4.ip_forward`` is set to 1 inside
+it and to 0 inside each place; the root namespace's setting is not touched).  Each place routes
+every other place's link subnet and the router's root-link subnet via the router; the root
+namespace routes every place's link subnet via the router's root link.  So:
+
+* place to place: place link, router, other place's link (two shaped links);
+* root namespace to ``wan_address``: router's root link (unshaped), the place's link (shaped);
+* root namespace to ``address``: the place's own root link, unshaped (for setting things up);
+* place to another place's ``address``: refused, as between :func:`namespaces`.
+
+Each place's link is shaped with tbf on both ends (the place's ``wan0`` and the router's
+``w<k>``), at ``rates.get(label, rate_mbit)`` Mbit/s (None: unshaped).
 """
 
 from __future__ import annotations
@@ -35,8 +63,8 @@ import itertools
 import os
 import re
 import subprocess
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Mapping, Sequence
 
 PREFIX = "dlc"
 RULE_PREF = 9000
@@ -189,3 +217,127 @@ def shape(link: Namespace, rate_mbit: float, *, burst_bytes: int | None = None,
 def unshape(link: Namespace) -> None:
     for prefix, dev in (((), link.root_veth), (link.exec_prefix(), link.ns_veth)):
         subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+ROUTER = "router"
+
+
+@dataclass
+class Place(Namespace):
+    """A namespace of :func:`routed_namespaces`: its root link as any :class:`Namespace`, plus
+    its link to the router."""
+
+    wan_index: int = 0  # the third octet of the link's subnet
+    wan_address: str = ""  # the place's side: where other places (and root) reach it
+    router_address: str = ""  # the router's side
+    router_name: str = ""  # the router's namespace
+    router_veth: str = ""  # the link's device inside the router
+    wan_veth: str = "wan0"  # the link's device inside the place
+
+    def router_exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.router_name]
+
+
+@dataclass
+class RoutedNetwork:
+    """What :func:`routed_namespaces` yields: ``net[label]`` is a :class:`Place`."""
+
+    places: dict[str, Place]
+    router: Namespace
+    rates: dict[str, float | None] = field(default_factory=dict)  # Mbit/s per place, on entry
+
+    def __getitem__(self, label: str) -> Place:
+        return self.places[label]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.places)
+
+
+def _sysctl(ns: Namespace, key: str, value: str) -> None:
+    """Set ``key`` (e.g. ``net/ipv4/ip_forward``) inside ``ns``: /proc/sys/net is per namespace."""
+    ns.run(["sh", "-c", f"echo {value} > /proc/sys/{key}"], check=True, capture_output=True)
+
+
+def _take_wan_subnets(count: int, router: Namespace) -> list[int]:
+    """Free subnet indices, taken (under the lock) by routing them via ``router`` in root."""
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = _used_indices()
+        indices = [i for i in range(1, 255) if i not in used][:count]
+        if len(indices) < count:
+            raise RuntimeError("no free 10.200.<i>.0/24 subnets left")
+        for index in indices:
+            _ip("route", "add", f"10.200.{index}.0/24", "via", router.address, "dev", router.root_veth)
+    return indices
+
+
+def _link_to_router(ns: Namespace, k: int, index: int, router: Namespace) -> Place:
+    place = Place(
+        **asdict(ns),
+        wan_index=index,
+        wan_address=f"10.200.{index}.2",
+        router_address=f"10.200.{index}.1",
+        router_name=router.name,
+        router_veth=f"w{k}",
+    )
+    _ip("-n", router.name, "link", "add", place.router_veth, "type", "veth",
+        "peer", "name", place.wan_veth, "netns", place.name)
+    _ip("-n", router.name, "addr", "add", f"{place.router_address}/24", "dev", place.router_veth)
+    _ip("-n", router.name, "link", "set", place.router_veth, "up")
+    _ip("-n", place.name, "addr", "add", f"{place.wan_address}/24", "dev", place.wan_veth)
+    _ip("-n", place.name, "link", "set", place.wan_veth, "up")
+    _sysctl(place, "net/ipv4/ip_forward", "0")
+    return place
+
+
+def shape_wan(place: Place, rate_mbit: float | None, *, burst_bytes: int | None = None,
+              latency_ms: float = 50.0) -> None:
+    """Limit ``place``'s link to the router to ``rate_mbit`` Mbit/s each way (None: no limit).
+
+    As :func:`shape`: tbf on both ends, ``wan0`` in the place (traffic out of it) and
+    ``w<k>`` in the router (traffic into it).
+    """
+    ends = ((place.exec_prefix(), place.wan_veth), (place.router_exec_prefix(), place.router_veth))
+    if rate_mbit is None:
+        for prefix, dev in ends:
+            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        return
+    if burst_bytes is None:
+        burst_bytes = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+    for prefix, dev in ends:
+        _tbf(prefix, dev, rate_mbit, burst_bytes, latency_ms)
+
+
+@contextlib.contextmanager
+def routed_namespaces(places: Sequence[str], rate_mbit: float | None = None, *,
+                      rates: Mapping[str, float | None] | None = None,
+                      burst_bytes: int | None = None,
+                      latency_ms: float = 50.0) -> Iterator[RoutedNetwork]:
+    """One namespace per place and a router joining them (see the module's docstring).
+
+    ``rate_mbit``: every place's link rate, unless ``rates`` names the place (None: unshaped).
+    ``burst_bytes`` and ``latency_ms`` are tbf's, as for :func:`shape`.  Everything is removed
+    on exit: the namespaces (and so the links inside them), the root links, and the root
+    namespace's routes (they go with the router's root link).
+    """
+    places = list(places)
+    if ROUTER in places:
+        raise ValueError(f"{ROUTER!r} is the router's name, not a place's")
+    rates = dict(rates or {})
+    if unknown := set(rates) - set(places):
+        raise ValueError(f"rates for places that are not there: {sorted(unknown)}")
+    with namespaces([*places, ROUTER]) as ns:
+        router = ns[ROUTER]
+        _sysctl(router, "net/ipv4/ip_forward", "1")
+        indices = _take_wan_subnets(len(places), router)
+        linked = [_link_to_router(ns[label], k, index, router)
+                  for k, (label, index) in enumerate(zip(places, indices))]
+        for place in linked:
+            others = [f"10.200.{p.wan_index}.0/24" for p in linked if p is not place]
+            for subnet in [*others, f"10.200.{router.index}.0/24"]:
+                _ip("-n", place.name, "route", "add", subnet, "via", place.router_address)
+        net = RoutedNetwork({p.label: p for p in linked}, router)
+        for place in linked:
+            net.rates[place.label] = rates.get(place.label, rate_mbit)
+            shape_wan(place, net.rates[place.label], burst_bytes=burst_bytes, latency_ms=latency_ms)
+        yield net

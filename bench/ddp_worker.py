@@ -1,0 +1,432 @@
+"""One rank of synchronous data-parallel training over ``torch.distributed`` (gloo).
+
+The baseline of the WAN benchmark: the recipe's model, data, held-out split, inner AdamW,
+schedule and gradient clip, trained by W ranks that all-reduce every step's gradients.
+Rank r plays learner r: it reads shard r of W of the training text with the generator
+of a learner's rank 0 (``data_generator(seed, r, 0, 0)``), so its batches are exactly
+learner r's, at the learner's batch (``training.batch_size``; the global batch is
+W x batch_size, as with M = W learners).  Every rank builds the model after
+``torch.manual_seed(training.seed)`` (checked identical by digest before training).
+
+Each step: forward and backward; the gradients are copied into one flat buffer (or
+buckets of ``--bucket-mb``) cast to the wire dtype (bf16 by default; gloo sums bfloat16
+natively on torch 2.13), all-reduced (SUM) over gloo's ring, cast back to fp32 and
+divided by W; then the clip and the AdamW step.  The identical averaged gradient gives
+every rank identical parameters (checked by digest at the end).  Per step it records
+
+* ``compute_seconds``: forward + backward + clip + optimizer step,
+* ``pack_seconds``: flattening and casting the gradients, and back,
+* ``comm_seconds``: the collective itself, timed around it without a barrier, so it also
+  holds the wait for the slowest rank to reach it (as in real DDP),
+* bytes sent (= received) per rank per the ring model: 2 (W-1)/W x elements x bytes.
+
+Rank 0 evaluates the held-out loss (the syncer's ``evaluation_batches``) at step 0, every
+``--eval-every`` steps and after the last step, while the other ranks wait at a barrier;
+those pauses are outside ``training_seconds`` (the clock ``--max-seconds`` reads).  With
+``--max-seconds S`` training stops after the step in which S seconds of training passed
+(every rank learns it from a flag carried by the all-reduce itself, one more element).
+
+    python -m bench.ddp_worker --rank 0 --world-size 4 --master 10.0.0.1:29500 \\
+        --steps 300 --out ddp.json --interface veth0 [--recipe FILE] [--set KEY=VALUE]
+
+``launch_local`` starts W ranks as subprocesses (on loopback by default, or each behind
+its own command prefix such as ``ip netns exec NS``) and returns rank 0's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from diloco_cli.config.loading import load_model
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.runtime.learner import data_generator
+from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
+from diloco_cli.training.inner import InnerSchedule, evaluate, language_model_loss, make_inner_optimizer
+
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def ring_bytes(elements: int, element_size: int, world_size: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of ``elements``."""
+    return round(2 * (world_size - 1) / world_size * elements * element_size)
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(parameter.detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def buckets_of(parameters: list[torch.nn.Parameter], bucket_bytes: int, element_size: int) -> list[list[torch.nn.Parameter]]:
+    """Consecutive parameters in buckets of at most ``bucket_bytes`` on the wire (a larger
+    parameter gets a bucket of its own); 0 puts them all in one bucket."""
+    if bucket_bytes <= 0:
+        return [parameters]
+    buckets: list[list[torch.nn.Parameter]] = [[]]
+    size = 0
+    for parameter in parameters:
+        wire = parameter.numel() * element_size
+        if buckets[-1] and size + wire > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(parameter)
+        size += wire
+    return buckets
+
+
+class GradientReducer:
+    """Flat wire-dtype buffers of the gradients, all-reduced and averaged in place."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter], dtype: torch.dtype, bucket_bytes: int, world_size: int) -> None:
+        self.world_size = world_size
+        self.buckets = buckets_of(parameters, bucket_bytes, torch.tensor([], dtype=dtype).element_size())
+        # one extra element in the last bucket: the stop flag of --max-seconds
+        self.buffers = [torch.zeros(sum(p.numel() for p in bucket) + (i == len(self.buckets) - 1), dtype=dtype)
+                        for i, bucket in enumerate(self.buckets)]
+
+    @property
+    def elements(self) -> int:
+        return sum(buffer.numel() for buffer in self.buffers)
+
+    def bytes_per_step(self) -> int:
+        return sum(ring_bytes(b.numel(), b.element_size(), self.world_size) for b in self.buffers)
+
+    def pack(self, stop: bool) -> None:
+        for bucket, buffer in zip(self.buckets, self.buffers):
+            offset = 0
+            for parameter in bucket:
+                n = parameter.numel()
+                if parameter.grad is None:
+                    buffer[offset : offset + n].zero_()
+                else:
+                    buffer[offset : offset + n].copy_(parameter.grad.reshape(-1))
+                offset += n
+        self.buffers[-1][-1] = 1.0 if stop else 0.0
+
+    def all_reduce(self) -> None:
+        works = [dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True) for buffer in self.buffers]
+        for work in works:
+            work.wait()
+
+    def unpack(self) -> bool:
+        """Average into the gradients; whether any rank asked to stop."""
+        for bucket, buffer in zip(self.buckets, self.buffers):
+            averaged = buffer.float().div_(self.world_size)
+            offset = 0
+            for parameter in bucket:
+                n = parameter.numel()
+                values = averaged[offset : offset + n].view_as(parameter)
+                if parameter.grad is None:
+                    parameter.grad = values.clone()
+                else:
+                    parameter.grad.copy_(values)
+                offset += n
+        return bool(self.buffers[-1][-1] > 0)
+
+
+def load_recipe(path: Path | None, overrides: Sequence[str]) -> Recipe:
+    return load_model(Recipe, path, overrides, default_name="the default recipe")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    env = os.environ
+    parser.add_argument("--rank", type=int, default=int(env.get("RANK", "0")))
+    parser.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", "1")))
+    default_master = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
+    parser.add_argument("--master", default=default_master, help="ADDR:PORT of rank 0's rendezvous (default MASTER_ADDR:MASTER_PORT)")
+    parser.add_argument("--interface", default=env.get("GLOO_SOCKET_IFNAME"), help="network interface gloo binds to (sets GLOO_SOCKET_IFNAME)")
+    parser.add_argument("--recipe", type=Path, help="recipe YAML (default: the default recipe)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="recipe override, repeatable")
+    parser.add_argument("--steps", type=int, help="training steps (default: training.inner_steps); the schedule spans them")
+    parser.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every E steps (0: only at step 0 and the end)")
+    parser.add_argument("--bucket-mb", type=float, default=0.0, help="all-reduce buckets of at most this many MB on the wire (0: one buffer)")
+    parser.add_argument("--dtype", choices=sorted(WIRE_DTYPES), default="bf16", help="the all-reduce's wire dtype")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--max-seconds", type=float, help="stop after the step in which this many training seconds passed")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds any collective or the rendezvous may take")
+    parser.add_argument("--out", type=Path, help="where rank 0 writes its JSON")
+    args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        parser.error(f"--rank {args.rank} is not in 0..{args.world_size - 1}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = args.interface
+    recipe = load_recipe(args.recipe, args.overrides)
+    training, data = recipe.training, recipe.data
+    steps = args.steps or training.inner_steps
+    rank, world = args.rank, args.world_size
+
+    torch.manual_seed(training.seed)
+    model = recipe.model.build()
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
+    schedule = InnerSchedule(training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
+    split = TextSplit.of(load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length)
+    shard = split.shard(rank, world)  # learner r's shard of W, read by its rank 0
+    generator = data_generator(training.seed, rank, 0, 0)
+    heldout = evaluation_batches(split.heldout, training.batch_size, data.sequence_length, recipe.sync.evaluation_batches) if rank == 0 else []
+    dtype = WIRE_DTYPES[args.dtype]
+    reducer = GradientReducer(parameters, dtype, int(args.bucket_mb * 2**20), world)
+    tokens_per_step = world * training.batch_size * data.sequence_length
+
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    initial = parameter_digest(model)
+    initial_digests: list[str] = [""] * world
+    dist.all_gather_object(initial_digests, initial)
+    if len(set(initial_digests)) != 1:
+        raise SystemExit(f"rank {rank}: the ranks' initial models differ: {initial_digests}")
+
+    compute, pack, comm, step_seconds, losses, evaluations = [], [], [], [], [], []
+    paused = 0.0  # seconds spent in evaluations (and their barrier)
+    dist.barrier()
+    started = time.perf_counter()
+
+    def evaluate_now(step: int) -> None:
+        nonlocal paused
+        begin = time.perf_counter()
+        if rank == 0:
+            loss = evaluate(model, heldout)
+            evaluations.append({"step": step, "tokens": step * tokens_per_step, "loss": loss,
+                                "seconds": begin - started, "training_seconds": begin - started - paused})
+            print(f"step {step}: held-out loss {loss:.4f}", flush=True)
+        dist.barrier()
+        paused += time.perf_counter() - begin
+
+    evaluate_now(0)
+    stopped_by_time = False
+    done = 0
+    model.train()
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.learning_rate(step - 1)
+        inputs, targets = random_batch(shard, training.batch_size, data.sequence_length, generator)
+        loss = language_model_loss(model, inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t1 = time.perf_counter()
+        out_of_time = args.max_seconds is not None and t1 - started - paused >= args.max_seconds
+        reducer.pack(out_of_time)
+        t2 = time.perf_counter()
+        reducer.all_reduce()
+        t3 = time.perf_counter()
+        stop = reducer.unpack()
+        t4 = time.perf_counter()
+        if training.gradient_clip:
+            torch.nn.utils.clip_grad_norm_(parameters, training.gradient_clip)
+        optimizer.step()
+        t5 = time.perf_counter()
+        compute.append((t1 - t0) + (t5 - t4))
+        pack.append((t2 - t1) + (t4 - t3))
+        comm.append(t3 - t2)
+        step_seconds.append(t5 - t0)
+        losses.append(float(loss.detach()))
+        done = step
+        if stop:
+            stopped_by_time = step < steps
+            break
+        if args.eval_every and step % args.eval_every == 0 and step < steps:
+            evaluate_now(step)
+    evaluate_now(done)
+    training_seconds = time.perf_counter() - started - paused
+    wall_seconds = time.perf_counter() - started
+
+    final = parameter_digest(model)
+    mine = {
+        "rank": rank,
+        "interface": args.interface,
+        "final_digest": final,
+        "median_compute_seconds": statistics.median(compute),
+        "median_comm_seconds": statistics.median(comm),
+        "compute_seconds": sum(compute),
+        "comm_seconds": sum(comm),
+        "pack_seconds": sum(pack),
+        "training_seconds": training_seconds,
+    }
+    everyone: list[dict] = [{}] * world
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+
+    parameter_count = sum(p.numel() for p in parameters)
+    bytes_per_step = reducer.bytes_per_step()
+    result = {
+        "settings": {
+            "world_size": world,
+            "steps": steps,
+            "eval_every": args.eval_every,
+            "bucket_mb": args.bucket_mb,
+            "buckets": [buffer.numel() for buffer in reducer.buffers],
+            "wire_dtype": args.dtype,
+            "threads": args.threads,
+            "max_seconds": args.max_seconds,
+            "master": args.master,
+            "interface": args.interface,
+            "batch_per_rank": training.batch_size,
+            "global_batch": world * training.batch_size,
+            "sequence_length": data.sequence_length,
+            "tokens_per_step": tokens_per_step,
+            "evaluation_batches": recipe.sync.evaluation_batches,
+            "recipe": recipe.model_dump(mode="json"),
+            "torch": torch.__version__,
+        },
+        "parameters": parameter_count,
+        "buffer_elements": reducer.elements,
+        "bytes_per_step_per_rank": bytes_per_step,
+        "steps_done": done,
+        "stopped_by_time": stopped_by_time,
+        "tokens": done * tokens_per_step,
+        "per_step": {
+            "compute_seconds": compute,
+            "pack_seconds": pack,
+            "comm_seconds": comm,
+            "step_seconds": step_seconds,
+            "loss": losses,
+        },
+        "medians": {
+            "compute_seconds": statistics.median(compute),
+            "pack_seconds": statistics.median(pack),
+            "comm_seconds": statistics.median(comm),
+            "step_seconds": statistics.median(step_seconds),
+        },
+        "totals": {
+            "compute_seconds": sum(compute),
+            "pack_seconds": sum(pack),
+            "comm_seconds": sum(comm),
+            "training_seconds": training_seconds,
+            "wall_seconds": wall_seconds,
+            "evaluation_seconds": wall_seconds - training_seconds,
+            "bytes_sent_per_rank": done * bytes_per_step,
+        },
+        "evaluations": evaluations,
+        "initial_digest": initial,
+        "ranks": everyone,
+        "final_digests_equal": len({r["final_digest"] for r in everyone}) == 1,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+# ------------------------------------------------------------------------ launcher
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def launch_local(
+    world_size: int,
+    steps: int,
+    *,
+    recipe: Path | None = None,
+    overrides: Sequence[str] = (),
+    eval_every: int = 0,
+    bucket_mb: float = 0.0,
+    dtype: str = "bf16",
+    threads: int = 1,
+    max_seconds: float | None = None,
+    master_addr: str = "127.0.0.1",
+    port: int | None = None,
+    prefixes: Sequence[Sequence[str]] | None = None,
+    interfaces: Sequence[str | None] | None = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 900.0,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    """Run W ranks of ``bench.ddp_worker`` as subprocesses and return rank 0's JSON.
+
+    By default every rank runs on this machine on loopback (gloo bound to ``lo``).  To
+    place ranks elsewhere give ``prefixes[r]``, an argv put before rank r's command (e.g.
+    ``["ip", "netns", "exec", "ns1"]``), ``interfaces[r]``, the interface its gloo binds to
+    (e.g. ``"veth0"``), and ``master_addr``, rank 0's address as the others reach it.
+    ``port`` defaults to a free port of this namespace.  A rank that fails (or the whole
+    run outliving ``timeout``) stops them all and raises RuntimeError with their stderr.
+    """
+    if prefixes is not None and len(prefixes) != world_size:
+        raise ValueError(f"{len(prefixes)} prefixes for {world_size} ranks")
+    if interfaces is None:
+        interfaces = ["lo" if master_addr.startswith("127.") or master_addr == "localhost" else None] * world_size
+    if len(interfaces) != world_size:
+        raise ValueError(f"{len(interfaces)} interfaces for {world_size} ranks")
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="ddp-", dir=workdir) as directory:
+        out = Path(directory) / "rank0.json"
+        environment = {**os.environ, "OMP_NUM_THREADS": str(threads),
+                       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))}
+        processes, logs = [], []
+        try:
+            for rank in range(world_size):
+                command = [sys.executable, "-m", "bench.ddp_worker", "--rank", str(rank), "--world-size", str(world_size),
+                           "--master", f"{master_addr}:{port}", "--steps", str(steps), "--eval-every", str(eval_every),
+                           "--bucket-mb", str(bucket_mb), "--dtype", dtype, "--threads", str(threads),
+                           "--timeout", str(timeout)]
+                command += ["--recipe", str(recipe)] if recipe else []
+                command += [item for override in overrides for item in ("--set", override)]
+                command += ["--max-seconds", str(max_seconds)] if max_seconds is not None else []
+                command += ["--interface", interfaces[rank]] if interfaces[rank] else []
+                command += ["--out", str(out)] if rank == 0 else []
+                command += list(extra_args)
+                prefix = list(prefixes[rank]) if prefixes else []
+                log = open(Path(directory) / f"rank{rank}.log", "w+b")
+                logs.append(log)
+                processes.append(subprocess.Popen(prefix + command, cwd=REPOSITORY, env=environment, stdout=log, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + timeout
+            failed = None
+            while any(p.poll() is None for p in processes):
+                failed = next((r for r, p in enumerate(processes) if p.returncode not in (None, 0)), None)
+                if failed is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            codes = [p.poll() for p in processes]
+            if any(code != 0 for code in codes):
+                reason = f"rank {failed} failed" if failed is not None else ("timed out" if None in codes else "a rank failed")
+                raise RuntimeError(f"ddp run {reason} (exit codes {codes})\n" + "\n".join(
+                    f"--- rank {r}:\n{_tail(log)}" for r, log in enumerate(logs)))
+            return json.loads(out.read_text())
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            for log in logs:
+                log.close()
+
+
+def _tail(log: Any, size: int = 3000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read().decode(errors="replace")[-size:]
+
+
+if __name__ == "__main__":
+    main()

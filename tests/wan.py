@@ -1,0 +1,211 @@
+"""An emulated WAN for tests and benchmarks: regions with their own S3, far from one another.
+
+    from tests.wan import emulated_wan
+
+    with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=100,
+                      latency_ms=40) as wan:
+        east = wan.regions["east"]
+        east.local_url     # "http://127.0.0.1:9000": for clients inside east (no delay, no shaping)
+        east.remote_url    # "http://10.200.12.2:9001": for clients elsewhere (delayed and shaped)
+        east.setup_url     # "http://10.200.9.2:9000": from the root namespace, neither
+        east.store("setup").create_bucket("ckpt")          # servers.ObjectStore for each URL
+        wan.python("west", "import s3fs; ...", env=east.store("remote").env)  # in a place
+        east.counters()    # {"bytes_to_upstream": .., "bytes_to_client": .., "connections": ..}
+        wan["syncer"].exec_prefix(), wan["syncer"].wan_address
+
+Built on :func:`tests.netns.routed_namespaces`: one namespace per region and extra place, each
+linked to a router at ``rate_mbit`` (tbf on both ends; ``rates`` per place), so traffic between
+places crosses two shaped links.  The kernel has no netem, so latency comes from a
+:mod:`tests.delay_proxy` per region: each region's namespace runs a moto S3 server on
+``0.0.0.0:9000`` and, on ``0.0.0.0:9001``, a proxy to it that delays data ``latency_ms`` each way
+(a request/response round trip gains ``2 * latency_ms``) and counts the bytes it passes.
+
+What goes through what:
+
+* ``local_url`` (inside the region): moto directly, over loopback.
+* ``remote_url`` from another place: that place's link, the router, the region's link, the proxy.
+  From the root namespace it also works: router's root link (unshaped), region's link, proxy.
+* ``setup_url`` from the root namespace: the region's own root link to moto, for preparing and
+  checking buckets without touching the counters or waiting on the WAN.
+
+The proxy's counts are cumulative; :meth:`Region.counters` reads them as the proxy last wrote
+them (every 0.1 s), by default waiting for a write newer than the call.  Every server, proxy and
+namespace is stopped on exit, also when the body raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tests.netns import Namespace, Place, RoutedNetwork, routed_namespaces
+from tests.servers import ObjectStore
+
+MOTO_PORT = 9000
+PROXY_PORT = 9001
+REPO_ROOT = Path(__file__).resolve().parents[1]
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+"""What an S3 client (boto3, s3fs) needs in its environment to talk to these moto servers."""
+_STARTUP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Region:
+    """A region: a place with its own S3 server and a delay proxy in front of it."""
+
+    name: str
+    place: Place
+    latency_ms: float  # one-way delay added by the proxy
+    local_url: str
+    remote_url: str
+    setup_url: str
+    stats_path: Path
+
+    def store(self, kind: str = "remote") -> ObjectStore:
+        """A :class:`tests.servers.ObjectStore` for ``kind`` "local", "remote" or "setup"."""
+        url = {"local": self.local_url, "remote": self.remote_url, "setup": self.setup_url}[kind]
+        storage_options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
+        return ObjectStore("s3", url, storage_options, {**S3_ENV, "AWS_ENDPOINT_URL": url})
+
+    def counters(self, fresh: bool = True, timeout_s: float = 5.0) -> dict[str, int]:
+        """The proxy's counts; ``fresh``: as written after this call (so they include all that
+        the proxy had read when it was made)."""
+        called = time.time()
+        deadline = time.monotonic() + timeout_s
+        while fresh and self.stats_path.stat().st_mtime <= called:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}'s proxy has not written {self.stats_path} for {timeout_s}s")
+            time.sleep(0.02)
+        return json.loads(self.stats_path.read_text())
+
+
+@dataclass
+class Wan:
+    """What :func:`emulated_wan` yields; ``wan[label]`` is a place (region or extra)."""
+
+    net: RoutedNetwork
+    regions: dict[str, Region]
+
+    def __getitem__(self, label: str) -> Place:
+        return self.net[label]
+
+    @property
+    def places(self) -> dict[str, Place]:
+        return self.net.places
+
+    @property
+    def router(self) -> Namespace:
+        return self.net.router
+
+    def address(self, label: str) -> str:
+        """Where other places reach place ``label``."""
+        return self.net[label].wan_address
+
+    def python(self, label: str, code: str, *args: object, env: Mapping[str, str] | None = None,
+               timeout: float = 60.0) -> str:
+        """Run ``python -c code args`` (this interpreter) inside place ``label``, with
+        :data:`S3_ENV` and ``env`` on top of ours; return its stdout, raise if it fails."""
+        argv = [*self.net[label].exec_prefix(), sys.executable, "-c", code, *map(str, args)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
+                              env={**os.environ, **S3_ENV, **(env or {})})
+        if proc.returncode != 0:
+            raise RuntimeError(f"python in {label} exited with {proc.returncode}:\n{proc.stderr}")
+        return proc.stdout
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _start(stack: contextlib.ExitStack, argv: list[str], log: IO[bytes]) -> subprocess.Popen:
+    """Start ``argv``, logging to ``log``; it is stopped when ``stack`` closes."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO_ROOT)
+    stack.callback(_stop, proc)
+    return proc
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered, so it is serving
+    except OSError:
+        return False
+
+
+def _wait_ready(proc: subprocess.Popen, log: IO[bytes], ready) -> None:
+    """Wait until ``ready()``; raise with the log if ``proc`` exits or it takes too long."""
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    while not ready():
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n"
+                               f"{log.read().decode(errors='replace')}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args} not ready after {_STARTUP_TIMEOUT_S}s")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequence[str] = ("syncer",),
+                 rate_mbit: float | None = 100.0, latency_ms: float = 40.0, *,
+                 rates: Mapping[str, float | None] | None = None,
+                 latencies: Mapping[str, float] | None = None) -> Iterator[Wan]:
+    """Regions with S3 and extra places, joined by shaped links; see the module's docstring.
+
+    ``rate_mbit``: each place's link rate (None: unshaped), ``rates``: per place instead.
+    ``latency_ms``: the one-way delay of each region's proxy, ``latencies``: per region instead.
+    """
+    regions, latencies = list(regions), dict(latencies or {})
+    if unknown := set(latencies) - set(regions):
+        raise ValueError(f"latencies for regions that are not there: {sorted(unknown)}")
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(routed_namespaces([*regions, *extra_places], rate_mbit, rates=rates))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wan-")))
+        starting = []
+        for name in regions:
+            place = net[name]
+            delay = latencies.get(name, latency_ms)
+            moto_log = stack.enter_context(open(tmp / f"{name}-moto.log", "w+b"))
+            moto = _start(stack, [*place.exec_prefix(), sys.executable, "-m", "moto.server",
+                                  "-H", "0.0.0.0", "-p", str(MOTO_PORT)], moto_log)
+            region = Region(
+                name=name,
+                place=place,
+                latency_ms=delay,
+                local_url=f"http://127.0.0.1:{MOTO_PORT}",
+                remote_url=f"http://{place.wan_address}:{PROXY_PORT}",
+                setup_url=f"http://{place.address}:{MOTO_PORT}",
+                stats_path=tmp / f"{name}-proxy.json",
+            )
+            proxy_log = stack.enter_context(open(tmp / f"{name}-proxy.log", "w+b"))
+            proxy = _start(stack, [*place.exec_prefix(), sys.executable, "-m", "tests.delay_proxy",
+                                   "--listen", f"0.0.0.0:{PROXY_PORT}",
+                                   "--upstream", f"127.0.0.1:{MOTO_PORT}",
+                                   "--delay-ms", str(delay), "--stats", str(region.stats_path)], proxy_log)
+            starting.append((region, moto, moto_log, proxy, proxy_log))
+        for region, moto, moto_log, proxy, proxy_log in starting:  # all start at once: ~1 s in all
+            _wait_ready(moto, moto_log, lambda: _answers(f"{region.setup_url}/moto-api/"))
+            _wait_ready(proxy, proxy_log, region.stats_path.exists)
+        yield Wan(net, {region.name: region for region, *_ in starting})
