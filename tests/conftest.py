@@ -5,9 +5,16 @@ import subprocess
 # gcsfs must see this before it is first imported (else it hangs on a gRPC call).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-SYSTEM_TOOLS = {"/usr/sbin/sshd": "openssh-server", "tmux": "tmux", "ip": "iproute2"}
+SYSTEM_TOOLS = {
+    "/usr/sbin/sshd": "openssh-server",
+    "tmux": "tmux",
+    "ip": "iproute2",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
+}
 """What the tests drive for real (sshd for SSH hosts, tmux for the live view, ip/tc for
-network namespaces), by the Debian package that provides it."""
+network namespaces, a headless chromium for the HTML report), by the Debian package that
+provides it."""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

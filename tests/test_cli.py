@@ -21,12 +21,12 @@ def test_version():
 
 
 def test_commands_that_only_read_buckets_do_not_import_torch():
-    """``--help``, ``status``, ``runs``, ``logs`` and ``down`` load without torch (a
+    """``--help``, ``status``, ``runs``, ``logs``, ``down`` and ``report`` load without torch (a
     multi-second import), so they answer at once on any machine."""
     import subprocess
     import sys
 
-    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.launch.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations"]
+    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.launch.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations", "diloco_cli.views.report", "diloco_cli.views.report_html", "diloco_cli.bandwidth.prices"]
     probe = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

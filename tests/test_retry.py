@@ -6,7 +6,8 @@ import pytest
 
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.objects import ObjectStore
-from diloco_cli.store.retry import RetryPolicy, StorageMeter, call_with_retries, is_transient
+from diloco_cli.store.metering import StorageMeter
+from diloco_cli.store.retry import RetryPolicy, call_with_retries, is_transient
 
 FAST = RetryPolicy(attempts=4, first_backoff_seconds=0.001, max_backoff_seconds=0.01)
 

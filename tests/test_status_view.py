@@ -17,7 +17,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerStatus
 from diloco_cli.views.run_state import collect_status
 from diloco_cli.views.status import LEGEND
-from diloco_cli.store.retry import StorageCounters
+from diloco_cli.store.metering import StorageCounters, Traffic
 
 runner = CliRunner()
 
@@ -37,7 +37,7 @@ def beat(spec, learner, step, state="training", loss=2.5, secret=None):
         Heartbeat(
             learner=learner, region=region, host="local", pid=1, state=state, step=step, total_steps=400, tokens=step * 2048, loss=loss,
             step_seconds=0.5, base_versions={0: 3, 1: 4}, restarts=1 if learner == "local-b-1" else 0, epoch=1,
-            storage=StorageCounters(bytes_up=1_500_000, bytes_down=300_000, retries=2), started_at=0.0, time=time.time(),
+            storage=StorageCounters(kinds={"payload": Traffic(bytes_up=1_500_000, bytes_down=300_000)}, retries=2), started_at=0.0, time=time.time(),
         )
     )
 
@@ -57,7 +57,7 @@ def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 
         quorum=4, effective_quorum=3, grace_seconds=1.8, live_learners=["local-a-0", "local-a-1", "local-b-0"],
         reasons={0: reason, 1: "1 of K=3 arrived; waiting"},
         evaluations=[Evaluation(version=0, loss=5.5, tokens=0, time=now), Evaluation(version=6, loss=2.71, tokens=400000, time=now)],
-        storage={"local-a": StorageCounters(bytes_up=2_000_000, bytes_down=900_000), "local-b": StorageCounters(bytes_up=2_000_000, bytes_down=800_000, retries=5)},
+        storage={"local-a": StorageCounters(kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=900_000)}), "local-b": StorageCounters(kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=800_000)}, retries=5)},
         started_at=now - 100, time=now,
     )
     for bucket in spec.buckets(run_secret(spec)):

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from diloco_cli import __version__
-from diloco_cli.cli import internal, model_commands, runs_commands
+from diloco_cli.cli import internal, model_commands, plan_command, report_command, runs_commands
 
 app = typer.Typer(
     name="diloco",
@@ -39,7 +39,9 @@ def root(
 
 
 runs_commands.register(app)
+report_command.register(app)
 model_commands.register(app)
+plan_command.register(app)
 internal.register(app)
 
 

@@ -185,6 +185,11 @@ class SyncConfig(BaseModel):
     poll_seconds: float = Field(default=0.5, gt=0)
     """How often the syncer lists the buckets for arrivals."""
 
+    status_seconds: float = Field(default=2.0, gt=0)
+    """How often the syncer writes its status to every region and reads the learners'
+    heartbeats: what ``diloco status`` shows is this fresh; over a slow WAN a longer
+    interval saves a few KB/s per region."""
+
     delete_consumed_payloads: bool = True
     """Delete learner payloads once merged or superseded (keep them to audit a run)."""
 

@@ -157,6 +157,12 @@ class SyncerPlacement(BaseModel):
     host: str = LOCAL_HOST
     """``local`` (the machine that runs ``diloco up``) or the name of a host of a region."""
 
+    region: str | None = None
+    """The region whose network the syncer's machine is in, for bandwidth reports: its
+    traffic with that region's bucket is then region-local.  Default: the region of
+    ``host`` when it is a region's host, else a place of its own (every byte it moves
+    crosses a link)."""
+
     home: str = "file://{runs_dir}/{run}/syncer"
     """fsspec URL of the syncer's own store (its state and ledger); ``{run}`` and
     ``{runs_dir}`` are replaced as in bucket URLs."""
@@ -200,6 +206,8 @@ class RegionsFile(BaseModel):
                 hosts[host.name] = host
         if not self.regions:
             raise ValueError("at least one region is needed")
+        if self.syncer.region is not None and self.syncer.region not in names:
+            raise ValueError(f"syncer.region {self.syncer.region!r} is not one of the regions ({', '.join(names)})")
         return self
 
     @property
@@ -234,6 +242,15 @@ class RegionsFile(BaseModel):
         if self.syncer.host != LOCAL_HOST:
             seen.setdefault(self.syncer.host, self.host(self.syncer.host))
         return list(seen.values())
+
+    def syncer_region(self) -> str | None:
+        """The region the syncer runs in (see :attr:`SyncerPlacement.region`), or None."""
+        if self.syncer.region is not None:
+            return self.syncer.region
+        for region in self.regions:
+            if any(host.name == self.syncer.host and not host.is_local for host in region.hosts):
+                return region.name
+        return None
 
     def region(self, name: RegionName | str) -> RegionConfig:
         for region in self.regions:

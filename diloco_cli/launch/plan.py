@@ -68,7 +68,7 @@ def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sou
         for region in regions.regions
     )
     home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)
-    syncer = SyncerSpec(host=regions.syncer.host, home=absolute_url(home), storage_options=regions.syncer.storage_options)
+    syncer = SyncerSpec(host=regions.syncer.host, home=absolute_url(home), storage_options=regions.syncer.storage_options, region=regions.syncer_region())
     return RunSpec(run=run, created=time.time(), recipe=recipe, learners=learners, regions=region_specs, syncer=syncer)
 
 

@@ -22,14 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diloco_cli.codec import CodecSpec, CorruptPayload, PayloadError, RunSecret, decode_payload, encode_payload, read_header
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, decode_payload, encode_payload, read_header
 from diloco_cli.codec.exact import apply_update, fragment_digest
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.store.documents import Head
-from diloco_cli.store.region import RegionBucket, snapshot_key, update_key
-
-SNAPSHOT_SPEC = CodecSpec(codec="fp32", zstd_level=1)
+from diloco_cli.store.region import SNAPSHOT_SPEC, RegionBucket, snapshot_key, update_key
 
 
 def encode_snapshot(parameters: Mapping[str, torch.Tensor], secret: RunSecret, version: Version, fragment_versions: Mapping[FragmentIndex, Version]) -> bytes:

@@ -36,7 +36,7 @@ from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PAYLOAD_KEY
-from diloco_cli.store.retry import StorageCounters
+from diloco_cli.store.metering import StorageCounters
 from diloco_cli.training.data import TextSplit, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer
 
@@ -61,6 +61,8 @@ class Progress:
     tokens: int = 0
     loss: float | None = None
     step_seconds: float | None = None
+    compute_seconds: float = 0.0
+    """Time spent in inner steps (forward, backward, optimizer) since this start."""
     sends: int = 0
     installs: int = 0
     checkpoint_step: int | None = None
@@ -246,6 +248,7 @@ class Learner:
             tokens=p.tokens,
             loss=p.loss if p.loss is not None and np.isfinite(p.loss) else None,
             step_seconds=p.step_seconds,
+            compute_seconds=p.compute_seconds,
             base_versions=dict(self.fragments.base_version),
             sends=p.sends,
             delivered=self.outbox.delivered,
@@ -410,6 +413,7 @@ class Learner:
         p.tokens += self.tokens_per_step
         p.loss = loss
         seconds = time.perf_counter() - started
+        p.compute_seconds += seconds
         w = STEP_TIME_SMOOTHING
         p.step_seconds = seconds if p.step_seconds is None else (1 - w) * p.step_seconds + w * seconds
         return loss

@@ -1,7 +1,7 @@
 """Publishing the global weights to every region, and keeping what was published whole.
 
 One upload per region and merge (the WAN cost), a full snapshot every S versions, then
-the head.  A region whose bucket cannot be written is *behind*: the merge is already
+the head; every region at once (:mod:`diloco_cli.runtime.fanout`).  A region whose bucket cannot be written is *behind*: the merge is already
 committed, so nothing is lost, and the region is caught up (missing updates, the
 snapshot, the head) on a later turn of the syncer's loop.  When a learner reports a
 published object it refused (a damaged update or snapshot, a head that does not
@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from diloco_cli.codec import PayloadError, RunSecret, read_header
 from diloco_cli.core.types import FragmentIndex, Version
+from diloco_cli.runtime.fanout import FanOut
 from diloco_cli.store.documents import Head, RefusalNote
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
@@ -27,10 +28,11 @@ log = logging.getLogger("diloco.syncer")
 class Publication:
     """The syncer's side of the global objects in every region's bucket."""
 
-    def __init__(self, buckets: dict[str, RegionBucket], home: SyncerHome, secret: RunSecret) -> None:
+    def __init__(self, buckets: dict[str, RegionBucket], home: SyncerHome, secret: RunSecret, fanout: FanOut) -> None:
         self.buckets = buckets
         self.home = home
         self.secret = secret
+        self.fanout = fanout
         self.behind: set[str] = set()
         """Regions that missed a publication and must be caught up."""
         self.repairs = 0
@@ -38,9 +40,9 @@ class Publication:
 
     def publish(self, version: Version, fragment: FragmentIndex, payload: bytes, snapshot: bytes | None, head: Head) -> None:
         """The update (and snapshot) to every region that is not behind, then its head."""
-        for name, bucket in self.buckets.items():
-            if name in self.behind:
-                continue
+
+        def publish_to(name: str) -> StorageError | None:
+            bucket = self.buckets[name]
             try:
                 bucket.publish_update(version, fragment, payload)
                 if snapshot is not None:
@@ -49,6 +51,12 @@ class Publication:
                 if snapshot is not None:
                     collect_garbage(bucket, head)
             except StorageError as error:
+                return error
+            return None
+
+        regions = [name for name in self.buckets if name not in self.behind]
+        for name, error in zip(regions, self.fanout.each(publish_to, regions)):
+            if error is not None:
                 log.warning("region %s missed version %d (%s); it will be caught up", name, version, error)
                 self.behind.add(name)
 

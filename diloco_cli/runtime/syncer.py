@@ -18,6 +18,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.fanout import FanOut
 from diloco_cli.runtime.global_weights import encode_snapshot
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
@@ -37,6 +39,7 @@ from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
 from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket, heartbeat_key
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text
@@ -46,7 +49,6 @@ log = logging.getLogger("diloco.syncer")
 
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
-STATUS_SECONDS = 2.0
 CATCH_UP_SECONDS = 5.0
 """How often regions that missed a publication are tried again."""
 
@@ -59,6 +61,18 @@ def qualified(region: str, key: str) -> str:
 def payload_id(name: str) -> PayloadId | None:
     match = PAYLOAD_KEY.match(name.split(":", 1)[1])
     return PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])) if match else None
+
+
+@dataclass
+class RegionScan:
+    """What one turn found in one region's bucket (filled on a fan-out thread)."""
+
+    region: str
+    records: list[PayloadRecord] = field(default_factory=list)
+    """Verified markers of payloads not seen before."""
+    refused: list[tuple[str, PayloadError]] = field(default_factory=list)
+    """Payload keys whose marker is not authentic."""
+    heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
 
 
 class Syncer:
@@ -120,11 +134,30 @@ class Syncer:
             quorum_seconds=self.state.quorum_seconds,
             sync_seconds=self.state.sync_seconds,
         )
-        self.publication = Publication(self.buckets, self.home, self.secret)
+        self.fanout = FanOut(len(self.buckets))
+        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout)
         after = recipe.sync.leftover_seconds
         self.sweepers = [LeftoverSweeper(bucket.store, after) for bucket in self.buckets.values()]
         self.sweepers.append(LeftoverSweeper(self.home.store, after, only_partial=True))
+        self._continue_counts()
         self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
+
+    def _continue_counts(self) -> None:
+        """Storage counts of the syncer's earlier starts, from its newest status in any
+        region, so that a restart continues them."""
+        self.storage_before: dict[str, StorageCounters] = {}
+        self.home_storage_before = StorageCounters()
+        newest: SyncerStatus | None = None
+        for name, bucket in self.buckets.items():
+            try:
+                status = bucket.read_syncer_status()
+            except (StorageError, PayloadError) as error:
+                log.warning("the syncer's last status in region %s cannot be read (%s); its counts start again", name, error)
+                continue
+            if status is not None and (newest is None or status.time > newest.time):
+                newest = status
+        if newest is not None:
+            self.storage_before, self.home_storage_before = dict(newest.storage), newest.home_storage
 
     def _head(self) -> Head:
         snapshot_every = self.recipe.sync.snapshot_every
@@ -160,55 +193,69 @@ class Syncer:
         self.refusals[region].record(kind, key, str(error), time.time())
 
     def _observe(self, read_heartbeats: bool) -> list[decisions.Observation]:
+        """What every region's bucket shows now: its bytes read in every region at once,
+        then taken in here, region by region."""
         observations, self.pending_observations = self.pending_observations, []
-        for region, bucket in self.buckets.items():
-            try:
-                observations += self._observe_payloads(region, bucket)
-            except StorageError as error:
-                log.warning("region %s cannot be listed now: %s", region, error)
-            if read_heartbeats:
-                observations += self._observe_heartbeats(region, bucket)
+        scans = self.fanout.each(lambda region: self._scan(region, read_heartbeats), list(self.buckets))
+        for scan in scans:
+            observations += self._arrivals(scan)
+            observations += self._heartbeats_seen(scan)
         return observations
 
-    def _observe_payloads(self, region: str, bucket: RegionBucket) -> list[decisions.Observation]:
-        """New marked payloads of a region, in order; a storage failure ends the turn's
-        look at this region (what was seen before it is kept, the rest comes later)."""
-        found: list[decisions.Observation] = []
-        for key in bucket.payload_keys():
+    def _scan(self, region: str, read_heartbeats: bool) -> RegionScan:
+        """On a fan-out thread: list a region's payloads, delete the consumed ones, read
+        the markers of new ones (and the heartbeats); no state of the syncer changes.  A
+        storage failure ends the look at this region (what was seen before it is kept,
+        the rest comes on a later turn)."""
+        bucket, scan = self.buckets[region], RegionScan(region)
+        try:
+            keys = bucket.payload_keys()
+        except StorageError as error:
+            log.warning("region %s cannot be listed now: %s", region, error)
+            keys = []
+        for key in keys:
             name = qualified(region, key)
-            payload = payload_id(name)
             try:
-                if self.state.ledger.consumed(payload):
+                if self.state.ledger.consumed(payload_id(name)):
                     if self.recipe.sync.delete_consumed_payloads:
                         bucket.delete_payload(key)
                     continue
                 if name in self.observed or name in self.retiring:
                     continue
-                record = bucket.payload_record(key)
+                scan.records.append(bucket.payload_record(key))
             except FileNotFoundError:
                 continue
             except PayloadError as error:
-                self._refused(region, "marker", key, error)
-                self._retire(payload)
-                continue
+                scan.refused.append((key, error))
             except StorageError as error:
                 log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
                 break
+        for learner in (spec.id for spec in self.spec.learners if spec.region == region and read_heartbeats):
+            try:
+                scan.heartbeats.append((learner, bucket.read_heartbeat(learner)))
+            except PayloadError as error:
+                scan.heartbeats.append((learner, error))
+            except StorageError as error:
+                log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+        return scan
+
+    def _arrivals(self, scan: RegionScan) -> list[decisions.Observation]:
+        for key, error in scan.refused:
+            self._refused(scan.region, "marker", key, error)
+            self._retire(payload_id(qualified(scan.region, key)))
+        found: list[decisions.Observation] = []
+        for record in scan.records:
+            name = qualified(scan.region, record.key)
             self.observed[name] = record
             arrival = decisions.Arrival(record.learner, record.fragment, record.base_version, record.c_steps, record.c_tokens, record.sequence, name)
             found.append(decisions.ArrivalSeen(arrival))
         return found
 
-    def _observe_heartbeats(self, region: str, bucket: RegionBucket) -> list[decisions.Observation]:
+    def _heartbeats_seen(self, scan: RegionScan) -> list[decisions.Observation]:
         found = []
-        for learner in (spec.id for spec in self.spec.learners if spec.region == region):
-            try:
-                beat = bucket.read_heartbeat(learner)
-            except PayloadError as error:
-                self._refused(region, "heartbeat", heartbeat_key(learner), error)
-                continue
-            except StorageError as error:
-                log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+        for learner, beat in scan.heartbeats:
+            if isinstance(beat, PayloadError):
+                self._refused(scan.region, "heartbeat", heartbeat_key(learner), beat)
                 continue
             if beat is None:
                 continue
@@ -226,16 +273,23 @@ class Syncer:
 
     def _read_payloads(self, action: decisions.Merge) -> dict[str, bytes | None] | None:
         """Every arrival's bytes (None for one that vanished), or None when a bucket
-        cannot be read now: the merge waits rather than drop an arrival."""
-        blobs: dict[str, bytes | None] = {}
-        for arrival in action.arrivals:
-            bucket, key = self._bucket_and_key(arrival.key)
+        cannot be read now: the merge waits rather than drop an arrival.  Read all at
+        once: arrivals come from several regions."""
+
+        def read(name: str) -> bytes | StorageError | None:
+            bucket, key = self._bucket_and_key(name)
             try:
-                blobs[arrival.key] = bucket.read_payload(key)
+                return bucket.read_payload(key)
             except FileNotFoundError:
-                blobs[arrival.key] = None
+                return None
             except StorageError as error:
-                log.warning("merge of fragment %d postponed: %s", action.fragment, error)
+                return error
+
+        names = [arrival.key for arrival in action.arrivals]
+        blobs = dict(zip(names, self.fanout.each(read, names)))
+        for blob in blobs.values():
+            if isinstance(blob, StorageError):
+                log.warning("merge of fragment %d postponed: %s", action.fragment, blob)
                 return None
         return blobs
 
@@ -288,8 +342,8 @@ class Syncer:
         self.retiring = {}
         for name in consumed:
             self.observed.pop(name, None)
-            if self.recipe.sync.delete_consumed_payloads:
-                self._delete_payload(name)
+        if self.recipe.sync.delete_consumed_payloads:
+            self.fanout.each(self._delete_payload, consumed)
         seconds = self.clock() - started - evaluation_seconds
         self.merge_times.append(time.time())
         self.last_merge = LastMerge(fragment=fragment, version=version, learners=sorted({a.learner for a in merged}), seconds=seconds, time=time.time())
@@ -366,7 +420,10 @@ class Syncer:
             pending={p: sorted(r.pending) for p, r in self.decisions.rounds.items() if r.pending},
             reasons=dict(sorted(self.reasons.items())),
             evaluations=self.state.evaluations,
-            storage={name: bucket.store.meter.snapshot() for name, bucket in self.buckets.items()},
+            parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+            place=self.spec.syncer.place,
+            storage={name: self.storage_before.get(name, StorageCounters()).plus(bucket.store.meter.snapshot()) for name, bucket in self.buckets.items()},
+            home_storage=self.home_storage_before.plus(self.home.store.meter.snapshot()),
             refusals=self.refusals,
             repairs=self.publication.repairs,
             leftovers_removed=sum(sweeper.removed for sweeper in self.sweepers),
@@ -377,11 +434,14 @@ class Syncer:
 
     def _write_status(self, phase: SyncerPhase, now: float) -> None:
         status = self._status(phase, now)
-        for name, bucket in self.buckets.items():
+
+        def write(name: str) -> None:
             try:
-                bucket.write_syncer_status(status)
+                self.buckets[name].write_syncer_status(status)
             except StorageError as error:
                 log.warning("could not write the status to region %s: %s", name, error)
+
+        self.fanout.each(write, list(self.buckets))
 
     # ------------------------------------------------------------------------ loop
 
@@ -400,18 +460,21 @@ class Syncer:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         self._setup()
-        while not self.stop_requested:
-            wake = self._turn()
-            if self.finished:
-                return EXIT_FINISHED
-            time.sleep(max(0.0, wake - self.clock()))
-        self._write_status(SyncerPhase.STOPPED, self.clock())
-        return EXIT_STOPPED
+        try:
+            while not self.stop_requested:
+                wake = self._turn()
+                if self.finished:
+                    return EXIT_FINISHED
+                time.sleep(max(0.0, wake - self.clock()))
+            self._write_status(SyncerPhase.STOPPED, self.clock())
+            return EXIT_STOPPED
+        finally:
+            self.fanout.close()
 
     def _turn(self) -> float:
         """One turn of the loop: observe, decide, act, upkeep; returns when to wake."""
         now = self.clock()
-        read_beats = now - self._last["beats"] >= min(STATUS_SECONDS, self.recipe.training.heartbeat_seconds)
+        read_beats = now - self._last["beats"] >= min(self.recipe.sync.status_seconds, self.recipe.training.heartbeat_seconds)
         if read_beats:
             self._last["beats"] = now
         self.decisions, actions = decisions.step(self.decisions, self._observe(read_beats), now)
@@ -440,7 +503,7 @@ class Syncer:
             self._last["sweep"] = now
         if read_beats and self._over(self.clock()):
             self._finish()
-        elif self.clock() - self._last["status"] >= STATUS_SECONDS:
+        elif self.clock() - self._last["status"] >= self.recipe.sync.status_seconds:
             self._write_status(SyncerPhase.RUNNING, self.clock())
             self._last["status"] = self.clock()
         return wake

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli.codec import CorruptPayload, RunSecret
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.store.retry import StorageCounters
+from diloco_cli.store.metering import StorageCounters
 
 RECENT_REFUSALS = 10
 """Refusals a report keeps by name (the newest); counts are kept for all."""
@@ -151,6 +151,9 @@ class Heartbeat(Document):
     tokens: int
     loss: float | None = None
     step_seconds: float | None = None
+    compute_seconds: float = 0.0
+    """Time spent in inner steps since ``started_at`` (this start): against the time
+    since then, the share of wall time the learner computed."""
     base_versions: dict[FragmentIndex, Version] = Field(default_factory=dict)
     sends: int = 0
     """Payloads made."""
@@ -257,8 +260,14 @@ class SyncerStatus(Document):
     reasons: dict[FragmentIndex, str] = Field(default_factory=dict)
     """Per fragment, why it is not merging now."""
     evaluations: list[Evaluation] = Field(default_factory=list)
+    parameters: int = 0
+    """Trainable parameters of the model (for bandwidth reports)."""
+    place: str = "syncer"
+    """The region whose network the syncer is in, or ``syncer``: a place of its own."""
     storage: dict[str, StorageCounters] = Field(default_factory=dict)
-    """The syncer's calls to each region's bucket."""
+    """The syncer's calls to each region's bucket (since its first start)."""
+    home_storage: StorageCounters = Field(default_factory=StorageCounters)
+    """The syncer's calls to its own store (state, commits, ledger)."""
     refusals: dict[str, Refusals] = Field(default_factory=dict)
     """What the syncer refused in each region's bucket."""
     repairs: int = 0

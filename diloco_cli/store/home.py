@@ -122,7 +122,7 @@ class HomeDamaged(RuntimeError):
 
 class SyncerHome:
     def __init__(self, root: str, storage_options: dict[str, Any] | None, secret: RunSecret, retry=None) -> None:
-        self.store = ObjectStore(root, storage_options, retry)
+        self.store = ObjectStore(root, storage_options, retry, kind_of=lambda key: "home")
         self._secret = secret
 
     def _frame(self, meta: dict[str, Any], spec: CodecSpec = MARKER_SPEC) -> bytes:

@@ -3,12 +3,14 @@ marked objects, sealed documents, every call under the retry policy and metered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import DocumentType, seal, unseal
 from diloco_cli.store.filesystem import StorageError, open_filesystem, write_whole
-from diloco_cli.store.retry import RetryPolicy, StorageMeter, call_with_retries
+from diloco_cli.store.metering import StorageMeter, listing_bytes
+from diloco_cli.store.retry import RetryPolicy, call_with_retries
 
 MARKER_SUFFIX = ".ready"
 """A marked object ``X`` is trusted only once ``X.ready`` exists (written after ``X``)."""
@@ -21,15 +23,23 @@ class ObjectStore:
     """Objects under ``root`` (an fsspec URL); keys are ``/``-separated relative paths.
 
     Every call is retried under ``retry`` (:mod:`diloco_cli.store.retry`) and counted in
-    ``meter``.  Absent objects raise ``FileNotFoundError`` (or read as None where said);
-    a call that still fails after every try raises ``StorageError``."""
+    ``meter`` under the kind ``kind_of(key)`` gives it (listings under ``listing``).
+    Absent objects raise ``FileNotFoundError`` (or read as None where said); a call that
+    still fails after every try raises ``StorageError``."""
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        kind_of: Callable[[str], str] = lambda key: "other",
+    ) -> None:
         self.root = root.rstrip("/")
         self._storage_options = dict(storage_options or {})
         self._filesystem, self._path = open_filesystem(self.root, self._storage_options)
         self.retry = retry or RetryPolicy()
         self.meter = StorageMeter()
+        self.kind_of = kind_of
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.root!r})"
@@ -37,22 +47,23 @@ class ObjectStore:
     def _full(self, key: str) -> str:
         return f"{self._path}/{key}" if key else self._path
 
-    def _call(self, what: str, key: str, call):
-        return call_with_retries(call, self.retry, self.meter, f"{what} {self.root}/{key}")
+    def _call(self, what: str, key: str, call, op: str, kind: str | None = None):
+        return call_with_retries(call, self.retry, self.meter, f"{what} {self.root}/{key}", kind or self.kind_of(key), op)
 
-    def put(self, key: str, data: bytes) -> None:
-        """Write a whole object (replacing it: use only for mutable objects or new keys)."""
-        self._call("writing", key, lambda: write_whole(self._filesystem, self._full(key), data))
-        self.meter.count(up=len(data))
+    def put(self, key: str, data: bytes, raw_bytes: int = 0) -> None:
+        """Write a whole object (replacing it: use only for mutable objects or new keys);
+        ``raw_bytes``: the fp32 size of the tensors it carries, for compression reports."""
+        self._call("writing", key, lambda: write_whole(self._filesystem, self._full(key), data), "write")
+        self.meter.count(self.kind_of(key), up=len(data), raw=raw_bytes)
 
     def get(self, key: str) -> bytes:
         """Read a whole object; FileNotFoundError when it does not exist."""
-        data = self._call("reading", key, lambda: self._filesystem.cat_file(self._full(key)))
-        self.meter.count(down=len(data))
+        data = self._call("reading", key, lambda: self._filesystem.cat_file(self._full(key)), "read")
+        self.meter.count(self.kind_of(key), down=len(data))
         return data
 
     def exists(self, key: str) -> bool:
-        return self._call("checking", key, lambda: self._filesystem.exists(self._full(key)))
+        return self._call("checking", key, lambda: self._filesystem.exists(self._full(key)), "read")
 
     def list(self, prefix: str, include_partial: bool = False) -> list[str]:
         """Keys of every object under ``prefix/``, freshly listed (recursive, sorted)."""
@@ -64,8 +75,10 @@ class ObjectStore:
             except FileNotFoundError:
                 return []
 
+        paths = self._call("listing", prefix, find, "list", kind="listing")
+        self.meter.count("listing", down=listing_bytes(paths))
         start = len(self._path) + 1
-        keys = (path[start:] for path in self._call("listing", prefix, find))
+        keys = (path[start:] for path in paths)
         return sorted(key for key in keys if include_partial or not key.endswith(PARTIAL_SUFFIX))
 
     def delete(self, key: str) -> None:
@@ -75,7 +88,7 @@ class ObjectStore:
             except FileNotFoundError:
                 pass
 
-        self._call("deleting", key, remove)
+        self._call("deleting", key, remove, "delete")
 
     def remove_everything(self) -> None:
         """Delete every object under the root (``diloco rm``: the root is the run's own)."""
@@ -86,7 +99,7 @@ class ObjectStore:
             except FileNotFoundError:
                 pass
 
-        self._call("removing everything under", "", remove)
+        self._call("removing everything under", "", remove, "delete", kind="other")
 
     # ------------------------------------------------------------------ documents
 
@@ -105,9 +118,9 @@ class ObjectStore:
 
     # ------------------------------------------------------------------ marked objects
 
-    def put_marked(self, key: str, data: bytes, marker: bytes) -> None:
+    def put_marked(self, key: str, data: bytes, marker: bytes, raw_bytes: int = 0) -> None:
         """Write an immutable object, then its marker: readers trust it only after both."""
-        self.put(key, data)
+        self.put(key, data, raw_bytes)
         self.put(key + MARKER_SUFFIX, marker)
 
     def list_marked(self, prefix: str) -> list[str]:

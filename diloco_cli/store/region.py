@@ -31,12 +31,34 @@ from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.retry import RetryPolicy
 
 MARKER_SPEC = CodecSpec(zstd_level=0)
+SNAPSHOT_SPEC = CodecSpec(codec="fp32", zstd_level=1)
+"""Snapshots are the global weights exactly: fp32, lightly compressed."""
 PAYLOAD_KEY = re.compile(r"^payloads/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
 UPDATE_KEY = re.compile(r"^global/updates/(?P<version>\d{10})-(?P<fragment>\d{3})\.dlc$")
 SNAPSHOT_KEY = re.compile(r"^global/snapshots/(?P<version>\d{10})\.dlc$")
 CHECKPOINT_KEY = re.compile(r"^checkpoints/(?P<learner>[^/]+)/(?P<step>\d{10})\.dlc$")
 HEAD_KEY = "global/head.json"
 SYNCER_STATUS_KEY = "global/syncer.json"
+
+
+KIND_BY_PREFIX = (
+    ("payloads/", "payload"),
+    ("global/updates/", "update"),
+    ("global/snapshots/", "snapshot"),
+    ("checkpoints/", "checkpoint"),
+    (HEAD_KEY, "head"),
+    (SYNCER_STATUS_KEY, "status"),
+    ("heartbeats/", "heartbeat"),
+    ("control/", "control"),
+    ("manifest.json", "manifest"),
+)
+
+
+def kind_of_key(key: str) -> str:
+    """The kind of object a key names, for metering (:mod:`diloco_cli.store.metering`)."""
+    if key.endswith(".ready"):
+        return "marker"
+    return next((kind for prefix, kind in KIND_BY_PREFIX if key.startswith(prefix)), "other")
 
 
 def payload_key(learner: LearnerId, fragment: FragmentIndex, sequence: int) -> str:
@@ -86,7 +108,7 @@ class RegionBucket:
 
     def __init__(self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None, retry: RetryPolicy | None = None) -> None:
         self.name = name
-        self.store = ObjectStore(root, storage_options, retry)
+        self.store = ObjectStore(root, storage_options, retry, kind_of_key)
         self._secret = secret
 
     def __repr__(self) -> str:
@@ -100,6 +122,14 @@ class RegionBucket:
 
     def _marker(self, meta: dict[str, Any]) -> bytes:
         return encode_payload([], MARKER_SPEC, self.secret, meta)
+
+    def _raw_bytes(self, payload: bytes) -> int:
+        """The fp32 size of the tensors a payload carries (what its codec compressed); 0
+        for bytes that are not a frame of this run (metering never stops an upload)."""
+        try:
+            return 4 * sum(entry.numel for entry in read_header(payload, self.secret).tensors)
+        except PayloadError:
+            return 0
 
     def marker_meta(self, key: str) -> dict[str, Any]:
         """The verified metadata of ``key``'s marker (PayloadError when not authentic)."""
@@ -116,7 +146,7 @@ class RegionBucket:
         """Upload a learner's payload, then its marker carrying ``meta``."""
         key = payload_key(learner, fragment, sequence)
         marker_meta = {**meta, "learner": learner, "fragment": fragment, "sequence": sequence, "bytes": len(payload)}
-        self.store.put_marked(key, payload, self._marker(marker_meta))
+        self.store.put_marked(key, payload, self._marker(marker_meta), self._raw_bytes(payload))
         return key
 
     def payload_keys(self) -> list[str]:
@@ -211,7 +241,7 @@ class RegionBucket:
         key = update_key(version, fragment)
         if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}))
+        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}), self._raw_bytes(payload))
         return True
 
     def read_update(self, version: Version, fragment: FragmentIndex) -> bytes:
@@ -231,7 +261,7 @@ class RegionBucket:
         key = snapshot_key(version)
         if not replace and self.store.exists(key + ".ready"):
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version}))
+        self.store.put_marked(key, payload, self._marker({"version": version}), self._raw_bytes(payload))
         return True
 
     def read_snapshot(self, version: Version) -> bytes:

@@ -14,16 +14,15 @@ the one that bounds how long any call may keep trying.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from diloco_cli.config.recipe import RetryPolicy
 from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.metering import StorageMeter
 
 log = logging.getLogger("diloco.storage")
 
@@ -43,74 +42,24 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, Exception)
 
 
-class StorageCounters(BaseModel):
-    """What one process's storage calls to one store did (persisted in its reports)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    requests: int = 0
-    """Calls made (each retry counts again)."""
-    bytes_up: int = 0
-    bytes_down: int = 0
-    retries: int = 0
-    """Calls that failed transiently and were tried again."""
-    failures: int = 0
-    """Calls that still failed after every try."""
-    last_error: str | None = None
-    last_error_time: float | None = None
-
-    def plus(self, other: StorageCounters) -> StorageCounters:
-        """The sum of two counts (the latest error wins)."""
-        newer = other if (other.last_error_time or 0) >= (self.last_error_time or 0) else self
-        return StorageCounters(
-            requests=self.requests + other.requests,
-            bytes_up=self.bytes_up + other.bytes_up,
-            bytes_down=self.bytes_down + other.bytes_down,
-            retries=self.retries + other.retries,
-            failures=self.failures + other.failures,
-            last_error=newer.last_error,
-            last_error_time=newer.last_error_time,
-        )
-
-
-class StorageMeter:
-    """Thread-safe counters of one store's calls (storage I/O runs on several threads)."""
-
-    def __init__(self) -> None:
-        self._counters = StorageCounters()
-        self._lock = threading.Lock()
-
-    def snapshot(self) -> StorageCounters:
-        with self._lock:
-            return self._counters.model_copy()
-
-    def count(self, *, requests: int = 0, up: int = 0, down: int = 0, retries: int = 0) -> None:
-        with self._lock:
-            counters = self._counters
-            counters.requests += requests
-            counters.bytes_up += up
-            counters.bytes_down += down
-            counters.retries += retries
-
-    def failed(self, error: BaseException) -> None:
-        with self._lock:
-            self._counters.failures += 1
-            self._counters.last_error = f"{type(error).__name__}: {error}"[:300]
-            self._counters.last_error_time = time.time()
-
-
-def call_with_retries(call: Callable[[], Result], policy: RetryPolicy, meter: StorageMeter, what: str) -> Result:
-    """Run ``call`` under ``policy``; ``what`` names the operation and object in messages.
+def call_with_retries(
+    call: Callable[[], Result], policy: RetryPolicy, meter: StorageMeter, what: str, kind: str = "other", op: str = "read"
+) -> Result:
+    """Run ``call`` under ``policy``; ``what`` names the operation and object in messages,
+    ``kind`` and ``op`` how each try is counted in ``meter`` (a request and its seconds).
 
     Raises the call's own error for answers (``FileNotFoundError``...), and
     :class:`StorageError` once a transient failure has used up every attempt."""
 
     def counted() -> Result:
-        meter.count(requests=1)
-        return call()
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            meter.count(kind, requests=1, op=op, seconds=time.perf_counter() - start)
 
     def before_sleep(state: RetryCallState) -> None:
-        meter.count(retries=1)
+        meter.retried()
         error = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
         log.warning("%s failed (%s: %s); try %d of %d in %.1f s", what, type(error).__name__, error, state.attempt_number + 1, policy.attempts, wait)

@@ -24,6 +24,9 @@ from diloco_cli.store.region import RegionBucket
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+SYNCER_PLACE = "syncer"
+"""The place of a syncer that is in no region's network."""
+
 
 class ManifestError(ConfigError):
     """A run's manifest cannot be read; the message names its URL."""
@@ -58,6 +61,13 @@ class SyncerSpec(BaseModel):
     host: str
     home: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    region: RegionName | None = None
+    """The region whose network the syncer is in; None: a place of its own."""
+
+    @property
+    def place(self) -> str:
+        """Where the syncer's traffic starts, in bandwidth reports."""
+        return self.region or SYNCER_PLACE
 
 
 class RunSpec(BaseModel):

@@ -12,12 +12,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Head, Heartbeat, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
-from diloco_cli.store.retry import StorageCounters
+from diloco_cli.store.metering import StorageCounters
 
 SYNCER_SILENT_SECONDS = 30.0
 """A syncer status older than this is reported as not reporting."""
@@ -98,13 +99,15 @@ class RunStatus:
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     """What is wrong, in sentences that say what to run."""
+    bandwidth: str | None = None
+    """One line: bytes across links and in regions, compression, data-parallel's bytes."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass
-class _Read:
+class BucketReads:
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     syncer: SyncerStatus | None = None
     head: Head | None = None
@@ -112,8 +115,9 @@ class _Read:
     unreachable: dict[str, str] = field(default_factory=dict)
 
 
-def _read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> _Read:
-    read = _Read()
+def read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> BucketReads:
+    """Every region's heartbeats, the newest syncer status and head, and what was refused."""
+    read = BucketReads()
     for bucket in spec.buckets(secret):
         try:
             _read_bucket(spec, bucket, read, now)
@@ -122,7 +126,7 @@ def _read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> _Read:
     return read
 
 
-def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: _Read, now: float) -> None:
+def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: float) -> None:
     refused = read.refused.setdefault(bucket.name, Refusals())
     for learner in (s.id for s in spec.learners if s.region == bucket.name):
         try:
@@ -148,7 +152,7 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
     """The run as its buckets show it; ``processes`` (from the run's supervisors, when
     the caller can ask them) adds what is down and what to run about it."""
     now = time.time() if now is None else now
-    read = _read_buckets(spec, secret, now)
+    read = read_buckets(spec, secret, now)
     syncer, head = read.syncer, read.head
     version = head.version if head else 0
     rows = [_learner_row(spec, learner.id, read.heartbeats.get(learner.id), version, now) for learner in spec.learners]
@@ -169,13 +173,8 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
         latest = region_refusals[name].latest
         regions[name].latest_refusal = latest.model_dump() if latest else None
     evaluations = [e.model_dump() for e in syncer.evaluations] if syncer else []
-    silent = syncer is not None and syncer.state.value not in ("finished", "stopped") and now - syncer.time > SYNCER_SILENT_SECONDS
-    if syncer is None:
-        state = "starting"
-    elif silent:
-        state = "syncer not reporting"
-    else:
-        state = syncer.state.value
+    state = run_state(syncer, now)
+    silent = state == "syncer not reporting"
     status = RunStatus(
         run=spec.run,
         state=state,
@@ -188,10 +187,21 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
         regions=list(regions.values()),
         evaluations=evaluations,
     )
+    if read.syncer is not None or read.heartbeats:
+        status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now))
     status.problems = problems(status, processes) + [
         f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
     ]
     return status
+
+
+def run_state(syncer: SyncerStatus | None, now: float) -> str:
+    """starting, running, finished, stopped, or syncer not reporting."""
+    if syncer is None:
+        return "starting"
+    if syncer.state.value not in ("finished", "stopped") and now - syncer.time > SYNCER_SILENT_SECONDS:
+        return "syncer not reporting"
+    return syncer.state.value
 
 
 def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool) -> None:

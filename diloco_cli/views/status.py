@@ -102,6 +102,8 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     if status.problems:
         parts.append(Text("\n".join(f"! {problem}" for problem in status.problems), style="bold red"))
     parts += [learners, legend, Text("\n".join(lines)), regions, Text(STORAGE_LEGEND, style="dim")]
+    if status.bandwidth:
+        parts.append(Text(status.bandwidth))
     if refusal_lines:
         parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:

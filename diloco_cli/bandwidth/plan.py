@@ -1,0 +1,674 @@
+"""A run's plan: what it will ask of every link, and what it gets done, before it starts.
+
+:func:`build_plan` takes a recipe (and a region file, or just M and a number of
+regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need, and
+returns a frozen :class:`Plan`:
+
+* the inner step's compute time, from a short trial on this machine (the recipe's
+  model and batch, a few warm steps then a few timed ones, on the recipe's device),
+  unless ``step_seconds`` is given;
+* every payload's real size, by encoding sample tensors of each fragment's shapes with
+  the real encoder for every codec (fp32, bf16, int8, int4): frame, header, packed
+  values, scales, zstandard.  A fragment of more than :data:`EXACT_VALUES` values is
+  sized from its exact layout and the compression measured on a sample;
+* the training thread's time to encode a fragment's delta, to add an update and check
+  its digest, and to encode a checkpoint, timed on the same samples.
+
+Then the plan predicts the run on the given links, synchronous data-parallel training
+beside it, the smallest H (and codecs) that reach a target compute share, and, where
+the buckets are in a cloud, what the traffic costs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from diloco_cli.bandwidth.model import (
+    CodecCost,
+    DataParallelPrediction,
+    DiLoCoPrediction,
+    Link,
+    RunShape,
+    predict,
+    predict_data_parallel,
+    smallest_sync_interval,
+)
+from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.codec import CodecSpec, RunSecret
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.regions import RegionsFile
+from diloco_cli.store.region import MARKER_SPEC, SNAPSHOT_SPEC
+
+if TYPE_CHECKING:
+    import torch
+
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+CODECS = ("fp32", "bf16", "int8", "int4")
+"""The codecs a plan weighs, heaviest first."""
+
+EXACT_VALUES = 1 << 23
+"""Fragments of up to this many values are encoded whole to size them."""
+
+SAMPLE_VALUES = 1 << 20
+"""Values of the sample that sizes and times a larger fragment (scaled by its size)."""
+
+WARM_STEPS = 5
+TIMED_STEPS = 5
+
+
+CHECKPOINT_VALUES_PER_PARAMETER = 5
+"""A checkpoint holds, per parameter, fp32 values of: the parameter, AdamW's two
+moments, the base and the error-feedback residual."""
+
+NOT_BUILT = "not built (--parameters)"
+"""The plan's ``model`` when it was made from a parameter count alone."""
+
+EXAMPLE_RUN_NAME_SUFFIX = "-20260101-120000"
+"""What ``diloco up`` appends to the recipe's name (a date and time): run names are in
+every key a listing returns."""
+
+
+class CodecOption(BaseModel):
+    """The smallest H for one choice of codecs."""
+
+    model_config = FROZEN
+
+    upload_codec: str
+    update_codec: str
+    sync_interval: int | None
+    """The smallest H that reaches the target; None when no H up to inner_steps does."""
+    compute_share: float
+    """At that H (or at H = inner_steps when none reaches the target)."""
+
+
+class Suggestion(BaseModel):
+    """The smallest H, and the codecs, that reach the target compute share."""
+
+    model_config = FROZEN
+
+    target_compute_share: float
+    reached: bool
+    """False when no H up to the recipe's inner_steps reaches the target with any codec:
+    the plan then names the best it found (H = inner_steps, the lightest codecs)."""
+    sync_interval: int
+    upload_codec: str
+    update_codec: str
+    compute_share: float
+    half_interval: int | None
+    """H/2, to show that it does not reach the target (None when H = 1)."""
+    half_interval_compute_share: float | None
+    options: tuple[CodecOption, ...]
+    """Every choice of codecs weighed, each with its smallest H."""
+
+
+class LinkCost(BaseModel):
+    model_config = FROZEN
+
+    region: str
+    provider: str | None
+    """The bucket's provider (None: not in a cloud, free)."""
+    egress_dollars_per_hour: float
+    """Bytes read by the syncer (billed to the bucket's provider) and written by it (billed
+    to the syncer's, when it runs in a cloud)."""
+    request_dollars_per_hour: float
+
+
+class Costs(BaseModel):
+    model_config = FROZEN
+
+    looked_up: str
+    """When the prices were written down (see ``prices.yaml``)."""
+    syncer_provider: str | None
+    syncer_region: str | None
+    links: tuple[LinkCost, ...]
+    diloco_dollars_per_hour: float
+    diloco_dollars_to_budget: float
+    data_parallel_dollars_per_hour: float
+    """Ring all-reduce egress between workers in different regions."""
+    data_parallel_dollars_to_budget: float
+
+
+class Plan(BaseModel):
+    """What a run will ask of the network, and what it gets done."""
+
+    model_config = FROZEN
+
+    recipe: str
+    model: str
+    """The model's factory, or ``not built (--parameters)`` when planned from a count."""
+    parameters: int
+    fragment_parameters: tuple[int, ...]
+    step_seconds: float
+    """t: compute time of one inner step."""
+    step_measured_on: str | None
+    """Where t was measured (cpu, cuda), or None when given."""
+    tokens_per_step: int
+    """Tokens one learner trains per inner step."""
+    tokens_budget: int
+    link_mbit: dict[str, float | None]
+    latency_ms: dict[str, float]
+    shape: RunShape
+    """Everything the prediction was computed from (payload sizes included)."""
+    diloco: DiLoCoPrediction
+    time_to_budget_seconds: float
+    data_parallel: DataParallelPrediction
+    data_parallel_time_to_budget_seconds: float
+    bytes_ratio: float
+    """Data-parallel WAN bytes per token over Decoupled DiLoCo's."""
+    suggestion: Suggestion
+    costs: Costs | None
+    """None when no bucket is in a cloud."""
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+# ------------------------------------------------------------------- measurements
+
+
+def _device(recipe: Recipe) -> str:
+    import torch
+
+    if recipe.training.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return recipe.training.device
+
+
+def measure_step_seconds(recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS) -> tuple[float, str]:
+    """The compute time of one inner step of the recipe's model on its batch (random
+    bytes), on the recipe's device: AdamW, loss, backward, clipping, as a learner does.
+    Returns (seconds, device)."""
+    import torch
+    from torch.nn import functional as F
+
+    training = recipe.training
+    device = _device(recipe)
+    threads = torch.get_num_threads()
+    if training.threads_per_learner:
+        torch.set_num_threads(training.threads_per_learner)
+    try:
+        torch.manual_seed(training.seed)
+        model = recipe.model.build().to(device)
+        decayed = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+        plain = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+        groups = [{"params": decayed, "weight_decay": training.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW(groups, lr=training.learning_rate, betas=training.betas)
+        windows = torch.randint(0, 256, (training.batch_size, recipe.data.sequence_length + 1), generator=torch.Generator().manual_seed(training.seed))
+        inputs, targets = windows[:, :-1].to(device), windows[:, 1:].to(device)
+
+        def step() -> None:
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if training.gradient_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), training.gradient_clip)
+            optimizer.step()
+
+        def synchronize() -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        for _ in range(warm_steps):
+            step()
+        synchronize()
+        started = time.perf_counter()
+        for _ in range(timed_steps):
+            step()
+        synchronize()
+        return (time.perf_counter() - started) / timed_steps, device
+    finally:
+        torch.set_num_threads(threads)
+
+
+TensorShapes = list[tuple[str, tuple[int, ...]]]
+"""A fragment's tensors: (name, shape), in order."""
+
+
+def model_fragments(recipe: Recipe, num_fragments: int) -> list[TensorShapes]:
+    """The recipe's model split as learners split it (shapes only)."""
+    import torch
+
+    from diloco_cli.core.fragments import fragments_of_model
+
+    torch.manual_seed(recipe.training.seed)
+    model = recipe.model.build()
+    shapes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
+    return [[(name, shapes[name]) for name in fragment.parameter_names] for fragment in fragments_of_model(model, num_fragments)]
+
+
+def even_fragments(parameters: int, num_fragments: int) -> list[TensorShapes]:
+    """N parameters as P fragments of one flat tensor each, as equal as can be."""
+    if parameters < num_fragments:
+        raise ConfigError(f"--parameters {parameters} cannot be split into {num_fragments} fragments")
+    size, extra = divmod(parameters, num_fragments)
+    return [[(f"fragment-{p}", (size + (p < extra),))] for p in range(num_fragments)]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _random(shape: tuple[int, ...], generator: torch.Generator, scale: float) -> torch.Tensor:
+    import torch
+
+    return torch.randn(shape, generator=generator) * scale
+
+
+def _best_of(repeats: int, function) -> tuple[float, Any]:
+    best, result = math.inf, None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = function()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def _frame_parts(frame: bytes) -> tuple[int, int]:
+    """(header bytes, body bytes) of an encoded frame."""
+    from diloco_cli.codec.frame import PREFIX
+
+    *_, header_bytes, body_bytes = PREFIX.unpack_from(frame)
+    return header_bytes, body_bytes
+
+
+class Sizer:
+    """Sizes and times payloads with the real encoder (one run secret, seeded samples)."""
+
+    def __init__(self, secret: RunSecret | None = None, seed: int = 0) -> None:
+        self.secret = secret or RunSecret(b"diloco plan: sizes only, no run".ljust(32, b"."))
+        self.seed = seed
+
+    def _generator(self):
+        import torch
+
+        return torch.Generator().manual_seed(self.seed)
+
+    def _upload(self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
+        """A learner's send: ``delta = base - theta + e``, encoded with error feedback."""
+        from diloco_cli.codec import encode_payload
+
+        generator = self._generator()
+        theta = {name: _random(shape, generator, 0.02) for name, shape in tensors}
+        base = {name: t + _random(t.shape, generator, 1e-3) for name, t in theta.items()}
+        residual = {name: _random(t.shape, generator, 1e-5) for name, t in theta.items()}
+
+        def encode() -> bytes:
+            deltas = ((name, base[name] - theta[name] + residual[name]) for name, _ in tensors)
+            return encode_payload(deltas, spec, self.secret, meta, residuals_into=residual)
+
+        return _best_of(3, encode)
+
+    def _update(self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
+        """A published update, and a learner's time to install it: add it to a copy of
+        the base, check the digest, copy the result into the parameters."""
+        from diloco_cli.codec import encode_payload
+        from diloco_cli.codec.exact import apply_update, fragment_digest
+
+        generator = self._generator()
+        update = {name: _random(shape, generator, 1e-3) for name, shape in tensors}
+        payload = encode_payload(update.items(), spec, self.secret, meta)
+        base = {name: _random(t.shape, generator, 0.02) for name, t in update.items()}
+        parameters = {name: t.clone() for name, t in base.items()}
+        names = [name for name, _ in tensors]
+
+        def install() -> None:
+            values = {name: t.clone() for name, t in base.items()}
+            apply_update(values, payload, self.secret)
+            fragment_digest(values, names)
+            for name in names:
+                parameters[name].copy_(values[name])
+
+        seconds, _ = _best_of(3, install)
+        return seconds, payload
+
+    def measure(self, kind: str, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[int, float]:
+        """(bytes, seconds) of one fragment's upload or update.  A fragment larger than
+        :data:`EXACT_VALUES` is sized from its exact layout with the compression and the
+        time per value of a :data:`SAMPLE_VALUES` sample, and its header from stand-ins
+        of the same names."""
+        from diloco_cli.codec import encode_payload
+        from diloco_cli.codec.layout import section_layout
+
+        measure = self._upload if kind == "upload" else self._update
+        numel = sum(_numel(shape) for _, shape in tensors)
+        if numel <= EXACT_VALUES:
+            seconds, frame = measure(tensors, spec, meta)
+            return len(frame), seconds
+        seconds, sample = measure([("sample", (SAMPLE_VALUES,))], spec, meta)
+        sample_raw = section_layout(spec.codec, SAMPLE_VALUES, spec.block_size).total_bytes
+        ratio = _frame_parts(sample)[1] / sample_raw
+        raw = sum(section_layout(spec.codec, _numel(shape), spec.block_size).total_bytes for _, shape in tensors)
+        import torch
+
+        stand_ins = encode_payload(((name, torch.zeros(1)) for name, _ in tensors), spec, self.secret, meta)
+        standin_raw = sum(section_layout(spec.codec, 1, spec.block_size).total_bytes for _ in tensors)
+        header = _frame_parts(stand_ins)[0]
+        header += sum(len(json.dumps(list(shape), separators=(",", ":"))) - len("[1]") for _, shape in tensors)
+        header += len(str(raw)) - len(str(standin_raw))
+        overhead = len(sample) - sum(_frame_parts(sample))
+        return overhead + header + round(raw * ratio), seconds * numel / SAMPLE_VALUES
+
+    def snapshot_bytes(self, fragments: Sequence[TensorShapes], meta: Mapping[str, Any]) -> int:
+        """A snapshot of every parameter (fp32, zstandard), trained-looking values."""
+        tensors = [t for fragment in fragments for t in fragment]
+        numel = sum(_numel(shape) for _, shape in tensors)
+        return self._whole(tensors, numel, SNAPSHOT_SPEC, meta)
+
+    def _whole(self, tensors: TensorShapes, numel: int, spec: CodecSpec, meta: Mapping[str, Any]) -> int:
+        from diloco_cli.codec import encode_payload
+
+        generator = self._generator()
+        if numel <= EXACT_VALUES:
+            return len(encode_payload(((name, _random(shape, generator, 0.02)) for name, shape in tensors), spec, self.secret, meta))
+        sample = encode_payload([("sample", _random((SAMPLE_VALUES,), generator, 0.02))], spec, self.secret, meta)
+        return round(len(sample) * numel / SAMPLE_VALUES) + 80 * len(tensors)
+
+    def checkpoint_seconds(self, parameters: int) -> float:
+        """The training thread's time to encode a checkpoint (fp32, zstandard) of
+        :data:`CHECKPOINT_VALUES_PER_PARAMETER` values per parameter."""
+        from diloco_cli.codec import encode_payload
+
+        numel = CHECKPOINT_VALUES_PER_PARAMETER * parameters
+        sample = min(numel, SAMPLE_VALUES)
+        values = _random((sample,), self._generator(), 0.02)
+        seconds, _ = _best_of(2, lambda: encode_payload([("sample", values)], SNAPSHOT_SPEC, self.secret, {}))
+        return seconds * numel / sample
+
+    def marker_bytes(self, meta: Mapping[str, Any]) -> int:
+        from diloco_cli.codec import encode_payload
+
+        return len(encode_payload([], MARKER_SPEC, self.secret, meta))
+
+
+def _spec_with(spec: CodecSpec, codec: str) -> CodecSpec:
+    try:
+        return CodecSpec(codec=codec, block_size=spec.block_size, zstd_level=spec.zstd_level)
+    except ValueError:  # a block size int4 cannot take: its default
+        return CodecSpec(codec=codec, zstd_level=spec.zstd_level)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+class _Region(BaseModel):
+    name: str
+    learners: int
+    learner_ids: tuple[str, ...]
+    bucket: str | None
+    key_prefix_bytes: int
+
+
+def _layout(recipe: Recipe, regions: RegionsFile | None, num_learners: int | None, num_regions: int | None, run: str) -> tuple[list[_Region], str | None, str | None]:
+    """The regions with their learners, and the syncer's (region, provider)."""
+    if regions is None:
+        learners = num_learners or recipe.training.num_learners
+        default = RegionsFile()
+        if num_regions is None and default.num_learners == learners:
+            regions = default
+        else:
+            count = min(num_regions or len(default.regions), learners)
+            if count < 1:
+                raise ConfigError("a plan needs at least one region")
+            found = []
+            for index in range(count):
+                share = learners // count + (index < learners % count)
+                name = f"region-{index}"
+                found.append(_Region(name=name, learners=share, learner_ids=tuple(f"{name}-{n}" for n in range(share)), bucket=None, key_prefix_bytes=len(f"runs/{run}/")))
+            return found, None, None
+    elif num_learners is not None and num_learners != regions.num_learners:
+        raise ConfigError(f"the region file places {regions.num_learners} learners; leave M to it (it was asked for {num_learners})")
+    placements = regions.learner_placements()
+    found = []
+    for region in regions.regions:
+        ids = tuple(learner for learner, where, _ in placements if where.name == region.name)
+        root = region.run_root(run, "runs")
+        path = root.split("://", 1)[1] if "://" in root else root
+        within = path.split("/", 1)[1] if "/" in path else ""  # the key prefix after the bucket's name
+        found.append(_Region(name=region.name, learners=len(ids), learner_ids=ids, bucket=region.bucket, key_prefix_bytes=len(within) + 1))
+    syncer_region = regions.syncer_region()
+    if syncer_region is not None:
+        syncer_provider = provider_of(regions.region(syncer_region).bucket)
+    else:
+        syncer_provider = provider_of(regions.syncer.home)
+    return found, syncer_region, syncer_provider
+
+
+def _per_region(value: float, by_region: Mapping[str, float] | None, names: list[str], what: str) -> dict[str, float]:
+    by_region = dict(by_region or {})
+    unknown = sorted(set(by_region) - set(names))
+    if unknown:
+        raise ConfigError(f"{what} names region(s) {', '.join(unknown)}; the regions are {', '.join(names)}")
+    return {name: float(by_region.get(name, value)) for name in names}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def _recipe_with(recipe: Recipe, num_learners: int | None, sync_interval: int | None, num_fragments: int | None, learner_codec: str | None, update_codec: str | None) -> Recipe:
+    data = recipe.model_dump(mode="json")
+    if num_learners is not None:
+        data["training"]["num_learners"] = num_learners
+        if recipe.sync.quorum is not None and recipe.sync.quorum > num_learners:
+            raise ConfigError(f"sync.quorum K={recipe.sync.quorum} cannot exceed the {num_learners} learners planned")
+    for key, value in (("sync_interval", sync_interval), ("num_fragments", num_fragments)):
+        if value is not None:
+            data["sync"][key] = value
+    for key, codec in (("learner_codec", learner_codec), ("update_codec", update_codec)):
+        if codec is not None:
+            data["sync"][key] = _spec_with(getattr(recipe.sync, key), codec).model_dump(mode="json")
+    try:
+        return Recipe.model_validate(data)
+    except ValueError as error:
+        raise ConfigError(f"the planned recipe is not valid: {error}") from None
+
+
+def build_plan(
+    recipe: Recipe,
+    regions: RegionsFile | None = None,
+    *,
+    num_regions: int | None = None,
+    num_learners: int | None = None,
+    sync_interval: int | None = None,
+    num_fragments: int | None = None,
+    learner_codec: str | None = None,
+    update_codec: str | None = None,
+    parameters: int | None = None,
+    step_seconds: float | None = None,
+    link_mbit: float = 100.0,
+    region_link_mbit: Mapping[str, float] | None = None,
+    latency_ms: float = 20.0,
+    region_latency_ms: Mapping[str, float] | None = None,
+    target_compute_share: float = 0.9,
+    tokens: int | None = None,
+    bytes_per_value: int = 2,
+    prices: PriceTable | None = None,
+) -> Plan:
+    """Plan a run of ``recipe`` on links of ``link_mbit`` Mbit/s and ``latency_ms``
+    one-way latency between each region's bucket and the syncer (per region with the
+    ``region_*`` mappings).  ``regions`` places the learners (M and regions from it);
+    without it M learners (``num_learners`` or the recipe's) are spread over
+    ``num_regions`` regions (default: the default region file's).  ``parameters`` plans
+    an N-parameter model without building it (then ``step_seconds`` is needed).  The
+    token budget defaults to the recipe's: M x inner_steps x batch x sequence length.
+    """
+    if parameters is not None and step_seconds is None:
+        raise ConfigError("--parameters plans without building the model: give --step-seconds too")
+    if not 0 < target_compute_share <= 1:
+        raise ConfigError(f"the target compute share must be in (0, 1], got {target_compute_share}")
+    if link_mbit <= 0 or any(v <= 0 for v in (region_link_mbit or {}).values()):
+        raise ConfigError("link rates must be positive (Mbit/s)")
+    if latency_ms < 0 or any(v < 0 for v in (region_latency_ms or {}).values()):
+        raise ConfigError("latencies cannot be negative (ms)")
+    learners = regions.num_learners if regions is not None else num_learners
+    recipe = _recipe_with(recipe, learners, sync_interval, num_fragments, learner_codec, update_codec)
+    sync, training = recipe.sync, recipe.training
+    run = recipe.name + EXAMPLE_RUN_NAME_SUFFIX
+    layout, syncer_region, syncer_provider = _layout(recipe, regions, num_learners, num_regions, run)
+    names = [region.name for region in layout]
+    rates = _per_region(link_mbit, region_link_mbit, names, "a link rate")
+    latencies = _per_region(latency_ms, region_latency_ms, names, "a latency")
+    links = tuple(
+        Link(region=r.name, learners=r.learners, rate_mbit=None if r.name == syncer_region else rates[r.name], latency_ms=0.0 if r.name == syncer_region else latencies[r.name])
+        for r in layout
+    )
+    M, P = sum(r.learners for r in layout), sync.num_fragments
+    K = recipe.quorum
+
+    # what the model is, and how long a step takes
+    if parameters is not None:
+        fragments, model_name = even_fragments(parameters, P), NOT_BUILT
+    else:
+        fragments, model_name = model_fragments(recipe, P), recipe.model.factory
+    sizes = [sum(_numel(shape) for _, shape in fragment) for fragment in fragments]
+    total = sum(sizes)
+    measured_on = None
+    if step_seconds is None:
+        step_seconds, measured_on = measure_step_seconds(recipe)
+    if step_seconds <= 0:
+        raise ConfigError(f"the step time must be positive, got {step_seconds}")
+    tokens_per_step = training.batch_size * recipe.data.sequence_length
+    budget = tokens if tokens is not None else M * training.inner_steps * tokens_per_step
+    if budget <= 0:
+        raise ConfigError(f"the token budget must be positive, got {budget}")
+
+    # what every payload weighs, for every codec
+    sizer = Sizer(seed=training.seed)
+    learner_id = max((ids for r in layout for ids in r.learner_ids), key=len, default="learner-0")
+    version = M // K * P * training.inner_steps // sync.sync_interval + 1
+    upload_meta = {"learner": learner_id, "step": training.inner_steps, "loss": 1.2345678901234567, "sent_at": 1.7e9 + 0.123456, "fragment": P - 1, "base_version": version, "c_steps": sync.sync_interval, "c_tokens": sync.sync_interval * tokens_per_step}
+    update_meta = {"fragment": P - 1, "version": version, "merged": [learner_id] * K, "time": 1.7e9 + 0.123456, "previous_version": version - P}
+    uploads, updates = {}, {}
+    for codec in dict.fromkeys((*CODECS, sync.learner_codec.codec.value, sync.update_codec.codec.value)):
+        for kind, spec, meta, found in (("upload", sync.learner_codec, upload_meta, uploads), ("update", sync.update_codec, update_meta, updates)):
+            measured = [sizer.measure(kind, fragment, _spec_with(spec, codec), meta) for fragment in fragments]
+            found[codec] = CodecCost(codec=codec, bytes=tuple(b for b, _ in measured), seconds=tuple(s for _, s in measured))
+    upload_codec, publish_codec = sync.learner_codec.codec.value, sync.update_codec.codec.value
+    payload_marker = sizer.marker_bytes({**{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")}, "learner": learner_id, "fragment": P - 1, "sequence": 1_000_000 * 9 + version, "bytes": max(uploads[upload_codec].bytes)})
+    shape = RunShape(
+        links=links,
+        quorum=K,
+        sync_interval=sync.sync_interval,
+        num_fragments=P,
+        inner_steps=training.inner_steps,
+        step_seconds=step_seconds,
+        tokens_per_step=tokens_per_step,
+        uploads=uploads[upload_codec],
+        updates=updates[publish_codec],
+        payload_marker_bytes=payload_marker,
+        update_marker_bytes=sizer.marker_bytes({"version": version, "fragment": P - 1}),
+        snapshot_bytes=sizer.snapshot_bytes(fragments, {"version": version, "fragment_versions": {str(p): version - p for p in range(P)}}),
+        snapshot_marker_bytes=sizer.marker_bytes({"version": version}),
+        checkpoint_seconds=sizer.checkpoint_seconds(total),
+        checkpoint_every_steps=training.checkpoint_every_steps,
+        snapshot_every=sync.snapshot_every,
+        evaluate_every=sync.evaluate_every,
+        poll_seconds=sync.poll_seconds,
+        heartbeat_seconds=training.heartbeat_seconds,
+        status_seconds=sync.status_seconds,
+        leftover_seconds=sync.leftover_seconds,
+        delete_consumed_payloads=sync.delete_consumed_payloads,
+        key_prefix_bytes=max((r.key_prefix_bytes for r in layout), default=0),
+        learner_id_bytes=sum(len(i) for r in layout for i in r.learner_ids) / max(1, M),
+        region_name_bytes=sum(len(n) for n in names) / len(names),
+    )
+    diloco = predict(shape)
+    data_parallel = predict_data_parallel(total, links, step_seconds, tokens_per_step, bytes_per_value)
+    suggestion = _suggest(shape, uploads, updates, target_compute_share)
+    costs = _costs(prices, layout, syncer_region, syncer_provider, diloco, data_parallel, budget)
+    return Plan(
+        recipe=recipe.name,
+        model=model_name,
+        parameters=total,
+        fragment_parameters=tuple(sizes),
+        step_seconds=step_seconds,
+        step_measured_on=measured_on,
+        tokens_per_step=tokens_per_step,
+        tokens_budget=budget,
+        link_mbit={link.region: link.rate_mbit for link in links},
+        latency_ms={link.region: link.latency_ms for link in links},
+        shape=shape,
+        diloco=diloco,
+        time_to_budget_seconds=budget / diloco.useful_tokens_per_second,
+        data_parallel=data_parallel,
+        data_parallel_time_to_budget_seconds=budget / data_parallel.tokens_per_second,
+        bytes_ratio=data_parallel.wan_bytes_per_token / diloco.wan_bytes_per_token if diloco.wan_bytes_per_token else math.inf,
+        suggestion=suggestion,
+        costs=costs,
+    )
+
+
+def _suggest(shape: RunShape, uploads: dict[str, CodecCost], updates: dict[str, CodecCost], target: float) -> Suggestion:
+    """The smallest H reaching ``target`` with any codecs weighed; at that H the recipe's
+    codecs when they reach it too, else the lightest that do."""
+    recipe_pair = (shape.uploads.codec, shape.updates.codec)
+    pairs = list(dict.fromkeys([*((c, c) for c in CODECS), recipe_pair]))
+    largest = shape.inner_steps
+    options, found = [], {}
+    for upload, update in pairs:
+        candidate = shape.model_copy(update={"uploads": uploads[upload], "updates": updates[update]})
+        best = smallest_sync_interval(candidate, target, largest)
+        if best is None:
+            share = predict(candidate.model_copy(update={"sync_interval": largest})).compute_share
+            options.append(CodecOption(upload_codec=upload, update_codec=update, sync_interval=None, compute_share=share))
+        else:
+            options.append(CodecOption(upload_codec=upload, update_codec=update, sync_interval=best.sync_interval, compute_share=best.compute_share))
+            found[(upload, update)] = (best.sync_interval, candidate)
+    if not found:
+        lightest = (CODECS[-1], CODECS[-1])
+        option = next(o for o in options if (o.upload_codec, o.update_codec) == lightest)
+        return Suggestion(
+            target_compute_share=target, reached=False, sync_interval=largest, upload_codec=lightest[0], update_codec=lightest[1],
+            compute_share=option.compute_share, half_interval=None, half_interval_compute_share=None, options=tuple(options),
+        )  # fmt: skip
+    interval = min(h for h, _ in found.values())
+    at_best = [pair for pair, (h, _) in found.items() if h == interval]
+    weight = lambda pair: sum(uploads[pair[0]].bytes) + sum(updates[pair[1]].bytes)  # noqa: E731
+    chosen = recipe_pair if recipe_pair in at_best else min(at_best, key=weight)
+    candidate = found[chosen][1]
+    share = predict(candidate.model_copy(update={"sync_interval": interval})).compute_share
+    half = interval // 2 if interval > 1 else None
+    half_share = predict(candidate.model_copy(update={"sync_interval": half})).compute_share if half else None
+    return Suggestion(
+        target_compute_share=target, reached=True, sync_interval=interval, upload_codec=chosen[0], update_codec=chosen[1],
+        compute_share=share, half_interval=half, half_interval_compute_share=half_share, options=tuple(options),
+    )  # fmt: skip
+
+
+def _costs(prices: PriceTable | None, layout: list[_Region], syncer_region: str | None, syncer_provider: str | None, diloco: DiLoCoPrediction, data_parallel: DataParallelPrediction, budget: int) -> Costs | None:
+    providers = {r.name: provider_of(r.bucket) for r in layout}
+    if not any(providers.values()) and syncer_provider is None:
+        return None
+    prices = prices or load_prices()
+    links = []
+    for link in diloco.links:
+        provider, same = providers[link.region], link.region == syncer_region
+        egress = egress_dollars(prices, link.down_bytes_per_second, provider, syncer_provider, same) + egress_dollars(prices, link.up_bytes_per_second, syncer_provider, provider, same)
+        requests = request_dollars(prices, provider, link.put_per_second, link.get_per_second)
+        links.append(LinkCost(region=link.region, provider=provider, egress_dollars_per_hour=3600 * egress, request_dollars_per_hour=3600 * requests))
+    per_hour = sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in links)
+    # data-parallel: each worker sends bytes_per_step to the next one around the ring
+    ring = [r.name for r in layout for _ in range(r.learners)]
+    per_step = sum(
+        egress_dollars(prices, data_parallel.bytes_per_step, providers[here], providers[there], here == there)
+        for here, there in zip(ring, ring[1:] + ring[:1])
+    ) if len(ring) > 1 else 0.0  # fmt: skip
+    dp_per_hour = 3600 * per_step / data_parallel.step_seconds
+    return Costs(
+        looked_up=prices.looked_up.isoformat(),
+        syncer_provider=syncer_provider,
+        syncer_region=syncer_region,
+        links=tuple(links),
+        diloco_dollars_per_hour=per_hour,
+        diloco_dollars_to_budget=per_hour * budget / diloco.useful_tokens_per_second / 3600,
+        data_parallel_dollars_per_hour=dp_per_hour,
+        data_parallel_dollars_to_budget=dp_per_hour * budget / data_parallel.tokens_per_second / 3600,
+    )

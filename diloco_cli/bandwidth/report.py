@@ -1,0 +1,340 @@
+"""Where a run's bytes went: per link, per learner, per kind, against data-parallel.
+
+Built from what the run's processes report about their own storage calls (learners in
+their heartbeats, the syncer in its status; :mod:`diloco_cli.store.metering`).  A learner
+talks only to its own region's bucket, so its bytes stay in its region; the syncer talks
+to every region's bucket from its own place, so its bytes cross a link unless it runs in
+that region.  The data-parallel comparison follows :func:`data_parallel_bytes_per_step`
+(docs/bandwidth.md); prices come from :mod:`diloco_cli.bandwidth.prices`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diloco_cli.bandwidth.model import data_parallel_bytes_per_step
+from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, provider_of, request_dollars
+from diloco_cli.store.documents import Evaluation, Heartbeat, SyncerStatus
+from diloco_cli.store.metering import KINDS, StorageCounters, Traffic, TrafficSample
+from diloco_cli.store.run_spec import SYNCER_PLACE, RunSpec
+
+REPORT = ConfigDict(frozen=True, extra="forbid")
+
+DELTA_KINDS = ("payload", "update", "snapshot")
+"""Kinds that carry tensors: what compression applies to."""
+
+
+class LinkRow(BaseModel):
+    """The traffic of one place with one region's bucket."""
+
+    model_config = REPORT
+
+    source: str
+    """Where the calls came from: a region (its learners), or the syncer's place."""
+    bucket: str
+    """The region whose bucket was called."""
+    wan: bool
+    """Whether the bytes crossed a link between places (else region-local)."""
+    requests: int
+    bytes_up: int
+    """Bytes written into the bucket."""
+    bytes_down: int
+    """Bytes read from it (listings estimated)."""
+    seconds: float
+    """Time spent in these calls, summed over threads."""
+    megabytes_per_second: float | None
+    """Effective rate while calls were in flight: bytes / seconds."""
+    share: float
+    """This link's part of every byte the run moved."""
+    cost_dollars: float
+    """Egress and requests at the bucket's provider's list prices."""
+    history: list[TrafficSample] = Field(default_factory=list)
+    """Bytes moved (up, down) over time."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.source} -> {self.bucket}" if self.source != self.bucket else f"{self.bucket} (in region)"
+
+
+class LearnerTraffic(BaseModel):
+    model_config = REPORT
+
+    learner: str
+    region: str
+    tokens: int
+    delta_bytes_up: int
+    """Payloads and their markers written."""
+    checkpoint_bytes_up: int
+    other_bytes_up: int
+    """Heartbeats, control notes, epochs."""
+    bytes_down: int
+    """Global updates, snapshots, heads and notes read."""
+    requests: int
+    retries: int
+    failures: int
+
+
+class KindRow(BaseModel):
+    model_config = REPORT
+
+    kind: str
+    requests: int
+    bytes_up: int
+    bytes_down: int
+    wan_bytes: int
+    """Of these bytes, those that crossed a link."""
+
+
+class Compression(BaseModel):
+    model_config = REPORT
+
+    kind: str
+    bytes: int
+    """What was written."""
+    raw_fp32_bytes: int
+    """The fp32 size of the same tensors."""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.raw_fp32_bytes / self.bytes if self.bytes else None
+
+
+class DataParallelComparison(BaseModel):
+    """What synchronous data-parallel would have moved for the same tokens."""
+
+    model_config = REPORT
+
+    parameters: int
+    workers: int
+    """M: one data-parallel worker per learner."""
+    tokens_per_step: int
+    """Global batch in tokens: M x batch x sequence length."""
+    steps: float
+    """Steps to train the run's tokens."""
+    bytes_per_worker_step: float
+    """2 (M-1)/M x 2 bytes (bf16) x parameters: a ring all-reduce of every step's gradients."""
+    total_bytes: float
+    """Sent by all workers together: steps x M x bytes per worker-step."""
+    diloco_wan_bytes: int
+    """What this run moved across links."""
+    formula: str = "bytes per worker per step = 2 (M-1)/M x 2 bytes x parameters"
+
+    @property
+    def ratio(self) -> float | None:
+        return self.total_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
+
+
+class TrafficReport(BaseModel):
+    """Everything ``diloco report`` shows."""
+
+    model_config = REPORT
+
+    run: str
+    state: str
+    elapsed_seconds: float
+    tokens: int
+    learners_reporting: int
+    links: list[LinkRow]
+    learners: list[LearnerTraffic]
+    kinds: list[KindRow]
+    compression: list[Compression]
+    data_parallel: DataParallelComparison | None
+    """None until the syncer has reported the model's size."""
+    evaluations: list[Evaluation]
+    started_at: float
+    prices_looked_up: str
+    cost_note: str
+    total_bytes: int
+    wan_bytes: int
+
+    @property
+    def cost_dollars(self) -> float:
+        return sum(link.cost_dollars for link in self.links)
+
+    @property
+    def wan_bytes_per_token(self) -> float | None:
+        return self.wan_bytes / self.tokens if self.tokens else None
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def build_report(
+    spec: RunSpec, heartbeats: Mapping[str, Heartbeat], syncer: SyncerStatus | None, prices: PriceTable | None, state: str, now: float
+) -> TrafficReport:
+    """The report of a run from its processes' latest reports (without ``prices``, every
+    cost is 0: ``diloco status`` shows bytes only)."""
+    place = syncer.place if syncer else spec.syncer.place
+    region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
+    for beat in heartbeats.values():
+        region_counts.setdefault(beat.region, []).append(beat.storage)
+    sources: list[tuple[str, str, list[StorageCounters]]] = [(name, name, counts) for name, counts in region_counts.items() if counts]
+    if syncer is not None:
+        sources += [(place, name, [counts]) for name, counts in syncer.storage.items()]
+    provider = {region.name: provider_of(region.root) for region in spec.regions}
+    total_bytes = sum(_moved(c.total) for _, _, counts in sources for c in counts)
+    links = [_link(source, bucket, counts, total_bytes, prices, provider) for source, bucket, counts in sources]
+    wan_bytes = sum(link.bytes_up + link.bytes_down for link in links if link.wan)
+    tokens = sum(beat.tokens for beat in heartbeats.values())
+    return TrafficReport(
+        run=spec.run,
+        state=state,
+        elapsed_seconds=((syncer.time if syncer and state in ("finished", "stopped") else now) - spec.created),
+        tokens=tokens,
+        learners_reporting=len(heartbeats),
+        links=links,
+        learners=[_learner(beat) for _, beat in sorted(heartbeats.items())],
+        kinds=_kinds(sources),
+        compression=_compression(heartbeats.values(), syncer),
+        data_parallel=_data_parallel(spec, syncer, tokens, wan_bytes),
+        evaluations=list(syncer.evaluations) if syncer else [],
+        started_at=spec.created,
+        prices_looked_up=str(prices.looked_up) if prices else "",
+        cost_note=(
+            f"list prices looked up {prices.looked_up} ({prices_note(place, spec)}); "
+            "override with --prices FILE (see docs/bandwidth.md)"
+        ) if prices else "not priced",
+        total_bytes=total_bytes,
+        wan_bytes=wan_bytes,
+    )
+
+
+def prices_note(place: str, spec: RunSpec) -> str:
+    if place == SYNCER_PLACE:
+        return "the syncer's own place is billed as internet egress; set syncer.region in the region file if it runs in a region"
+    return f"the syncer runs in region {place}"
+
+
+def _moved(traffic: Traffic) -> int:
+    return traffic.bytes_up + traffic.bytes_down
+
+
+def _link(
+    source: str, bucket: str, counts: list[StorageCounters], total_bytes: int, prices: PriceTable | None, provider: Mapping[str, str | None]
+) -> LinkRow:
+    total = Traffic()
+    for c in counts:
+        total = total.plus(c.total)
+    wan = source != bucket
+    cost = 0.0
+    if prices is not None:
+        cost = request_dollars(prices, provider[bucket], total.writes, total.requests - total.writes - total.deletes)
+        # reads leave the bucket's network; writes leave the source's (when it is a region)
+        source_provider = provider.get(source)
+        cost += egress_dollars(prices, total.bytes_down, provider[bucket], source_provider, same_region=not wan)
+        cost += egress_dollars(prices, total.bytes_up, source_provider, provider[bucket], same_region=not wan)
+    return LinkRow(
+        source=source,
+        bucket=bucket,
+        wan=wan,
+        requests=total.requests,
+        bytes_up=total.bytes_up,
+        bytes_down=total.bytes_down,
+        seconds=round(total.seconds, 3),
+        megabytes_per_second=(_moved(total) / total.seconds / 1e6) if total.seconds > 0 else None,
+        share=_moved(total) / total_bytes if total_bytes else 0.0,
+        cost_dollars=cost,
+        history=summed_history([c.history for c in counts]),
+    )
+
+
+def summed_history(histories: Iterable[list[TrafficSample]]) -> list[TrafficSample]:
+    """Several processes' cumulative byte counts added up at every time any of them was
+    sampled (each process's count holds from its sample until its next)."""
+    histories = [h for h in histories if h]
+    times = sorted({when for h in histories for when, _, _ in h})
+    summed: list[TrafficSample] = []
+    positions = [0] * len(histories)
+    for when in times:
+        up = down = 0
+        for i, history in enumerate(histories):
+            while positions[i] + 1 < len(history) and history[positions[i] + 1][0] <= when:
+                positions[i] += 1
+            sample = history[positions[i]]
+            if sample[0] <= when:
+                up, down = up + sample[1], down + sample[2]
+        summed.append((when, up, down))
+    return summed
+
+
+def _learner(beat: Heartbeat) -> LearnerTraffic:
+    kinds = beat.storage.kinds
+    up = {kind: traffic.bytes_up for kind, traffic in kinds.items()}
+    total = beat.storage.total
+    delta = up.get("payload", 0) + up.get("marker", 0)
+    checkpoint = up.get("checkpoint", 0)
+    return LearnerTraffic(
+        learner=beat.learner,
+        region=beat.region,
+        tokens=beat.tokens,
+        delta_bytes_up=delta,
+        checkpoint_bytes_up=checkpoint,
+        other_bytes_up=total.bytes_up - delta - checkpoint,
+        bytes_down=total.bytes_down,
+        requests=total.requests,
+        retries=beat.storage.retries,
+        failures=beat.storage.failures,
+    )
+
+
+def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRow]:
+    rows = []
+    for kind in KINDS:
+        total, wan = Traffic(), 0
+        for source, bucket, counts in sources:
+            for c in counts:
+                if kind in c.kinds:
+                    total = total.plus(c.kinds[kind])
+                    wan += _moved(c.kinds[kind]) if source != bucket else 0
+        if total.requests:
+            rows.append(KindRow(kind=kind, requests=total.requests, bytes_up=total.bytes_up, bytes_down=total.bytes_down, wan_bytes=wan))
+    return rows
+
+
+def _compression(heartbeats: Iterable[Heartbeat], syncer: SyncerStatus | None) -> list[Compression]:
+    """Payloads as the learners wrote them; updates and snapshots as the syncer did."""
+    written: dict[str, Traffic] = {kind: Traffic() for kind in DELTA_KINDS}
+    for beat in heartbeats:
+        written["payload"] = written["payload"].plus(beat.storage.kinds.get("payload", Traffic()))
+    for counts in (syncer.storage.values() if syncer else []):
+        for kind in ("update", "snapshot"):
+            written[kind] = written[kind].plus(counts.kinds.get(kind, Traffic()))
+    return [Compression(kind=kind, bytes=t.bytes_up, raw_fp32_bytes=t.raw_bytes) for kind, t in written.items() if t.bytes_up]
+
+
+def _data_parallel(spec: RunSpec, syncer: SyncerStatus | None, tokens: int, wan_bytes: int) -> DataParallelComparison | None:
+    if syncer is None or not syncer.parameters:
+        return None
+    recipe = spec.recipe
+    workers = len(spec.learners)
+    tokens_per_step = workers * recipe.training.batch_size * recipe.data.sequence_length
+    steps = tokens / tokens_per_step
+    per_step = data_parallel_bytes_per_step(syncer.parameters, workers)
+    return DataParallelComparison(
+        parameters=syncer.parameters,
+        workers=workers,
+        tokens_per_step=tokens_per_step,
+        steps=steps,
+        bytes_per_worker_step=per_step,
+        total_bytes=steps * workers * per_step,
+        diloco_wan_bytes=wan_bytes,
+    )
+
+
+def one_line(report: TrafficReport) -> str:
+    """The bandwidth summary ``diloco status`` shows."""
+    local = report.total_bytes - report.wan_bytes
+    parts = [f"{_megabytes(report.wan_bytes)} across links, {_megabytes(local)} in regions"]
+    payload = next((c for c in report.compression if c.kind == "payload"), None)
+    if payload and payload.ratio:
+        parts.append(f"payloads {payload.ratio:.1f}x smaller than fp32")
+    dp = report.data_parallel
+    if dp and dp.ratio:
+        parts.append(f"data-parallel would have moved {_megabytes(dp.total_bytes)} ({dp.ratio:,.0f}x)")
+    return "bandwidth: " + "; ".join(parts) + f" (diloco report {report.run})"
+
+
+def _megabytes(count: float) -> str:
+    return f"{count / 1e6:,.1f} MB" if count < 1e9 else f"{count / 1e9:,.2f} GB"

@@ -1,0 +1,47 @@
+"""``diloco report``: where a run's bytes went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from diloco_cli.cli.errors import reported
+from diloco_cli.cli.runs_commands import RUNS_DIR, Output
+
+REPORT_JSON_HELP = """JSON: run, state, elapsed_seconds, tokens, total_bytes, wan_bytes,
+wan_bytes_per_token, cost_dollars; links[] (source, bucket, wan, requests, bytes_up,
+bytes_down, seconds, megabytes_per_second, share, cost_dollars, history of [time, up,
+down]); learners[]; kinds[]; compression[] (kind, bytes, raw_fp32_bytes, ratio);
+data_parallel (parameters, workers, steps, bytes_per_worker_step, total_bytes, ratio,
+formula); evaluations[]."""
+
+
+@reported
+def report(
+    run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
+    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Tables (plain text when piped), or " + REPORT_JSON_HELP),
+    html: Path | None = typer.Option(None, "--html", help="Also write one self-contained HTML page with the tables and plots to this file."),
+    prices: Path | None = typer.Option(None, "--prices", help="A YAML price table replacing the built-in list prices (see docs/bandwidth.md)."),
+    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (documents shown unverified)."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Where a run's bytes went: per link (WAN or in-region), per learner and per kind; compression; what synchronous data-parallel would have moved; estimated cost. Works on a running run too."""
+    from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.views.report import collect_report, show_report
+
+    table = load_prices(prices)
+    if manifest:
+        from diloco_cli.store.run_spec import read_run_spec
+
+        spec, secret = read_run_spec(manifest), None
+    else:
+        from diloco_cli.launch.runs import load_run
+
+        record = load_run(runs_dir, run)
+        spec, secret = record.spec, record.secret()
+    show_report(collect_report(spec, secret, table), output.value, html)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(report)
