@@ -3,41 +3,58 @@
     from tests.wan import emulated_wan
 
     with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=100,
-                      latency_ms=40) as wan:
+                      latency_ms=40, hostnames=True) as wan:
         east = wan.regions["east"]
-        east.local_url     # "http://127.0.0.1:9000": for clients inside east (no delay, no shaping)
+        east.url           # "http://s3-east:9001": the same name everywhere (with hostnames=True)
+        east.local_url     # "http://127.0.0.1:9000": moto itself, for clients inside east
         east.remote_url    # "http://10.200.12.2:9001": for clients elsewhere (delayed and shaped)
         east.setup_url     # "http://10.200.9.2:9000": from the root namespace, neither
         east.store("setup").create_bucket("ckpt")          # servers.ObjectStore for each URL
         wan.python("west", "import s3fs; ...", env=east.store("remote").env)  # in a place
-        east.counters()    # {"bytes_to_upstream": .., "bytes_to_client": .., "connections": ..}
+        east.counters()    # the remote proxy's {"bytes_to_upstream", "bytes_to_client", "connections"}
+        east.counters("local")  # the same for the in-region (zero-delay) proxy (hostnames=True)
         wan["syncer"].exec_prefix(), wan["syncer"].wan_address
 
 Built on :func:`tests.netns.routed_namespaces`: one namespace per region and extra place, each
 linked to a router at ``rate_mbit`` (tbf on both ends; ``rates`` per place), so traffic between
 places crosses two shaped links.  The kernel has no netem, so latency comes from a
 :mod:`tests.delay_proxy` per region: each region's namespace runs a moto S3 server on
-``0.0.0.0:9000`` and, on ``0.0.0.0:9001``, a proxy to it that delays data ``latency_ms`` each way
-(a request/response round trip gains ``2 * latency_ms``) and counts the bytes it passes.
+``0.0.0.0:9000`` and, on ``<wan_address>:9001``, a proxy to it that delays data ``latency_ms`` each
+way (a request/response round trip gains ``2 * latency_ms``) and counts the bytes it passes.  A
+second proxy (``hostnames=True``), on ``127.0.0.1:9001`` inside the region, passes the region's own
+traffic to moto without delay, only counting it.
+
+One name per region, resolved per place (``hostnames=True``): a run's region has one endpoint URL, which its own
+learners must reach directly and every other place through the delaying proxy.  So region R's
+URL is ``http://s3-R:9001`` (``Region.url``), and every place gets its own hosts file,
+``/etc/netns/<namespace>/hosts`` (``ip netns exec`` bind-mounts ``/etc/netns/<ns>/*`` over
+``/etc/``): inside R, ``s3-R`` is ``127.0.0.1`` (the zero-delay proxy); in every other place it
+is R's ``wan_address`` (the delaying proxy).  The root namespace's ``/etc/hosts`` is not touched:
+there, use ``setup_url`` or ``remote_url``.  The hosts files (and ``/etc/netns`` when it is left
+empty) are removed on exit.
 
 What goes through what:
 
-* ``local_url`` (inside the region): moto directly, over loopback.
-* ``remote_url`` from another place: that place's link, the router, the region's link, the proxy.
-  From the root namespace it also works: router's root link (unshaped), region's link, proxy.
+* ``url`` inside the region: loopback, the counting proxy, moto.
+* ``url`` or ``remote_url`` from another place: that place's link, the router, the region's link,
+  the delaying proxy.  ``remote_url`` from the root namespace also works: router's root link
+  (unshaped), region's link, proxy.
+* ``local_url`` (inside the region): moto directly, over loopback, counted by nothing.
 * ``setup_url`` from the root namespace: the region's own root link to moto, for preparing and
   checking buckets without touching the counters or waiting on the WAN.
 
-The proxy's counts are cumulative; :meth:`Region.counters` reads them as the proxy last wrote
-them (every 0.1 s), by default waiting for a write newer than the call.  Every server, proxy and
-namespace is stopped on exit, also when the body raises.
+The proxies' counts are cumulative; :meth:`Region.counters` reads them as the proxy last wrote
+them (every 0.1 s), by default waiting for a write newer than the call.  Every server, proxy,
+hosts file and namespace is removed on exit, also when the body raises.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,12 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.netns import Namespace, Place, RoutedNetwork, routed_namespaces
+from tests.netns import LOCK_PATH, PREFIX, Namespace, Place, RoutedNetwork, routed_namespaces
 from tests.servers import ObjectStore
 
 MOTO_PORT = 9000
 PROXY_PORT = 9001
 REPO_ROOT = Path(__file__).resolve().parents[1]
+NETNS_ETC = Path("/etc/netns")
+"""``ip netns exec NS`` bind-mounts each file of ``/etc/netns/NS/`` over the one in ``/etc/``."""
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -70,28 +89,42 @@ class Region:
 
     name: str
     place: Place
-    latency_ms: float  # one-way delay added by the proxy
+    latency_ms: float  # one-way delay added by the remote proxy
     local_url: str
     remote_url: str
     setup_url: str
-    stats_path: Path
+    stats_path: Path  # the remote (delaying) proxy's counts
+    local_stats_path: Path  # the in-region (zero-delay) proxy's counts
+
+    @property
+    def hostname(self) -> str:
+        """The region's S3 endpoint name, resolved per place (see the module's docstring)."""
+        return region_hostname(self.name)
+
+    @property
+    def url(self) -> str:
+        """``http://s3-<name>:9001``: direct inside the region, delayed from anywhere else."""
+        return f"http://{self.hostname}:{PROXY_PORT}"
 
     def store(self, kind: str = "remote") -> ObjectStore:
-        """A :class:`tests.servers.ObjectStore` for ``kind`` "local", "remote" or "setup"."""
-        url = {"local": self.local_url, "remote": self.remote_url, "setup": self.setup_url}[kind]
+        """A :class:`tests.servers.ObjectStore` for ``kind`` "local", "remote", "setup" or
+        "named" (``url``: usable inside the places only)."""
+        url = {"local": self.local_url, "remote": self.remote_url, "setup": self.setup_url, "named": self.url}[kind]
         storage_options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
         return ObjectStore("s3", url, storage_options, {**S3_ENV, "AWS_ENDPOINT_URL": url})
 
-    def counters(self, fresh: bool = True, timeout_s: float = 5.0) -> dict[str, int]:
-        """The proxy's counts; ``fresh``: as written after this call (so they include all that
-        the proxy had read when it was made)."""
+    def counters(self, kind: str = "remote", fresh: bool = True, timeout_s: float = 5.0) -> dict[str, int]:
+        """The counts of the ``kind`` proxy, "remote" (the delaying one other places go
+        through) or "local" (the region's own traffic); ``fresh``: as written after this call
+        (so they include all that the proxy had read when it was made)."""
+        path = {"remote": self.stats_path, "local": self.local_stats_path}[kind]
         called = time.time()
         deadline = time.monotonic() + timeout_s
-        while fresh and self.stats_path.stat().st_mtime <= called:
+        while fresh and path.stat().st_mtime <= called:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}'s proxy has not written {self.stats_path} for {timeout_s}s")
+                raise TimeoutError(f"{self.name}'s {kind} proxy has not written {path} for {timeout_s}s")
             time.sleep(0.02)
-        return json.loads(self.stats_path.read_text())
+        return json.loads(path.read_text())
 
 
 @dataclass
@@ -100,6 +133,7 @@ class Wan:
 
     net: RoutedNetwork
     regions: dict[str, Region]
+    hosts_files: dict[str, Path]  # per place label: its /etc/netns/<ns>/hosts
 
     def __getitem__(self, label: str) -> Place:
         return self.net[label]
@@ -126,6 +160,61 @@ class Wan:
         if proc.returncode != 0:
             raise RuntimeError(f"python in {label} exited with {proc.returncode}:\n{proc.stderr}")
         return proc.stdout
+
+
+def region_hostname(region: str) -> str:
+    """The name of region ``region``'s S3 endpoint (``s3-<region>``)."""
+    return f"s3-{region}"
+
+
+def hosts_text(place: str, addresses: Mapping[str, str], base: str) -> str:
+    """``base`` (this machine's /etc/hosts) plus a line per region: ``127.0.0.1`` for the
+    place's own region, the region's ``addresses[region]`` (its wan address) for the others."""
+    lines = [base.rstrip("\n"), "# emulated WAN (tests/wan.py): the regions' S3 endpoints as seen from here"]
+    for region, address in addresses.items():
+        lines.append(f"{'127.0.0.1' if region == place else address} {region_hostname(region)}")
+    return "\n".join(lines) + "\n"
+
+
+def _remove_hosts_dir(directory: Path) -> None:
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (directory / "hosts").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()  # only when no other run has files there
+
+
+def cleanup_stale_hosts() -> list[Path]:
+    """Remove the /etc/netns/<ns>/ directories of runs that have died (as tests.netns does
+    for their namespaces)."""
+    removed = []
+    if not NETNS_ETC.is_dir():
+        return removed
+    for directory in NETNS_ETC.iterdir():
+        m = re.match(rf"^{PREFIX}(\d+)s\d+-", directory.name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _remove_hosts_dir(directory)
+            removed.append(directory)
+    return removed
+
+
+def write_hosts_files(stack: contextlib.ExitStack, net: RoutedNetwork, regions: Sequence[str]) -> dict[str, Path]:
+    """A hosts file per place resolving every region's endpoint name; removed when ``stack`` closes."""
+    cleanup_stale_hosts()
+    base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
+    addresses = {region: net[region].wan_address for region in regions}
+    files = {}
+    for label, place in net.places.items():
+        directory = NETNS_ETC / place.name
+        with open(LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            directory.mkdir(parents=True, exist_ok=True)
+            stack.callback(_remove_hosts_dir, directory)
+            (directory / "hosts").write_text(hosts_text(label, addresses, base))
+        files[label] = directory / "hosts"
+    return files
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -171,17 +260,22 @@ def _wait_ready(proc: subprocess.Popen, log: IO[bytes], ready) -> None:
 def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequence[str] = ("syncer",),
                  rate_mbit: float | None = 100.0, latency_ms: float = 40.0, *,
                  rates: Mapping[str, float | None] | None = None,
-                 latencies: Mapping[str, float] | None = None) -> Iterator[Wan]:
+                 latencies: Mapping[str, float] | None = None,
+                 hostnames: bool = False) -> Iterator[Wan]:
     """Regions with S3 and extra places, joined by shaped links; see the module's docstring.
 
     ``rate_mbit``: each place's link rate (None: unshaped), ``rates``: per place instead.
     ``latency_ms``: the one-way delay of each region's proxy, ``latencies``: per region instead.
+    ``hostnames``: give every place its hosts file resolving ``s3-<region>`` and run each
+    region's in-region zero-delay proxy on ``127.0.0.1:9001`` (what ``Region.url`` needs);
+    without it only moto and the delaying proxy run in a region.
     """
     regions, latencies = list(regions), dict(latencies or {})
     if unknown := set(latencies) - set(regions):
         raise ValueError(f"latencies for regions that are not there: {sorted(unknown)}")
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(routed_namespaces([*regions, *extra_places], rate_mbit, rates=rates))
+        hosts_files = write_hosts_files(stack, net, regions) if hostnames else {}
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wan-")))
         starting = []
         for name in regions:
@@ -198,14 +292,22 @@ def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequen
                 remote_url=f"http://{place.wan_address}:{PROXY_PORT}",
                 setup_url=f"http://{place.address}:{MOTO_PORT}",
                 stats_path=tmp / f"{name}-proxy.json",
+                local_stats_path=tmp / f"{name}-local-proxy.json",
             )
-            proxy_log = stack.enter_context(open(tmp / f"{name}-proxy.log", "w+b"))
-            proxy = _start(stack, [*place.exec_prefix(), sys.executable, "-m", "tests.delay_proxy",
-                                   "--listen", f"0.0.0.0:{PROXY_PORT}",
-                                   "--upstream", f"127.0.0.1:{MOTO_PORT}",
-                                   "--delay-ms", str(delay), "--stats", str(region.stats_path)], proxy_log)
-            starting.append((region, moto, moto_log, proxy, proxy_log))
-        for region, moto, moto_log, proxy, proxy_log in starting:  # all start at once: ~1 s in all
+            proxies = []
+            listeners = [(place.wan_address, delay, region.stats_path, "proxy")]  # other places: delayed
+            if hostnames:  # the region itself, by name: counted, not delayed
+                listeners.append(("127.0.0.1", 0.0, region.local_stats_path, "local-proxy"))
+            for listen, proxy_delay, stats, kind in listeners:
+                proxy_log = stack.enter_context(open(tmp / f"{name}-{kind}.log", "w+b"))
+                proxies.append((_start(stack, [*place.exec_prefix(), sys.executable, "-m", "tests.delay_proxy",
+                                               "--listen", f"{listen}:{PROXY_PORT}",
+                                               "--upstream", f"127.0.0.1:{MOTO_PORT}",
+                                               "--delay-ms", str(proxy_delay), "--stats", str(stats)], proxy_log),
+                                proxy_log, stats))
+            starting.append((region, moto, moto_log, proxies))
+        for region, moto, moto_log, proxies in starting:  # all start at once: ~1 s in all
             _wait_ready(moto, moto_log, lambda: _answers(f"{region.setup_url}/moto-api/"))
-            _wait_ready(proxy, proxy_log, region.stats_path.exists)
-        yield Wan(net, {region.name: region for region, *_ in starting})
+            for proxy, proxy_log, stats in proxies:
+                _wait_ready(proxy, proxy_log, stats.exists)
+        yield Wan(net, {region.name: region for region, *_ in starting}, hosts_files)
