@@ -68,6 +68,8 @@ class Progress:
     checkpoint_step: int | None = None
     state: LearnerState = LearnerState.STARTING
     started_at: float = field(default_factory=time.time)
+    training_since: float | None = None
+    """When the loop's first step began (after setup and the first install)."""
 
 
 @dataclass
@@ -261,6 +263,7 @@ class Learner:
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals.model_copy(deep=True),
             started_at=p.started_at,
+            training_since=p.training_since,
             time=time.time(),
         )
         self.beats.submit(self.bucket.write_heartbeat, beat)
@@ -423,6 +426,7 @@ class Learner:
         start the next poll; report."""
         sync, storage = self.recipe.sync, self.group.is_storage_rank
         self._start()
+        self.progress.training_since = time.time()
         if storage:
             self._heartbeat(LearnerState.TRAINING)
         while self.progress.step < self.recipe.training.inner_steps and not self.stop_requested:

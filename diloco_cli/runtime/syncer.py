@@ -70,6 +70,8 @@ class RegionScan:
     region: str
     records: list[PayloadRecord] = field(default_factory=list)
     """Verified markers of payloads not seen before."""
+    payloads: dict[str, bytes] = field(default_factory=dict)
+    """The bytes of those payloads, by key, read at once (verified when merged)."""
     refused: list[tuple[str, PayloadError]] = field(default_factory=list)
     """Payload keys whose marker is not authentic."""
     heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
@@ -85,6 +87,9 @@ class Syncer:
         self.buckets = {bucket.name: bucket for bucket in spec.buckets(secret)}
         self.home = spec.home(secret)
         self.observed: dict[str, PayloadRecord] = {}
+        self.prefetched: dict[str, bytes] = {}
+        """Bytes of observed payloads, read as soon as their marker was seen: over a WAN
+        the download overlaps the wait for a quorum instead of delaying the merge."""
         self.retiring: dict[str, PayloadId] = {}
         """Payloads consumed unmerged since the last commit (its record will list them)."""
         self.pending_observations: list[decisions.Observation] = []
@@ -204,7 +209,8 @@ class Syncer:
 
     def _scan(self, region: str, read_heartbeats: bool) -> RegionScan:
         """On a fan-out thread: list a region's payloads, delete the consumed ones, read
-        the markers of new ones (and the heartbeats); no state of the syncer changes.  A
+        the markers and bytes of new ones (and the heartbeats); no state of the syncer
+        changes.  A
         storage failure ends the look at this region (what was seen before it is kept,
         the rest comes on a later turn)."""
         bucket, scan = self.buckets[region], RegionScan(region)
@@ -223,6 +229,7 @@ class Syncer:
                 if name in self.observed or name in self.retiring:
                     continue
                 scan.records.append(bucket.payload_record(key))
+                scan.payloads[key] = bucket.read_payload(key)
             except FileNotFoundError:
                 continue
             except PayloadError as error:
@@ -247,6 +254,8 @@ class Syncer:
         for record in scan.records:
             name = qualified(scan.region, record.key)
             self.observed[name] = record
+            if record.key in scan.payloads:
+                self.prefetched[name] = scan.payloads[record.key]
             arrival = decisions.Arrival(record.learner, record.fragment, record.base_version, record.c_steps, record.c_tokens, record.sequence, name)
             found.append(decisions.ArrivalSeen(arrival))
         return found
@@ -286,7 +295,8 @@ class Syncer:
                 return error
 
         names = [arrival.key for arrival in action.arrivals]
-        blobs = dict(zip(names, self.fanout.each(read, names)))
+        missing = [name for name in names if name not in self.prefetched]
+        blobs = {**dict(zip(missing, self.fanout.each(read, missing))), **{name: self.prefetched[name] for name in names if name in self.prefetched}}
         for blob in blobs.values():
             if isinstance(blob, StorageError):
                 log.warning("merge of fragment %d postponed: %s", action.fragment, blob)
@@ -342,6 +352,7 @@ class Syncer:
         self.retiring = {}
         for name in consumed:
             self.observed.pop(name, None)
+            self.prefetched.pop(name, None)
         if self.recipe.sync.delete_consumed_payloads:
             self.fanout.each(self._delete_payload, consumed)
         seconds = self.clock() - started - evaluation_seconds
@@ -378,6 +389,7 @@ class Syncer:
         is deleted once that record is durable."""
         self.retiring[payload.key] = payload
         self.observed.pop(payload.key, None)
+        self.prefetched.pop(payload.key, None)
 
     # ------------------------------------------------------------------ evaluation
 

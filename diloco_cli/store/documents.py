@@ -172,6 +172,9 @@ class Heartbeat(Document):
     storage: StorageCounters = Field(default_factory=StorageCounters)
     refusals: Refusals = Field(default_factory=Refusals)
     started_at: float
+    training_since: float | None = None
+    """When this start's first inner step began (after setup and the first install):
+    ``compute_seconds`` over the time since is the share of the loop spent computing."""
     time: float
 
 
