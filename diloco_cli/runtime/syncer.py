@@ -18,7 +18,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,13 +34,14 @@ from diloco_cli.runtime.global_weights import encode_snapshot
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
+from diloco_cli.runtime.region_scan import RegionScan, payload_id, qualified, scan_region
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
-from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket, heartbeat_key
+from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
 from diloco_cli.training.data import TextSplit, evaluation_batches, load_text
 from diloco_cli.training.inner import evaluate
 
@@ -51,30 +51,6 @@ EXIT_FINISHED = 0
 EXIT_STOPPED = 143
 CATCH_UP_SECONDS = 5.0
 """How often regions that missed a publication are tried again."""
-
-
-def qualified(region: str, key: str) -> str:
-    """A payload key made unique across regions (the form the ledger stores)."""
-    return f"{region}:{key}"
-
-
-def payload_id(name: str) -> PayloadId | None:
-    match = PAYLOAD_KEY.match(name.split(":", 1)[1])
-    return PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])) if match else None
-
-
-@dataclass
-class RegionScan:
-    """What one turn found in one region's bucket (filled on a fan-out thread)."""
-
-    region: str
-    records: list[PayloadRecord] = field(default_factory=list)
-    """Verified markers of payloads not seen before."""
-    payloads: dict[str, bytes] = field(default_factory=dict)
-    """The bytes of those payloads, by key, read at once (verified when merged)."""
-    refused: list[tuple[str, PayloadError]] = field(default_factory=list)
-    """Payload keys whose marker is not authentic."""
-    heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
 
 
 class Syncer:
@@ -201,50 +177,20 @@ class Syncer:
         """What every region's bucket shows now: its bytes read in every region at once,
         then taken in here, region by region."""
         observations, self.pending_observations = self.pending_observations, []
-        scans = self.fanout.each(lambda region: self._scan(region, read_heartbeats), list(self.buckets))
+        def scan(region: str) -> RegionScan:
+            learners = [spec.id for spec in self.spec.learners if spec.region == region] if read_heartbeats else []
+            return scan_region(
+                self.buckets[region], learners,
+                known=lambda name: name in self.observed or name in self.retiring,
+                consumed=lambda name: self.state.ledger.consumed(payload_id(name)),
+                delete_consumed=self.recipe.sync.delete_consumed_payloads,
+            )  # fmt: skip
+
+        scans = self.fanout.each(scan, list(self.buckets))
         for scan in scans:
             observations += self._arrivals(scan)
             observations += self._heartbeats_seen(scan)
         return observations
-
-    def _scan(self, region: str, read_heartbeats: bool) -> RegionScan:
-        """On a fan-out thread: list a region's payloads, delete the consumed ones, read
-        the markers and bytes of new ones (and the heartbeats); no state of the syncer
-        changes.  A
-        storage failure ends the look at this region (what was seen before it is kept,
-        the rest comes on a later turn)."""
-        bucket, scan = self.buckets[region], RegionScan(region)
-        try:
-            keys = bucket.payload_keys()
-        except StorageError as error:
-            log.warning("region %s cannot be listed now: %s", region, error)
-            keys = []
-        for key in keys:
-            name = qualified(region, key)
-            try:
-                if self.state.ledger.consumed(payload_id(name)):
-                    if self.recipe.sync.delete_consumed_payloads:
-                        bucket.delete_payload(key)
-                    continue
-                if name in self.observed or name in self.retiring:
-                    continue
-                scan.records.append(bucket.payload_record(key))
-                scan.payloads[key] = bucket.read_payload(key)
-            except FileNotFoundError:
-                continue
-            except PayloadError as error:
-                scan.refused.append((key, error))
-            except StorageError as error:
-                log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
-                break
-        for learner in (spec.id for spec in self.spec.learners if spec.region == region and read_heartbeats):
-            try:
-                scan.heartbeats.append((learner, bucket.read_heartbeat(learner)))
-            except PayloadError as error:
-                scan.heartbeats.append((learner, error))
-            except StorageError as error:
-                log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
-        return scan
 
     def _arrivals(self, scan: RegionScan) -> list[decisions.Observation]:
         for key, error in scan.refused:

@@ -1,0 +1,94 @@
+"""One turn's look at one region's bucket: new payloads (marker and bytes) and heartbeats.
+
+The syncer scans every region at once (:mod:`diloco_cli.runtime.fanout`): a scan only
+reads and deletes objects and returns what it found; the syncer takes the findings in
+on its own thread.  A payload's bytes are read as soon as its marker is seen, so over a
+WAN the download overlaps the wait for a quorum instead of delaying the merge (they are
+verified when merged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from diloco_cli.codec import PayloadError
+from diloco_cli.core.ledger import PayloadId
+from diloco_cli.core.types import FragmentIndex, LearnerId
+from diloco_cli.store.documents import Heartbeat
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket
+
+log = logging.getLogger("diloco.syncer")
+
+
+def qualified(region: str, key: str) -> str:
+    """A payload key made unique across regions (the form the ledger stores)."""
+    return f"{region}:{key}"
+
+
+def payload_id(name: str) -> PayloadId | None:
+    match = PAYLOAD_KEY.match(name.split(":", 1)[1])
+    return PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])) if match else None
+
+
+@dataclass
+class RegionScan:
+    """What one turn found in one region's bucket."""
+
+    region: str
+    records: list[PayloadRecord] = field(default_factory=list)
+    """Verified markers of payloads not seen before."""
+    payloads: dict[str, bytes] = field(default_factory=dict)
+    """The bytes of those payloads, by key (verified when merged)."""
+    refused: list[tuple[str, PayloadError]] = field(default_factory=list)
+    """Payload keys whose marker is not authentic."""
+    heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
+    """The heartbeats of the learners asked for (None before a learner's first)."""
+
+
+def scan_region(
+    bucket: RegionBucket,
+    learners: list[LearnerId],
+    *,
+    known: Callable[[str], bool],
+    consumed: Callable[[str], bool],
+    delete_consumed: bool,
+) -> RegionScan:
+    """List a region's payloads, delete those the ledger says are consumed, read the
+    markers and bytes of those not ``known`` yet, and the heartbeats of ``learners``.
+    A storage failure ends the look at the payloads (what was seen before it is kept,
+    the rest comes on a later turn)."""
+    region, scan = bucket.name, RegionScan(bucket.name)
+    try:
+        keys = bucket.payload_keys()
+    except StorageError as error:
+        log.warning("region %s cannot be listed now: %s", region, error)
+        keys = []
+    for key in keys:
+        name = qualified(region, key)
+        try:
+            if consumed(name):
+                if delete_consumed:
+                    bucket.delete_payload(key)
+                continue
+            if known(name):
+                continue
+            scan.records.append(bucket.payload_record(key))
+            scan.payloads[key] = bucket.read_payload(key)
+        except FileNotFoundError:
+            continue
+        except PayloadError as error:
+            scan.refused.append((key, error))
+        except StorageError as error:
+            log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
+            break
+    for learner in learners:
+        try:
+            scan.heartbeats.append((learner, bucket.read_heartbeat(learner)))
+        except PayloadError as error:
+            scan.heartbeats.append((learner, error))
+        except StorageError as error:
+            log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+    return scan
