@@ -6,7 +6,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from diloco_cli.bandwidth import model
+from diloco_cli.bandwidth import document_sizes
 from diloco_cli.bandwidth.model import RunShape, data_parallel_bytes_per_step, predict, smallest_sync_interval
 from diloco_cli.bandwidth.plan import Plan
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
@@ -170,13 +170,13 @@ def test_document_size_estimates_match_real_sealed_documents():
     region_counters = counters(("payload", "marker", "heartbeat", "update", "snapshot", "head", "status", "listing"))
     samples = len(region_counters.history)
     head = Head(version=12345, fragment_versions={0: 12344, 1: 12345}, fragment_digests={0: "a" * 32, 1: "b" * 32}, snapshot_version=12340, recent=tuple((12310 + i, i % 2) for i in range(30)), recent_from=12310)
-    assert len(seal(head, "global/head.json", secret)) == pytest.approx(model.head_bytes(2, 30), rel=0.05)
+    assert len(seal(head, "global/head.json", secret)) == pytest.approx(document_sizes.head_bytes(2, 30), rel=0.05)
     beat = Heartbeat(
         learner="local-a-0", region="local-a", host="local", pid=12345, state=LearnerState.TRAINING, step=1234, total_steps=3000, tokens=12345678,
         loss=1.2345678, step_seconds=0.123456789, base_versions={0: 1234, 1: 1235}, sends=123, delivered=123, installs=123,
         tokens_overwritten={0: 1234, 1: 1234}, checkpoint_step=1200, storage=region_counters, started_at=now, time=now,
     )  # fmt: skip
-    assert len(seal(beat, "heartbeats/local-a-0.json", secret)) == pytest.approx(model.heartbeat_bytes(2, samples), rel=0.1)
+    assert len(seal(beat, "heartbeats/local-a-0.json", secret)) == pytest.approx(document_sizes.heartbeat_bytes(2, samples), rel=0.1)
     learners = [f"region-{i % 4}-{i // 4}" for i in range(16)]
     status = SyncerStatus(
         state=SyncerPhase.RUNNING, run="shakespeare-gpt-20260101-120000", version=1234, fragment_versions={0: 1233, 1: 1234}, snapshot_version=1220,
@@ -186,12 +186,12 @@ def test_document_size_estimates_match_real_sealed_documents():
         evaluations=[Evaluation(version=4 * i, loss=2.345678, tokens=1234567, time=now) for i in range(50)],
         storage={f"region-{r}": region_counters for r in range(4)}, home_storage=counters(("home", "listing")), refusals={f"region-{r}": Refusals() for r in range(4)}, started_at=now, time=now,
     )  # fmt: skip
-    estimate = model.status_bytes(16, 4, 2, 50, samples, learner_id_bytes=10, region_name_bytes=8)
+    estimate = document_sizes.status_bytes(16, 4, 2, 50, samples, learner_id_bytes=10, region_name_bytes=8)
     assert len(seal(status, "global/syncer.json", secret)) == pytest.approx(estimate, rel=0.1)
     # a history sample's size, sealed
     longer = beat.model_copy(update={"storage": region_counters.model_copy(update={"history": region_counters.history * 90})})
     grown = len(seal(longer, "heartbeats/local-a-0.json", secret)) - len(seal(beat, "heartbeats/local-a-0.json", secret))
-    assert grown / (89 * samples) == pytest.approx(model.COUNTERS_BYTES_PER_SAMPLE, rel=0.1)
+    assert grown / (89 * samples) == pytest.approx(document_sizes.COUNTERS_BYTES_PER_SAMPLE, rel=0.1)
 
 
 def test_mistakes_are_one_line_errors():

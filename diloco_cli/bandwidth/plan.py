@@ -1,16 +1,17 @@
 """A run's plan: what it will ask of every link, and what it gets done, before it starts.
 
 :func:`build_plan` takes a recipe (and a region file, or just M and a number of
-regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need, and
-returns a frozen :class:`Plan`:
+regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need (with
+:mod:`diloco_cli.bandwidth.measure`), and returns a frozen :class:`Plan`:
 
 * the inner step's compute time, from a short trial on this machine (the recipe's
   model and batch, a few warm steps then a few timed ones, on the recipe's device),
   unless ``step_seconds`` is given;
 * every payload's real size, by encoding sample tensors of each fragment's shapes with
   the real encoder for every codec (fp32, bf16, int8, int4): frame, header, packed
-  values, scales, zstandard.  A fragment of more than :data:`EXACT_VALUES` values is
-  sized from its exact layout and the compression measured on a sample;
+  values, scales, zstandard.  A fragment of more than
+  :data:`~diloco_cli.bandwidth.measure.EXACT_VALUES` values is sized from its exact
+  layout and the compression measured on a sample;
 * the training thread's time to encode a fragment's delta, to add an update and check
   its digest, and to encode a checkpoint, timed on the same samples.
 
@@ -21,14 +22,12 @@ the buckets are in a cloud, what the traffic costs.
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from diloco_cli.bandwidth.measure import Sizer, _numel, _spec_with, even_fragments, measure_step_seconds, model_fragments
 from diloco_cli.bandwidth.model import (
     CodecCost,
     DataParallelPrediction,
@@ -40,33 +39,14 @@ from diloco_cli.bandwidth.model import (
     smallest_sync_interval,
 )
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices, provider_of, request_dollars
-from diloco_cli.codec import CodecSpec, RunSecret
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.store.region import MARKER_SPEC, SNAPSHOT_SPEC
-
-if TYPE_CHECKING:
-    import torch
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 CODECS = ("fp32", "bf16", "int8", "int4")
 """The codecs a plan weighs, heaviest first."""
-
-EXACT_VALUES = 1 << 23
-"""Fragments of up to this many values are encoded whole to size them."""
-
-SAMPLE_VALUES = 1 << 20
-"""Values of the sample that sizes and times a larger fragment (scaled by its size)."""
-
-WARM_STEPS = 5
-TIMED_STEPS = 5
-
-
-CHECKPOINT_VALUES_PER_PARAMETER = 5
-"""A checkpoint holds, per parameter, fp32 values of: the parameter, AdamW's two
-moments, the base and the error-feedback residual."""
 
 NOT_BUILT = "not built (--parameters)"
 """The plan's ``model`` when it was made from a parameter count alone."""
@@ -169,231 +149,6 @@ class Plan(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
-
-
-# ------------------------------------------------------------------- measurements
-
-
-def _device(recipe: Recipe) -> str:
-    import torch
-
-    if recipe.training.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return recipe.training.device
-
-
-def measure_step_seconds(recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS) -> tuple[float, str]:
-    """The compute time of one inner step of the recipe's model on its batch (random
-    bytes), on the recipe's device: AdamW, loss, backward, clipping, as a learner does.
-    Returns (seconds, device)."""
-    import torch
-    from torch.nn import functional as F
-
-    training = recipe.training
-    device = _device(recipe)
-    threads = torch.get_num_threads()
-    if training.threads_per_learner:
-        torch.set_num_threads(training.threads_per_learner)
-    try:
-        torch.manual_seed(training.seed)
-        model = recipe.model.build().to(device)
-        decayed = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-        plain = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-        groups = [{"params": decayed, "weight_decay": training.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW(groups, lr=training.learning_rate, betas=training.betas)
-        windows = torch.randint(0, 256, (training.batch_size, recipe.data.sequence_length + 1), generator=torch.Generator().manual_seed(training.seed))
-        inputs, targets = windows[:, :-1].to(device), windows[:, 1:].to(device)
-
-        def step() -> None:
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if training.gradient_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), training.gradient_clip)
-            optimizer.step()
-
-        def synchronize() -> None:
-            if device == "cuda":
-                torch.cuda.synchronize()
-
-        for _ in range(warm_steps):
-            step()
-        synchronize()
-        started = time.perf_counter()
-        for _ in range(timed_steps):
-            step()
-        synchronize()
-        return (time.perf_counter() - started) / timed_steps, device
-    finally:
-        torch.set_num_threads(threads)
-
-
-TensorShapes = list[tuple[str, tuple[int, ...]]]
-"""A fragment's tensors: (name, shape), in order."""
-
-
-def model_fragments(recipe: Recipe, num_fragments: int) -> list[TensorShapes]:
-    """The recipe's model split as learners split it (shapes only)."""
-    import torch
-
-    from diloco_cli.core.fragments import fragments_of_model
-
-    torch.manual_seed(recipe.training.seed)
-    model = recipe.model.build()
-    shapes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-    return [[(name, shapes[name]) for name in fragment.parameter_names] for fragment in fragments_of_model(model, num_fragments)]
-
-
-def even_fragments(parameters: int, num_fragments: int) -> list[TensorShapes]:
-    """N parameters as P fragments of one flat tensor each, as equal as can be."""
-    if parameters < num_fragments:
-        raise ConfigError(f"--parameters {parameters} cannot be split into {num_fragments} fragments")
-    size, extra = divmod(parameters, num_fragments)
-    return [[(f"fragment-{p}", (size + (p < extra),))] for p in range(num_fragments)]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-def _random(shape: tuple[int, ...], generator: torch.Generator, scale: float) -> torch.Tensor:
-    import torch
-
-    return torch.randn(shape, generator=generator) * scale
-
-
-def _best_of(repeats: int, function) -> tuple[float, Any]:
-    best, result = math.inf, None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = function()
-        best = min(best, time.perf_counter() - started)
-    return best, result
-
-
-def _frame_parts(frame: bytes) -> tuple[int, int]:
-    """(header bytes, body bytes) of an encoded frame."""
-    from diloco_cli.codec.frame import PREFIX
-
-    *_, header_bytes, body_bytes = PREFIX.unpack_from(frame)
-    return header_bytes, body_bytes
-
-
-class Sizer:
-    """Sizes and times payloads with the real encoder (one run secret, seeded samples)."""
-
-    def __init__(self, secret: RunSecret | None = None, seed: int = 0) -> None:
-        self.secret = secret or RunSecret(b"diloco plan: sizes only, no run".ljust(32, b"."))
-        self.seed = seed
-
-    def _generator(self):
-        import torch
-
-        return torch.Generator().manual_seed(self.seed)
-
-    def _upload(self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
-        """A learner's send: ``delta = base - theta + e``, encoded with error feedback."""
-        from diloco_cli.codec import encode_payload
-
-        generator = self._generator()
-        theta = {name: _random(shape, generator, 0.02) for name, shape in tensors}
-        base = {name: t + _random(t.shape, generator, 1e-3) for name, t in theta.items()}
-        residual = {name: _random(t.shape, generator, 1e-5) for name, t in theta.items()}
-
-        def encode() -> bytes:
-            deltas = ((name, base[name] - theta[name] + residual[name]) for name, _ in tensors)
-            return encode_payload(deltas, spec, self.secret, meta, residuals_into=residual)
-
-        return _best_of(3, encode)
-
-    def _update(self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
-        """A published update, and a learner's time to install it: add it to a copy of
-        the base, check the digest, copy the result into the parameters."""
-        from diloco_cli.codec import encode_payload
-        from diloco_cli.codec.exact import apply_update, fragment_digest
-
-        generator = self._generator()
-        update = {name: _random(shape, generator, 1e-3) for name, shape in tensors}
-        payload = encode_payload(update.items(), spec, self.secret, meta)
-        base = {name: _random(t.shape, generator, 0.02) for name, t in update.items()}
-        parameters = {name: t.clone() for name, t in base.items()}
-        names = [name for name, _ in tensors]
-
-        def install() -> None:
-            values = {name: t.clone() for name, t in base.items()}
-            apply_update(values, payload, self.secret)
-            fragment_digest(values, names)
-            for name in names:
-                parameters[name].copy_(values[name])
-
-        seconds, _ = _best_of(3, install)
-        return seconds, payload
-
-    def measure(self, kind: str, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[int, float]:
-        """(bytes, seconds) of one fragment's upload or update.  A fragment larger than
-        :data:`EXACT_VALUES` is sized from its exact layout with the compression and the
-        time per value of a :data:`SAMPLE_VALUES` sample, and its header from stand-ins
-        of the same names."""
-        from diloco_cli.codec import encode_payload
-        from diloco_cli.codec.layout import section_layout
-
-        measure = self._upload if kind == "upload" else self._update
-        numel = sum(_numel(shape) for _, shape in tensors)
-        if numel <= EXACT_VALUES:
-            seconds, frame = measure(tensors, spec, meta)
-            return len(frame), seconds
-        seconds, sample = measure([("sample", (SAMPLE_VALUES,))], spec, meta)
-        sample_raw = section_layout(spec.codec, SAMPLE_VALUES, spec.block_size).total_bytes
-        ratio = _frame_parts(sample)[1] / sample_raw
-        raw = sum(section_layout(spec.codec, _numel(shape), spec.block_size).total_bytes for _, shape in tensors)
-        import torch
-
-        stand_ins = encode_payload(((name, torch.zeros(1)) for name, _ in tensors), spec, self.secret, meta)
-        standin_raw = sum(section_layout(spec.codec, 1, spec.block_size).total_bytes for _ in tensors)
-        header = _frame_parts(stand_ins)[0]
-        header += sum(len(json.dumps(list(shape), separators=(",", ":"))) - len("[1]") for _, shape in tensors)
-        header += len(str(raw)) - len(str(standin_raw))
-        overhead = len(sample) - sum(_frame_parts(sample))
-        return overhead + header + round(raw * ratio), seconds * numel / SAMPLE_VALUES
-
-    def snapshot_bytes(self, fragments: Sequence[TensorShapes], meta: Mapping[str, Any]) -> int:
-        """A snapshot of every parameter (fp32, zstandard), trained-looking values."""
-        tensors = [t for fragment in fragments for t in fragment]
-        numel = sum(_numel(shape) for _, shape in tensors)
-        return self._whole(tensors, numel, SNAPSHOT_SPEC, meta)
-
-    def _whole(self, tensors: TensorShapes, numel: int, spec: CodecSpec, meta: Mapping[str, Any]) -> int:
-        from diloco_cli.codec import encode_payload
-
-        generator = self._generator()
-        if numel <= EXACT_VALUES:
-            return len(encode_payload(((name, _random(shape, generator, 0.02)) for name, shape in tensors), spec, self.secret, meta))
-        sample = encode_payload([("sample", _random((SAMPLE_VALUES,), generator, 0.02))], spec, self.secret, meta)
-        return round(len(sample) * numel / SAMPLE_VALUES) + 80 * len(tensors)
-
-    def checkpoint_seconds(self, parameters: int) -> float:
-        """The training thread's time to encode a checkpoint (fp32, zstandard) of
-        :data:`CHECKPOINT_VALUES_PER_PARAMETER` values per parameter."""
-        from diloco_cli.codec import encode_payload
-
-        numel = CHECKPOINT_VALUES_PER_PARAMETER * parameters
-        sample = min(numel, SAMPLE_VALUES)
-        values = _random((sample,), self._generator(), 0.02)
-        seconds, _ = _best_of(2, lambda: encode_payload([("sample", values)], SNAPSHOT_SPEC, self.secret, {}))
-        return seconds * numel / sample
-
-    def marker_bytes(self, meta: Mapping[str, Any]) -> int:
-        from diloco_cli.codec import encode_payload
-
-        return len(encode_payload([], MARKER_SPEC, self.secret, meta))
-
-
-def _spec_with(spec: CodecSpec, codec: str) -> CodecSpec:
-    try:
-        return CodecSpec(codec=codec, block_size=spec.block_size, zstd_level=spec.zstd_level)
-    except ValueError:  # a block size int4 cannot take: its default
-        return CodecSpec(codec=codec, zstd_level=spec.zstd_level)
 
 
 # --------------------------------------------------------------------------- layout
