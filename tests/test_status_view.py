@@ -37,7 +37,7 @@ def beat(spec, learner, step, state="training", loss=2.5, secret=None):
         Heartbeat(
             learner=learner, region=region, host="local", pid=1, state=state, step=step, total_steps=400, tokens=step * 2048, loss=loss,
             step_seconds=0.5, base_versions={0: 3, 1: 4}, restarts=1 if learner == "local-b-1" else 0, epoch=1,
-            storage=StorageCounters(kinds={"payload": Traffic(bytes_up=1_500_000, bytes_down=300_000)}, retries=2), started_at=0.0, time=time.time(),
+            storage=StorageCounters(kinds={"payload": Traffic(bytes_up=1_500_000, bytes_down=300_000), "checkpoint": Traffic(bytes_up=9_000_000)}, retries=2), started_at=0.0, time=time.time(),
         )
     )
 
@@ -78,7 +78,8 @@ def test_json_output_carries_every_documented_field(tmp_path):
     row = status["learners"][3]
     assert row["learner"] == "local-b-1" and row["restarts"] == 1 and row["staleness"] == 4 and row["steps_per_second"] == 2.0
     assert status["syncer"]["reasons"]["0"].startswith("grace window: 1.8 s left")
-    assert {r["region"]: r["learners_up"] for r in status["regions"]} == {"local-a": 3_000_000, "local-b": 3_000_000}
+    assert {r["region"]: r["learners_up"] for r in status["regions"]} == {"local-a": 3_000_000, "local-b": 3_000_000}  # checkpoints apart
+    assert {r["region"]: r["checkpoints_up"] for r in status["regions"]} == {"local-a": 18_000_000, "local-b": 18_000_000}
     for field in ("last_seen_seconds", "base_version", "bytes_down"):
         assert field in row
 

@@ -146,7 +146,7 @@ steps_per_second, base_version, staleness, last_seen_seconds, restarts, bytes_up
 bytes_down, unsent, retries, refusals; syncer with state, last_report_seconds, last_merge,
 last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
 grace_seconds, live_learners, reasons (per fragment, why it is not merging now), repairs,
-leftovers_removed, given_up; regions[] with learners_up, learners_down, syncer_up,
+leftovers_removed, given_up; regions[] with learners_up, learners_down, checkpoints_up, syncer_up,
 syncer_down, retries, failures, refusals (by kind), latest_refusal; evaluations[];
 bandwidth (one line: bytes across links and in regions; `diloco report` has the rest)."""
 

@@ -52,6 +52,9 @@ class LearnerRow:
 class RegionHealth:
     region: str
     learners_up: int = 0
+    """Bytes the learners wrote to this region's bucket, checkpoints apart."""
+    checkpoints_up: int = 0
+    """Bytes of the learners' checkpoints (they stay in the region)."""
     learners_down: int = 0
     syncer_up: int = 0
     """Bytes the syncer wrote to this region's bucket (updates, snapshots, heads)."""
@@ -206,7 +209,9 @@ def run_state(syncer: SyncerStatus | None, now: float) -> str:
 
 def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool) -> None:
     if learner:
-        region.learners_up += counters.bytes_up
+        checkpoints = counters.kinds["checkpoint"].bytes_up if "checkpoint" in counters.kinds else 0
+        region.learners_up += counters.bytes_up - checkpoints
+        region.checkpoints_up += checkpoints
         region.learners_down += counters.bytes_down
     else:
         region.syncer_up += counters.bytes_up

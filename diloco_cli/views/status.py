@@ -35,7 +35,7 @@ LEARNER_COLUMNS = (
 """Steps per second, base version (+ staleness in versions), time since the last
 heartbeat, restarts.  Region and host share a column ("where"; the host only when it is
 not this machine), so the table fits an 80-column terminal."""
-STORAGE_LEGEND = "storage per region: bytes each way; retried: calls tried again; refused: objects damaged or forged"
+STORAGE_LEGEND = "storage per region: bytes each way (learners' checkpoints apart); retried: calls tried again; refused: objects damaged or forged"
 LEGEND = "st/s: steps per second; base: the global version a learner holds, +versions behind; seen: since its last heartbeat; rst: restarts"
 
 
@@ -87,13 +87,13 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
     regions = Table(box=table_box, show_edge=False)
-    for column in ("region", "learners up", "learners down", "syncer up", "syncer down", "retried", "refused"):
+    for column in ("region", "learners up", "learners down", "checkpoints", "syncer up", "syncer down", "retried", "refused"):
         regions.add_column(column, justify="left" if column == "region" else "right")
     refusal_lines = []
     for region in status.regions:
         refused = sum(region.refusals.values())
         failed = f" ({region.failures} failed)" if region.failures else ""
-        regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.syncer_up), human_bytes(region.syncer_down), f"{region.retries}{failed}", str(refused))
+        regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.checkpoints_up), human_bytes(region.syncer_up), human_bytes(region.syncer_down), f"{region.retries}{failed}", str(refused))
         if region.latest_refusal is not None:
             note = region.latest_refusal
             kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(region.refusals.items()))
