@@ -29,7 +29,11 @@ learners must reach directly and every other place through the delaying proxy.  
 URL is ``http://s3-R:9001`` (``Region.url``), and every place gets its own hosts file,
 ``/etc/netns/<namespace>/hosts`` (``ip netns exec`` bind-mounts ``/etc/netns/<ns>/*`` over
 ``/etc/``): inside R, ``s3-R`` is ``127.0.0.1`` (the zero-delay proxy); in every other place it
-is R's ``wan_address`` (the delaying proxy).  The root namespace's ``/etc/hosts`` is not touched:
+is R's ``wan_address`` (the delaying proxy).  The files also name every place's
+``wan_address`` (``wan-<label>``), and a ``resolv.conf`` beside them points at no server
+(127.0.0.1): a namespace reaches no DNS server, and a lookup that is not in the hosts file
+(torch.distributed's reverse lookups of its peers) would otherwise wait ~10 s for the
+machine's one before failing.  The root namespace's ``/etc/hosts`` is not touched:
 there, use ``setup_url`` or ``remote_url``.  The hosts files (and ``/etc/netns`` when it is left
 empty) are removed on exit.
 
@@ -73,6 +77,11 @@ MOTO_PORT = 9000
 PROXY_PORT = 9001
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NETNS_ETC = Path("/etc/netns")
+ETC_FILES = ("hosts", "resolv.conf")
+RESOLV_CONF = """# emulated WAN (tests/wan.py): no DNS server is reachable from a place; fail at once
+nameserver 127.0.0.1
+options timeout:1 attempts:1
+"""
 """``ip netns exec NS`` bind-mounts each file of ``/etc/netns/NS/`` over the one in ``/etc/``."""
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -167,19 +176,24 @@ def region_hostname(region: str) -> str:
     return f"s3-{region}"
 
 
-def hosts_text(place: str, addresses: Mapping[str, str], base: str) -> str:
+def hosts_text(place: str, addresses: Mapping[str, str], base: str, places: Mapping[str, str] | None = None) -> str:
     """``base`` (this machine's /etc/hosts) plus a line per region: ``127.0.0.1`` for the
-    place's own region, the region's ``addresses[region]`` (its wan address) for the others."""
+    place's own region, the region's ``addresses[region]`` (its wan address) for the others;
+    and a name (``wan-<label>``) for each of ``places``' wan addresses, so that reverse lookups
+    of peers (torch.distributed makes them) are answered here instead of timing out on a DNS
+    server a namespace cannot reach."""
     lines = [base.rstrip("\n"), "# emulated WAN (tests/wan.py): the regions' S3 endpoints as seen from here"]
     for region, address in addresses.items():
         lines.append(f"{'127.0.0.1' if region == place else address} {region_hostname(region)}")
+    lines += [f"{address} wan-{label}" for label, address in (places or {}).items()]
     return "\n".join(lines) + "\n"
 
 
 def _remove_hosts_dir(directory: Path) -> None:
     with open(LOCK_PATH, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        (directory / "hosts").unlink(missing_ok=True)
+        for name in ETC_FILES:
+            (directory / name).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             directory.rmdir()
         with contextlib.suppress(OSError):
@@ -201,10 +215,12 @@ def cleanup_stale_hosts() -> list[Path]:
 
 
 def write_hosts_files(stack: contextlib.ExitStack, net: RoutedNetwork, regions: Sequence[str]) -> dict[str, Path]:
-    """A hosts file per place resolving every region's endpoint name; removed when ``stack`` closes."""
+    """A hosts file (and a resolv.conf) per place resolving every region's endpoint name;
+    removed when ``stack`` closes."""
     cleanup_stale_hosts()
     base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
     addresses = {region: net[region].wan_address for region in regions}
+    places = {label: place.wan_address for label, place in net.places.items()}
     files = {}
     for label, place in net.places.items():
         directory = NETNS_ETC / place.name
@@ -212,7 +228,8 @@ def write_hosts_files(stack: contextlib.ExitStack, net: RoutedNetwork, regions: 
             fcntl.flock(lock, fcntl.LOCK_EX)
             directory.mkdir(parents=True, exist_ok=True)
             stack.callback(_remove_hosts_dir, directory)
-            (directory / "hosts").write_text(hosts_text(label, addresses, base))
+            (directory / "hosts").write_text(hosts_text(label, addresses, base, places))
+            (directory / "resolv.conf").write_text(RESOLV_CONF)
         files[label] = directory / "hosts"
     return files
 

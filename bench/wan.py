@@ -1,0 +1,849 @@
+"""Benchmark: the tool against real synchronous data-parallel over an emulated WAN.
+
+The scenario: the default recipe (byte-level GPT, 0.84M parameters, batch 16, 300 inner
+steps, H=25, P=2, int4 uploads, int8 updates), two regions (``east``, ``west``) of two
+learners each and the syncer in a third place (``syncer``), all on ``tests.wan.emulated_wan``:
+one network namespace per place, every place's link to a router shaped with tbf at R Mbit/s
+(the syncer's at R x regions: it carries both regions), a moto S3 per region, and in front of
+it a proxy that adds L ms each way (40 by default) for every other place and counts bytes.
+A region's endpoint is ``http://s3-<region>:9001`` in the run's spec; each place's own hosts
+file resolves it: inside the region to a zero-delay counting proxy on loopback, elsewhere to
+the delaying proxy on the region's WAN address.
+
+1. Synchronous data-parallel on loopback (``bench.ddp_worker``, W = M gloo ranks, the same
+   global batch M x 16 and token budget, bf16 ring all-reduce), every step of the budget,
+   evaluated every ``--dp-eval-every`` steps: the loss against steps, the compute time per
+   step c and the bytes per step per rank B.
+2. The link rate: R = B x 8 / (ratio x c) Mbit/s, so that a data-parallel step on the WAN
+   communicates ``--comm-ratio`` (30) times longer than it computes (the source's 12B model on
+   2-5 Gbit/s, scaled down).  The measured ratio is reported beside it.
+3. Synchronous data-parallel on the WAN: the same ranks, M/2 in each region's namespace
+   (gloo bound to its WAN device, rank 0 in east as the master), for ``--dp-wan-seconds``
+   (a few steps: the full budget would take hours): median seconds per step, split into
+   compute and communication, and the bytes that crossed the links.
+   Data-parallel's time to the target = (steps to reach the target in 1) x (median WAN step
+   seconds of 3).  The kernel has no netem: gloo's traffic gets the links' rate but not
+   their latency, so this is optimistic for data-parallel by about 2 (W-1) x L per step
+   (reported beside it).
+4. Decoupled DiLoCo on the WAN: the real learners and syncer (``python -m diloco_cli
+   _learner/_syncer`` started in their namespaces), the whole budget.  Time to the target is
+   the first syncer evaluation at or below it, from the moment the processes were started;
+   compute share = sum of the learners' compute_seconds / sum of (time - started_at) in
+   their final heartbeats; bytes per link from the run's report (``diloco report``'s JSON,
+   built in-process), from the proxies' counters and from the WAN devices' counters.
+5. The target loss: max(DiLoCo's final evaluation, data-parallel's final evaluation) x 1.01,
+   a value both reach.
+6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
+   the measurement (compute share in points, WAN bytes in %).
+7. ``--sweep`` (full mode only): WAN bytes per token at several settings (H=25 default,
+   H=50, H=100, H=100 with int4 updates, the same with snapshot_every=1000; all but the
+   default with less chatter), each a whole run with ``diloco up`` on this machine (file://
+   buckets: bytes do not depend on the link), against data-parallel's: which reaches >= 500x
+   fewer WAN bytes per token within 2% of the default's held-out loss.
+
+    python -m bench.wan                  # the full race (~30 min on 2 cores; needs root, iproute2)
+    python -m bench.wan --sweep          # and the settings sweep (~25 min more)
+    python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
+
+Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench._common import median, print_table, write_result
+from bench.ddp_worker import launch_local
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+REGIONS = ("east", "west")
+SYNCER = "syncer"
+TARGET_COMM_TO_COMPUTE = 30.0
+TARGET_MARGIN = 0.01  # the target loss: 1% above the worse of the two final losses
+SWEEP_BYTES_RATIO = 500.0
+SWEEP_LOSS_TOLERANCE = 0.02
+QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
+SWEEP = (
+    ("default (H=25, int4/int8)", []),
+    ("H=50", [*QUIET, "sync.sync_interval=50"]),
+    ("H=100", [*QUIET, "sync.sync_interval=100"]),
+    ("H=100, int4 updates", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4"]),
+    ("H=100, int4 updates, snapshot_every=1000", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4", "sync.snapshot_every=1000"]),
+)
+# Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
+# evaluation of the global model at every version (time to the target needs them close).
+MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
+QUICK = [
+    "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",
+    "data.sequence_length=32",
+    "training.num_learners=2",
+    "training.inner_steps=30",
+    "training.warmup_steps=3",
+    "training.poll_seconds=0.3",
+    "training.heartbeat_seconds=0.5",
+    "sync.sync_interval=5",
+    "sync.evaluation_batches=2",
+    "sync.poll_seconds=0.3",
+    "sync.status_seconds=1",
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def overrides_for(quick: bool) -> list[str]:
+    return [*MEASURE, *(QUICK if quick else [])]
+
+
+def load_recipe(overrides: Sequence[str]):
+    from diloco_cli.config.loading import load_model
+    from diloco_cli.config.recipe import Recipe
+
+    return load_model(Recipe, None, list(overrides), default_name="the default recipe")
+
+
+def process_env(threads: int = 1) -> dict[str, str]:
+    from tests.wan import S3_ENV
+
+    return {
+        **os.environ,
+        **S3_ENV,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+    }
+
+
+def device_bytes(place) -> dict[str, int]:
+    """Bytes sent (tx) and received (rx) so far by ``place``'s WAN device (its link to the router)."""
+    out = subprocess.run(["ip", "-n", place.name, "-s", "-j", "link", "show", "dev", place.wan_veth],
+                         capture_output=True, text=True, check=True).stdout
+    stats = json.loads(out)[0]["stats64"]
+    return {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
+
+
+def device_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {label: {d: after[label][d] - before[label][d] for d in ("tx", "rx")} for label in before}
+
+
+def first_at_or_below(evaluations: Sequence[dict], target: float) -> dict | None:
+    return next((e for e in evaluations if e["loss"] <= target), None)
+
+
+def tail(path: Path, size: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except OSError:
+        return ""
+
+
+def crossings(places: Sequence[str]) -> int:
+    """Hops of the ring 0 -> 1 -> ... -> W-1 -> 0 between ranks in different places."""
+    return sum(places[r] != places[(r + 1) % len(places)] for r in range(len(places)))
+
+
+# ------------------------------------------------------------------ data-parallel
+
+
+def dp_summary(result: dict) -> dict:
+    """What a ``bench.ddp_worker`` run measured, without its per-rank details."""
+    return {
+        "steps_done": result["steps_done"],
+        "stopped_by_time": result["stopped_by_time"],
+        "world_size": result["settings"]["world_size"],
+        "tokens_per_step": result["settings"]["tokens_per_step"],
+        "bytes_per_step_per_rank": result["bytes_per_step_per_rank"],
+        "parameters": result["parameters"],
+        "medians": result["medians"],
+        "totals": result["totals"],
+        "per_step": {key: result["per_step"][key] for key in ("compute_seconds", "comm_seconds", "step_seconds")},
+        "evaluations": result["evaluations"],
+        "final_digests_equal": result["final_digests_equal"],
+    }
+
+
+def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds: float | None, timeout: float) -> dict:
+    """W ranks, the first half in east and the rest in west, gloo on each place's WAN device."""
+    per_region = world // len(REGIONS)
+    places = [REGIONS[min(rank // per_region, len(REGIONS) - 1)] for rank in range(world)]
+    before = {label: device_bytes(wan[label]) for label in wan.places}
+    started = time.monotonic()
+    result = launch_local(
+        world, steps, overrides=overrides, max_seconds=max_seconds, master_addr=wan.address(places[0]),
+        prefixes=[wan[p].exec_prefix() for p in places], interfaces=[wan[p].wan_veth for p in places], timeout=timeout,
+    )
+    wall = time.monotonic() - started
+    moved = device_deltas(before, {label: device_bytes(wan[label]) for label in wan.places})
+    summary = dp_summary(result)
+    medians = summary["medians"]
+    hops = crossings(places)
+    bytes_per_rank = summary["bytes_per_step_per_rank"]
+    region_tx = sum(moved[region]["tx"] for region in REGIONS)  # every crossing byte leaves one region once
+    summary.update(
+        placement=places,
+        wall_seconds=wall,
+        ring_crossings=hops,
+        comm_to_compute=medians["comm_seconds"] / medians["compute_seconds"],
+        compute_share=medians["compute_seconds"] / medians["step_seconds"],
+        app_wan_bytes_per_step=hops * bytes_per_rank,
+        wire_wan_bytes=region_tx,
+        wire_wan_bytes_per_step=region_tx / summary["steps_done"],
+        devices=moved,
+    )
+    return summary
+
+
+# ------------------------------------------------------------------------- DiLoCo
+
+
+def regions_document(learners_per_region: int) -> dict:
+    return {
+        "regions": [
+            {
+                "name": region,
+                "bucket": f"s3://diloco-{region}",
+                "storage_options": {"endpoint_url": f"http://s3-{region}:9001"},
+                "hosts": [{"name": "local", "learners": learners_per_region}],
+            }
+            for region in REGIONS
+        ],
+        "syncer": {"host": "local", "home": "file://{runs_dir}/{run}/syncer"},
+    }
+
+
+def via_setup(spec, wan):
+    """The spec with every region's endpoint replaced by its setup URL (moto over the region's
+    root link), for this (root) namespace, where the ``s3-<region>`` names do not resolve."""
+    regions = tuple(
+        region.model_copy(update={"storage_options": {**region.storage_options, "endpoint_url": wan.regions[region.name].setup_url}})
+        for region in spec.regions
+    )
+    return spec.model_copy(update={"regions": regions})
+
+
+PROBE = """
+import sys, s3fs
+fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1], key="testing", secret="testing", use_listings_cache=False, skip_instance_cache=True)
+path = sys.argv[2] + "/probe-" + sys.argv[3]
+fs.pipe(path, b"probe")
+assert fs.cat(path) == b"probe"
+fs.rm(path)
+print("ok")
+"""
+
+
+def probe_by_name(wan, place: str, region: str, root: str) -> dict:
+    """s3fs in ``place`` reaches ``region``'s bucket by its name; which proxy carried it."""
+    bucket_path = root.removeprefix("s3://")
+    before = {kind: wan.regions[region].counters(kind) for kind in ("local", "remote")}
+    started = time.monotonic()
+    out = wan.python(place, PROBE, wan.regions[region].url, bucket_path, place, timeout=120).strip()
+    seconds = time.monotonic() - started
+    after = {kind: wan.regions[region].counters(kind) for kind in ("local", "remote")}
+    moved = {kind: after[kind]["bytes_to_upstream"] - before[kind]["bytes_to_upstream"] for kind in after}
+    return {"place": place, "region": region, "url": wan.regions[region].url, "answer": out, "seconds": seconds,
+            "bytes_through": moved, "via": "local" if moved["local"] and not moved["remote"] else "remote" if moved["remote"] and not moved["local"] else "both"}
+
+
+class Processes:
+    """Processes started in namespaces; all stopped (TERM, then KILL) when closed."""
+
+    RESTART_CODE = 75  # a learner that finished but could not deliver its last payloads
+    MAX_RESTARTS = 3
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.running: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self.restarts: dict[str, int] = {}
+        self.files = []
+
+    def start(self, name: str, prefix: Sequence[str], arguments: Sequence[str], env: dict[str, str]) -> None:
+        log = open(self.logs / f"{name}.log", "ab")
+        self.files.append(log)
+        command = [*prefix, sys.executable, "-m", "diloco_cli", *arguments]
+        self.commands[name] = (command, env)
+        self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _restart_undelivered(self) -> None:
+        """What a supervisor does: start a learner again that exited with 75."""
+        for name, process in list(self.running.items()):
+            if process.returncode == self.RESTART_CODE and self.restarts.get(name, 0) < self.MAX_RESTARTS:
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                command, env = self.commands[name]
+                print(f"  {name} exited with {self.RESTART_CODE} (payloads undelivered): starting it again", flush=True)
+                log = open(self.logs / f"{name}.log", "ab")
+                self.files.append(log)
+                self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in self.running.values()) or self._undelivered():
+            self._restart_undelivered()
+            failed = {n: p.returncode for n, p in self.running.items() if p.returncode not in (None, 0, self.RESTART_CODE)}
+            if failed:
+                raise RuntimeError(f"{', '.join(failed)} exited with {failed}; end of the first log:\n{tail(self.logs / (next(iter(failed)) + '.log'))}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the run did not finish in {timeout:.0f} s; still running: "
+                                   f"{', '.join(n for n, p in self.running.items() if p.poll() is None)}")
+            time.sleep(0.5)
+        codes = {n: p.returncode for n, p in self.running.items()}
+        if any(codes.values()):
+            bad = next(n for n, c in codes.items() if c)
+            raise RuntimeError(f"exit codes {codes}; end of {bad}'s log:\n{tail(self.logs / (bad + '.log'))}")
+        return codes
+
+    def _undelivered(self) -> bool:
+        return any(p.returncode == self.RESTART_CODE and self.restarts.get(n, 0) < self.MAX_RESTARTS for n, p in self.running.items())
+
+    def close(self) -> None:
+        for process in self.running.values():
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()
+        deadline = time.monotonic() + 15
+        for process in self.running.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in self.files:
+            log.close()
+
+
+def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) -> dict:
+    """The whole run, learners and syncer in their namespaces; what it measured."""
+    from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.launch.plan import create_run_directory
+    from diloco_cli.launch.up import resolve
+    from diloco_cli.views.report import collect_report, render_json
+    from diloco_cli.views.run_state import read_buckets
+
+    recipe = load_recipe(overrides)
+    learners_per_region = recipe.training.num_learners // len(REGIONS)
+    regions_path = workdir / "regions.json"
+    regions_path.write_text(json.dumps(regions_document(learners_per_region), indent=2))
+    runs_dir = workdir / "runs"
+    name = f"wan-{time.strftime('%Y%m%d-%H%M%S')}"
+    spec, _, _ = resolve(None, regions_path, list(overrides), name, runs_dir)
+    setup = via_setup(spec, wan)
+    for region in REGIONS:
+        wan.regions[region].store("setup").create_bucket(f"diloco-{region}")
+    run_dir, secret = create_run_directory(runs_dir, spec, launcher="local")  # run.json {"spec": ...} and the secret (0600)
+    for bucket in setup.buckets(None):  # the manifest (the spec with the names) in every bucket, for `status --manifest`
+        bucket.write_manifest(spec.to_json())
+    roots = {region.name: region.root for region in spec.regions}
+    # each region's bucket by its name from the region itself and from the syncer's place, two
+    # probes at a time (of different regions: each proxy then sees one of them)
+    pairs = [[(region, region), (SYNCER, REGIONS[(i + 1) % len(REGIONS)])] for i, region in enumerate(REGIONS)]
+    probes = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for pair in pairs:
+            probes += list(pool.map(lambda job: probe_by_name(wan, job[0], job[1], roots[job[1]]), pair))
+    for probe in probes:
+        expected = "local" if probe["place"] == probe["region"] else "remote"
+        if probe["answer"] != "ok" or probe["via"] != expected:
+            raise RuntimeError(f"s3-{probe['region']} from {probe['place']} went {probe['via']}, not {expected}: {probe}")
+
+    manifest, secret_file = str(run_dir / "run.json"), str(run_dir / "secret")
+    env = process_env(threads=recipe.training.threads_per_learner or 1)
+    proxies_before = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
+    devices_before = {label: device_bytes(wan[label]) for label in wan.places}
+    processes = Processes(run_dir / "logs")
+    try:
+        launched = time.time()
+        processes.start("syncer", wan[SYNCER].exec_prefix(), ["_syncer", "--manifest", manifest, "--secret-file", secret_file], {**env, "OMP_NUM_THREADS": "1"})
+        for learner in spec.learners:
+            processes.start(learner.id, wan[learner.region].exec_prefix(),
+                            ["_learner", "--manifest", manifest, "--learner", learner.id, "--secret-file", secret_file], env)
+        codes = processes.wait(timeout)
+        ended = time.time()
+    except BaseException:
+        for log in sorted((run_dir / "logs").glob("*.log")):
+            print(f"--- {log.name}:\n{tail(log, 1500)}", file=sys.stderr)
+        raise
+    finally:
+        processes.close()
+    proxies_after = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
+    devices = device_deltas(devices_before, {label: device_bytes(wan[label]) for label in wan.places})
+    proxies = {r: {kind: {key: proxies_after[r][kind][key] - proxies_before[r][kind][key] for key in proxies_after[r][kind]}
+                   for kind in ("local", "remote")} for r in REGIONS}
+
+    read = read_buckets(setup, secret, time.time())
+    beats, status = read.heartbeats, read.syncer
+    if status is None or len(beats) != len(spec.learners):
+        raise RuntimeError(f"after the run: syncer status {'missing' if status is None else 'read'}, {len(beats)} of {len(spec.learners)} heartbeats")
+    report = json.loads(render_json(collect_report(setup, secret, load_prices())))
+    evaluations = [e.model_dump(mode="json") for e in status.evaluations]
+    first_start = min(beat.started_at for beat in beats.values())
+    compute = sum(beat.compute_seconds for beat in beats.values())
+    alive = sum(beat.time - beat.started_at for beat in beats.values())
+    since = [getattr(beat, "training_since", None) for beat in beats.values()]
+    looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
+    syncer_kinds = {
+        region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()} for region, counters in status.storage.items()
+    }
+    wan_bytes, tokens = report["wan_bytes"], report["tokens"]
+    proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
+    wire_wan = devices[SYNCER]["tx"] + devices[SYNCER]["rx"]  # every byte the syncer moved crossed its link
+    return {
+        "run": name,
+        "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],
+        "exit_codes": codes,
+        "restarts": processes.restarts,
+        "launched": launched,
+        "wall_seconds": ended - launched,
+        "learners_started_after_seconds": first_start - launched,
+        "versions": status.version,
+        "versions_expected": recipe.training.inner_steps // recipe.sync.sync_interval * recipe.sync.num_fragments
+        * recipe.training.num_learners // recipe.quorum,
+        "evaluations": evaluations,
+        "final_loss": evaluations[-1]["loss"],
+        "tokens": tokens,
+        "compute_seconds": compute,
+        "learner_seconds": alive,
+        "compute_share": compute / alive,
+        "compute_share_over_loop": compute / looping if looping else None,
+        "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds]) if any(b.step_seconds for b in beats.values()) else None,
+        "wan_bytes": wan_bytes,
+        "wan_bytes_per_token": wan_bytes / tokens,
+        "proxy_wan_bytes": proxy_wan,
+        "wan_bytes_per_token_proxy": proxy_wan / tokens,
+        "wire_wan_bytes": wire_wan,
+        "wan_bytes_per_token_wire": wire_wan / tokens,
+        "links": [{key: link[key] for key in ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")} for link in report["links"]],
+        "syncer_kinds": syncer_kinds,
+        "proxies": proxies,
+        "devices": devices,
+        "probes": probes,
+        "report": {key: report[key] for key in ("state", "elapsed_seconds", "tokens", "total_bytes", "wan_bytes", "wan_bytes_per_token", "kinds", "compression", "data_parallel", "cost_dollars")},
+        "heartbeats": {
+            learner: {"region": b.region, "tokens": b.tokens, "step": b.step, "compute_seconds": b.compute_seconds,
+                      "started_at": b.started_at, "training_since": getattr(b, "training_since", None), "time": b.time, "step_seconds": b.step_seconds, "sends": b.sends, "delivered": b.delivered}
+            for learner, b in sorted(beats.items())
+        },
+    }
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_prediction(regions_path: Path | None, overrides: Sequence[str], step_seconds: float, link_mbit: float, latency_ms: float,
+                    timeout: float = 300.0) -> dict:
+    """HOOK: ``diloco plan``'s prediction for this scenario (``python -m diloco_cli plan --output
+    json``).  Returns {"command", "prediction" (the plan's JSON, or None), "error" (why not)}:
+    a plan command that is missing or fails is recorded as null, not raised."""
+    command = [sys.executable, "-m", "diloco_cli", "plan", "--output", "json", "--step-seconds", f"{step_seconds:.6g}",
+               "--link-mbit", f"{link_mbit:.6g}", "--latency-ms", f"{latency_ms:.6g}"]
+    command += ["--regions", str(regions_path)] if regions_path else []
+    command += [item for override in overrides for item in ("--set", override)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY, env=process_env())
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"command": command, "prediction": None, "error": str(error)}
+    if proc.returncode != 0:
+        return {"command": command, "prediction": None, "error": (proc.stderr or proc.stdout).strip()[-2000:] or f"exit {proc.returncode}"}
+    try:
+        return {"command": command, "prediction": json.loads(proc.stdout), "error": None}
+    except ValueError as error:
+        return {"command": command, "prediction": None, "error": f"not JSON: {error}: {proc.stdout[:500]}"}
+
+
+def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
+    if plan is None:
+        return None
+    try:
+        predicted_wan = plan["diloco"]["wan_bytes_per_token"] * diloco["tokens"]
+        # the plan's cpu share is t / T over the training loop: the learners' share measured over
+        # their loops (from training_since) where the heartbeats have it, else over their lives
+        loop_share = diloco.get("compute_share_over_loop") or diloco["compute_share"]
+        dpp = plan["data_parallel"]
+        return {
+            "diloco_compute_share": {"predicted": plan["diloco"]["compute_share"], "measured": diloco["compute_share"],
+                                     "points": 100 * (plan["diloco"]["compute_share"] - diloco["compute_share"])},
+            "diloco_cpu_share": {"predicted": plan["diloco"]["cpu_share"], "measured": loop_share,
+                                 "points": 100 * (plan["diloco"]["cpu_share"] - loop_share)},
+            "diloco_bottleneck": plan["diloco"].get("bottleneck"),
+            "diloco_network_factor": plan["diloco"].get("network_factor"),
+            "suggestion": {key: plan["suggestion"].get(key) for key in ("target_compute_share", "reached", "sync_interval", "upload_codec", "update_codec", "compute_share")}
+            if isinstance(plan.get("suggestion"), dict) else None,
+            "diloco_syncer_busy": plan["diloco"].get("syncer_busy"),
+            "diloco_wan_bytes": {"predicted": predicted_wan, "measured": diloco["wan_bytes"],
+                                 "percent": 100 * (predicted_wan / diloco["wan_bytes"] - 1)},
+            "diloco_time_to_budget_seconds": {"predicted": plan["time_to_budget_seconds"], "measured": diloco["wall_seconds"],
+                                              "percent": 100 * (plan["time_to_budget_seconds"] / diloco["wall_seconds"] - 1)},
+            "dp_step_seconds": {"predicted": dpp["step_seconds"], "measured": dp["wan"]["medians"]["step_seconds"],
+                                "percent": 100 * (dpp["step_seconds"] / dp["wan"]["medians"]["step_seconds"] - 1)},
+            "dp_compute_share": {"predicted": dpp["compute_share"], "measured": dp["compute_share"],
+                                 "points": 100 * (dpp["compute_share"] - dp["compute_share"])},
+            "dp_wan_bytes_per_token": {"predicted": dpp["wan_bytes_per_token"], "measured": dp["wan_bytes_per_token"],
+                                       "percent": 100 * (dpp["wan_bytes_per_token"] / dp["wan_bytes_per_token"] - 1)},
+        }
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        return {"error": f"the plan's JSON lacks a figure: {error!r}"}
+
+
+# -------------------------------------------------------------------------- sweep
+
+
+def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, attempt: int = 0) -> dict:
+    """One whole run with ``diloco up`` on this machine (file:// buckets, default regions);
+    raises RuntimeError (with the end of its logs) unless every learner trained its budget."""
+    from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.launch.operations import stop_run
+    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.up import launch
+    from diloco_cli.views.report import collect_report, render_json
+    from diloco_cli.views.run_state import collect_status
+
+    name = "sweep-" + "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40].strip("-")
+    name = "-".join(filter(None, name.split("-"))) + (f"-{attempt}" if attempt else "")
+    runs_dir = workdir / "sweep-runs"
+    started = time.monotonic()
+    result = launch(None, None, overrides, name, runs_dir, dry_run=False)
+    record = load_run(runs_dir, name)
+    done = False
+    try:
+        while True:
+            status = collect_status(result.spec, record.secret())
+            if status.state in ("finished", "stopped"):
+                done = True
+                break
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"sweep run {label} did not finish in {timeout:.0f} s")
+            time.sleep(5)
+    finally:
+        if not done:
+            stop_run(load_run(runs_dir, name))
+    report = json.loads(render_json(collect_report(result.spec, record.secret(), load_prices())))
+    evaluations = status.evaluations
+    recipe = result.spec.recipe
+    budget = recipe.training.num_learners * recipe.training.inner_steps * recipe.training.batch_size * recipe.data.sequence_length
+    if status.state != "finished" or report["tokens"] != budget or not evaluations or status.version == 0:
+        logs = "\n".join(f"--- {log.name}:\n{tail(log, 1200)}" for log in sorted((record.directory / "logs").glob("*.log")))
+        raise RuntimeError(f"sweep run {name} ({label}) ended {status.state} with {report['tokens']} of {budget} tokens, "
+                           f"version {status.version}, {len(evaluations)} evaluations\n{logs}")
+    return {
+        "setting": label,
+        "overrides": overrides,
+        "seconds": time.monotonic() - started,
+        "versions": status.version,
+        "tokens": report["tokens"],
+        "wan_bytes": report["wan_bytes"],
+        "wan_bytes_per_token": report["wan_bytes_per_token"],
+        "final_loss": evaluations[-1]["loss"] if evaluations else None,
+        "kinds": report["kinds"],
+    }
+
+
+def sweep(workdir: Path, dp_bytes_per_token: float, timeout: float, write) -> dict:
+    """Every setting of SWEEP (a run that fails is tried once more, then reported as failed)."""
+    rows: list[dict] = []
+    for label, overrides in SWEEP:
+        errors = []
+        for attempt in range(2):
+            try:
+                row = sweep_run(label, overrides, workdir, timeout, attempt)
+                break
+            except RuntimeError as error:
+                print(f"  sweep {label}: failed ({str(error)[:3000]})", flush=True)
+                errors.append(str(error)[:4000])
+        else:
+            row = {"setting": label, "overrides": overrides, "final_loss": None, "wan_bytes_per_token": None}
+        row["errors"] = errors
+        rows.append(row)
+        print(f"  sweep {label}: loss {_fmt(row['final_loss'])}, {_fmt(row['wan_bytes_per_token'], '.3f')} WAN B/token", flush=True)
+        write(summarize_sweep(rows, dp_bytes_per_token))
+    return summarize_sweep(rows, dp_bytes_per_token)
+
+
+def summarize_sweep(rows: list[dict], dp_bytes_per_token: float) -> dict:
+    default = rows[0]
+    for row in rows:
+        measured = row["final_loss"] is not None and default["final_loss"] is not None
+        row["loss_vs_default"] = row["final_loss"] / default["final_loss"] - 1 if measured else None
+        row["dp_bytes_ratio"] = dp_bytes_per_token / row["wan_bytes_per_token"] if row["wan_bytes_per_token"] else None
+        row["meets_target"] = bool(measured and row["dp_bytes_ratio"] and row["dp_bytes_ratio"] >= SWEEP_BYTES_RATIO
+                                   and row["loss_vs_default"] <= SWEEP_LOSS_TOLERANCE)
+    meeting = [row["setting"] for row in rows if row["meets_target"]]
+    ok = [row for row in rows if row["dp_bytes_ratio"] is not None and row["loss_vs_default"] is not None]
+    if not ok:
+        return {"dp_wan_bytes_per_token": dp_bytes_per_token, "rows": rows, "meeting": [], "verdict": "no setting was measured"}
+    best = max(ok, key=lambda row: row["dp_bytes_ratio"])
+    verdict = (f"{meeting[0]} reaches {SWEEP_BYTES_RATIO:.0f}x within {SWEEP_LOSS_TOLERANCE:.0%} loss" if meeting else
+               f"missed: the most is {best['dp_bytes_ratio']:.0f}x fewer WAN bytes per token ({best['setting']}, "
+               f"{best['wan_bytes_per_token']:.3f} B/token against data-parallel's {dp_bytes_per_token:.1f}) at "
+               f"{best['loss_vs_default']:+.2%} loss against the default")
+    return {"dp_wan_bytes_per_token": dp_bytes_per_token, "target": f">= {SWEEP_BYTES_RATIO:.0f}x fewer WAN bytes per token "
+            f"than data-parallel within {SWEEP_LOSS_TOLERANCE:.0%} of the default's held-out loss", "rows": rows,
+            "meeting": meeting, "verdict": verdict}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and budget, 2 regions x 1 learner (~1 minute)")
+    parser.add_argument("--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)")
+    parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3")
+    parser.add_argument("--comm-ratio", type=float, default=TARGET_COMM_TO_COMPUTE, help="the link rate makes a data-parallel step communicate this many times longer than it computes")
+    parser.add_argument("--link-mbit", type=float, help="use this link rate instead of the calibrated one")
+    parser.add_argument("--dp-wan-seconds", type=float, help="training seconds of data-parallel on the WAN (default 60; quick: 3 steps instead)")
+    parser.add_argument("--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)")
+    parser.add_argument("--timeout", type=float, help="seconds any one run may take (default 3600; quick 240)")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is")
+    parser.add_argument("--output", type=Path, help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    if args.sweep and args.quick:
+        parser.error("--sweep is for the full mode only")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("bench.wan needs root (network namespaces, tc)")
+    sys.path.insert(0, str(REPOSITORY))
+    from tests.wan import S3_ENV, emulated_wan
+
+    os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
+    quick = args.quick
+    overrides = overrides_for(quick)
+    recipe = load_recipe(overrides)
+    world = recipe.training.num_learners
+    steps = recipe.training.inner_steps
+    eval_every = args.dp_eval_every or (5 if quick else 10)
+    timeout = args.timeout or (240.0 if quick else 3600.0)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-wan-"))
+    settings = {
+        "recipe_overrides": overrides,
+        "model": recipe.model.model_dump(),
+        "learners": world,
+        "regions": list(REGIONS),
+        "learners_per_region": world // len(REGIONS),
+        "syncer_place": SYNCER,
+        "batch_per_learner": recipe.training.batch_size,
+        "sequence_length": recipe.data.sequence_length,
+        "inner_steps": steps,
+        "sync_interval": recipe.sync.sync_interval,
+        "fragments": recipe.sync.num_fragments,
+        "learner_codec": recipe.sync.learner_codec.codec.value if hasattr(recipe.sync.learner_codec.codec, "value") else str(recipe.sync.learner_codec.codec),
+        "update_codec": recipe.sync.update_codec.codec.value if hasattr(recipe.sync.update_codec.codec, "value") else str(recipe.sync.update_codec.codec),
+        "tokens": world * steps * recipe.training.batch_size * recipe.data.sequence_length,
+        "latency_ms": args.latency_ms,
+        "comm_ratio_target": args.comm_ratio,
+        "dp_eval_every": eval_every,
+        "dp_wire_dtype": "bf16",
+        "threads_per_process": 1,
+    }
+    results: dict[str, Any] = {"phase_seconds": {}}
+    clock = {"phase": None, "since": time.monotonic()}
+
+    def phase(name: str | None, line: str = "") -> None:
+        """Start phase ``name`` (None: the end), closing the one before it."""
+        now = time.monotonic()
+        if clock["phase"]:
+            results["phase_seconds"][clock["phase"]] = round(now - clock["since"], 2)
+        clock.update(phase=name, since=now)
+        if line:
+            print(line, flush=True)
+
+    def write(partial: dict | None = None) -> Path:
+        if partial is not None:
+            results["sweep"] = partial
+        return write_result("wan", quick, settings, results, args.output)
+
+    try:
+        # 1. data-parallel on loopback, the whole budget: loss against steps, c and B
+        phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
+        loopback = dp_summary(launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir))
+        c = loopback["medians"]["compute_seconds"]
+        b = loopback["bytes_per_step_per_rank"]
+        rate = args.link_mbit or b * 8 / (args.comm_ratio * c) / 1e6
+        syncer_rate = rate * len(REGIONS)
+        results["calibration"] = {
+            "dp_compute_seconds_per_step": c,
+            "dp_bytes_per_step_per_rank": b,
+            "link_mbit": rate,
+            "syncer_link_mbit": syncer_rate,
+            "formula": f"R = B x 8 / ({args.comm_ratio:g} x c) / 1e6 Mbit/s; the syncer's link carries every region's traffic: R x {len(REGIONS)}",
+            "given": args.link_mbit is not None,
+        }
+        print(f"  c = {c * 1000:.1f} ms compute per step, B = {b:,} bytes per step per rank -> R = {rate:.3f} Mbit/s "
+              f"(syncer's link {syncer_rate:.3f})", flush=True)
+
+        phase("emulation")
+        with emulated_wan(REGIONS, [SYNCER], rate_mbit=rate, rates={SYNCER: syncer_rate}, latency_ms=args.latency_ms, hostnames=True) as wan:
+            results["emulation"] = {
+                "namespaces": {label: place.name for label, place in wan.places.items()} | {"router": wan.router.name},
+                "hosts_files": {label: str(path) for label, path in wan.hosts_files.items()},
+                "wan_addresses": {label: place.wan_address for label, place in wan.places.items()},
+            }
+            # 2. data-parallel on the WAN, a few steps
+            dp_steps, dp_seconds = (3, None) if quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
+            phase("dp_wan", f"data-parallel on the WAN: {f'{dp_steps} steps' if dp_seconds is None else f'{dp_seconds:g} s of training'}")
+            dp_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout)
+            print(f"  {dp_wan['steps_done']} steps, median {dp_wan['medians']['step_seconds']:.2f} s "
+                  f"(compute {dp_wan['medians']['compute_seconds']:.3f} s, comm {dp_wan['medians']['comm_seconds']:.2f} s: "
+                  f"{dp_wan['comm_to_compute']:.1f}x)", flush=True)
+            # 3. DiLoCo on the WAN, the whole budget
+            phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
+            diloco = diloco_on_wan(wan, overrides, workdir, timeout)
+            print(f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, compute share {diloco['compute_share']:.1%}, "
+                  f"{diloco['wan_bytes_per_token']:.2f} WAN B/token", flush=True)
+            phase("teardown")
+
+        # 4. the target, both sides' time to it
+        dp_final = loopback["evaluations"][-1]["loss"]
+        target = max(diloco["final_loss"], dp_final) * (1 + TARGET_MARGIN)
+        dp_hit = first_at_or_below(loopback["evaluations"], target)
+        diloco_hit = first_at_or_below(diloco["evaluations"], target)
+        step_seconds = dp_wan["medians"]["step_seconds"]
+        latency_per_step = 2 * (world - 1) * args.latency_ms / 1000
+        tokens_per_step = loopback["tokens_per_step"]
+        dp = {
+            "loopback": loopback,
+            "wan": dp_wan,
+            "final_loss": dp_final,
+            "steps_to_target": dp_hit["step"] if dp_hit else None,
+            "wan_step_seconds": step_seconds,
+            "time_to_target_seconds": dp_hit["step"] * step_seconds if dp_hit else None,
+            "method": "time to target = (steps to reach the target on loopback, evaluated every "
+                      f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, {dp_wan['steps_done']} steps measured)",
+            "latency_not_emulated_seconds_per_step": latency_per_step,
+            "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step) if dp_hit else None,
+            "compute_share": dp_wan["compute_share"],
+            "comm_to_compute": dp_wan["comm_to_compute"],
+            "wan_bytes_per_token": dp_wan["app_wan_bytes_per_step"] / tokens_per_step,
+            "wan_bytes_per_token_wire": dp_wan["wire_wan_bytes_per_step"] / tokens_per_step,
+            "wan_bytes_per_token_model": b / (tokens_per_step / world),
+            "wan_bytes_note": f"app: {dp_wan['ring_crossings']} ring hops of {world} cross a link, each B bytes per step; wire: "
+                              "the regions' WAN devices' tx per step (TCP/IP headers included); model: every worker in a place of its own "
+                              "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)",
+        }
+        dp["wan_bytes_to_target"] = dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+        diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
+        diloco["time_to_target_from_learner_start_seconds"] = (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
+        diloco["version_at_target"] = diloco_hit["version"] if diloco_hit else None
+        results["target"] = {"loss": target, "rule": f"max(DiLoCo's final evaluation, data-parallel's final evaluation) x {1 + TARGET_MARGIN:g}",
+                             "diloco_final": diloco["final_loss"], "dp_final": dp_final}
+        results["dp"] = dp
+        results["diloco"] = diloco
+        results["ratios"] = {
+            "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"] if dp_hit and diloco_hit else None,
+            "wan_bytes_per_token_dp_over_diloco": dp["wan_bytes_per_token"] / diloco["wan_bytes_per_token"],
+            "wan_bytes_per_token_wire_dp_over_diloco": dp["wan_bytes_per_token_wire"] / diloco["wan_bytes_per_token_wire"],
+            "measured_dp_comm_to_compute": dp_wan["comm_to_compute"],
+        }
+        # 5. the plan's prediction
+        phase("plan", "diloco plan for the same scenario")
+        plan = plan_prediction(workdir / "regions.json", overrides, c, rate, args.latency_ms)
+        results["plan"] = plan
+        results["plan_vs_measured"] = plan_vs_measured(plan["prediction"], diloco, dp)
+        phase(None)
+        path = write()
+        # 6. the sweep
+        if args.sweep:
+            phase("sweep", "settings sweep (diloco up on this machine, file:// buckets)")
+            results["sweep"] = sweep(workdir, dp["wan_bytes_per_token"], timeout, write)
+            phase(None)
+            path = write()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    show(results)
+    print(f"wrote {path}")
+    return results
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fmt(value: float | None, spec: str = ".4g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def show(results: dict) -> None:
+    dp, diloco, calibration = results["dp"], results["diloco"], results["calibration"]
+    print(f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
+          f"measured data-parallel comm/compute {dp['comm_to_compute']:.1f}x; target loss {results['target']['loss']:.4f} "
+          f"({results['target']['rule']})")
+    rows = [
+        {"method": "sync data-parallel", "time to target s": dp["time_to_target_seconds"], "compute share": dp["compute_share"],
+         "WAN B/token": dp["wan_bytes_per_token"], "wire B/token": dp["wan_bytes_per_token_wire"], "final loss": dp["final_loss"],
+         "how": f"{dp['steps_to_target']} steps x {dp['wan_step_seconds']:.2f} s"},
+        {"method": "Decoupled DiLoCo", "time to target s": diloco["time_to_target_seconds"], "compute share": diloco["compute_share"],
+         "WAN B/token": diloco["wan_bytes_per_token"], "wire B/token": diloco["wan_bytes_per_token_wire"], "final loss": diloco["final_loss"],
+         "how": f"measured, version {diloco['version_at_target']}"},
+    ]
+    print_table(rows, ["method", "time to target s", "compute share", "WAN B/token", "wire B/token", "final loss", "how"])
+    ratios = results["ratios"]
+    print(f"ratios (data-parallel / DiLoCo): time {_fmt(ratios['time_to_target_dp_over_diloco'], '.1f')}x, "
+          f"WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x (wire {_fmt(ratios['wan_bytes_per_token_wire_dp_over_diloco'], '.1f')}x)")
+    print(f"data-parallel's gloo traffic gets no emulated latency: + {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
+          f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s")
+    print("\nbytes per link, DiLoCo (app: the run's report; proxy: HTTP through the proxies; wire: the WAN devices)")
+    link_rows = []
+    for link in diloco["links"]:
+        proxy = diloco["proxies"][link["bucket"]]["remote" if link["wan"] else "local"]
+        link_rows.append({"link": f"{link['source']} -> {link['bucket']}", "WAN": "yes" if link["wan"] else "no",
+                          "app up": link["bytes_up"], "app down": link["bytes_down"],
+                          "proxy up": proxy["bytes_to_upstream"], "proxy down": proxy["bytes_to_client"]})
+    print_table(link_rows, ["link", "WAN", "app up", "app down", "proxy up", "proxy down"])
+    device_rows = [{"place": label, "tx": moved["tx"], "rx": moved["rx"]} for label, moved in diloco["devices"].items()]
+    print("wire bytes per place's link, DiLoCo run:", ", ".join(f"{r['place']} tx {r['tx']:,} rx {r['rx']:,}" for r in device_rows))
+    wan = dp["wan"]
+    print("wire bytes per place's link per step, data-parallel:",
+          ", ".join(f"{label} tx {moved['tx'] / wan['steps_done']:,.0f} rx {moved['rx'] / wan['steps_done']:,.0f}" for label, moved in wan["devices"].items()))
+    comparison = results.get("plan_vs_measured")
+    if comparison and "error" not in comparison:
+        print("\ndiloco plan against the measurement")
+        plan_rows = []
+        for key, value in comparison.items():
+            if isinstance(value, dict) and "predicted" in value:
+                unit = "points" if "points" in value else "percent"
+                plan_rows.append({"figure": key, "predicted": value["predicted"], "measured": value["measured"],
+                                  "difference": f"{value[unit]:+.1f} {'pt' if unit == 'points' else '%'}"})
+        print_table(plan_rows, ["figure", "predicted", "measured", "difference"])
+        print(f"plan's bottleneck: {comparison['diloco_bottleneck']}, syncer busy {_fmt(comparison['diloco_syncer_busy'], '.2f')}; "
+              f"DiLoCo published {diloco['versions']} versions{' of ' + str(diloco['versions_expected']) if 'versions_expected' in diloco else ''}")
+        if comparison.get("suggestion"):
+            hint = comparison["suggestion"]
+            print(f"plan's suggestion for a {hint['target_compute_share']:.0%} compute share: H={hint['sync_interval']}, "
+                  f"{hint['upload_codec']}/{hint['update_codec']} ({hint['compute_share']:.1%}{'' if hint['reached'] else ', not reached'})")
+    else:
+        plan = results.get("plan") or {}
+        print(f"\ndiloco plan: no prediction ({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})")
+    if results.get("sweep"):
+        sweep_result = results["sweep"]
+        print(f"\nsettings sweep, WAN bytes per token against data-parallel's {sweep_result['dp_wan_bytes_per_token']:.1f}")
+        print_table([{**row, "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
+                      "x fewer than DP": row["dp_bytes_ratio"]} for row in sweep_result["rows"]],
+                    ["setting", "final_loss", "loss vs default", "wan_bytes_per_token", "x fewer than DP", "meets_target"])
+        print(sweep_result["verdict"])
+
+
+if __name__ == "__main__":
+    main()
