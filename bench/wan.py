@@ -608,6 +608,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dp-wan-seconds", type=float, help="training seconds of data-parallel on the WAN (default 60; quick: 3 steps instead)")
     parser.add_argument("--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)")
     parser.add_argument("--timeout", type=float, help="seconds any one run may take (default 3600; quick 240)")
+    parser.add_argument("--diloco-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for the DiLoCo run (and the plan) only, e.g. sync.update_codec.codec=int4 (repeatable): a setting named for a slow WAN")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
@@ -635,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="bench-wan-"))
     settings = {
         "recipe_overrides": overrides,
+        "diloco_overrides": args.diloco_set,
         "model": recipe.model.model_dump(),
         "learners": world,
         "regions": list(REGIONS),
@@ -706,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                   f"{dp_wan['comm_to_compute']:.1f}x)", flush=True)
             # 3. DiLoCo on the WAN, the whole budget
             phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
-            diloco = diloco_on_wan(wan, overrides, workdir, timeout)
+            diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout)
             print(f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, compute share {diloco['compute_share']:.1%}, "
                   f"{diloco['wan_bytes_per_token']:.2f} WAN B/token", flush=True)
             phase("teardown")
@@ -755,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         }
         # 5. the plan's prediction
         phase("plan", "diloco plan for the same scenario")
-        plan = plan_prediction(workdir / "regions.json", overrides, c, rate, args.latency_ms)
+        plan = plan_prediction(workdir / "regions.json", [*overrides, *args.diloco_set], c, rate, args.latency_ms)
         results["plan"] = plan
         results["plan_vs_measured"] = plan_vs_measured(plan["prediction"], diloco, dp)
         phase(None)
