@@ -51,7 +51,6 @@ Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -61,28 +60,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench._common import median, print_table, write_result
+from bench._common import print_table, write_result
 from bench.ddp_worker import launch_local
+from bench.wan_diloco import REGIONS, REPOSITORY, SYNCER, device_bytes, device_deltas, diloco_on_wan, load_recipe, process_env
+from bench.wan_sweep import sweep
 
-REPOSITORY = Path(__file__).resolve().parent.parent
-REGIONS = ("east", "west")
-SYNCER = "syncer"
 TARGET_COMM_TO_COMPUTE = 30.0
 TARGET_MARGIN = 0.01  # the target loss: 1% above the worse of the two final losses
-SWEEP_BYTES_RATIO = 500.0
-SWEEP_LOSS_TOLERANCE = 0.02
-QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
-SWEEP = (
-    ("default (H=25, int4/int8)", []),
-    ("H=50", [*QUIET, "sync.sync_interval=50"]),
-    ("H=100", [*QUIET, "sync.sync_interval=100"]),
-    ("H=100, int4 updates", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4"]),
-    ("H=100, int4 updates, snapshot_every=1000", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4", "sync.snapshot_every=1000"]),
-)
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
 # evaluation of the global model at every version (time to the target needs them close).
 MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
@@ -108,46 +95,8 @@ def overrides_for(quick: bool) -> list[str]:
     return [*MEASURE, *(QUICK if quick else [])]
 
 
-def load_recipe(overrides: Sequence[str]):
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.recipe import Recipe
-
-    return load_model(Recipe, None, list(overrides), default_name="the default recipe")
-
-
-def process_env(threads: int = 1) -> dict[str, str]:
-    from tests.wan import S3_ENV
-
-    return {
-        **os.environ,
-        **S3_ENV,
-        "OMP_NUM_THREADS": str(threads),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-    }
-
-
-def device_bytes(place) -> dict[str, int]:
-    """Bytes sent (tx) and received (rx) so far by ``place``'s WAN device (its link to the router)."""
-    out = subprocess.run(["ip", "-n", place.name, "-s", "-j", "link", "show", "dev", place.wan_veth],
-                         capture_output=True, text=True, check=True).stdout
-    stats = json.loads(out)[0]["stats64"]
-    return {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
-
-
-def device_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    return {label: {d: after[label][d] - before[label][d] for d in ("tx", "rx")} for label in before}
-
-
 def first_at_or_below(evaluations: Sequence[dict], target: float) -> dict | None:
     return next((e for e in evaluations if e["loss"] <= target), None)
-
-
-def tail(path: Path, size: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-size:]
-    except OSError:
-        return ""
 
 
 def crossings(places: Sequence[str]) -> int:
@@ -206,241 +155,6 @@ def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds
     return summary
 
 
-# ------------------------------------------------------------------------- DiLoCo
-
-
-def regions_document(learners_per_region: int) -> dict:
-    return {
-        "regions": [
-            {
-                "name": region,
-                "bucket": f"s3://diloco-{region}",
-                "storage_options": {"endpoint_url": f"http://s3-{region}:9001"},
-                "hosts": [{"name": "local", "learners": learners_per_region}],
-            }
-            for region in REGIONS
-        ],
-        "syncer": {"host": "local", "home": "file://{runs_dir}/{run}/syncer"},
-    }
-
-
-def via_setup(spec, wan):
-    """The spec with every region's endpoint replaced by its setup URL (moto over the region's
-    root link), for this (root) namespace, where the ``s3-<region>`` names do not resolve."""
-    regions = tuple(
-        region.model_copy(update={"storage_options": {**region.storage_options, "endpoint_url": wan.regions[region.name].setup_url}})
-        for region in spec.regions
-    )
-    return spec.model_copy(update={"regions": regions})
-
-
-PROBE = """
-import sys, s3fs
-fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1], key="testing", secret="testing", use_listings_cache=False, skip_instance_cache=True)
-path = sys.argv[2] + "/probe-" + sys.argv[3]
-fs.pipe(path, b"probe")
-assert fs.cat(path) == b"probe"
-fs.rm(path)
-print("ok")
-"""
-
-
-def probe_by_name(wan, place: str, region: str, root: str) -> dict:
-    """s3fs in ``place`` reaches ``region``'s bucket by its name; which proxy carried it."""
-    bucket_path = root.removeprefix("s3://")
-    before = {kind: wan.regions[region].counters(kind) for kind in ("local", "remote")}
-    started = time.monotonic()
-    out = wan.python(place, PROBE, wan.regions[region].url, bucket_path, place, timeout=120).strip()
-    seconds = time.monotonic() - started
-    after = {kind: wan.regions[region].counters(kind) for kind in ("local", "remote")}
-    moved = {kind: after[kind]["bytes_to_upstream"] - before[kind]["bytes_to_upstream"] for kind in after}
-    return {"place": place, "region": region, "url": wan.regions[region].url, "answer": out, "seconds": seconds,
-            "bytes_through": moved, "via": "local" if moved["local"] and not moved["remote"] else "remote" if moved["remote"] and not moved["local"] else "both"}
-
-
-class Processes:
-    """Processes started in namespaces; all stopped (TERM, then KILL) when closed."""
-
-    RESTART_CODE = 75  # a learner that finished but could not deliver its last payloads
-    MAX_RESTARTS = 3
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.running: dict[str, subprocess.Popen] = {}
-        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
-        self.restarts: dict[str, int] = {}
-        self.files = []
-
-    def start(self, name: str, prefix: Sequence[str], arguments: Sequence[str], env: dict[str, str]) -> None:
-        log = open(self.logs / f"{name}.log", "ab")
-        self.files.append(log)
-        command = [*prefix, sys.executable, "-m", "diloco_cli", *arguments]
-        self.commands[name] = (command, env)
-        self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
-
-    def _restart_undelivered(self) -> None:
-        """What a supervisor does: start a learner again that exited with 75."""
-        for name, process in list(self.running.items()):
-            if process.returncode == self.RESTART_CODE and self.restarts.get(name, 0) < self.MAX_RESTARTS:
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-                command, env = self.commands[name]
-                print(f"  {name} exited with {self.RESTART_CODE} (payloads undelivered): starting it again", flush=True)
-                log = open(self.logs / f"{name}.log", "ab")
-                self.files.append(log)
-                self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                                      stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait(self, timeout: float) -> dict[str, int]:
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in self.running.values()) or self._undelivered():
-            self._restart_undelivered()
-            failed = {n: p.returncode for n, p in self.running.items() if p.returncode not in (None, 0, self.RESTART_CODE)}
-            if failed:
-                raise RuntimeError(f"{', '.join(failed)} exited with {failed}; end of the first log:\n{tail(self.logs / (next(iter(failed)) + '.log'))}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the run did not finish in {timeout:.0f} s; still running: "
-                                   f"{', '.join(n for n, p in self.running.items() if p.poll() is None)}")
-            time.sleep(0.5)
-        codes = {n: p.returncode for n, p in self.running.items()}
-        if any(codes.values()):
-            bad = next(n for n, c in codes.items() if c)
-            raise RuntimeError(f"exit codes {codes}; end of {bad}'s log:\n{tail(self.logs / (bad + '.log'))}")
-        return codes
-
-    def _undelivered(self) -> bool:
-        return any(p.returncode == self.RESTART_CODE and self.restarts.get(n, 0) < self.MAX_RESTARTS for n, p in self.running.items())
-
-    def close(self) -> None:
-        for process in self.running.values():
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()
-        deadline = time.monotonic() + 15
-        for process in self.running.values():
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for log in self.files:
-            log.close()
-
-
-def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) -> dict:
-    """The whole run, learners and syncer in their namespaces; what it measured."""
-    from diloco_cli.bandwidth.prices import load_prices
-    from diloco_cli.launch.plan import create_run_directory
-    from diloco_cli.launch.up import resolve
-    from diloco_cli.views.report import collect_report, render_json
-    from diloco_cli.views.run_state import read_buckets
-
-    recipe = load_recipe(overrides)
-    learners_per_region = recipe.training.num_learners // len(REGIONS)
-    regions_path = workdir / "regions.json"
-    regions_path.write_text(json.dumps(regions_document(learners_per_region), indent=2))
-    runs_dir = workdir / "runs"
-    name = f"wan-{time.strftime('%Y%m%d-%H%M%S')}"
-    spec, _, _ = resolve(None, regions_path, list(overrides), name, runs_dir)
-    setup = via_setup(spec, wan)
-    for region in REGIONS:
-        wan.regions[region].store("setup").create_bucket(f"diloco-{region}")
-    run_dir, secret = create_run_directory(runs_dir, spec, launcher="local")  # run.json {"spec": ...} and the secret (0600)
-    for bucket in setup.buckets(None):  # the manifest (the spec with the names) in every bucket, for `status --manifest`
-        bucket.write_manifest(spec.to_json())
-    roots = {region.name: region.root for region in spec.regions}
-    # each region's bucket by its name from the region itself and from the syncer's place, two
-    # probes at a time (of different regions: each proxy then sees one of them)
-    pairs = [[(region, region), (SYNCER, REGIONS[(i + 1) % len(REGIONS)])] for i, region in enumerate(REGIONS)]
-    probes = []
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for pair in pairs:
-            probes += list(pool.map(lambda job: probe_by_name(wan, job[0], job[1], roots[job[1]]), pair))
-    for probe in probes:
-        expected = "local" if probe["place"] == probe["region"] else "remote"
-        if probe["answer"] != "ok" or probe["via"] != expected:
-            raise RuntimeError(f"s3-{probe['region']} from {probe['place']} went {probe['via']}, not {expected}: {probe}")
-
-    manifest, secret_file = str(run_dir / "run.json"), str(run_dir / "secret")
-    env = process_env(threads=recipe.training.threads_per_learner or 1)
-    proxies_before = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
-    devices_before = {label: device_bytes(wan[label]) for label in wan.places}
-    processes = Processes(run_dir / "logs")
-    try:
-        launched = time.time()
-        processes.start("syncer", wan[SYNCER].exec_prefix(), ["_syncer", "--manifest", manifest, "--secret-file", secret_file], {**env, "OMP_NUM_THREADS": "1"})
-        for learner in spec.learners:
-            processes.start(learner.id, wan[learner.region].exec_prefix(),
-                            ["_learner", "--manifest", manifest, "--learner", learner.id, "--secret-file", secret_file], env)
-        codes = processes.wait(timeout)
-        ended = time.time()
-    except BaseException:
-        for log in sorted((run_dir / "logs").glob("*.log")):
-            print(f"--- {log.name}:\n{tail(log, 1500)}", file=sys.stderr)
-        raise
-    finally:
-        processes.close()
-    proxies_after = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
-    devices = device_deltas(devices_before, {label: device_bytes(wan[label]) for label in wan.places})
-    proxies = {r: {kind: {key: proxies_after[r][kind][key] - proxies_before[r][kind][key] for key in proxies_after[r][kind]}
-                   for kind in ("local", "remote")} for r in REGIONS}
-
-    read = read_buckets(setup, secret, time.time())
-    beats, status = read.heartbeats, read.syncer
-    if status is None or len(beats) != len(spec.learners):
-        raise RuntimeError(f"after the run: syncer status {'missing' if status is None else 'read'}, {len(beats)} of {len(spec.learners)} heartbeats")
-    report = json.loads(render_json(collect_report(setup, secret, load_prices())))
-    evaluations = [e.model_dump(mode="json") for e in status.evaluations]
-    first_start = min(beat.started_at for beat in beats.values())
-    compute = sum(beat.compute_seconds for beat in beats.values())
-    alive = sum(beat.time - beat.started_at for beat in beats.values())
-    since = [getattr(beat, "training_since", None) for beat in beats.values()]
-    looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
-    syncer_kinds = {
-        region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()} for region, counters in status.storage.items()
-    }
-    wan_bytes, tokens = report["wan_bytes"], report["tokens"]
-    proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
-    wire_wan = devices[SYNCER]["tx"] + devices[SYNCER]["rx"]  # every byte the syncer moved crossed its link
-    return {
-        "run": name,
-        "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],
-        "exit_codes": codes,
-        "restarts": processes.restarts,
-        "launched": launched,
-        "wall_seconds": ended - launched,
-        "learners_started_after_seconds": first_start - launched,
-        "versions": status.version,
-        "versions_expected": recipe.training.inner_steps // recipe.sync.sync_interval * recipe.sync.num_fragments
-        * recipe.training.num_learners // recipe.quorum,
-        "evaluations": evaluations,
-        "final_loss": evaluations[-1]["loss"],
-        "tokens": tokens,
-        "compute_seconds": compute,
-        "learner_seconds": alive,
-        "compute_share": compute / alive,
-        "compute_share_over_loop": compute / looping if looping else None,
-        "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds]) if any(b.step_seconds for b in beats.values()) else None,
-        "wan_bytes": wan_bytes,
-        "wan_bytes_per_token": wan_bytes / tokens,
-        "proxy_wan_bytes": proxy_wan,
-        "wan_bytes_per_token_proxy": proxy_wan / tokens,
-        "wire_wan_bytes": wire_wan,
-        "wan_bytes_per_token_wire": wire_wan / tokens,
-        "links": [{key: link[key] for key in ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")} for link in report["links"]],
-        "syncer_kinds": syncer_kinds,
-        "proxies": proxies,
-        "devices": devices,
-        "probes": probes,
-        "report": {key: report[key] for key in ("state", "elapsed_seconds", "tokens", "total_bytes", "wan_bytes", "wan_bytes_per_token", "kinds", "compression", "data_parallel", "cost_dollars")},
-        "heartbeats": {
-            learner: {"region": b.region, "tokens": b.tokens, "step": b.step, "compute_seconds": b.compute_seconds,
-                      "started_at": b.started_at, "training_since": getattr(b, "training_since", None), "time": b.time, "step_seconds": b.step_seconds, "sends": b.sends, "delivered": b.delivered}
-            for learner, b in sorted(beats.items())
-        },
-    }
-
-
 # --------------------------------------------------------------------------- plan
 
 
@@ -497,102 +211,6 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
         }
     except (KeyError, TypeError, ZeroDivisionError) as error:
         return {"error": f"the plan's JSON lacks a figure: {error!r}"}
-
-
-# -------------------------------------------------------------------------- sweep
-
-
-def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, attempt: int = 0) -> dict:
-    """One whole run with ``diloco up`` on this machine (file:// buckets, default regions);
-    raises RuntimeError (with the end of its logs) unless every learner trained its budget."""
-    from diloco_cli.bandwidth.prices import load_prices
-    from diloco_cli.launch.operations import stop_run
-    from diloco_cli.launch.runs import load_run
-    from diloco_cli.launch.up import launch
-    from diloco_cli.views.report import collect_report, render_json
-    from diloco_cli.views.run_state import collect_status
-
-    name = "sweep-" + "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40].strip("-")
-    name = "-".join(filter(None, name.split("-"))) + (f"-{attempt}" if attempt else "")
-    runs_dir = workdir / "sweep-runs"
-    started = time.monotonic()
-    result = launch(None, None, overrides, name, runs_dir, dry_run=False)
-    record = load_run(runs_dir, name)
-    done = False
-    try:
-        while True:
-            status = collect_status(result.spec, record.secret())
-            if status.state in ("finished", "stopped"):
-                done = True
-                break
-            if time.monotonic() - started > timeout:
-                raise TimeoutError(f"sweep run {label} did not finish in {timeout:.0f} s")
-            time.sleep(5)
-    finally:
-        if not done:
-            stop_run(load_run(runs_dir, name))
-    report = json.loads(render_json(collect_report(result.spec, record.secret(), load_prices())))
-    evaluations = status.evaluations
-    recipe = result.spec.recipe
-    budget = recipe.training.num_learners * recipe.training.inner_steps * recipe.training.batch_size * recipe.data.sequence_length
-    if status.state != "finished" or report["tokens"] != budget or not evaluations or status.version == 0:
-        logs = "\n".join(f"--- {log.name}:\n{tail(log, 1200)}" for log in sorted((record.directory / "logs").glob("*.log")))
-        raise RuntimeError(f"sweep run {name} ({label}) ended {status.state} with {report['tokens']} of {budget} tokens, "
-                           f"version {status.version}, {len(evaluations)} evaluations\n{logs}")
-    return {
-        "setting": label,
-        "overrides": overrides,
-        "seconds": time.monotonic() - started,
-        "versions": status.version,
-        "tokens": report["tokens"],
-        "wan_bytes": report["wan_bytes"],
-        "wan_bytes_per_token": report["wan_bytes_per_token"],
-        "final_loss": evaluations[-1]["loss"] if evaluations else None,
-        "kinds": report["kinds"],
-    }
-
-
-def sweep(workdir: Path, dp_bytes_per_token: float, timeout: float, write) -> dict:
-    """Every setting of SWEEP (a run that fails is tried once more, then reported as failed)."""
-    rows: list[dict] = []
-    for label, overrides in SWEEP:
-        errors = []
-        for attempt in range(2):
-            try:
-                row = sweep_run(label, overrides, workdir, timeout, attempt)
-                break
-            except RuntimeError as error:
-                print(f"  sweep {label}: failed ({str(error)[:3000]})", flush=True)
-                errors.append(str(error)[:4000])
-        else:
-            row = {"setting": label, "overrides": overrides, "final_loss": None, "wan_bytes_per_token": None}
-        row["errors"] = errors
-        rows.append(row)
-        print(f"  sweep {label}: loss {_fmt(row['final_loss'])}, {_fmt(row['wan_bytes_per_token'], '.3f')} WAN B/token", flush=True)
-        write(summarize_sweep(rows, dp_bytes_per_token))
-    return summarize_sweep(rows, dp_bytes_per_token)
-
-
-def summarize_sweep(rows: list[dict], dp_bytes_per_token: float) -> dict:
-    default = rows[0]
-    for row in rows:
-        measured = row["final_loss"] is not None and default["final_loss"] is not None
-        row["loss_vs_default"] = row["final_loss"] / default["final_loss"] - 1 if measured else None
-        row["dp_bytes_ratio"] = dp_bytes_per_token / row["wan_bytes_per_token"] if row["wan_bytes_per_token"] else None
-        row["meets_target"] = bool(measured and row["dp_bytes_ratio"] and row["dp_bytes_ratio"] >= SWEEP_BYTES_RATIO
-                                   and row["loss_vs_default"] <= SWEEP_LOSS_TOLERANCE)
-    meeting = [row["setting"] for row in rows if row["meets_target"]]
-    ok = [row for row in rows if row["dp_bytes_ratio"] is not None and row["loss_vs_default"] is not None]
-    if not ok:
-        return {"dp_wan_bytes_per_token": dp_bytes_per_token, "rows": rows, "meeting": [], "verdict": "no setting was measured"}
-    best = max(ok, key=lambda row: row["dp_bytes_ratio"])
-    verdict = (f"{meeting[0]} reaches {SWEEP_BYTES_RATIO:.0f}x within {SWEEP_LOSS_TOLERANCE:.0%} loss" if meeting else
-               f"missed: the most is {best['dp_bytes_ratio']:.0f}x fewer WAN bytes per token ({best['setting']}, "
-               f"{best['wan_bytes_per_token']:.3f} B/token against data-parallel's {dp_bytes_per_token:.1f}) at "
-               f"{best['loss_vs_default']:+.2%} loss against the default")
-    return {"dp_wan_bytes_per_token": dp_bytes_per_token, "target": f">= {SWEEP_BYTES_RATIO:.0f}x fewer WAN bytes per token "
-            f"than data-parallel within {SWEEP_LOSS_TOLERANCE:.0%} of the default's held-out loss", "rows": rows,
-            "meeting": meeting, "verdict": verdict}
 
 
 # --------------------------------------------------------------------------- main
