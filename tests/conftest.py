@@ -39,6 +39,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 torch.set_num_threads(1)
 
 
+@pytest.fixture
+def s3(monkeypatch):
+    """A moto S3 server, its address and dummy credentials in the environment."""
+    from tests.servers import moto_s3_server
+
+    with moto_s3_server() as server:
+        for variable, value in server.env.items():
+            monkeypatch.setenv(variable, value)
+        yield server
+
+
 @pytest.fixture(scope="session")
 def secret():
     from diloco_cli.codec import RunSecret

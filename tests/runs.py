@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from diloco_cli.config.loading import deep_merged
 from diloco_cli.launch.processes import group_members
 from diloco_cli.launch.runs import load_run
 from diloco_cli.views.run_state import RunStatus, collect_status
@@ -43,14 +43,8 @@ TINY_RECIPE: dict[str, Any] = {
 }
 
 
-def deep_update(base: dict, changes: dict) -> dict:
-    merged = json.loads(json.dumps(base))
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_update(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+deep_update = deep_merged
+"""A recipe or region document with some of its keys changed (nested dicts merged)."""
 
 
 def write_yaml(path: Path, document: dict) -> Path:

@@ -63,6 +63,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def _serve(command: list[str], ready_url: str) -> Iterator[None]:
     """Run ``command`` until the context exits, once a GET of ``ready_url`` answers."""
@@ -86,12 +96,7 @@ def _serve(command: list[str], ready_url: str) -> Iterator[None]:
                     time.sleep(0.02)
             yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 @contextmanager

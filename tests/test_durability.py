@@ -19,7 +19,6 @@ from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.runs import load_run
 from tests.fault_proxy import FaultRules, fault_proxy
 from tests.runs import TINY_RECIPE, child_pid, deep_update, diloco, logs_of, wait_finished, wait_for, write_yaml
-from tests.servers import moto_s3_server
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +61,6 @@ def s3_regions(tmp_path, servers, proxies, learners=(1, 1)):
         endpoint = proxy.url if proxy else server.endpoint_url
         regions.append({"name": f"r{index}", "bucket": bucket, "storage_options": {"endpoint_url": endpoint}, "hosts": [{"name": "local", "learners": learners[index]}]})
     return write_yaml(tmp_path / "regions.yaml", {"regions": regions})
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    with moto_s3_server() as server:
-        for variable, value in server.env.items():
-            monkeypatch.setenv(variable, value)
-        yield server
 
 
 def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):

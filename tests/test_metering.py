@@ -18,18 +18,9 @@ from diloco_cli.store.metering import StorageMeter, Traffic, thinned
 from diloco_cli.store.region import RegionBucket, kind_of_key
 from tests.delay_proxy import delay_proxy
 from tests.runs import TINY_RECIPE, child_pid, deep_update, diloco, wait_finished, wait_processes_gone, write_yaml
-from tests.servers import moto_s3_server
 
 HEADER_BYTES = 1500
 """Most bytes of request or response headers (and listing estimate error) per request."""
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    with moto_s3_server() as server:
-        for variable, value in server.env.items():
-            monkeypatch.setenv(variable, value)
-        yield server
 
 
 def counting_proxy(server):

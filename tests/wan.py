@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.netns import LOCK_PATH, PREFIX, Namespace, Place, RoutedNetwork, routed_namespaces
-from tests.servers import ObjectStore
+from tests.servers import ObjectStore, stop_process
 
 MOTO_PORT = 9000
 PROXY_PORT = 9001
@@ -234,19 +234,10 @@ def write_hosts_files(stack: contextlib.ExitStack, net: RoutedNetwork, regions: 
     return files
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _start(stack: contextlib.ExitStack, argv: list[str], log: IO[bytes]) -> subprocess.Popen:
     """Start ``argv``, logging to ``log``; it is stopped when ``stack`` closes."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO_ROOT)
-    stack.callback(_stop, proc)
+    stack.callback(stop_process, proc)
     return proc
 
 

@@ -11,7 +11,6 @@ bucket's provider: PUT/POST/LIST at one price, GET/HEAD at another, DELETE free.
 
 from __future__ import annotations
 
-import copy
 import datetime
 from importlib import resources
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli.config.errors import ConfigError
-from diloco_cli.config.loading import describe_validation_error, read_yaml
+from diloco_cli.config.loading import deep_merged, describe_validation_error, read_yaml
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -84,16 +83,6 @@ def _defaults() -> dict[str, Any]:
         return read_yaml(Path(path))
 
 
-def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    result = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _merged(result[key], value)
-        else:
-            result[key] = value
-    return result
-
-
 def load_prices(path: Path | str | None = None) -> PriceTable:
     """The packaged price table, with the values of the YAML file at ``path`` (if given)
     in place of the defaults.  A wrong file raises ConfigError naming the file and key."""
@@ -101,7 +90,7 @@ def load_prices(path: Path | str | None = None) -> PriceTable:
     source = "the packaged prices.yaml"
     if path is not None:
         path = Path(path)
-        data = _merged(data, read_yaml(path))
+        data = deep_merged(data, read_yaml(path))
         source = str(path)
     try:
         return PriceTable.model_validate(data)

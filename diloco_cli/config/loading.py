@@ -84,6 +84,17 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return result
 
 
+def deep_merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override``'s values in place (nested dicts merged key by key; a copy)."""
+    result = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = deep_merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         with path.open() as handle:  # a named stream: YAML errors then name the file
