@@ -236,3 +236,11 @@ def test_secret_never_shows_in_its_repr():
     secret = RunSecret(bytes(range(32)))
     assert secret.key.hex() not in repr(secret) and secret.key.hex() not in str(secret)
     assert RunSecret.from_hex(secret.to_hex()) == secret
+
+
+def test_declared_values_count_without_trusting():
+    from diloco_cli.codec import CodecSpec, RunSecret, declared_values, encode_payload
+
+    frame = encode_payload([("w", torch.zeros(3, 5)), ("b", torch.zeros(7))], CodecSpec(), RunSecret.generate(), {})
+    assert declared_values(frame) == 22
+    assert declared_values(b"junk") == 0 and declared_values(b"D" * 64) == 0

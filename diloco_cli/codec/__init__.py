@@ -22,6 +22,7 @@ _LAZY = {
     "decode_payload": "diloco_cli.codec.frame",
     "encode_payload": "diloco_cli.codec.frame",
     "read_header": "diloco_cli.codec.frame",
+    "declared_values": "diloco_cli.codec.frame",
 }
 """Imported on first use (numpy, zstandard, pydantic), so that what only needs the
 errors or the secret (``diloco runs``, ``logs``) starts fast."""
@@ -49,4 +50,5 @@ __all__ = [
     "decode_payload",
     "encode_payload",
     "read_header",
+    "declared_values",
 ]

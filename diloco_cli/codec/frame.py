@@ -227,6 +227,23 @@ def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: Payload
     return header, view[header_start + header_bytes : expected - TAG_BYTES]
 
 
+def declared_values(data: bytes | memoryview) -> int:
+    """How many tensor values a frame's header *declares*, without checking its tag: for
+    counting what was written (metering) only, never for reading it.  0 for bytes that
+    are not a whole frame."""
+    view = memoryview(data)
+    if len(view) < PREFIX.size:
+        return 0
+    magic, _version, _flags, _fingerprint, header_bytes, _body_bytes = PREFIX.unpack_from(view)
+    if magic != MAGIC or PREFIX.size + header_bytes > len(view):
+        return 0
+    try:
+        header = PayloadHeader.model_validate_json(bytes(view[PREFIX.size : PREFIX.size + header_bytes]))
+    except ValidationError:
+        return 0
+    return sum(entry.numel for entry in header.tensors)
+
+
 def read_header(data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits = DEFAULT_LIMITS) -> PayloadHeader:
     """Verify a payload and return its header without decoding the tensors."""
     return _verified_parts(data, secret, limits)[0]

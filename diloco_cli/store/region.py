@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, encode_payload, read_header
+from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, declared_values, encode_payload, read_header
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.store.documents import ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
 from diloco_cli.store.objects import ObjectStore
@@ -123,14 +123,6 @@ class RegionBucket:
     def _marker(self, meta: dict[str, Any]) -> bytes:
         return encode_payload([], MARKER_SPEC, self.secret, meta)
 
-    def _raw_bytes(self, payload: bytes) -> int:
-        """The fp32 size of the tensors a payload carries (what its codec compressed); 0
-        for bytes that are not a frame of this run (metering never stops an upload)."""
-        try:
-            return 4 * sum(entry.numel for entry in read_header(payload, self.secret).tensors)
-        except PayloadError:
-            return 0
-
     def marker_meta(self, key: str) -> dict[str, Any]:
         """The verified metadata of ``key``'s marker (PayloadError when not authentic)."""
         return read_header(self.store.get_marker(key), self.secret).meta
@@ -146,7 +138,7 @@ class RegionBucket:
         """Upload a learner's payload, then its marker carrying ``meta``."""
         key = payload_key(learner, fragment, sequence)
         marker_meta = {**meta, "learner": learner, "fragment": fragment, "sequence": sequence, "bytes": len(payload)}
-        self.store.put_marked(key, payload, self._marker(marker_meta), self._raw_bytes(payload))
+        self.store.put_marked(key, payload, self._marker(marker_meta), 4 * declared_values(payload))
         return key
 
     def payload_keys(self) -> list[str]:
@@ -241,7 +233,7 @@ class RegionBucket:
         key = update_key(version, fragment)
         if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}), self._raw_bytes(payload))
+        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}), 4 * declared_values(payload))
         return True
 
     def read_update(self, version: Version, fragment: FragmentIndex) -> bytes:
@@ -261,7 +253,7 @@ class RegionBucket:
         key = snapshot_key(version)
         if not replace and self.store.exists(key + ".ready"):
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version}), self._raw_bytes(payload))
+        self.store.put_marked(key, payload, self._marker({"version": version}), 4 * declared_values(payload))
         return True
 
     def read_snapshot(self, version: Version) -> bytes:
