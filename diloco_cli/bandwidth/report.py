@@ -193,7 +193,7 @@ def build_report(
         started_at=spec.created,
         prices_looked_up=str(prices.looked_up) if prices else "",
         cost_note=(
-            f"list prices looked up {prices.looked_up} ({prices_note(place, spec)}); "
+            f"list prices looked up {prices.looked_up} ({_prices_note(place)}); "
             "override with --prices FILE (see docs/bandwidth.md)"
         ) if prices else "not priced",
         total_bytes=total_bytes,
@@ -201,7 +201,7 @@ def build_report(
     )
 
 
-def prices_note(place: str, spec: RunSpec) -> str:
+def _prices_note(place: str) -> str:
     if place == SYNCER_PLACE:
         return "the syncer's own place is billed as internet egress; set syncer.region in the region file if it runs in a region"
     return f"the syncer runs in region {place}"
