@@ -48,27 +48,45 @@ class ModelConfig(BaseModel):
 
 
 class DataConfig(BaseModel):
-    """Where the training text comes from and how it is cut."""
+    """Where the training data comes from and how it is cut."""
 
     model_config = FROZEN
 
     source: str = "builtin:shakespeare"
-    """``builtin:shakespeare`` (ships with diloco) or an fsspec URL of a text file, e.g.
-    ``s3://bucket/corpus.txt`` or ``file:///data/corpus.txt``."""
+    """``builtin:shakespeare`` (ships with diloco), an fsspec URL of a text file (trained
+    byte by byte), e.g. ``s3://bucket/corpus.txt``, or the ``index.json`` of a token
+    dataset made by ``diloco prepare`` (streamed by ranged reads, never loaded whole)."""
+
+    format: Literal["auto", "text", "tokens"] = "auto"
+    """``text`` trains on bytes, ``tokens`` on a prepared token dataset; ``auto`` takes
+    ``tokens`` when ``source`` ends in ``.json``."""
 
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Options for the filesystem of ``source`` (endpoint, profile); never credentials."""
 
     sequence_length: int = Field(default=128, ge=2)
-    """Bytes per training sequence (at most the model's context)."""
+    """Tokens (bytes, for text) per training sequence (at most the model's context)."""
 
     heldout_fraction: float = Field(default=0.05, gt=0, lt=0.5)
-    """The last part of the text kept out of every shard to evaluate the global model."""
+    """Text only: the last part of the text kept out of every shard to evaluate the
+    global model (a token dataset names its own held-out shard)."""
+
+    chunk_megabytes: float = Field(default=4.0, gt=0)
+    """Tokens only: size of one ranged read of a shard; the next chunk is prefetched
+    while the current one trains."""
+
+    cache_megabytes: float = Field(default=64.0, gt=0)
+    """Tokens only: the most shard data a learner process keeps in memory at once."""
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> DataConfig:
         refuse_inline_credentials(self.storage_options, "data.storage_options")
         return self
+
+    @property
+    def is_tokens(self) -> bool:
+        """Whether ``source`` is a prepared token dataset (else text, trained as bytes)."""
+        return self.format == "tokens" or (self.format == "auto" and self.source.split("?")[0].endswith(".json"))
 
 
 class TrainingConfig(BaseModel):
@@ -102,6 +120,31 @@ class TrainingConfig(BaseModel):
 
     gradient_clip: float | None = Field(default=1.0, gt=0)
     """Clip the gradient norm to this value; null turns clipping off."""
+
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    """Sequences per forward and backward pass in each process; gradients of the
+    ``batch_size`` sequences accumulate over several passes.  null: the whole batch at once."""
+
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16`` runs forward and backward under bf16 autocast (on CUDA; on a CPU too,
+    slowly); weights, optimizer state and the outer deltas stay fp32."""
+
+    compile: bool = False
+    """Compile the model with ``torch.compile`` (worth it on GPUs for long runs)."""
+
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """How the processes of one learner (``processes_per_learner`` > 1) split the work:
+    ``ddp`` keeps a whole model in each, ``fsdp`` shards parameters, gradients and
+    optimizer state across them (FSDP2) for models that do not fit one GPU."""
+
+    loss: str | None = None
+    """Import path ``module:callable`` of ``loss(model, inputs, targets) -> scalar``;
+    null is next-token cross-entropy on the logits (or ``.logits``) the model returns."""
+
+    entry_point: str | None = None
+    """Run your own training script as each learner instead of the built-in loop: a
+    path (relative to the directory ``diloco up`` runs in, the same on every host) of
+    a script that uses ``diloco_cli.join`` (see docs/your-own-loop.md)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto`` uses CUDA when available (one GPU per process), else the CPU."""
@@ -225,7 +268,7 @@ class Recipe(BaseModel):
     """The model to train."""
 
     data: DataConfig = DataConfig()
-    """The training text."""
+    """The training data."""
 
     training: TrainingConfig = TrainingConfig()
     """The learners' inner optimization."""
