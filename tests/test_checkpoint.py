@@ -6,16 +6,25 @@ import torch
 from diloco_cli.codec import CorruptPayload
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.runtime.checkpoint import encode_checkpoint, generator_state, restore_checkpoint, restore_generator
+from diloco_cli.runtime.checkpoint import decode_checkpoint, encode_checkpoint, generator_state, restore_generator
+from diloco_cli.runtime.distributed import ProcessGroup, full_optimizer_state, full_parameters, install_parameters, load_full_optimizer_state
 from diloco_cli.runtime.learner_fragments import LearnerFragments
+
+ONE_PROCESS = ProcessGroup()
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 
 def learner(seed):
     torch.manual_seed(seed)
     model = byte_gpt(num_layers=1, width=32, num_heads=2, context=16)
-    fragments = LearnerFragments(fragments_of_model(model, 2), dict(model.named_parameters()))
+    fragments = LearnerFragments(fragments_of_model(model, 2), {name: p.shape for name, p in model.named_parameters()})
     return model, make_inner_optimizer(model, 1e-2, 0.1, (0.9, 0.95)), fragments
+
+
+def checkpoint_of(model, optimizer, fragments, secret, meta):
+    names = [name for name, _ in model.named_parameters()]
+    parameters = full_parameters(model, names, ONE_PROCESS)
+    return encode_checkpoint(parameters, full_optimizer_state(model, optimizer, ONE_PROCESS), fragments, secret, meta)
 
 
 def test_a_restored_learner_continues_exactly_like_the_original(secret):
@@ -27,12 +36,16 @@ def test_a_restored_learner_continues_exactly_like_the_original(secret):
         fragments.count_step(64)
     fragments.install(0, 7)
     fragments.residual["blocks.0.mlp.0.weight"].fill_(0.25)
-    payload = encode_checkpoint(model, optimizer, fragments, secret, {"step": 3, "generator": generator_state(generator)})
+    payload = checkpoint_of(model, optimizer, fragments, secret, {"step": 3, "data": generator_state(generator)})
 
     other_model, other_optimizer, other_fragments = learner(1)
-    meta = restore_checkpoint(payload, other_model, other_optimizer, other_fragments, secret)
+    checkpoint = decode_checkpoint(payload, other_fragments, secret)
+    names = [name for name, _ in other_model.named_parameters()]
+    install_parameters(other_model, checkpoint.parameters, names, ONE_PROCESS)
+    load_full_optimizer_state(other_model, other_optimizer, checkpoint.optimizer_state, ONE_PROCESS)
+    meta = checkpoint.meta
     other_generator = torch.Generator()
-    restore_generator(other_generator, meta["generator"])
+    restore_generator(other_generator, meta["data"])
     assert meta["step"] == 3 and other_fragments.base_version == fragments.base_version
     assert other_fragments.c_steps == fragments.c_steps and other_fragments.c_tokens == fragments.c_tokens
     assert torch.equal(other_fragments.residual["blocks.0.mlp.0.weight"], fragments.residual["blocks.0.mlp.0.weight"])
@@ -46,7 +59,7 @@ def test_a_restored_learner_continues_exactly_like_the_original(secret):
 
 def test_a_damaged_checkpoint_is_refused(secret):
     model, optimizer, fragments = learner(0)
-    payload = bytearray(encode_checkpoint(model, optimizer, fragments, secret, {"step": 0, "generator": ""}))
+    payload = bytearray(checkpoint_of(model, optimizer, fragments, secret, {"step": 0, "data": ""}))
     payload[100] ^= 1
     with pytest.raises(CorruptPayload):
-        restore_checkpoint(bytes(payload), *learner(1), secret)
+        decode_checkpoint(bytes(payload), learner(1)[2], secret)

@@ -16,7 +16,6 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.core.fragments import fragments_due
 from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.launch.plan import plan_run
 from diloco_cli.runtime.learner import Learner
@@ -43,21 +42,21 @@ class Harness:
         self.bucket = self.spec.bucket("east", secret)
         self.learners = [self.learner(name) for name in ("east-0", "east-1")]
 
-    def learner(self, name):
-        learner = Learner(self.spec, name, self.secret)
-        learner._setup()
-        learner._start()
-        return learner
+    def learner(self, name, start=True):
+        """A learner's sync side, with the built-in loop behind it as ``.loop``; it polls
+        only when a test says so (:meth:`poll`)."""
+        loop = Learner(self.spec, name, self.secret)
+        loop._setup()
+        loop.sync.loop = loop
+        loop.sync.last_poll = float("inf")
+        if start:
+            loop.sync.start()
+        return loop.sync
 
     def train(self, learner, steps):
         """Inner steps with the sends that fall due, delivered."""
-        sync = self.spec.recipe.sync
         for _ in range(steps):
-            learner._inner_step()
-            learner.fragments.count_step(learner.tokens_per_step)
-            for fragment in fragments_due(learner.progress.step, sync.sync_interval, sync.num_fragments):
-                learner._send(fragment)
-            learner._report()
+            learner.loop._inner_step()
         assert learner.outbox.wait_empty(10)
 
     def merge(self):
@@ -83,9 +82,7 @@ class Harness:
 
     def close(self):
         for learner in self.learners:
-            for uploads in (learner.outbox, learner.checkpoints, learner.beats):
-                uploads.close()
-            learner.polls.shutdown(wait=True)
+            learner.close()
 
 
 @pytest.fixture
@@ -187,8 +184,7 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
         harness.merge()
     for version in harness.bucket.snapshot_versions():
         flip_a_byte(harness.bucket, snapshot_key(version))
-    newcomer = Learner(harness.spec, "east-1", harness.secret)  # no checkpoint: needs a snapshot
-    newcomer._setup()
+    newcomer = harness.learner("east-1", start=False)  # no checkpoint: needs a snapshot
     try:
         assert harness.poll(newcomer) == []
         assert newcomer.refusals.counts["snapshot"] >= 1 and not newcomer.fragments.installed
@@ -199,8 +195,7 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
         assert len(harness.poll(newcomer)) == 2
         harness.assert_bases_equal_the_syncers(newcomer)
     finally:
-        for uploads in (newcomer.outbox, newcomer.checkpoints, newcomer.beats):
-            uploads.close()
+        newcomer.close()
 
 
 def test_a_damaged_checkpoint_falls_back_to_an_older_one_then_to_the_global_weights_keeping_the_step(tmp_path, secret):

@@ -21,14 +21,19 @@ def learner(
     secret_file: str = typer.Option(..., help="File holding the run's secret."),
     storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
 ) -> None:
-    """Run one learner (one rank of it under torchrun)."""
+    """Run one learner (one rank of it under torchrun): the built-in loop, or the
+    recipe's ``training.entry_point`` script."""
+    from diloco_cli.runtime.entry_point import run_entry_point
     from diloco_cli.runtime.learner import Learner
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
-    spec = read_run_spec(manifest, json.loads(storage_options))
-    code = Learner(spec, learner_id, read_secret(secret_file)).run()
-    raise typer.Exit(code)
+    options = json.loads(storage_options)
+    spec = read_run_spec(manifest, options)
+    script = spec.recipe.training.entry_point
+    if script:
+        raise typer.Exit(run_entry_point(script, manifest, learner_id, secret_file, options))
+    raise typer.Exit(Learner(spec, learner_id, read_secret(secret_file)).run())
 
 
 def syncer(

@@ -87,7 +87,19 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
     except StorageError as error:
         raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
     if not exists:
-        raise ConfigError(f"{sources.recipe}: data.source {source!r}: no such file; point it at a text file or use builtin:shakespeare")
+        raise ConfigError(f"{sources.recipe}: data.source {source!r}: no such file; point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare")
+
+
+def resolve_entry_point(recipe: Recipe, sources: Sources = Sources()) -> Recipe:
+    """The recipe with ``training.entry_point`` made absolute (learner processes start in
+    other directories); a script that is not here is an error now, not in every learner."""
+    script = recipe.training.entry_point
+    if not script:
+        return recipe
+    path = Path(script).expanduser().absolute()
+    if not path.is_file():
+        raise ConfigError(f"{sources.recipe}: training.entry_point {script!r}: no such file (the path is relative to {Path.cwd()})")
+    return recipe.model_copy(update={"training": recipe.training.model_copy(update={"entry_point": str(path)})})
 
 
 def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:

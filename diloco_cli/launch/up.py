@@ -22,6 +22,7 @@ from diloco_cli.launch.plan import (
     create_run_directory,
     new_run_name,
     plan_run,
+    resolve_entry_point,
     write_manifests,
 )
 from diloco_cli.launch.runs import write_run_record
@@ -58,6 +59,7 @@ def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list
     recipe = load_model(Recipe, recipe_path, overrides, default_name="the default recipe")
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
+    recipe = resolve_entry_point(recipe, sources)
     return plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources), regions, sources
 
 

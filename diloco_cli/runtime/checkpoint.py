@@ -1,8 +1,15 @@
 """A learner's checkpoint: its parameters, inner AdamW state, fragment bookkeeping and
-data position, in one authenticated fp32 payload (never a pickle)."""
+data position, in one authenticated fp32 payload (never a pickle).
+
+The storage rank writes and reads it from full (unsharded) values: the parameters and the
+AdamW state gathered from every process of the learner (:mod:`diloco_cli.runtime.distributed`),
+so a checkpoint is the same whether the learner ran in one process, under DDP or FSDP.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,61 +20,49 @@ from diloco_cli.runtime.learner_fragments import LearnerFragments
 CHECKPOINT_SPEC = CodecSpec(codec="fp32", zstd_level=1)
 ADAM_BUFFERS = ("exp_avg", "exp_avg_sq")
 
+OptimizerState = Mapping[str, Mapping[str, Any]]
+"""Per parameter name: AdamW's ``step`` (a number) and its buffers (full tensors)."""
 
-def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Names of the optimizer's parameters in its own index order."""
-    name_of = {id(parameter): name for name, parameter in model.named_parameters()}
-    return [name_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint restores (its fragment bookkeeping goes straight into the
+    learner's :class:`LearnerFragments`)."""
+
+    parameters: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
 
 
 def encode_checkpoint(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    parameters: Mapping[str, torch.Tensor],
+    optimizer_state: OptimizerState,
     fragments: LearnerFragments,
     secret: RunSecret,
-    meta: dict[str, Any],
+    meta: Mapping[str, Any],
 ) -> bytes:
-    names = _parameter_names(model, optimizer)
-    state = optimizer.state_dict()["state"]
-    tensors: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {f"model/{name}": value.detach() for name, value in parameters.items()}
     adam_steps = {}
-    for index, name in enumerate(names):
-        if index in state:
-            adam_steps[name] = float(state[index]["step"])
-            for buffer in ADAM_BUFFERS:
-                tensors[f"adam/{name}/{buffer}"] = state[index][buffer]
+    for name, state in optimizer_state.items():
+        adam_steps[name] = float(state["step"])
+        for buffer in ADAM_BUFFERS:
+            tensors[f"adam/{name}/{buffer}"] = state[buffer]
     tensors.update(fragments.state_tensors())
     full_meta = {**meta, "adam_steps": adam_steps, "fragments": fragments.state_meta()}
     return encode_payload(tensors.items(), CHECKPOINT_SPEC, secret, full_meta)
 
 
-@torch.no_grad()
-def restore_checkpoint(
-    payload: bytes,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    fragments: LearnerFragments,
-    secret: RunSecret,
-) -> dict[str, Any]:
-    """Load a checkpoint into the model, optimizer and fragments; returns its metadata."""
+def decode_checkpoint(payload: bytes, fragments: LearnerFragments, secret: RunSecret) -> Checkpoint:
+    """Verify a checkpoint and load its bookkeeping into ``fragments``; returns the rest."""
     decoded = decode_payload(payload, secret)
     tensors, meta = decoded.tensors, decoded.meta
-    for name, parameter in model.named_parameters():
-        parameter.copy_(tensors[f"model/{name}"])
-    names = _parameter_names(model, optimizer)
-    device_of = {name: parameter.device for name, parameter in model.named_parameters()}
-    state_dict = optimizer.state_dict()
-    state_dict["state"] = {
-        index: {
-            "step": torch.tensor(meta["adam_steps"][name]),
-            **{buffer: tensors[f"adam/{name}/{buffer}"].to(device_of[name]) for buffer in ADAM_BUFFERS},
-        }
-        for index, name in enumerate(names)
-        if name in meta["adam_steps"]
+    parameters = {name[len("model/") :]: tensor for name, tensor in tensors.items() if name.startswith("model/")}
+    optimizer_state = {
+        name: {"step": step, **{buffer: tensors[f"adam/{name}/{buffer}"] for buffer in ADAM_BUFFERS}}
+        for name, step in meta["adam_steps"].items()
     }
-    optimizer.load_state_dict(state_dict)
     fragments.load_state(tensors, meta["fragments"])
-    return meta
+    return Checkpoint(parameters, optimizer_state, meta)
 
 
 def generator_state(generator: torch.Generator) -> str:

@@ -1,18 +1,34 @@
-"""A learner made of several processes (``torchrun``): DDP inside, rank 0 at the edges.
+"""A learner made of several processes (``torchrun``): DDP or FSDP2 inside, rank 0 at the edges.
 
 Under ``torchrun --nproc-per-node N`` the N processes of one learner train one model
-with ``torch.distributed`` (nccl on GPUs, gloo on CPUs).  Only rank 0 talks to storage;
-every step it broadcasts a small control vector (which fragments to install, whether to
-stop) and then the installed tensors, so all ranks stay identical.
+with ``torch.distributed`` (nccl on GPUs, gloo on CPUs), either each holding the whole
+model (DDP) or each holding a shard of every parameter, gradient and AdamW buffer (FSDP2,
+``training.parallelism: fsdp``).  Only rank 0 talks to storage, and it deals in full CPU
+fp32 tensors only: it gathers the full parameters it sends and checkpoints
+(:func:`full_parameters`, :func:`full_optimizer_state`), and every rank takes its part
+of what rank 0 installs (:func:`install_parameters`, :func:`load_full_optimizer_state`).
+So payloads and checkpoints are the same whatever the learner's layout.
+
+Every function here that takes a ``group`` is a collective when the learner has several
+processes: every rank calls it at the same point with the same names in the same order.
+Devices always come from the model's parameters, never from a default.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+ADAM_BUFFERS = ("exp_avg", "exp_avg_sq")
+"""AdamW's per-parameter buffers, shaped like the parameter (sharded like it under FSDP2)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,8 @@ def broadcast_control(group: ProcessGroup, values: list[int], device: torch.devi
 
 @torch.no_grad()
 def broadcast_parameters(group: ProcessGroup, parameters: list[torch.Tensor]) -> None:
-    """Rank 0's values of these parameters on every rank."""
+    """Rank 0's values of these parameters on every rank (whole parameters: DDP only;
+    :func:`install_parameters` serves every layout)."""
     if group.distributed:
         for parameter in parameters:
             dist.broadcast(parameter.data, src=0)
@@ -72,3 +89,144 @@ def broadcast_parameters(group: ProcessGroup, parameters: list[torch.Tensor]) ->
 def leave_process_group(group: ProcessGroup) -> None:
     if group.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a model: the members of its outermost ``ModuleList``\\ s
+    (``model.blocks`` of the built-in GPT, ``model.model.layers`` of a Hugging Face
+    causal LM), found without knowing the architecture."""
+    blocks: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            if isinstance(child, torch.nn.ModuleList):
+                blocks.extend(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return blocks
+
+
+def prepare_model(model: torch.nn.Module, device: torch.device, group: ProcessGroup, parallelism: str, compile: bool) -> torch.nn.Module:
+    """The module the training loop calls (``inner_step``'s ``model``).
+
+    One process: the model itself.  ``ddp``: DDP around it.  ``fsdp``: the model sharded
+    in place by FSDP2 (``fully_shard`` on each transformer block, then on the root, which
+    keeps the embeddings, the head and everything outside the blocks), so the returned
+    module *is* ``model`` and keeps its parameter names.  Build the inner optimizer from
+    ``model`` after this call: under FSDP2 its parameters are now sharded DTensors.
+
+    With ``compile`` the module is compiled in place (its type and names unchanged, so
+    ``inner_step`` still recognises DDP and FSDP2): the whole module without FSDP2, each
+    block before it is sharded with FSDP2 (the way torchtitan does it, so the
+    communication between blocks stays outside the compiled graphs).
+    """
+    model.to(device)
+    if not group.distributed:
+        prepared = model
+    elif parallelism == "ddp":
+        prepared = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    elif parallelism == "fsdp":
+        mesh = init_device_mesh(device.type, (group.world_size,))
+        for block in transformer_blocks(model):
+            if compile:
+                block.compile()
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    else:
+        raise ValueError(f"training.parallelism must be 'ddp' or 'fsdp', got {parallelism!r}")
+    if compile:
+        prepared.compile()
+    return prepared
+
+
+def _full_on_storage_rank(tensor: torch.Tensor, group: ProcessGroup) -> torch.Tensor | None:
+    """A CPU fp32 copy of the whole tensor on rank 0, None elsewhere (every rank takes
+    part in gathering a sharded one)."""
+    full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    if not group.is_storage_rank:
+        return None
+    return full.detach().to(device="cpu", dtype=torch.float32, copy=True)
+
+
+def _from_storage_rank(full: torch.Tensor | None, like: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Rank 0's ``full`` as this rank holds a tensor laid out like ``like``: its shard,
+    cut exactly as FSDP2 cuts ``like`` (DTensor: scattered from rank 0 by the same
+    placements), or a whole copy (broadcast); on ``like``'s device and in its dtype."""
+    if group.is_storage_rank:
+        source = full.to(device=like.device, dtype=like.dtype, copy=True)
+    else:
+        source = torch.empty(like.shape, device=like.device, dtype=like.dtype)
+    if isinstance(like, DTensor):
+        return distribute_tensor(source, like.device_mesh, like.placements)
+    if group.distributed:
+        dist.broadcast(source, src=0)
+    return source
+
+
+def full_parameters(model: torch.nn.Module, names: Iterable[str], group: ProcessGroup) -> dict[str, torch.Tensor]:
+    """Every named parameter's full value as a CPU fp32 tensor on rank 0; the other ranks
+    get ``{}`` but must call it too (under FSDP2 each parameter is all-gathered).
+
+    ``model`` is the module given to :func:`prepare_model` (its names are the recipe's:
+    DDP's wrapper would prefix them)."""
+    parameters = dict(model.named_parameters())
+    gathered = {name: _full_on_storage_rank(parameters[name], group) for name in names}
+    return {name: value for name, value in gathered.items() if value is not None}
+
+
+@torch.no_grad()
+def install_parameters(model: torch.nn.Module, values: Mapping[str, torch.Tensor] | None, names: Iterable[str], group: ProcessGroup) -> None:
+    """Rank 0's ``values`` (full tensors, e.g. CPU fp32) become these parameters on every
+    rank, bit for bit: each rank copies in its own shard (FSDP2) or the whole tensor.
+    Only rank 0 passes ``values``; the copy is in place, so the optimizer keeps its
+    parameters and its state (the inner state survives an install, as in DiLoCo)."""
+    parameters = dict(model.named_parameters())
+    for name in names:
+        parameter = parameters[name]
+        parameter.copy_(_from_storage_rank(values[name] if group.is_storage_rank else None, parameter, group))
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: ProcessGroup) -> dict[str, dict[str, torch.Tensor]]:
+    """AdamW's state for checkpoints, per parameter name: ``step`` (a CPU scalar tensor)
+    and ``exp_avg``, ``exp_avg_sq`` as full CPU fp32 tensors, on rank 0 (``{}`` elsewhere).
+
+    Parameters without state yet (no step taken) are left out."""
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for name, parameter in model.named_parameters():
+        entry = optimizer.state.get(parameter)
+        if not entry:
+            continue  # the same on every rank: all take the same steps
+        buffers = {buffer: _full_on_storage_rank(entry[buffer], group) for buffer in ADAM_BUFFERS}
+        if group.is_storage_rank:
+            state[name] = {"step": torch.as_tensor(entry["step"]).detach().to("cpu", copy=True), **buffers}
+    return state
+
+
+@torch.no_grad()
+def load_full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Mapping[str, Any]] | None, group: ProcessGroup
+) -> None:
+    """The inverse of :func:`full_optimizer_state`: rank 0's ``state`` (``step`` a number
+    or a scalar tensor, the buffers full tensors) becomes every rank's AdamW state, each
+    rank holding its shard of the buffers.  Parameters that ``state`` leaves out lose
+    their state (AdamW starts them afresh).  Only rank 0 passes ``state``."""
+    named = list(model.named_parameters())
+    device = named[0][1].device
+    # Which parameters have state, and their step counts: only rank 0 knows them.
+    steps = [int(state[name]["step"]) if name in state else -1 for name, _ in named] if group.is_storage_rank else [0] * len(named)
+    steps = broadcast_control(group, steps, device)
+    settings = {parameter: options for options in optimizer.param_groups for parameter in options["params"]}
+    for (name, parameter), step in zip(named, steps):
+        if step < 0:
+            optimizer.state.pop(parameter, None)
+            continue
+        options = settings[parameter]
+        # AdamW keeps its step on the CPU unless it runs fused or capturable.
+        step_device = parameter.device if options.get("fused") or options.get("capturable") else torch.device("cpu")
+        entry = {"step": torch.tensor(float(step), dtype=torch.float32, device=step_device)}
+        for buffer in ADAM_BUFFERS:
+            entry[buffer] = _from_storage_rank(state[name][buffer] if group.is_storage_rank else None, parameter, group)
+        optimizer.state[parameter] = entry

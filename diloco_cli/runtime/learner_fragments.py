@@ -9,7 +9,10 @@ Algorithm (Decoupled DiLoCo, arXiv 2604.21428; docs/algorithm.md, "A learner"):
   (overwriting beats blending as M grows), sets ``base[p]`` and ``base_version[p]`` and
   resets the counters; the inner AdamW state is kept.
 
-``base`` and ``e`` live on the CPU in fp32, whatever the model's device and dtype.
+``base`` and ``e`` live on the CPU in fp32, whatever the model's device, dtype or
+sharding: this bookkeeping is kept by the storage rank alone, which is handed the full
+parameter values when it sends (``theta``) and whose installed bases the learner then
+copies into every process's parameters (:mod:`diloco_cli.runtime.distributed`).
 
 Installing overwrites what the learner trained on a fragment since its last send of it;
 ``tokens_overwritten`` counts those tokens, so that every token trained is accounted
@@ -31,11 +34,10 @@ from diloco_cli.core.types import FragmentIndex, Version
 class LearnerFragments:
     """Bases, versions, counters and residuals of every fragment of one learner."""
 
-    def __init__(self, fragments: tuple[Fragment, ...], parameters: Mapping[str, torch.nn.Parameter]) -> None:
+    def __init__(self, fragments: tuple[Fragment, ...], shapes: Mapping[str, torch.Size]) -> None:
         self.fragments = fragments
-        self.parameters = dict(parameters)
-        self.base = {name: torch.zeros(p.shape, dtype=torch.float32) for name, p in self.parameters.items()}
-        self.residual = {name: torch.zeros(p.shape, dtype=torch.float32) for name, p in self.parameters.items()}
+        self.base = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
+        self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
         self.base_version = {fragment.index: Version(-1) for fragment in fragments}
         self.c_steps = {fragment.index: 0 for fragment in fragments}
         self.c_tokens = {fragment.index: 0 for fragment in fragments}
@@ -59,13 +61,13 @@ class LearnerFragments:
             self.c_steps[fragment] += 1
             self.c_tokens[fragment] += tokens
 
-    def _deltas(self, fragment: FragmentIndex) -> Iterator[tuple[str, torch.Tensor]]:
+    def _deltas(self, fragment: FragmentIndex, theta: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names(fragment):
-            theta = self.parameters[name].detach().to(device="cpu", dtype=torch.float32)
-            yield name, self.base[name] - theta + self.residual[name]
+            yield name, self.base[name] - theta[name].detach().to(device="cpu", dtype=torch.float32) + self.residual[name]
 
-    def encode_delta(self, fragment: FragmentIndex, spec: CodecSpec, secret: RunSecret, meta: Mapping[str, Any]) -> bytes:
-        """The payload of ``base - theta + e`` for one fragment; ``e`` becomes the new error."""
+    def encode_delta(self, fragment: FragmentIndex, theta: Mapping[str, torch.Tensor], spec: CodecSpec, secret: RunSecret, meta: Mapping[str, Any]) -> bytes:
+        """The payload of ``base - theta + e`` for one fragment (``theta``: the full values
+        of its parameters now, always differenced in fp32); ``e`` becomes the new error."""
         full_meta = {
             **meta,
             "fragment": fragment,
@@ -74,18 +76,17 @@ class LearnerFragments:
             "c_tokens": self.c_tokens[fragment],
         }
         residuals = {name: self.residual[name] for name in self.names(fragment)}
-        payload = encode_payload(self._deltas(fragment), spec, secret, full_meta, residuals_into=residuals)
+        payload = encode_payload(self._deltas(fragment, theta), spec, secret, full_meta, residuals_into=residuals)
         self.sent_tokens[fragment] = self.c_tokens[fragment]
         return payload
 
     @torch.no_grad()
     def install(self, fragment: FragmentIndex, version: Version, values: Mapping[str, torch.Tensor] | None = None) -> None:
         """Make ``values`` (or the base as it is) the fragment's base at ``version`` and
-        overwrite theta[p] with it; reset the counters."""
-        for name in self.names(fragment):
-            if values is not None:
+        reset the counters; the caller then overwrites theta[p] with the base."""
+        if values is not None:
+            for name in self.names(fragment):
                 self.base[name].copy_(values[name])
-            self.parameters[name].copy_(self.base[name])
         self.base_version[fragment] = version
         self.tokens_overwritten[fragment] += self.c_tokens[fragment] - self.sent_tokens[fragment]
         self.c_steps[fragment] = 0

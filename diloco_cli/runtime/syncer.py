@@ -31,6 +31,7 @@ from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.fanout import FanOut
 from diloco_cli.runtime.global_weights import encode_snapshot
+from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
@@ -42,8 +43,7 @@ from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
 from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
-from diloco_cli.training.data import TextSplit, evaluation_batches, load_text
-from diloco_cli.training.inner import evaluate
+from diloco_cli.training.inner import evaluate, resolve_loss
 
 log = logging.getLogger("diloco.syncer")
 
@@ -91,8 +91,8 @@ class Syncer:
         initial = {name: p.detach() for name, p in self.model.named_parameters()}
         optimizer = NesterovOuterOptimizer(recipe.outer_learning_rate, recipe.sync.outer_momentum)
         publisher = ExactPublisher(recipe.sync.update_codec, self.secret)
-        split = TextSplit.of(load_text(recipe.data.source, recipe.data.storage_options), recipe.data.heldout_fraction, recipe.data.sequence_length)
-        self.heldout = evaluation_batches(split.heldout, recipe.training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches)
+        self.heldout = heldout_batches(recipe)
+        self.loss_fn = resolve_loss(recipe.training.loss)
         self.state: SyncerState = restore_state(self.home, self.secret, self.fragments, initial, optimizer, publisher, recipe.sync.window_versions, self._evaluate)
         self.digests = {f.index: self.state.digest(f.index) for f in self.fragments}
         policy = decisions.DecisionPolicy(
@@ -343,7 +343,7 @@ class Syncer:
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
                 parameter.copy_(theta[name])
-        loss = evaluate(self.model, self.heldout)
+        loss = evaluate(self.model, self.heldout, self.loss_fn)
         tokens = sum(beat.tokens for beat in self.heartbeats.values())
         log.info("version %d: held-out loss %.4f", version, loss)
         return Evaluation(version=version, loss=loss, tokens=tokens, time=time.time())
