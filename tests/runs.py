@@ -13,7 +13,10 @@ from typing import Any
 
 import yaml
 
+from diloco_cli.codec import decode_payload
+from diloco_cli.codec.exact import fragment_digest
 from diloco_cli.config.loading import deep_merged
+from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.processes import group_members
 from diloco_cli.launch.runs import load_run
 from diloco_cli.views.run_state import RunStatus, collect_status
@@ -130,3 +133,51 @@ def interrupted_output(arguments: list[str], cwd: Path, timeout: float = 120) ->
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def final_checkpoint(bucket, learner, secret):
+    keys = bucket.checkpoint_keys(learner)
+    return decode_payload(bucket.read_checkpoint(keys[-1]), secret)
+
+
+def assert_bases_are_the_syncers(runs_dir, name):
+    """Each learner's final bases equal the syncer's committed weights at those versions."""
+    record = load_run(runs_dir, name)
+    secret = record.secret()
+    home = record.spec.home(secret)
+    history = {r.version: r for r in home.history()}
+    fragments = fragments_of_model(record.spec.recipe.model.build(), record.spec.recipe.sync.num_fragments)
+    initial = decode_payload(home.read_initial(), secret).tensors
+    for learner in record.spec.learners:
+        checkpoint = final_checkpoint(record.spec.bucket(learner.region, secret), learner.id, secret)
+        bases = {name.removeprefix("base/"): t for name, t in checkpoint.tensors.items() if name.startswith("base/")}
+        for fragment, version in checkpoint.meta["fragments"]["base_version"].items():
+            names = fragments[int(fragment)].parameter_names
+            if int(version) == 0:
+                expected = fragment_digest(initial, names)
+            else:
+                assert history[int(version)].fragment == int(fragment)
+                expected = history[int(version)].digest
+            assert fragment_digest(bases, names) == expected, (learner.id, fragment, version)
+
+
+def heartbeats(runs_dir, name):
+    record = load_run(runs_dir, name)
+    return {learner.id: record.spec.bucket(learner.region, record.secret()).read_heartbeat(learner.id) for learner in record.spec.learners}
+
+
+def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None:
+    """Every token each (finished) learner trained is in a merged payload or was
+    overwritten by an install (counted in its heartbeat), per fragment."""
+    record = load_run(runs_dir, name)
+    history = record.spec.home(record.secret()).history()
+    for learner, beat in beats.items():
+        assert beat.state.value == "finished" and beat.unsent == 0
+        for fragment in range(record.spec.recipe.sync.num_fragments):
+            newest_per_base: dict[int, int] = {}
+            for commit in history:
+                for merged in commit.merged:
+                    if merged.learner == learner and commit.fragment == fragment:
+                        newest_per_base[merged.base_version] = max(newest_per_base.get(merged.base_version, 0), merged.c_tokens)
+            accounted = sum(newest_per_base.values()) + beat.tokens_overwritten.get(fragment, 0)
+            assert accounted == beat.tokens, (learner, fragment, accounted, beat.tokens)

@@ -13,45 +13,23 @@ import time
 
 import pytest
 
-from diloco_cli.codec import decode_payload
-from diloco_cli.codec.exact import fragment_digest
-from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.runs import load_run
 from tests.fault_proxy import FaultRules, fault_proxy
-from tests.runs import TINY_RECIPE, child_pid, deep_update, diloco, logs_of, wait_finished, wait_for, write_yaml
+from tests.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    child_pid,
+    deep_update,
+    diloco,
+    heartbeats,
+    logs_of,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def final_checkpoint(bucket, learner, secret):
-    keys = bucket.checkpoint_keys(learner)
-    return decode_payload(bucket.read_checkpoint(keys[-1]), secret)
-
-
-def assert_bases_are_the_syncers(runs_dir, name):
-    """Each learner's final bases equal the syncer's committed weights at those versions."""
-    record = load_run(runs_dir, name)
-    secret = record.secret()
-    home = record.spec.home(secret)
-    history = {r.version: r for r in home.history()}
-    fragments = fragments_of_model(record.spec.recipe.model.build(), record.spec.recipe.sync.num_fragments)
-    initial = decode_payload(home.read_initial(), secret).tensors
-    for learner in record.spec.learners:
-        checkpoint = final_checkpoint(record.spec.bucket(learner.region, secret), learner.id, secret)
-        bases = {name.removeprefix("base/"): t for name, t in checkpoint.tensors.items() if name.startswith("base/")}
-        for fragment, version in checkpoint.meta["fragments"]["base_version"].items():
-            names = fragments[int(fragment)].parameter_names
-            if int(version) == 0:
-                expected = fragment_digest(initial, names)
-            else:
-                assert history[int(version)].fragment == int(fragment)
-                expected = history[int(version)].digest
-            assert fragment_digest(bases, names) == expected, (learner.id, fragment, version)
-
-
-def heartbeats(runs_dir, name):
-    record = load_run(runs_dir, name)
-    return {learner.id: record.spec.bucket(learner.region, record.secret()).read_heartbeat(learner.id) for learner in record.spec.learners}
 
 
 def s3_regions(tmp_path, servers, proxies, learners=(1, 1)):
@@ -115,18 +93,7 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
     region = {r["region"]: r for r in status["regions"]}
     assert region["r0"]["retries"] > 0 and region["r0"]["failures"] > 0 and region["r1"]["retries"] == 0
     assert "not delivered" in (runs_dir / name / "logs" / "r0-0.log").read_text()  # it waited in the outbox
-    record = load_run(runs_dir, name)
-    history = record.spec.home(record.secret()).history()
-    for learner, beat in beats.items():
-        assert beat.state.value == "finished" and beat.unsent == 0
-        for fragment in range(record.spec.recipe.sync.num_fragments):
-            newest_per_base: dict[int, int] = {}
-            for commit in history:
-                for merged in commit.merged:
-                    if merged.learner == learner and commit.fragment == fragment:
-                        newest_per_base[merged.base_version] = max(newest_per_base.get(merged.base_version, 0), merged.c_tokens)
-            accounted = sum(newest_per_base.values()) + beat.tokens_overwritten.get(fragment, 0)
-            assert accounted == beat.tokens, (learner, fragment, accounted, beat.tokens)
+    assert_every_token_accounted(runs_dir, name, beats)
 
 
 def flip_every_global_object(bucket_dir):

@@ -30,9 +30,8 @@ def learner(
     _logging()
     options = json.loads(storage_options)
     spec = read_run_spec(manifest, options)
-    script = spec.recipe.training.entry_point
-    if script:
-        raise typer.Exit(run_entry_point(script, manifest, learner_id, secret_file, options))
+    if spec.recipe.training.entry_point:
+        raise typer.Exit(run_entry_point(spec, manifest, learner_id, secret_file, options))
     raise typer.Exit(Learner(spec, learner_id, read_secret(secret_file)).run())
 
 

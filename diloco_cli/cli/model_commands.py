@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -10,19 +11,31 @@ from diloco_cli.cli.errors import reported
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 
+class ExportFormat(str, Enum):
+    SAFETENSORS = "safetensors"
+    HF = "hf"
+
+
 @reported
 def export(
     run: str = typer.Argument(..., help="The run."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the .safetensors file."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write: a .safetensors file, or a directory for --format hf."),
+    export_format: ExportFormat = typer.Option(
+        ExportFormat.SAFETENSORS,
+        "--format",
+        help="safetensors: the state_dict, loadable into the recipe's model; hf: a Hugging Face directory "
+        "(config.json, model.safetensors and the dataset's tokenizer) for models of diloco_cli.models.hf.",
+    ),
     region: str | None = typer.Option(None, help="Read the global weights from this region (default: the first)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Write the global weights as safetensors, loadable into the recipe's model."""
+    """Write the global weights, loadable into the recipe's model or with transformers."""
     from diloco_cli.launch.runs import load_run
-    from diloco_cli.runtime.export import export_safetensors
+    from diloco_cli.runtime.export import export_hugging_face, export_safetensors
 
     record = load_run(runs_dir, run)
-    head = export_safetensors(record.spec, record.secret(), output, region)
+    exporter = export_hugging_face if export_format is ExportFormat.HF else export_safetensors
+    head = exporter(record.spec, record.secret(), output, region)
     typer.echo(f"wrote {output}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})")
 
 
@@ -30,20 +43,23 @@ def export(
 def sample(
     run: str = typer.Argument(..., help="The run."),
     prompt: str = typer.Option("\n", "--prompt", "-p", help="Text to continue.", show_default="a new line"),
-    length: int = typer.Option(300, "--length", "-n", help="Bytes to generate."),
-    temperature: float = typer.Option(0.8, help="Sampling temperature (0 picks the likeliest byte)."),
-    top_k: int = typer.Option(40, "--top-k", help="Sample among the k likeliest bytes."),
+    length: int = typer.Option(300, "--length", "-n", help="Tokens to generate (bytes, for a run on text)."),
+    temperature: float = typer.Option(0.8, help="Sampling temperature (0 picks the likeliest token)."),
+    top_k: int = typer.Option(40, "--top-k", help="Sample among the k likeliest tokens."),
     seed: int = typer.Option(0, help="Random seed."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Continue a prompt with the run's global model, to see what it has learned."""
+    """Continue a prompt with the run's global model, to see what it has learned (a run on
+    a token dataset encodes and decodes with the tokenizer its index names)."""
     from diloco_cli.launch.runs import load_run
-    from diloco_cli.runtime.export import global_model, sample_text
+    from diloco_cli.runtime.export import global_model, sample_text, sampling_tokenizer
 
     record = load_run(runs_dir, run)
+    data = record.spec.recipe.data
+    tokenizer = sampling_tokenizer(data)
     model, head = global_model(record.spec, record.secret())
     typer.echo(f"[global version {head.version}]", err=True)
-    typer.echo(sample_text(model, prompt, length, temperature, top_k, seed))
+    typer.echo(sample_text(model, prompt, length, temperature, top_k, seed, data.sequence_length, tokenizer))
 
 
 def register(app: typer.Typer) -> None:

@@ -64,8 +64,13 @@ def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list
 
 
 def _extras(spec: RunSpec) -> list[str]:
+    """The package extras every host needs for this run: its storage backends, and
+    ``transformers`` for a Hugging Face model."""
     protocols = {protocol_of(region.root) for region in spec.regions} | {protocol_of(spec.syncer.home)}
-    return sorted({"s3" for p in protocols if p in ("s3", "s3a")} | {"gcs" for p in protocols if p in ("gs", "gcs")})
+    extras = {"s3" for p in protocols if p in ("s3", "s3a")} | {"gcs" for p in protocols if p in ("gs", "gcs")}
+    if spec.recipe.model.factory.startswith("diloco_cli.models.hf:"):
+        extras.add("hf")
+    return sorted(extras)
 
 
 def launch(

@@ -15,14 +15,21 @@ import runpy
 import sys
 from pathlib import Path
 
+from diloco_cli.store.run_spec import RunSpec
+
 MANIFEST_VARIABLE = "DILOCO_MANIFEST"
 LEARNER_VARIABLE = "DILOCO_LEARNER"
 SECRET_FILE_VARIABLE = "DILOCO_SECRET_FILE"
 STORAGE_OPTIONS_VARIABLE = "DILOCO_STORAGE_OPTIONS"
+SHARD_VARIABLE = "DILOCO_SHARD"
+NUM_SHARDS_VARIABLE = "DILOCO_NUM_SHARDS"
+"""This learner's data shard and the number of shards: for scripts that build their
+data before :func:`diloco_cli.join` (a ``Trainer``'s dataset)."""
 
 
-def run_entry_point(script: str, manifest: str, learner: str, secret_file: str, storage_options: dict) -> int:
-    """Run ``script`` as this learner; returns its exit code (0 when it just ends)."""
+def run_entry_point(spec: RunSpec, manifest: str, learner: str, secret_file: str, storage_options: dict) -> int:
+    """Run the recipe's script as this learner; returns its exit code (0 when it just ends)."""
+    script = str(spec.recipe.training.entry_point)
     path = Path(script)
     if not path.is_file():
         raise FileNotFoundError(f"training.entry_point {script!r}: no such file on this host (the path must exist on every learner host)")
@@ -32,6 +39,8 @@ def run_entry_point(script: str, manifest: str, learner: str, secret_file: str, 
             LEARNER_VARIABLE: learner,
             SECRET_FILE_VARIABLE: secret_file,
             STORAGE_OPTIONS_VARIABLE: json.dumps(storage_options),
+            SHARD_VARIABLE: str(spec.learner(learner).shard),
+            NUM_SHARDS_VARIABLE: str(len(spec.learners)),
         }
     )
     sys.argv = [str(path)]

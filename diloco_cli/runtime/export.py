@@ -1,31 +1,49 @@
-"""The global model of a run as a ``torch.nn.Module``: for export and for sampling."""
+"""The global model of a run as a ``torch.nn.Module``: for export and for sampling.
+
+Two export formats: ``safetensors`` (the ``state_dict`` of any recipe model, loaded back
+into the recipe's model) and ``hf`` (a Hugging Face directory that
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load,
+for models built by :mod:`diloco_cli.models.hf`).
+"""
 
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 
 from diloco_cli.codec import RunSecret
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.recipe import DataConfig
 from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.models.hf import FACTORY, import_transformers, is_hugging_face_model
 from diloco_cli.runtime.global_weights import latest_weights
-from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.store.documents import Head
+from diloco_cli.store.run_spec import RunSpec
 
 
 def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) -> tuple[torch.nn.Module, Head]:
     """The recipe's model holding the newest global weights, read from one region."""
-    bucket = spec.bucket(region or spec.regions[0].name, secret)
     model = spec.recipe.model.build()
+    head = load_global_weights(model, spec, secret, region)
+    return model, head
+
+
+def load_global_weights(model: torch.nn.Module, spec: RunSpec, secret: RunSecret, region: str | None = None) -> Head:
+    """Copy the newest global weights, read from one region, into a freshly built
+    recipe model and put it in eval mode; returns the head they were read at."""
+    bucket = spec.bucket(region or spec.regions[0].name, secret)
     fragments = fragments_of_model(model, spec.recipe.sync.num_fragments)
     parameters, head = latest_weights(bucket, secret, fragments)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(parameters[name])
     model.eval()
-    return model, head
+    return head
 
 
 def export_safetensors(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> Head:
@@ -45,21 +63,108 @@ def export_safetensors(spec: RunSpec, secret: RunSecret, output: Path, region: s
     return head
 
 
+def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> Head:
+    """Write the global model as a Hugging Face directory, with the tokenizer the run's
+    token dataset names, if any (see :func:`save_hugging_face`).
+
+    The model's kind and the tokenizer are checked before the weights are read, so a
+    wrong format fails at once, even for a run that has published nothing yet.
+    """
+    model = spec.recipe.model.build()
+    require_hugging_face(model, spec.recipe.model.factory)
+    tokenizer_json = dataset_tokenizer_json(spec.recipe.data)
+    head = load_global_weights(model, spec, secret, region)
+    save_hugging_face(model, output, tokenizer_json)
+    return head
+
+
+def require_hugging_face(model: torch.nn.Module, factory: str) -> None:
+    """Refuse ``--format hf`` for a model ``save_pretrained`` cannot write."""
+    if not is_hugging_face_model(model):
+        raise ConfigError(
+            f"--format hf needs a Hugging Face transformers model (model.factory {FACTORY}), but this run "
+            f"trains {factory}: export it with --format safetensors"
+        )
+
+
+def save_hugging_face(model: torch.nn.Module, directory: Path, tokenizer_json: str | None) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (``save_pretrained``: a tied head is
+    stored once and tied again on load) and, given a ``tokenizer.json`` text, the
+    tokenizer as a ``PreTrainedTokenizerFast``, so that ``from_pretrained(directory)``
+    of ``AutoModelForCausalLM`` and ``AutoTokenizer`` both load it."""
+    transformers = import_transformers()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    if tokenizer_json is not None:
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json))
+        tokenizer.save_pretrained(directory)
+
+
+def dataset_tokenizer_json(data: DataConfig) -> str | None:
+    """The ``tokenizer.json`` text that a token dataset's index names, or None for text
+    data or an index that names none.
+
+    The index is the JSON at ``data.source``; its ``tokenizer`` key is a file name
+    relative to the index's directory, or null.  Read with fsspec and
+    ``data.storage_options``, like the learners read the dataset.
+    """
+    if not data.is_tokens:
+        return None
+    import fsspec
+
+    with fsspec.open(data.source, "rt", **data.storage_options) as handle:
+        tokenizer_name = json.load(handle).get("tokenizer")
+    if not tokenizer_name:
+        return None
+    with fsspec.open(posixpath.join(posixpath.dirname(data.source), tokenizer_name), "rt", **data.storage_options) as handle:
+        return handle.read()
+
+
+def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
+    """The tokenizer that turns a prompt into the run's tokens: None for text data (the
+    model reads bytes), the dataset's tokenizer for a token dataset."""
+    if not data.is_tokens:
+        return None
+    tokenizer_json = dataset_tokenizer_json(data)
+    if tokenizer_json is None:
+        raise ConfigError(f"the token dataset {data.source} names no tokenizer, so a prompt cannot be turned into its tokens")
+    return Tokenizer.from_str(tokenizer_json)
+
+
 @torch.no_grad()
-def sample_text(model: torch.nn.Module, prompt: str, new_bytes: int, temperature: float, top_k: int | None, seed: int) -> str:
-    """Continue ``prompt`` byte by byte from a byte-level language model."""
+def sample_text(
+    model: torch.nn.Module,
+    prompt: str,
+    new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    context: int,
+    tokenizer: Tokenizer | None = None,
+) -> str:
+    """Continue ``prompt`` one token at a time, seeing at most the last ``context`` tokens
+    (the sequence length the model was trained on): tokens of ``tokenizer`` when given,
+    else bytes.  The model may return logits or an output with ``.logits``."""
     generator = torch.Generator().manual_seed(seed)
-    context = getattr(model, "context", 128)
-    tokens = torch.tensor([list(prompt.encode("utf-8")) or [10]], dtype=torch.long)
-    for _ in range(new_bytes):
-        logits = model(tokens[:, -context:])[0, -1].float()
+    if tokenizer is None:
+        prompt_tokens = list(prompt.encode("utf-8")) or [10]
+    else:
+        prompt_tokens = tokenizer.encode(prompt).ids
+        if not prompt_tokens:
+            raise ConfigError(f"the prompt {prompt!r} encodes to no tokens; give some text")
+    tokens = torch.tensor([prompt_tokens], dtype=torch.long)
+    for _ in range(new_tokens):
+        output = model(tokens[:, -context:])
+        logits = getattr(output, "logits", output)[0, -1].float()
         if temperature <= 0:
             next_token = int(logits.argmax())
         else:
             logits = logits / temperature
             if top_k:
-                threshold = torch.topk(logits, top_k).values[-1]
+                threshold = torch.topk(logits, min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < threshold, float("-inf"))
             next_token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
         tokens = torch.cat([tokens, torch.tensor([[next_token]])], dim=1)
-    return bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
+    if tokenizer is None:
+        return bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
+    return tokenizer.decode(tokens[0].tolist(), skip_special_tokens=False)
