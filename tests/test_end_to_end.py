@@ -9,7 +9,17 @@ from safetensors.torch import load_file
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.models.gpt import byte_gpt
-from tests.runs import TINY_RECIPE, deep_update, diloco, wait_finished, wait_processes_gone, write_yaml
+from tests.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    deep_update,
+    diloco,
+    heartbeats,
+    wait_finished,
+    wait_processes_gone,
+    write_yaml,
+)
 from tests.servers import fake_gcs_server, moto_s3_server
 
 pytestmark = pytest.mark.slow
@@ -74,6 +84,29 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
 
 
 BACKENDS = {"s3": moto_s3_server, "gcs": fake_gcs_server}
+
+
+def test_a_sharded_learner_with_gradient_accumulation_keeps_the_ledger_exact(tmp_path):
+    """A learner of two FSDP2 processes (gloo) that accumulates gradients over
+    micro-batches, beside a one-process learner: every token is accounted for and its
+    final bases are the syncer's weights bit for bit (sends gather the shards, installs
+    scatter them back)."""
+    runs_dir = tmp_path / "runs"
+    recipe = write_yaml(tmp_path / "fsdp.yaml", deep_update(TINY_RECIPE, {"training": {"parallelism": "fsdp", "micro_batch_size": 2}}))
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": 1, "processes_per_learner": 2}]},
+                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": 1}]},
+            ]
+        },
+    )
+    diloco("up", str(recipe), "--regions", str(regions), "--name", "e2e-fsdp", "--runs-dir", str(runs_dir))
+    wait_finished(runs_dir, "e2e-fsdp")
+    finished_status(runs_dir, "e2e-fsdp")
+    assert_every_token_accounted(runs_dir, "e2e-fsdp", heartbeats(runs_dir, "e2e-fsdp"))
+    assert_bases_are_the_syncers(runs_dir, "e2e-fsdp")
 
 
 @pytest.mark.parametrize("backends", [("s3", "s3"), ("gcs", "gcs"), ("s3", "gcs")], ids=["s3", "gcs", "s3+gcs"])
