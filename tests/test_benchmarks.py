@@ -6,6 +6,7 @@ deterministic, so those targets are asserted.
 """
 
 import json
+import math
 
 import pytest
 
@@ -55,9 +56,15 @@ def test_quality_benchmark_quick(tmp_path):
     quality.main(["--quick", "--output", str(output)])
     document = json.loads(output.read_text())
     summary = document["results"]["summary"]
-    assert set(summary) == {"data-parallel (batch M*b)", "DiLoCo K=M fp32", "Decoupled K=1 grace int4"}
+    assert set(summary) == {"data-parallel (batch M*b)", "DiLoCo K=M fp32", "Decoupled K=1 grace int4", "DiLoCo K=M int4 on BPE tokens"}
+    tokens = summary.pop("DiLoCo K=M int4 on BPE tokens")
     for row in summary.values():
         assert row["loss_1.0"] < 4.5  # from ~5.5 nats per byte at initialisation
+        assert row["bpb_1.0"] == pytest.approx(row["loss_1.0"] / math.log(2))
+    bytes_per_token = next(row["bytes_per_token"] for row in document["results"]["rows"] if "bytes_per_token" in row)
+    assert 1.5 < bytes_per_token < 4  # a BPE of 512 tokens on English text
+    assert tokens["loss_1.0"] < 5.5  # from ln(512) = 6.2 nats per token
+    assert tokens["bpb_1.0"] == pytest.approx(tokens["loss_1.0"] / math.log(2) / bytes_per_token)
     diloco_rows = [row for row in document["results"]["rows"] if row["row"] != "data-parallel (batch M*b)"]
     assert all(row["versions"] > 0 for row in diloco_rows)
     assert {row["quorum"] for row in diloco_rows} == {1, document["settings"]["learners"]}  # K=1 and K=M

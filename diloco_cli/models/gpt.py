@@ -1,7 +1,8 @@
 """A small byte-level GPT: the built-in model of the default recipe.
 
-A standard pre-norm decoder-only transformer (GPT-2's layout) over the 256 byte values,
-with learned positions and the output head tied to the token embedding.  The default
+A standard pre-norm decoder-only transformer (GPT-2's layout) over the 256 byte values
+(or over the tokens of a ``diloco prepare`` dataset, with ``vocabulary_size``), with
+learned positions and the output head tied to the token embedding.  The default
 size, 4 layers of width 128 with 4 heads and a context of 128 bytes, has about 0.84M
 parameters and trains at a few steps per second on a laptop CPU.
 """
@@ -50,14 +51,14 @@ class Block(nn.Module):
 class ByteGPT(nn.Module):
     """A decoder-only transformer over bytes; ``forward(tokens)`` returns logits."""
 
-    def __init__(self, num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128) -> None:
+    def __init__(self, num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128, vocabulary_size: int = VOCABULARY_SIZE) -> None:
         super().__init__()
         self.context = context
-        self.token_embedding = nn.Embedding(VOCABULARY_SIZE, width)
+        self.token_embedding = nn.Embedding(vocabulary_size, width)
         self.position_embedding = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, num_heads) for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, VOCABULARY_SIZE, bias=False)
+        self.head = nn.Linear(width, vocabulary_size, bias=False)
         self.head.weight = self.token_embedding.weight
         self.apply(self._initialise)
         for name, parameter in self.named_parameters():
@@ -84,6 +85,6 @@ class ByteGPT(nn.Module):
         return self.head(self.final_norm(x))
 
 
-def byte_gpt(num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128) -> ByteGPT:
+def byte_gpt(num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128, vocabulary_size: int = VOCABULARY_SIZE) -> ByteGPT:
     """The factory that recipes name as ``diloco_cli.models.gpt:byte_gpt``."""
-    return ByteGPT(num_layers=num_layers, width=width, num_heads=num_heads, context=context)
+    return ByteGPT(num_layers=num_layers, width=width, num_heads=num_heads, context=context, vocabulary_size=vocabulary_size)

@@ -11,7 +11,8 @@ So payloads and checkpoints are the same whatever the learner's layout.
 
 Every function here that takes a ``group`` is a collective when the learner has several
 processes: every rank calls it at the same point with the same names in the same order.
-Devices always come from the model's parameters, never from a default.
+Devices always come from the model's parameters, never from a default.  A learner of one
+process never imports FSDP2 and DTensor (half a second at every start).
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 ADAM_BUFFERS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-parameter buffers, shaped like the parameter (sharded like it under FSDP2)."""
@@ -128,6 +126,9 @@ def prepare_model(model: torch.nn.Module, device: torch.device, group: ProcessGr
     elif parallelism == "ddp":
         prepared = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     elif parallelism == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
         mesh = init_device_mesh(device.type, (group.world_size,))
         for block in transformer_blocks(model):
             if compile:
@@ -142,10 +143,34 @@ def prepare_model(model: torch.nn.Module, device: torch.device, group: ProcessGr
     return prepared
 
 
+def _sharded_parameters(model: torch.nn.Module, group: ProcessGroup) -> dict[str, torch.nn.Parameter]:
+    """The model's parameters as the optimizer holds them.  A forward without a backward
+    (an evaluation) leaves FSDP2's root module unsharded, with full plain tensors
+    registered in place of its sharded ones; resharding (a no-op when sharded) puts the
+    shards back, so that gathers and installs reach the values FSDP2 trains."""
+    if group.distributed:
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+    return dict(model.named_parameters())
+
+
+def _is_shard(tensor: torch.Tensor, group: ProcessGroup) -> bool:
+    """Whether this is a DTensor (a parameter or AdamW buffer of FSDP2), which only a
+    learner of several processes can hold."""
+    if not group.distributed:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def _full_on_storage_rank(tensor: torch.Tensor, group: ProcessGroup) -> torch.Tensor | None:
     """A CPU fp32 copy of the whole tensor on rank 0, None elsewhere (every rank takes
     part in gathering a sharded one)."""
-    full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    full = tensor.full_tensor() if _is_shard(tensor, group) else tensor
     if not group.is_storage_rank:
         return None
     return full.detach().to(device="cpu", dtype=torch.float32, copy=True)
@@ -159,7 +184,9 @@ def _from_storage_rank(full: torch.Tensor | None, like: torch.Tensor, group: Pro
         source = full.to(device=like.device, dtype=like.dtype, copy=True)
     else:
         source = torch.empty(like.shape, device=like.device, dtype=like.dtype)
-    if isinstance(like, DTensor):
+    if _is_shard(like, group):
+        from torch.distributed.tensor import distribute_tensor
+
         return distribute_tensor(source, like.device_mesh, like.placements)
     if group.distributed:
         dist.broadcast(source, src=0)
@@ -172,7 +199,7 @@ def full_parameters(model: torch.nn.Module, names: Iterable[str], group: Process
 
     ``model`` is the module given to :func:`prepare_model` (its names are the recipe's:
     DDP's wrapper would prefix them)."""
-    parameters = dict(model.named_parameters())
+    parameters = _sharded_parameters(model, group)
     gathered = {name: _full_on_storage_rank(parameters[name], group) for name in names}
     return {name: value for name, value in gathered.items() if value is not None}
 
@@ -183,7 +210,7 @@ def install_parameters(model: torch.nn.Module, values: Mapping[str, torch.Tensor
     rank, bit for bit: each rank copies in its own shard (FSDP2) or the whole tensor.
     Only rank 0 passes ``values``; the copy is in place, so the optimizer keeps its
     parameters and its state (the inner state survives an install, as in DiLoCo)."""
-    parameters = dict(model.named_parameters())
+    parameters = _sharded_parameters(model, group)
     for name in names:
         parameter = parameters[name]
         parameter.copy_(_from_storage_rank(values[name] if group.is_storage_rank else None, parameter, group))
@@ -195,7 +222,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
     Parameters without state yet (no step taken) are left out."""
     state: dict[str, dict[str, torch.Tensor]] = {}
-    for name, parameter in model.named_parameters():
+    for name, parameter in _sharded_parameters(model, group).items():
         entry = optimizer.state.get(parameter)
         if not entry:
             continue  # the same on every rank: all take the same steps
@@ -213,7 +240,7 @@ def load_full_optimizer_state(
     or a scalar tensor, the buffers full tensors) becomes every rank's AdamW state, each
     rank holding its shard of the buffers.  Parameters that ``state`` leaves out lose
     their state (AdamW starts them afresh).  Only rank 0 passes ``state``."""
-    named = list(model.named_parameters())
+    named = list(_sharded_parameters(model, group).items())
     device = named[0][1].device
     # Which parameters have state, and their step counts: only rank 0 knows them.
     steps = [int(state[name]["step"]) if name in state else -1 for name, _ in named] if group.is_storage_rank else [0] * len(named)

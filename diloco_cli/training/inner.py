@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -99,13 +98,16 @@ def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractCon
 @contextlib.contextmanager
 def _gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Let the backward passes inside reduce gradients across processes, or only
-    accumulate them locally: with micro-batches only the last one needs to communicate."""
+    accumulate them locally: with micro-batches only the last one needs to communicate.
+
+    FSDP2 modules are recognised by their ``set_requires_gradient_sync`` rather than by
+    class, so that a process that never shards (the syncer) need not import FSDP (half a second)."""
     if enabled:
         yield
     elif isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif isinstance(model, FSDPModule):
+    elif hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -115,8 +117,9 @@ def _gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-def micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The batch cut into equal micro-batches along its first dimension (the whole batch for None)."""
+def _micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batch cut into equal micro-batches along its first dimension (the whole batch
+    for None or a size not below the batch)."""
     batch_size = inputs.shape[0]
     if micro_batch_size is None or micro_batch_size >= batch_size:
         return [(inputs, targets)]
@@ -151,7 +154,7 @@ def inner_step(
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
     optimizer.zero_grad(set_to_none=True)
-    parts = micro_batches(inputs, targets, micro_batch_size)
+    parts = _micro_batches(inputs, targets, micro_batch_size)
     total = torch.zeros((), device=inputs.device)
     for index, (part_inputs, part_targets) in enumerate(parts):
         with _gradient_sync(model, enabled=index == len(parts) - 1):
