@@ -18,6 +18,7 @@ LAYERS = {
     "models": 3,
     "training": 3,
     "data": 3,
+    "datasets": 3,
     "bandwidth": 4,
     "runtime": 4,
     "launch": 5,

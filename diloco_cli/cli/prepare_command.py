@@ -1,0 +1,200 @@
+"""``diloco prepare``: make a token dataset from a corpus, or index shards you have."""
+
+from __future__ import annotations
+
+import re
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from diloco_cli.cli.errors import reported
+from diloco_cli.cli.runs_commands import RUNS_DIR
+
+if TYPE_CHECKING:
+    from diloco_cli.datasets.prepare import Prepared
+    from diloco_cli.datasets.progress import Progress
+    from diloco_cli.datasets.storage import Retry
+
+
+class CorpusFormat(str, Enum):
+    AUTO = "auto"
+    TEXT = "text"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+class TokenType(str, Enum):
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+
+
+class Bars:
+    """Progress as rich bars on stderr (a terminal)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+        self.bars = Progress(*columns, console=Console(stderr=True))
+        self.task = None
+
+    def begin(self, description: str, total: int | None) -> None:
+        self._end_task()
+        self.task = self.bars.add_task(description, total=total)
+
+    def advance(self, amount: int) -> None:
+        self.bars.advance(self.task, amount)
+
+    def done(self, item: str, reused: bool) -> None:
+        pass
+
+    def _end_task(self) -> None:
+        """Show the stage that ends as full (a stage's total may be an estimate, or none)."""
+        if self.task is not None:
+            task = self.bars.tasks[-1]
+            finished = task.total if task.total is not None else task.completed
+            self.bars.update(self.task, total=finished, completed=finished)
+
+    def __enter__(self) -> Bars:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._end_task()
+        self.bars.stop()
+
+
+class Lines:
+    """Progress as plain lines on stderr (not a terminal: logs, pipes)."""
+
+    def begin(self, description: str, total: int | None) -> None:
+        typer.echo(f"{description} ...", err=True)
+
+    def advance(self, amount: int) -> None:
+        pass
+
+    def done(self, item: str, reused: bool) -> None:
+        typer.echo(f"  {item}{' (kept from an earlier run)' if reused else ''}", err=True)
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+def storage_retry() -> Retry:
+    """Every storage call retried as a run's are (the recipe's default ``storage`` policy)."""
+    from diloco_cli.config.recipe import RetryPolicy
+    from diloco_cli.store.metering import StorageMeter
+    from diloco_cli.store.retry import call_with_retries
+
+    meter = StorageMeter()
+    return lambda call: call_with_retries(call, RetryPolicy(), meter, "a storage call of diloco prepare")
+
+
+def dataset_name(corpus: str) -> str:
+    """A dataset name from the corpus's file name: ``data/tiny-stories.jsonl.gz`` is ``tiny-stories``."""
+    base = corpus.rstrip("/").rsplit("/", 1)[-1].split(".", 1)[0]
+    return re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-") or "corpus"
+
+
+@reported
+def prepare(
+    corpus: str | None = typer.Argument(None, help="The corpus: a local path or fsspec URL of a file, or a glob of files (plain text, JSON lines or Parquet; .gz/.zst read as such).", show_default=False),
+    output: str | None = typer.Option(None, "--output", "-o", metavar="URL", help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix)."),
+    regions: Path | None = typer.Option(None, "--regions", "-r", help="Region file: one copy in each region's bucket instead of --output (a region's data_source when it names an index, else <bucket>/datasets/NAME/)."),
+    name: str | None = typer.Option(None, "--name", help="The dataset's name in <bucket>/datasets/NAME/ with --regions [default: the corpus's file name]."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", metavar="FILE", help="A Hugging Face tokenizer.json to tokenize with (copied beside the shards)."),
+    vocab_size: int | None = typer.Option(None, "--vocab-size", metavar="N", min=1, help="Without --tokenizer: train a byte-level BPE of N tokens on the corpus. With --existing: every token id is below N."),
+    corpus_format: CorpusFormat = typer.Option(CorpusFormat.AUTO, "--format", help="The corpus's format; auto: by each file's name (.jsonl, .parquet, else text)."),
+    text_field: str = typer.Option("text", "--text-field", metavar="NAME", help="JSON lines: the key of the text; Parquet: the text column."),
+    separator: str = typer.Option("\n\n", "--separator", metavar="TEXT", help="Plain text: what separates two documents.", show_default="a blank line"),
+    eos_token: str = typer.Option("<|endoftext|>", "--eos-token", metavar="TOKEN", help="The end-of-document token written after every document."),
+    shard_tokens: int = typer.Option(10_000_000, "--shard-tokens", metavar="N", min=1, help="Tokens per training shard."),
+    heldout_fraction: float = typer.Option(0.01, "--heldout-fraction", metavar="F", help="The fraction of documents held out for evaluation (at least one document)."),
+    work_dir: Path | None = typer.Option(None, "--work-dir", metavar="DIR", help="Where to stage shards bound for buckets [default: ~/.cache/diloco/prepare/...; the output itself when it is local]."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the dataset the output already holds (else one of another tokenizer is refused, and one of this tokenizer is resumed)."),
+    existing: str | None = typer.Option(None, "--existing", metavar="DIR", help="Index the token shards already in DIR (nanoGPT's train.bin and val.bin) instead of making them; needs --dtype and --vocab-size."),
+    dtype: TokenType | None = typer.Option(None, "--dtype", help="With --existing: the shards' token type."),
+    heldout: str = typer.Option("val.bin", "--heldout", metavar="FILE", help="With --existing: the held-out shard."),
+    train: list[str] = typer.Option([], "--train", metavar="FILE", help="With --existing: a training shard, in order (repeatable) [default: every *.bin but --heldout, by name]."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket; resumes after an interruption."""
+    from diloco_cli.config.errors import ConfigError
+
+    display = Bars() if sys.stderr.isatty() else Lines()
+    if existing is not None:
+        if corpus is not None or output is not None or regions is not None:
+            raise ConfigError("--existing DIR indexes shards where they are: give no corpus, --output or --regions with it")
+        if dtype is None or vocab_size is None:
+            raise ConfigError("--existing needs --dtype (uint16 or uint32) and --vocab-size N")
+        with display:
+            _index_existing(existing, dtype.value, vocab_size, heldout, train, tokenizer, eos_token, overwrite, display)
+        return
+    if corpus is None:
+        raise ConfigError("give a corpus to prepare (or --existing DIR to index shards you have)")
+    if (output is None) == (regions is None):
+        raise ConfigError("give one of --output URL (one location) and --regions FILE (a copy in each region's bucket)")
+    from diloco_cli.config.loading import load_model
+    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.datasets.corpus import Corpus
+    from diloco_cli.datasets.prepare import PrepareRequest, prepare_dataset, region_locations
+    from diloco_cli.datasets.storage import Location
+
+    if regions is not None:
+        locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
+    else:
+        locations = (Location(output),)
+    request = PrepareRequest(
+        corpus=Corpus(corpus, format=corpus_format.value, text_field=text_field, separator=separator),
+        locations=locations,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        eos_token=eos_token,
+        shard_tokens=shard_tokens,
+        heldout_fraction=heldout_fraction,
+        work_dir=work_dir,
+        overwrite=overwrite,
+    )
+    with display:
+        prepared = prepare_dataset(request, storage_retry(), display)
+    typer.echo(render_prepared(prepared))
+
+
+def _index_existing(directory: str, dtype: str, vocab_size: int, heldout: str, train: list[str], tokenizer: str | None, eos_token: str, overwrite: bool, display: Progress) -> None:
+    from diloco_cli.datasets.existing import index_existing
+    from diloco_cli.datasets.storage import Location
+
+    location = Location(directory)
+    index = index_existing(
+        location, dtype=dtype, vocab_size=vocab_size, heldout=heldout, train=train, tokenizer=tokenizer,
+        eos_token=eos_token, overwrite=overwrite, retry=storage_retry(), progress=display,
+    )  # fmt: skip
+    typer.echo(f"indexed {index.train_tokens:,} training tokens in {len(index.train)} shards and {index.heldout.tokens:,} held-out tokens ({index.dtype}, vocab {index.vocab_size:,})")
+    typer.echo(f"index: {location.index_url}")
+
+
+def render_prepared(prepared: Prepared) -> str:
+    """What was made, kept and skipped, and every location's index."""
+    if prepared.index is None:
+        lines = [f"already complete, nothing to do (--overwrite makes it again): {url}" for url in prepared.index_urls]
+        return "\n".join(lines)
+    index = prepared.index
+    lines = [
+        f"{index.train_tokens:,} training tokens in {len(index.train)} shards and {index.heldout.tokens:,} held-out tokens "
+        f"({index.dtype}, vocab {index.vocab_size:,}, tokenizer sha256 {index.tokenizer_sha256[:12]})",
+        f"shards: {prepared.shards_made} made, {prepared.shards_reused} kept from an earlier run; "
+        f"uploads: {prepared.uploads_skipped} files already in place",
+    ]
+    lines += [f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(prepare)
