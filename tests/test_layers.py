@@ -18,7 +18,7 @@ LAYERS = {
     "models": 3,
     "training": 3,
     "data": 3,
-    "datasets": 3,
+    "datasets": 3.5,  # token datasets: written and read through the store's filesystems
     "bandwidth": 4,
     "runtime": 4,
     "launch": 5,

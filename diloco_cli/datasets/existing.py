@@ -16,7 +16,8 @@ import numpy as np
 from diloco_cli.datasets.index import ITEM_BYTES, TOKENIZER_NAME, UNKNOWN_TOKENIZER, DatasetError, DatasetIndex, Dtype, ShardEntry
 from diloco_cli.datasets.prepare import is_complete_with
 from diloco_cli.datasets.progress import Progress, Silent
-from diloco_cli.datasets.storage import Location, Retry, call_once, join, remove_if_present, size_if_present, write_whole
+from diloco_cli.datasets.storage import Location, Retry, call_once, join, remove_if_present, size_if_present
+from diloco_cli.store.filesystem import write_whole
 from diloco_cli.datasets.tokenizer import EOS_TOKEN, load_tokenizer
 from diloco_cli.datasets.upload import write_index
 

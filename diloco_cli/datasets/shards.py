@@ -29,7 +29,8 @@ from pydantic import BaseModel, Field
 from diloco_cli.datasets.corpus import Corpus, CorpusFormat
 from diloco_cli.datasets.index import FORMAT, FROZEN, Dtype, DatasetError, ShardEntry, parse_document
 from diloco_cli.datasets.progress import Progress, counted
-from diloco_cli.datasets.storage import file_sha256, write_whole
+from diloco_cli.datasets.storage import file_sha256
+from diloco_cli.store.filesystem import write_whole
 from diloco_cli.datasets.tokenizer import DatasetTokenizer
 
 PROGRESS_NAME = "progress.json"

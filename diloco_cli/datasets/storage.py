@@ -1,4 +1,4 @@
-"""Where datasets live: fsspec locations, whole-object writes, hashes, retried calls.
+"""Where datasets live: fsspec locations (opened as the store opens buckets), hashes, retried calls.
 
 A dataset is read by ranged requests only, so every filesystem is opened fresh (no
 instance or listing cache: another process may have just written the objects) and read
@@ -9,9 +9,7 @@ cache reading ahead behind our back).
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,17 +17,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from diloco_cli.datasets.index import INDEX_NAME, DatasetError, DatasetIndex, parse_index
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.filesystem import open_filesystem as store_filesystem
 
 Result = TypeVar("Result")
 
 Retry = Callable[[Callable[[], Any]], Any]
 """Runs a storage call, retrying it as the caller's policy says; ``call_once`` does not retry."""
-
-BACKEND_EXTRAS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
-"""Optional backends: the package each needs and the diloco extra that installs it."""
 
 HASH_BLOCK_BYTES = 8 << 20
 
@@ -39,21 +35,12 @@ def call_once(call: Callable[[], Result]) -> Result:
 
 
 def open_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    """A fresh filesystem for ``url`` (a local path or an fsspec URL) and the path in it."""
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
-    if protocol == "file":
-        options: dict[str, Any] = {"auto_mkdir": True, **storage_options}
-        url = str(Path(url.removeprefix("file://")).expanduser().resolve())
-    else:
-        options = {"skip_instance_cache": True, "use_listings_cache": False, **storage_options}
+    """A fresh filesystem for ``url`` (a local path or an fsspec URL) and the path in it,
+    opened as the store opens buckets (no caches; the caller's retry policy decides)."""
     try:
-        filesystem, path = fsspec.core.url_to_fs(url, **options)
-    except ImportError:
-        package, extra = BACKEND_EXTRAS.get(protocol, (protocol, protocol))
-        raise DatasetError(f"{url}: the {protocol}:// backend needs {package}; pip install 'diloco-cli[{extra}]'") from None
-    except ValueError as error:
-        raise DatasetError(f"{url}: cannot open this storage URL: {error}") from None
-    return filesystem, path.rstrip("/")
+        return store_filesystem(url, storage_options)
+    except StorageError as error:
+        raise DatasetError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -90,21 +77,6 @@ class Location:
 
 def join(directory: str, name: str) -> str:
     return posixpath.join(directory, name)
-
-
-def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write an object so that no reader sees part of it (locally: a temporary file
-    renamed into place, as an object store's PUT appears whole)."""
-    if isinstance(filesystem, LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        temporary = f"{path}.{uuid.uuid4().hex}.partial"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    else:
-        filesystem.pipe_file(path, data)
 
 
 def read_if_present(filesystem: fsspec.AbstractFileSystem, path: str, retry: Retry = call_once) -> bytes | None:
