@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
@@ -70,13 +71,20 @@ def tiny_tokenizer(vocab_size: int = 300) -> Tokenizer:
 
 
 def token_dataset(directory: Path, tokenizer: Tokenizer | None) -> Path:
-    """A token dataset's index (only what export reads of it) and its tokenizer file."""
+    """A token dataset (nanoGPT-style shards indexed as `prepare --existing` does), with
+    this tokenizer or none; returns its index."""
+    from diloco_cli.datasets.existing import index_existing
+    from diloco_cli.datasets.storage import Location
+
     directory.mkdir(parents=True, exist_ok=True)
+    for name in ("train.bin", "val.bin"):
+        np.arange(1000, dtype=np.uint16).tofile(directory / name)
+    tokenizer_file = None
     if tokenizer is not None:
-        (directory / "tokenizer.json").write_text(tokenizer.to_str())
-    index = directory / "index.json"
-    index.write_text(json.dumps({"tokenizer": "tokenizer.json" if tokenizer else None}))
-    return index
+        tokenizer_file = directory.parent / f"{directory.name}-tokenizer.json"
+        tokenizer_file.write_text(tokenizer.to_str())
+    index_existing(Location(str(directory)), dtype="uint16", vocab_size=1000, tokenizer=str(tokenizer_file) if tokenizer_file else None)
+    return directory / "index.json"
 
 
 # --------------------------------------------------------------------------- the build

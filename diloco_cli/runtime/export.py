@@ -8,8 +8,8 @@ for models built by :mod:`diloco_cli.models.hf`).
 
 from __future__ import annotations
 
+import hashlib
 import json
-import posixpath
 from pathlib import Path
 
 import torch
@@ -101,23 +101,22 @@ def save_hugging_face(model: torch.nn.Module, directory: Path, tokenizer_json: s
 
 
 def dataset_tokenizer_json(data: DataConfig) -> str | None:
-    """The ``tokenizer.json`` text that a token dataset's index names, or None for text
-    data or an index that names none.
-
-    The index is the JSON at ``data.source``; its ``tokenizer`` key is a file name
-    relative to the index's directory, or null.  Read with fsspec and
-    ``data.storage_options``, like the learners read the dataset.
-    """
+    """The ``tokenizer.json`` text that a token dataset's index names (verified against
+    the index's hash), or None for text data or an index that names none."""
     if not data.is_tokens:
         return None
-    import fsspec
+    from diloco_cli.datasets.index import UNKNOWN_TOKENIZER, DatasetError
+    from diloco_cli.datasets.storage import Location, read_index
 
-    with fsspec.open(data.source, "rt", **data.storage_options) as handle:
-        tokenizer_name = json.load(handle).get("tokenizer")
-    if not tokenizer_name:
+    location = Location.of_index(data.source, data.storage_options)
+    index = read_index(location)
+    if not index.tokenizer:
         return None
-    with fsspec.open(posixpath.join(posixpath.dirname(data.source), tokenizer_name), "rt", **data.storage_options) as handle:
-        return handle.read()
+    filesystem, root = location.open()
+    content = filesystem.cat_file(f"{root}/{index.tokenizer}")
+    if index.tokenizer_sha256 != UNKNOWN_TOKENIZER and hashlib.sha256(content).hexdigest() != index.tokenizer_sha256:
+        raise DatasetError(f"{location.url}/{index.tokenizer} does not match the tokenizer_sha256 of {location.index_url}; prepare the dataset again")
+    return content.decode("utf-8")
 
 
 def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
