@@ -27,6 +27,7 @@ def up(
     watch: bool = typer.Option(False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run preflight and print the resolved plan; start nothing."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused."),
+    chaos: str | None = typer.Option(None, "--chaos", metavar="SPEC", help="Inject faults reproducibly, e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/chaos.md)."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
@@ -35,7 +36,7 @@ def up(
     from diloco_cli.views.preflight import render_preflight
 
     show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
-    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo, show_preflight=show_preflight)
+    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo, show_preflight=show_preflight, chaos=chaos)
     if dry_run:
         typer.echo(render_plan(result.spec))
         return

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_cli.codec import RunSecret
+from diloco_cli.config.chaos import ChaosPlan
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
@@ -57,6 +58,12 @@ def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sou
         LearnerSpec(id=learner, region=RegionName(region.name), host=host.name, shard=index, processes=host.processes_per_learner)
         for index, (learner, region, host) in enumerate(placements)
     )
+    unknown = sorted(set(recipe.training.learner_speeds) - {learner.id for learner in learners})
+    if unknown:
+        raise ConfigError(
+            f"{sources.recipe}: training.learner_speeds names {', '.join(unknown)}, not learners of this run "
+            f"(they are {', '.join(learner.id for learner in learners)})"
+        )
     region_specs = tuple(
         RegionSpec(
             name=RegionName(region.name),
@@ -100,6 +107,15 @@ def resolve_entry_point(recipe: Recipe, sources: Sources = Sources()) -> Recipe:
     if not path.is_file():
         raise ConfigError(f"{sources.recipe}: training.entry_point {script!r}: no such file (the path is relative to {Path.cwd()})")
     return recipe.model_copy(update={"training": recipe.training.model_copy(update={"entry_point": str(path)})})
+
+
+def with_chaos(spec: RunSpec, plan: ChaosPlan) -> RunSpec:
+    """The run with faults to inject (``--chaos``), its outages naming regions it has."""
+    regions = [region.name for region in spec.regions]
+    unknown = sorted({outage.region for outage in plan.outages} - set(regions))
+    if unknown:
+        raise ConfigError(f"--chaos: outage of {', '.join(unknown)}, not a region of this run (its regions: {', '.join(regions)})")
+    return spec.model_copy(update={"chaos": plan})
 
 
 def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
@@ -23,6 +24,7 @@ from diloco_cli.launch.plan import (
     new_run_name,
     plan_run,
     resolve_entry_point,
+    with_chaos,
     write_manifests,
 )
 from diloco_cli.launch.runs import write_run_record
@@ -50,7 +52,9 @@ class Launch:
     preflight: list[HostReport] = field(default_factory=list)
 
 
-def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path) -> tuple[RunSpec, RegionsFile, Sources]:
+def resolve(
+    recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path, chaos: str | None = None
+) -> tuple[RunSpec, RegionsFile, Sources]:
     """The run as it would start: configuration loaded, validated and placed."""
     sources = Sources(
         recipe=str(recipe_path) if recipe_path else Sources.recipe,
@@ -60,7 +64,10 @@ def resolve(recipe_path: Path | None, regions_path: Path | None, overrides: list
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
-    return plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources), regions, sources
+    spec = plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
+    if chaos:
+        spec = with_chaos(spec, parse_chaos(chaos))
+    return spec, regions, sources
 
 
 def _extras(spec: RunSpec) -> list[str]:
@@ -83,9 +90,10 @@ def launch(
     accept_new_host_keys: bool = False,
     emit: Emit = lambda line: None,
     show_preflight: ShowPreflight = lambda reports: None,
+    chaos: str | None = None,
 ) -> Launch:
     runs_dir = runs_dir.resolve()  # processes start elsewhere: every path they get is absolute
-    spec, regions, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir)
+    spec, regions, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir, chaos)
     reports = preflight(regions, accept_new_host_keys)
     try:
         if reports:

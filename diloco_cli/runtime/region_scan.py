@@ -46,6 +46,8 @@ class RegionScan:
     """Payload keys whose marker is not authentic."""
     heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
     """The heartbeats of the learners asked for (None before a learner's first)."""
+    unreachable: str | None = None
+    """Why the bucket could not be listed (the scan stopped there), or None."""
 
 
 def scan_region(
@@ -59,13 +61,14 @@ def scan_region(
     """List a region's payloads, delete those the ledger says are consumed, read the
     markers and bytes of those not ``known`` yet, and the heartbeats of ``learners``.
     A storage failure ends the look at the payloads (what was seen before it is kept,
-    the rest comes on a later turn)."""
+    the rest comes on a later turn); one of the listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
         keys = bucket.payload_keys()
     except StorageError as error:
         log.warning("region %s cannot be listed now: %s", region, error)
-        keys = []
+        scan.unreachable = str(error)
+        return scan
     for key in keys:
         name = qualified(region, key)
         try:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, read_header
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
 from diloco_cli.core.fragments import fragments_of_model
@@ -35,7 +35,9 @@ from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
+from diloco_cli.runtime.reachability import Reachability
 from diloco_cli.runtime.region_scan import RegionScan, payload_id, qualified, scan_region
+from diloco_cli.store.retry import RetryPolicy
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
@@ -50,6 +52,8 @@ log = logging.getLogger("diloco.syncer")
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
 CATCH_UP_SECONDS = 5.0
+HOME = "home"
+"""The syncer's home among its sweepers (the others are keyed by region)."""
 """How often regions that missed a publication are tried again."""
 
 
@@ -118,8 +122,11 @@ class Syncer:
         self.fanout = FanOut(len(self.buckets))
         self.publication = Publication(self.buckets, self.home, self.secret, self.fanout)
         after = recipe.sync.leftover_seconds
-        self.sweepers = [LeftoverSweeper(bucket.store, after) for bucket in self.buckets.values()]
-        self.sweepers.append(LeftoverSweeper(self.home.store, after, only_partial=True))
+        self.sweepers = {name: LeftoverSweeper(bucket.store, after) for name, bucket in self.buckets.items()}
+        self.sweepers[HOME] = LeftoverSweeper(self.home.store, after, only_partial=True)
+        self.reachability = Reachability()
+        self.probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
+        """Each region's bucket with a single try per call: how an unreachable region is probed."""
         self._continue_counts()
         self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
 
@@ -179,18 +186,41 @@ class Syncer:
         observations, self.pending_observations = self.pending_observations, []
         def scan(region: str) -> RegionScan:
             learners = [spec.id for spec in self.spec.learners if spec.region == region] if read_heartbeats else []
+            bucket = self.probes[region] if self.reachability.is_down(region) else self.buckets[region]
             return scan_region(
-                self.buckets[region], learners,
+                bucket, learners,
                 known=lambda name: name in self.observed or name in self.retiring,
                 consumed=lambda name: self.state.ledger.consumed(payload_id(name)),
                 delete_consumed=self.recipe.sync.delete_consumed_payloads,
             )  # fmt: skip
 
-        scans = self.fanout.each(scan, list(self.buckets))
+        now = self.clock()
+        regions = [name for name in self.buckets if not self.reachability.is_down(name) or self.reachability.due_for_probe(name, now)]
+        scans = self.fanout.each(scan, regions)
         for scan in scans:
+            if self._unreachable(scan):
+                continue
             observations += self._arrivals(scan)
             observations += self._heartbeats_seen(scan)
         return observations
+
+    def _unreachable(self, scan: RegionScan) -> bool:
+        """Track whether a region can be reached: one that cannot is skipped until a
+        probe reaches it, and is caught up (everything published meanwhile) after."""
+        if scan.unreachable is not None:
+            if not self.reachability.is_down(scan.region):
+                log.warning("region %s is unreachable: skipping it until a probe reaches it (%s)", scan.region, scan.unreachable)
+            self.reachability.failed(scan.region, scan.unreachable, self.clock())
+            self.publication.behind.add(scan.region)
+            return True
+        since = self.reachability.reached(scan.region)
+        if since is not None:
+            log.info("region %s is reachable again after %.0f s; catching it up", scan.region, self.clock() - since)
+            self._last["catch_up"] = float("-inf")
+        return False
+
+    def _reachable(self) -> list[str]:
+        return [name for name in self.buckets if not self.reachability.is_down(name)]
 
     def _arrivals(self, scan: RegionScan) -> list[decisions.Observation]:
         for key, error in scan.refused:
@@ -256,15 +286,23 @@ class Syncer:
         if blobs is None:
             self.pending_observations.append(decisions.MergeAborted(fragment))
             return
+        arrivals = self._announced(action.arrivals, blobs)
+        if not arrivals:  # a round of refused payloads makes no version (not even a momentum step)
+            for arrival in action.superseded:
+                self._retire(payload_id(arrival.key))
+            oldest = state.windows[fragment].oldest_anchorable
+            self.pending_observations.append(decisions.MergeFinished(fragment, state.fragment_versions[fragment], oldest, self.clock() - started))
+            log.info("fragment %d: nothing to merge, every arrival was refused", fragment)
+            return
         version, previous_version = Version(state.version + 1), state.fragment_versions[fragment]
-        inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key], a.key)) for a in action.arrivals]
+        inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key])) for a in arrivals]
         result = merge_round(
             fragment, version, inputs, state.fragment_theta(fragment), state.windows[fragment], state.optimizer, state.publisher, self.secret,
             mean_names=self.fragments[fragment].embedding_names, meta={"time": time.time(), "previous_version": previous_version},
         )  # fmt: skip
-        merged = [a for a, r in zip(action.arrivals, inputs) if r in result.merged]
+        merged = [a for a, r in zip(arrivals, inputs) if r in result.merged]
         for bad, error in result.rejected:
-            arrival = action.arrivals[inputs.index(bad)]
+            arrival = arrivals[inputs.index(bad)]
             self._refused(arrival.key.split(":", 1)[0], "payload", arrival.key.split(":", 1)[1], error)
             self._retire(payload_id(arrival.key))
         for arrival in action.superseded:
@@ -306,6 +344,20 @@ class Syncer:
         self.last_merge = LastMerge(fragment=fragment, version=version, learners=sorted({a.learner for a in merged}), seconds=seconds, time=time.time())
         self.pending_observations.append(decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds))
         log.info("version %d: fragment %d from %s in %.2f s", version, fragment, ", ".join(self.last_merge.learners) or "nobody", seconds)
+
+    def _announced(self, arrivals: tuple[decisions.Arrival, ...], blobs: dict[str, bytes | None]) -> list[decisions.Arrival]:
+        """The arrivals whose bytes are the payload their marker announced; the others
+        are refused and retired before anything is merged."""
+        kept = []
+        for arrival in arrivals:
+            try:
+                _check_announced(self.observed[arrival.key], blobs[arrival.key], self.secret)
+            except PayloadError as error:
+                self._refused(arrival.key.split(":", 1)[0], "payload", arrival.key.split(":", 1)[1], error)
+                self._retire(payload_id(arrival.key))
+                continue
+            kept.append(arrival)
+        return kept
 
     def _delete_payload(self, name: str) -> None:
         bucket, key = self._bucket_and_key(name)
@@ -384,7 +436,9 @@ class Syncer:
             home_storage=self.home_storage_before.plus(self.home.store.meter.snapshot()),
             refusals=self.refusals,
             repairs=self.publication.repairs,
-            leftovers_removed=sum(sweeper.removed for sweeper in self.sweepers),
+            leftovers_removed=sum(sweeper.removed for sweeper in self.sweepers.values()),
+            unreachable={name: outage.reason for name, outage in self.reachability.down.items()},
+            outages=self.reachability.outages_seen,
             given_up=self.given_up,
             started_at=self.started_at,
             time=time.time(),
@@ -399,7 +453,7 @@ class Syncer:
             except StorageError as error:
                 log.warning("could not write the status to region %s: %s", name, error)
 
-        self.fanout.each(write, list(self.buckets))
+        self.fanout.each(write, self._reachable())
 
     # ------------------------------------------------------------------------ loop
 
@@ -453,8 +507,9 @@ class Syncer:
                     wake = min(wake, action.until)
         if read_beats:
             self._repair_from_reports()
-        if self.publication.behind and now - self._last["catch_up"] >= CATCH_UP_SECONDS:
-            self.publication.catch_up(set(self.publication.behind), self._head(), self._snapshot_payload)
+        behind = self.publication.behind - set(self.reachability.down)
+        if behind and now - self._last["catch_up"] >= CATCH_UP_SECONDS:
+            self.publication.catch_up(behind, self._head(), self._snapshot_payload)
             self._last["catch_up"] = now
         if now - self._last["sweep"] >= max(1.0, self.recipe.sync.leftover_seconds / 4):
             self._sweep(now)
@@ -467,7 +522,9 @@ class Syncer:
         return wake
 
     def _sweep(self, now: float, all_of_them: bool = False) -> None:
-        for sweeper in self.sweepers:
+        for name, sweeper in self.sweepers.items():
+            if self.reachability.is_down(name):
+                continue
             try:
                 sweeper.sweep(now, all_of_them)
             except StorageError as error:
@@ -484,10 +541,21 @@ class Syncer:
         log.info("finished at version %d%s", self.state.version, without)
 
 
-def _loader(blob: bytes | None, name: str):
-    def load() -> bytes:
-        if blob is None:
-            raise CorruptPayload(f"{name} vanished before it could be merged")
-        return blob
+SAME_SEND = ("learner", "fragment", "base_version", "c_steps", "c_tokens", "step", "sent_at")
+"""What a learner writes both into a payload's authenticated header and into its marker."""
 
-    return load
+
+def _check_announced(record: PayloadRecord, blob: bytes | None, secret: RunSecret) -> None:
+    """Raise PayloadError unless ``blob`` is authentic and is the very send its marker
+    describes: an authentic older body of the same learner (a replay) differs in its
+    step and counters, another run's in its tag."""
+    if blob is None:
+        raise CorruptPayload(f"{record.key} vanished before it could be merged")
+    meta = read_header(blob, secret).meta
+    differing = [field for field in SAME_SEND if meta.get(field) != record.meta.get(field)]
+    if differing:
+        raise CorruptPayload(f"{record.key} holds another send than its marker announced ({', '.join(differing)} differ): replayed or moved")
+
+
+def _loader(blob: bytes):
+    return lambda: blob

@@ -277,6 +277,11 @@ class SyncerStatus(Document):
     """Damaged or missing published objects the syncer rewrote."""
     leftovers_removed: int = 0
     """Partial writes, unmarked payloads and stray keys removed."""
+    unreachable: dict[str, str] = Field(default_factory=dict)
+    """Regions the syncer cannot reach now (an outage), with the last error: skipped,
+    probed now and then, caught up when they return."""
+    outages: int = 0
+    """Regions that went unreachable since this syncer started."""
     given_up: dict[LearnerId, str] = Field(default_factory=dict)
     """Learners the syncer no longer waits for, and why."""
     started_at: float

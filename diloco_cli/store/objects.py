@@ -8,6 +8,7 @@ from typing import Any
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import DocumentType, seal, unseal
+from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import StorageError, open_filesystem, write_whole
 from diloco_cli.store.metering import StorageMeter, listing_bytes
 from diloco_cli.store.retry import RetryPolicy, call_with_retries
@@ -33,6 +34,7 @@ class ObjectStore:
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         kind_of: Callable[[str], str] = lambda key: "other",
+        faults: StorageFaults | None = None,
     ) -> None:
         self.root = root.rstrip("/")
         self._storage_options = dict(storage_options or {})
@@ -40,6 +42,8 @@ class ObjectStore:
         self.retry = retry or RetryPolicy()
         self.meter = StorageMeter()
         self.kind_of = kind_of
+        self.faults = faults
+        """Injected outages (chaos mode): checked before every call."""
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.root!r})"
@@ -48,7 +52,19 @@ class ObjectStore:
         return f"{self._path}/{key}" if key else self._path
 
     def _call(self, what: str, key: str, call, op: str, kind: str | None = None):
-        return call_with_retries(call, self.retry, self.meter, f"{what} {self.root}/{key}", kind or self.kind_of(key), op)
+        description = f"{what} {self.root}/{key}"
+        if self.faults is not None:
+            call = self._faulty(call, description)
+        return call_with_retries(call, self.retry, self.meter, description, kind or self.kind_of(key), op)
+
+    def _faulty(self, call, description: str):
+        faults = self.faults
+
+        def checked():
+            faults.check(description)
+            return call()
+
+        return checked
 
     def put(self, key: str, data: bytes, raw_bytes: int = 0) -> None:
         """Write a whole object (replacing it: use only for mutable objects or new keys);

@@ -27,6 +27,7 @@ from typing import Any
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, declared_values, encode_payload, read_header
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.store.documents import ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
+from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.retry import RetryPolicy
 
@@ -106,9 +107,11 @@ class PayloadRecord:
 class RegionBucket:
     """The run's objects in one region's bucket."""
 
-    def __init__(self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None, retry: RetryPolicy | None = None, faults: StorageFaults | None = None
+    ) -> None:
         self.name = name
-        self.store = ObjectStore(root, storage_options, retry, kind_of_key)
+        self.store = ObjectStore(root, storage_options, retry, kind_of_key, faults)
         self._secret = secret
 
     def __repr__(self) -> str:

@@ -15,9 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli import __version__
 from diloco_cli.codec import RunSecret
+from diloco_cli.config.chaos import ChaosPlan
 from diloco_cli.config.errors import ConfigError
-from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.recipe import Recipe, RetryPolicy
 from diloco_cli.core.types import LearnerId, RegionName
+from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import absolute_url, open_filesystem
 from diloco_cli.store.home import SyncerHome
 from diloco_cli.store.region import RegionBucket
@@ -80,6 +82,8 @@ class RunSpec(BaseModel):
     learners: tuple[LearnerSpec, ...]
     regions: tuple[RegionSpec, ...]
     syncer: SyncerSpec
+    chaos: ChaosPlan | None = None
+    """Faults to inject (``diloco up --chaos``); None in a normal run."""
 
     def learner(self, learner: LearnerId | str) -> LearnerSpec:
         for spec in self.learners:
@@ -93,9 +97,11 @@ class RunSpec(BaseModel):
                 return spec
         raise KeyError(f"region {name!r} is not part of run {self.run}")
 
-    def bucket(self, region: RegionName | str, secret: RunSecret | None) -> RegionBucket:
+    def bucket(self, region: RegionName | str, secret: RunSecret | None, retry: RetryPolicy | None = None) -> RegionBucket:
+        """A region's bucket, its calls retried as the recipe says (or as ``retry`` says)."""
         spec = self.region(region)
-        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, self.recipe.storage)
+        faults = StorageFaults.of(self.chaos, spec.name, [r.name for r in self.regions], self.created)
+        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, faults)
 
     def buckets(self, secret: RunSecret | None) -> list[RegionBucket]:
         return [self.bucket(spec.name, secret) for spec in self.regions]

@@ -86,6 +86,9 @@ class SyncerSummary:
     repairs: int = 0
     leftovers_removed: int = 0
     given_up: dict[str, str] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """Regions the syncer cannot reach now, with its last error."""
+    outages: int = 0
 
 
 @dataclass
@@ -264,6 +267,8 @@ def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float) -> Sy
         repairs=syncer.repairs,
         leftovers_removed=syncer.leftovers_removed,
         given_up=dict(syncer.given_up),
+        unreachable=dict(syncer.unreachable),
+        outages=syncer.outages,
     )
 
 
@@ -287,6 +292,11 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
         ago = status.syncer.last_report_seconds or 0
         hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
         found.append(f"the syncer has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}")
+    for region, why in sorted(status.syncer.unreachable.items()):
+        found.append(
+            f"region {region} is unreachable from the syncer ({why}); it merges the other regions meanwhile and catches "
+            f"{region} up when a probe reaches it; its learners keep training and keep their unsent payloads"
+        )
     for learner, why in sorted(status.syncer.given_up.items()):
         found.append(f"the run went on without {learner} ({why}); `diloco resume {run}` brings it back")
     return found

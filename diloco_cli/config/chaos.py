@@ -1,0 +1,134 @@
+"""Chaos: faults injected into a run on purpose, reproducibly from a seed.
+
+``diloco up --chaos SPEC`` kills learners and the syncer (SIGKILL), pauses learners
+(SIGSTOP, then SIGCONT), and takes a region's storage down for a while (every call to
+that region's bucket, from its learners or from the syncer, fails or hangs).  SPEC is a
+comma-separated list::
+
+    seed=7                     the schedule's seed (default 0)
+    kill-learner=0.5/min       SIGKILL a random learner at this rate (Poisson)
+    kill-syncer=0.1/min        SIGKILL the syncer at this rate
+    stop-learner=0.5/min:20s   SIGSTOP a random learner for 20 s at this rate
+    outage=local-b@60s+30s     region local-b's storage down from 60 s to 90 s after the start
+    outage=local-b@60s+30s:hang   the same, calls hanging instead of failing
+    outage-rate=0.1/min:30s    an outage of a random region for 30 s at this rate
+
+Times count from the run's creation.  The schedule is a pure function of the plan, the
+run's learners and regions, so every process computes the same windows from the
+manifest, and a rerun with the same seed injects the same faults.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diloco_cli.config.errors import ConfigError
+
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+HORIZON_SECONDS = 7 * 24 * 3600.0
+"""How far ahead random events are drawn (a week: longer than any chaos experiment)."""
+
+
+class Outage(BaseModel):
+    """One region's storage, down for a while."""
+
+    model_config = FROZEN
+
+    region: str
+    start_seconds: float = Field(ge=0)
+    """From the run's creation."""
+    duration_seconds: float = Field(gt=0)
+    mode: Literal["fail", "hang"] = "fail"
+    """``fail``: every call fails at once; ``hang``: it waits (up to the window's end,
+    at most a minute) and then fails, as a black-holed link does."""
+
+
+class ChaosPlan(BaseModel):
+    """What faults to inject, at what rates."""
+
+    model_config = FROZEN
+
+    seed: int = 0
+    """Seeds the schedule: the same plan and seed give the same faults."""
+    kill_learner_per_minute: float = Field(default=0.0, ge=0)
+    kill_syncer_per_minute: float = Field(default=0.0, ge=0)
+    stop_learner_per_minute: float = Field(default=0.0, ge=0)
+    stop_seconds: float = Field(default=20.0, gt=0)
+    """How long a stopped learner stays stopped."""
+    outages: tuple[Outage, ...] = ()
+    """Outage windows at given times."""
+    outage_per_minute: float = Field(default=0.0, ge=0)
+    """Outages of a random region at this rate."""
+    outage_seconds: float = Field(default=30.0, gt=0)
+
+    def outage_windows(self, regions: list[str]) -> list[Outage]:
+        """Every outage of the run: the given ones and the random ones, by start."""
+        drawn = []
+        if self.outage_per_minute > 0 and regions:
+            generator = random.Random(f"{self.seed}/outages")
+            for start in poisson_times(generator, self.outage_per_minute):
+                drawn.append(Outage(region=generator.choice(sorted(regions)), start_seconds=start, duration_seconds=self.outage_seconds))
+        return sorted([*self.outages, *drawn], key=lambda outage: outage.start_seconds)
+
+
+def poisson_times(generator: random.Random, per_minute: float, horizon: float = HORIZON_SECONDS) -> list[float]:
+    """Event times (seconds) of a Poisson process of this rate, up to ``horizon``."""
+    times, now = [], 0.0
+    while True:
+        now += generator.expovariate(per_minute / 60.0)
+        if now > horizon:
+            return times
+        times.append(now)
+
+
+DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>s|m|min|h)?$")
+RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)/(?P<unit>s|min|m|h)$")
+OUTAGE = re.compile(r"^(?P<region>[A-Za-z0-9_.-]+)@(?P<start>[^+]+)\+(?P<duration>[^:]+)(?::(?P<mode>fail|hang))?$")
+KEYS = ("seed", "kill-learner", "kill-syncer", "stop-learner", "outage", "outage-rate")
+
+
+def _seconds(text: str, item: str) -> float:
+    match = DURATION.match(text.strip())
+    if not match:
+        raise ConfigError(f"--chaos {item!r}: {text!r} is not a duration (like 30s, 2m or 1h)")
+    return float(match["value"]) * {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[match["unit"]]
+
+
+def _per_minute(text: str, item: str) -> float:
+    match = RATE.match(text.strip())
+    if not match:
+        raise ConfigError(f"--chaos {item!r}: {text!r} is not a rate (like 0.5/min or 2/h)")
+    return float(match["value"]) * {"s": 60, "m": 1, "min": 1, "h": 1 / 60}[match["unit"]]
+
+
+def parse_chaos(text: str) -> ChaosPlan:
+    """A :class:`ChaosPlan` from ``--chaos`` text; ConfigError says what is wrong."""
+    fields: dict = {"outages": []}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        key, separator, value = item.partition("=")
+        if not separator or key not in KEYS:
+            raise ConfigError(f"--chaos {item!r}: expected KEY=VALUE with KEY one of {', '.join(KEYS)}")
+        if key == "seed":
+            if not value.lstrip("-").isdigit():
+                raise ConfigError(f"--chaos {item!r}: the seed is an integer")
+            fields["seed"] = int(value)
+        elif key in ("kill-learner", "kill-syncer"):
+            fields[f"{key.replace('-', '_')}_per_minute"] = _per_minute(value, item)
+        elif key in ("stop-learner", "outage-rate"):
+            rate, colon, duration = value.partition(":")
+            prefix = "stop_learner" if key == "stop-learner" else "outage"
+            fields[f"{prefix}_per_minute"] = _per_minute(rate, item)
+            if colon:
+                fields["stop_seconds" if key == "stop-learner" else "outage_seconds"] = _seconds(duration, item)
+        else:
+            match = OUTAGE.match(value)
+            if not match:
+                raise ConfigError(f"--chaos {item!r}: an outage is REGION@START+DURATION[:fail|:hang], like local-b@60s+30s")
+            fields["outages"].append(
+                Outage(region=match["region"], start_seconds=_seconds(match["start"], item), duration_seconds=_seconds(match["duration"], item), mode=match["mode"] or "fail")
+            )
+    return ChaosPlan(**fields)
