@@ -93,6 +93,9 @@ class Learner:
             precision=training.precision,
             loss_fn=self.loss_fn,
         )
+        speed = training.learner_speeds.get(self.me.id, 1.0)
+        if speed < 1.0:  # a slower chip, on purpose: its step takes 1/speed as long
+            time.sleep((time.perf_counter() - started) * (1 / speed - 1))
         self.sync.after_step(loss, time.perf_counter() - started)
 
     def _train(self) -> int:
