@@ -12,6 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).parent.parent / "diloco_cli"
 LAYERS = {
     "core": 0,
+    "simulate": 0,  # the goodput simulation: pure, imports no other layer
     "codec": 1,
     "config": 2,
     "store": 3,
