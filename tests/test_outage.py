@@ -67,3 +67,24 @@ def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
     assert "region west is unreachable" in syncer_log and "region west is reachable again" in syncer_log
     report = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert report["syncer"]["outages"] >= 1
+
+
+@pytest.mark.slow
+def test_chaos_mode_kills_and_pauses_processes_and_the_run_still_finishes_exactly(tmp_path):
+    """`diloco up --chaos`: learners and the syncer SIGKILLed, learners SIGSTOPped for a
+    while, on a seeded schedule; every event is in `status`, the supervisors bring the
+    processes back, and the ledger holds (final bases are the syncer's weights)."""
+    runs_dir, name = tmp_path / "runs", "chaos"
+    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 1200}, "sync": {"quorum": 1}}))
+    regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
+    regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
+    spec = "seed=2,kill-learner=6/min,kill-syncer=3/min,stop-learner=6/min:3s"
+    diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir), "--chaos", spec)
+    wait_for(runs_dir, name, lambda s: s.chaos is not None and "process faults injected" in s.chaos, 90, "a fault injected and shown")
+    status = wait_finished(runs_dir, name, timeout=400)
+    assert "process faults injected" in status.chaos
+    assert_bases_are_the_syncers(runs_dir, name)
+    driver_log = (runs_dir / name / "logs" / "chaos.log").read_text()
+    assert "kill" in driver_log and ("stop" in driver_log or "kill syncer" in driver_log)
+    text = diloco("status", name, "--runs-dir", str(runs_dir)).stdout
+    assert "chaos:" in text

@@ -49,6 +49,20 @@ def syncer(
     raise typer.Exit(Syncer(spec, read_secret(secret_file)).run())
 
 
+def chaos(
+    run: str = typer.Option(..., help="The run."),
+    runs_dir: str = typer.Option(..., help="Where the run's record is."),
+) -> None:
+    """Inject the process faults of a run's chaos plan (``diloco up --chaos``)."""
+    from pathlib import Path
+
+    from diloco_cli.launch.chaos import ChaosDriver
+    from diloco_cli.launch.runs import load_run
+
+    _logging()
+    raise typer.Exit(ChaosDriver(load_run(Path(runs_dir), run)).run())
+
+
 def probe(
     url: str = typer.Option(..., help="Bucket URL (a run's root)."),
     storage_options: str = typer.Option("{}", help="JSON storage options."),
@@ -69,3 +83,4 @@ def register(app: typer.Typer) -> None:
     app.command("_learner", hidden=True)(learner)
     app.command("_syncer", hidden=True)(syncer)
     app.command("_probe", hidden=True)(probe)
+    app.command("_chaos", hidden=True)(chaos)

@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from diloco_cli.config.errors import ConfigError
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-HORIZON_SECONDS = 7 * 24 * 3600.0
-"""How far ahead random events are drawn (a week: longer than any chaos experiment)."""
+HORIZON_SECONDS = 2 * 24 * 3600.0
+"""How far ahead random events are drawn (two days: longer than any chaos experiment)."""
 
 
 class Outage(BaseModel):
@@ -65,6 +65,10 @@ class ChaosPlan(BaseModel):
     """Outages of a random region at this rate."""
     outage_seconds: float = Field(default=30.0, gt=0)
 
+    @property
+    def has_process_faults(self) -> bool:
+        return any(rate > 0 for rate in (self.kill_learner_per_minute, self.kill_syncer_per_minute, self.stop_learner_per_minute))
+
     def outage_windows(self, regions: list[str]) -> list[Outage]:
         """Every outage of the run: the given ones and the random ones, by start."""
         drawn = []
@@ -73,6 +77,36 @@ class ChaosPlan(BaseModel):
             for start in poisson_times(generator, self.outage_per_minute):
                 drawn.append(Outage(region=generator.choice(sorted(regions)), start_seconds=start, duration_seconds=self.outage_seconds))
         return sorted([*self.outages, *drawn], key=lambda outage: outage.start_seconds)
+
+
+class ProcessEvent(BaseModel):
+    """One process fault: a SIGKILL, or a SIGSTOP for ``seconds`` (its SIGCONT is the
+    driver's ``continue``)."""
+
+    model_config = FROZEN
+
+    at_seconds: float
+    """From the run's creation."""
+    action: Literal["kill", "stop", "continue"]
+    target: str
+    """A learner's id, or ``syncer``."""
+    seconds: float | None = None
+
+
+def process_events(plan: ChaosPlan, learners: list[str], horizon: float = HORIZON_SECONDS) -> list[ProcessEvent]:
+    """The kills and pauses of a plan, by time: a pure function of the plan and the run's
+    learners (a rerun with the same seed kills the same learners at the same times)."""
+    generator = random.Random(f"{plan.seed}/processes")
+    events = []
+    for rate, action, pick in (
+        (plan.kill_learner_per_minute, "kill", lambda: generator.choice(sorted(learners))),
+        (plan.kill_syncer_per_minute, "kill", lambda: "syncer"),
+        (plan.stop_learner_per_minute, "stop", lambda: generator.choice(sorted(learners))),
+    ):
+        if rate > 0:
+            for at in poisson_times(generator, rate, horizon):
+                events.append(ProcessEvent(at_seconds=at, action=action, target=pick(), seconds=plan.stop_seconds if action == "stop" else None))
+    return sorted(events, key=lambda event: event.at_seconds)
 
 
 def poisson_times(generator: random.Random, per_minute: float, horizon: float = HORIZON_SECONDS) -> list[float]:

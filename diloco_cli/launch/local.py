@@ -11,6 +11,8 @@ from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_su
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec
 
+CHAOS_PROCESS = "chaos"
+
 
 def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> list[str]:
     arguments = ["-m", "diloco_cli", "_learner", "--manifest", str(manifest), "--learner", learner.id, "--secret-file", str(secret_path)]
@@ -21,6 +23,12 @@ def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> 
 
 def syncer_command(manifest: Path, secret_path: Path) -> list[str]:
     return [sys.executable, "-m", "diloco_cli", "_syncer", "--manifest", str(manifest), "--secret-file", str(secret_path)]
+
+
+def start_chaos_driver(run_dir: Path) -> ProcessRecord:
+    """The run's chaos driver (its kills and pauses), supervised here like the others."""
+    command = [sys.executable, "-m", "diloco_cli", "_chaos", "--run", run_dir.name, "--runs-dir", str(run_dir.parent)]
+    return start_supervised(CHAOS_PROCESS, "chaos", command, run_dir, {"PYTHONUNBUFFERED": "1"})
 
 
 def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_syncer: bool) -> list[ProcessRecord]:

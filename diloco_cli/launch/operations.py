@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from dataclasses import asdict
 
-from diloco_cli.launch.local import start_local, stop_local
+from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver, start_local, stop_local
 from diloco_cli.launch.processes import ProcessRecord, belongs_to, is_running
 from diloco_cli.launch.runs import RunRecord
 
@@ -89,7 +89,7 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     learner comes back after it finished.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
-    if any(name != "syncer" for name in down) and "syncer" not in down and not rows.get("syncer", {}).get("supervisor_alive"):
+    if any(name not in ("syncer", CHAOS_PROCESS) for name in down) and "syncer" not in down and not rows.get("syncer", {}).get("supervisor_alive"):
         down.append("syncer")  # it finished without them: it must merge what they send
     if not down:
         return []
@@ -100,6 +100,8 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     if local:
         learners = [learner for learner in spec.learners if learner.id in local]
         started += start_local(spec, record.directory, learners, with_syncer="syncer" in local)
+        if CHAOS_PROCESS in local:
+            started.append(start_chaos_driver(record.directory))
     for host_name in sorted({placement[name] for name in down} - {"local"}):
         from diloco_cli.launch.remote import command_for, connect_recorded_host, learner_arguments, remote_paths, start_remote_process, syncer_arguments
         from diloco_cli.launch.ssh import run as run_over_ssh

@@ -68,7 +68,8 @@ class RunRecord:
     def placement(self) -> dict[str, str]:
         """Which host each process of the run runs on ("local" for this machine)."""
         spec = self.document["spec"]
-        return {"syncer": spec["syncer"]["host"], **{learner["id"]: learner["host"] for learner in spec["learners"]}}
+        chaos = {"chaos": "local"} if spec.get("chaos") else {}  # the driver runs where `up` ran
+        return {"syncer": spec["syncer"]["host"], **chaos, **{learner["id"]: learner["host"] for learner in spec["learners"]}}
 
     @property
     def secret_path(self) -> Path:

@@ -15,7 +15,7 @@ from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
-from diloco_cli.launch.local import process_records_json, start_local
+from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
 from diloco_cli.launch.plan import (
     Sources,
     check_buckets,
@@ -117,6 +117,8 @@ def launch(
         try:
             check_started(records, run_dir)
             records += _start_on_hosts(reports, spec, secret, emit)
+            if spec.chaos is not None and spec.chaos.has_process_faults:
+                records.append(start_chaos_driver(run_dir))
         finally:
             write_run_record(
                 run_dir,

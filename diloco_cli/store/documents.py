@@ -72,7 +72,7 @@ def unseal(data: bytes, key: str, model: type[DocumentType], secret: RunSecret |
         envelope = json.loads(data)
         body, tag = envelope["document"], envelope["tag"]
         canonical = _canonical(body)
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, RecursionError) as error:  # json.loads: RecursionError on deep nesting
         raise DamagedDocument(f"{key} is not a sealed diloco document ({type(error).__name__}: {error})") from None
     if secret is not None and not (isinstance(tag, str) and hmac.compare_digest(tag, _tag(key, canonical, secret))):
         raise ForgedDocument(f"{key}: tag mismatch, the document was damaged, forged or moved from another key")
@@ -192,6 +192,28 @@ class ControlNote(Document):
     fragment: FragmentIndex | None = None
     reason: str = ""
     time: float = 0.0
+
+
+class ChaosEvent(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time: float
+    action: str
+    """``kill``, ``stop`` or ``continue``."""
+    target: str
+    outcome: str
+    """What happened: ``done``, or why not (the process was not running...)."""
+
+
+class ChaosLog(Document):
+    """``chaos.json``: the faults the chaos driver injected so far (``diloco up --chaos``)."""
+
+    events: list[ChaosEvent] = Field(default_factory=list)
+    """The newest :data:`CHAOS_EVENTS_KEPT`; ``count`` counts them all."""
+    count: int = 0
+
+
+CHAOS_EVENTS_KEPT = 50
 
 
 # ------------------------------------------------------------------------- global

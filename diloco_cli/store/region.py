@@ -26,7 +26,7 @@ from typing import Any
 
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, declared_values, encode_payload, read_header
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.store.documents import ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
+from diloco_cli.store.documents import ChaosLog, ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
 from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.retry import RetryPolicy
@@ -40,6 +40,7 @@ SNAPSHOT_KEY = re.compile(r"^global/snapshots/(?P<version>\d{10})\.dlc$")
 CHECKPOINT_KEY = re.compile(r"^checkpoints/(?P<learner>[^/]+)/(?P<step>\d{10})\.dlc$")
 HEAD_KEY = "global/head.json"
 SYNCER_STATUS_KEY = "global/syncer.json"
+CHAOS_KEY = "chaos.json"
 
 
 KIND_BY_PREFIX = (
@@ -275,6 +276,12 @@ class RegionBucket:
     def read_head(self) -> Head | None:
         """The head (verified when this bucket holds the secret); PayloadError when refused."""
         return self.store.get_document(HEAD_KEY, Head, self._secret)
+
+    def write_chaos_log(self, log: ChaosLog) -> None:
+        self.store.put_document(CHAOS_KEY, log, self.secret)
+
+    def read_chaos_log(self) -> ChaosLog | None:
+        return self.store.get_document(CHAOS_KEY, ChaosLog, self._secret)
 
     def write_syncer_status(self, status: SyncerStatus) -> None:
         self.store.put_document(SYNCER_STATUS_KEY, status, self.secret)

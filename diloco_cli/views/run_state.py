@@ -15,7 +15,7 @@ from typing import Any
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.store.run_spec import RunSpec
-from diloco_cli.store.documents import Head, Heartbeat, Refusals, SyncerStatus
+from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
 from diloco_cli.store.metering import StorageCounters
@@ -106,6 +106,8 @@ class RunStatus:
     problems: list[str] = field(default_factory=list)
     """What is wrong, in sentences that say what to run."""
     bandwidth: str | None = None
+    chaos: str | None = None
+    """One line, in chaos mode: the faults injected so far and the latest ones."""
     """One line: bytes across links and in regions, compression, data-parallel's bytes."""
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class BucketReads:
     head: Head | None = None
     refused: dict[str, Refusals] = field(default_factory=dict)
     unreachable: dict[str, str] = field(default_factory=dict)
+    chaos: ChaosLog | None = None
 
 
 def read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> BucketReads:
@@ -140,6 +143,13 @@ def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: fl
                 read.heartbeats[learner] = beat
         except PayloadError as error:
             refused.record("heartbeat", heartbeat_key(learner), str(error), now)
+    if spec.chaos is not None:
+        try:
+            log = bucket.read_chaos_log()
+            if log is not None and (read.chaos is None or log.count > read.chaos.count):
+                read.chaos = log
+        except PayloadError as error:
+            refused.record("chaos", "chaos.json", str(error), now)
     try:
         candidate = bucket.read_syncer_status()
         if candidate and (read.syncer is None or candidate.time > read.syncer.time):
@@ -195,6 +205,8 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
     )
     if read.syncer is not None or read.heartbeats:
         status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now))
+    if spec.chaos is not None:
+        status.chaos = chaos_line(read.chaos, now)
     status.problems = problems(status, processes) + [
         f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
     ]
@@ -300,3 +312,11 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
     for learner, why in sorted(status.syncer.given_up.items()):
         found.append(f"the run went on without {learner} ({why}); `diloco resume {run}` brings it back")
     return found
+
+
+def chaos_line(log: ChaosLog | None, now: float) -> str:
+    """``chaos: 7 faults injected; latest: kill west-0 12 s ago, stop east-1 40 s ago``."""
+    if log is None or not log.count:
+        return "chaos: no process fault injected yet (storage outages show as unreachable regions)"
+    latest = ", ".join(f"{event.action} {event.target} {now - event.time:.0f} s ago" + ("" if event.outcome == "done" else f" ({event.outcome})") for event in reversed(log.events[-3:]))
+    return f"chaos: {log.count} process faults injected; latest: {latest}"

@@ -104,6 +104,8 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     parts += [learners, legend, Text("\n".join(lines)), regions, Text(STORAGE_LEGEND, style="dim")]
     if status.bandwidth:
         parts.append(Text(status.bandwidth))
+    if status.chaos:
+        parts.append(Text(status.chaos))
     if refusal_lines:
         parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:
