@@ -19,6 +19,7 @@ from diloco_cli.config.loading import deep_merged
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.processes import group_members
 from diloco_cli.launch.runs import load_run
+from diloco_cli.store.home import tokens_merged
 from diloco_cli.views.run_state import RunStatus, collect_status
 
 TINY_RECIPE: dict[str, Any] = {
@@ -174,10 +175,5 @@ def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None
     for learner, beat in beats.items():
         assert beat.state.value == "finished" and beat.unsent == 0
         for fragment in range(record.spec.recipe.sync.num_fragments):
-            newest_per_base: dict[int, int] = {}
-            for commit in history:
-                for merged in commit.merged:
-                    if merged.learner == learner and commit.fragment == fragment:
-                        newest_per_base[merged.base_version] = max(newest_per_base.get(merged.base_version, 0), merged.c_tokens)
-            accounted = sum(newest_per_base.values()) + beat.tokens_overwritten.get(fragment, 0)
+            accounted = tokens_merged(history, learner, fragment) + beat.tokens_overwritten.get(fragment, 0)
             assert accounted == beat.tokens, (learner, fragment, accounted, beat.tokens)

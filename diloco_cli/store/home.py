@@ -216,3 +216,20 @@ class SyncerHome:
         for record in self.records_after(Version(0)):
             records[record.version] = record
         return [records[version] for version in sorted(records)]
+
+
+def tokens_merged(history: list[CommitRecord], learner: LearnerId, fragment: FragmentIndex) -> int:
+    """The tokens of ``learner``'s training on ``fragment`` that ended in a merge.
+
+    Every payload holds all the learner's tokens since its base, so per base version the
+    newest merged payload counts (earlier ones from the same base hold fewer of the same
+    tokens); the sum over bases is what was merged.  A learner's tokens are each merged
+    this way or overwritten by an install before a send (its heartbeat counts those)."""
+    newest_per_base: dict[Version, int] = {}
+    for commit in history:
+        if commit.fragment != fragment:
+            continue
+        for merged in commit.merged:
+            if merged.learner == learner:
+                newest_per_base[merged.base_version] = max(newest_per_base.get(merged.base_version, 0), merged.c_tokens)
+    return sum(newest_per_base.values())
