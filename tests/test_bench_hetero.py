@@ -1,0 +1,27 @@
+"""bench.hetero --quick: mixed-speed learners really run at their speeds, and every
+setting reports loss, versions and goodput from a real run."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_hetero_benchmark_quick(tmp_path):
+    from bench import hetero
+
+    output = tmp_path / "hetero.json"
+    hetero.main(["--quick", "--seconds", "10", "--output", str(output)])
+    document = json.loads(output.read_text())
+    rows = {row["setting"]: row for row in document["results"]["rows"]}
+    assert set(rows) == {"K=M", "K=1 no grace", "K=1 grace"}
+    for row in rows.values():
+        assert row["versions"] > 0 and 0 < row["loss"] < 5.5  # trained from ~5.5 nats per byte
+        assert 0.8 < row["compute_share"] <= 1.05  # learners never wait for one another
+        assert 0 < row["merged_share"] <= 1
+        steps = row["steps"]  # a learner at speed 0.6 takes about 0.6 as many steps as one at 1.0
+        assert 0.4 < steps["local-b-1"] / steps["local-a-0"] < 0.8, steps
+    # K=1 merges whoever arrives: more versions than waiting for all four in the same time
+    assert rows["K=1 no grace"]["versions"] > rows["K=M"]["versions"]
+    assert "met" in document["results"]["target"]
