@@ -8,7 +8,8 @@ storage down for a while (``diloco up --chaos``).  Reported:
   the fault-free run's tokens per learner-second), and merged tokens over the fault-free
   run's.  A killed learner redoes the steps since its checkpoint and sends them again, so
   its merged tokens exceed the budget; *progress goodput* counts the budget once: the
-  fault-free run's goodput scaled by the ratio of the two wall times;
+  fault-free run's goodput scaled by the ratio of the two wall times; and that relative to
+  the fault-free run's goodput, the figure the simulator predicts (it models faults only);
 * held-out loss of both at the end, when every learner has trained its budget (equal
   merged tokens when no work is lost);
 * the simulator's prediction for the same rates (``diloco simulate``'s model with M
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
     # work redone after a kill (from the learner's checkpoint) is merged again: the progress
     # made is the fault-free run's, in the longer wall time (what the simulator models)
     progress = calm_goodput * calm["wall_seconds"] / stormy["wall_seconds"]
+    # the simulator models faults only: against it, goodput relative to the fault-free run's
+    # (without faults some learner-time also never lands: work an install overwrites)
+    relative = progress / calm_goodput
     restart = sum(stormy["restart_seconds"]) / len(stormy["restart_seconds"]) if stormy["restart_seconds"] else 5.0
     predicted = predicted_goodput(recipe, spec, restart, calm["step_seconds"], stormy["wall_seconds"])
     loss_gap = stormy["loss"] / calm["loss"] - 1
@@ -136,22 +140,23 @@ def main(argv: list[str] | None = None) -> dict:
         "goodput": goodput,
         "goodput_without_faults": calm_goodput,
         "progress_goodput": progress,
+        "relative_goodput": relative,
         "merged_tokens_vs_fault_free": stormy["merged_tokens"] / calm["merged_tokens"],
         "predicted_goodput": predicted,
         "loss_gap": loss_gap,
         "targets": {
             "loss_gap": {"target": f"<= {TARGETS['loss_gap']}", "measured": loss_gap, "met": abs(loss_gap) <= TARGETS["loss_gap"]},
             "goodput_vs_simulator": {
-                "target": f"progress goodput within {TARGETS['goodput_vs_simulator_points']} points of the simulator's",
-                "measured": 100 * (progress - predicted),
-                "met": abs(100 * (progress - predicted)) <= TARGETS["goodput_vs_simulator_points"],
+                "target": f"goodput relative to the fault-free run's within {TARGETS['goodput_vs_simulator_points']} points of the simulator's",
+                "measured": 100 * (relative - predicted),
+                "met": abs(100 * (relative - predicted)) <= TARGETS["goodput_vs_simulator_points"],
             },
             "ledger": {"target": "no payload merged twice, every last send merged", "met": stormy["merged_twice"] == 0 and stormy["last_sends_merged"]},
         },
     }
     path = write_result("chaos", args.quick, {"recipe": recipe.model_dump(mode="json"), "chaos": spec}, results, args.output)
     print_table([{"run": r["run"], "loss": r["loss"], "wall_seconds": r["wall_seconds"], "restarts": r["restarts"], "merged_tokens": r["merged_tokens"]} for r in (calm, stormy)], ["run", "loss", "wall_seconds", "restarts", "merged_tokens"])
-    print(f"goodput {goodput:.1%}, progress goodput {progress:.1%} (without faults {calm_goodput:.1%}; simulator {predicted:.1%}); loss gap {loss_gap:+.2%}\nwrote {path}")
+    print(f"goodput {goodput:.1%}, progress goodput {progress:.1%}, {relative:.1%} of the fault-free run's {calm_goodput:.1%} (simulator {predicted:.1%}); loss gap {loss_gap:+.2%}\nwrote {path}")
     return results
 
 

@@ -30,11 +30,11 @@ import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import zstandard
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli.codec.errors import (
     CorruptPayload,
@@ -79,7 +79,7 @@ class TensorEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Annotated[int, Field(ge=0)], ...]
     dtype: str
 
     @property
@@ -302,6 +302,8 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
         raw = zstandard.ZstdDecompressor().decompress(body, max_output_size=header.raw_body_bytes)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"body does not decompress: {error}") from None
+    except MemoryError:  # the output is allocated whole, at the size the header declares
+        raise PayloadTooLarge(f"the body declares {header.raw_body_bytes} bytes, more than this machine can allocate") from None
     if len(raw) != header.raw_body_bytes:
         raise CorruptPayload("decompressed body size differs from the header")
     return np.frombuffer(raw, dtype=np.uint8)

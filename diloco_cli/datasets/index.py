@@ -131,8 +131,8 @@ def parse_document(model: type[BaseModel], data: bytes, url: str, what_to_do: st
 
     try:
         document = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DatasetError(f"{url} is not JSON ({error}); {what_to_do}") from None
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep, a number too long
+        raise DatasetError(f"{url} is not JSON we can read ({type(error).__name__}: {str(error)[:200]}); {what_to_do}") from None
     if isinstance(document, dict) and document.get("format", FORMAT) != FORMAT:
         raise DatasetError(f"{url} has format {document['format']!r}, this diloco reads {FORMAT!r}; use the diloco that wrote it, or {what_to_do}")
     try:

@@ -122,8 +122,8 @@ def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> Ru
             document = json.load(handle)
     except FileNotFoundError:
         raise ManifestError(f"{url}: no such manifest; a run's is <bucket>/<run>/manifest.json (or runs/<run>/run.json here)") from None
-    except (OSError, ValueError) as error:
-        raise ManifestError(f"{url}: cannot be read as a run manifest: {error}") from None
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested too deep
+        raise ManifestError(f"{url}: cannot be read as a run manifest: {type(error).__name__}: {str(error)[:200]}") from None
     if isinstance(document, dict) and "spec" in document:  # a local run record wraps the spec
         document = document["spec"]
     try:
