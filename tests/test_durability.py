@@ -47,8 +47,9 @@ def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):
     digest by the learner, and the final bases against the syncer's commits by us."""
     runs_dir, name = tmp_path / "runs", "slow-fetches"
     slow = FaultRules(delay_seconds=1.2, delay_methods=frozenset({"GET"}), delay_path_contains="/global/")
-    # no snapshots after the first: every install goes through the updates, on the base
-    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 240, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}})
+    # no snapshots after the first: every install goes through the updates, on the base;
+    # enough steps that several polls of many 1.2 s fetches finish while the learners train
+    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 600, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}})
     with fault_proxy(s3.endpoint_url, FaultRules()) as proxy:
         regions = s3_regions(tmp_path, [s3], [proxy], learners=(2,))
         diloco("up", str(write_yaml(tmp_path / "tiny.yaml", recipe)), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
