@@ -20,8 +20,11 @@ def test_hetero_benchmark_quick(tmp_path):
         assert row["versions"] > 0 and 0 < row["loss"] < 5.5  # trained from ~5.5 nats per byte
         assert 0.8 < row["compute_share"] <= 1.05  # learners never wait for one another
         assert 0 < row["merged_share"] <= 1
-        steps = row["steps"]  # a learner at speed 0.6 takes about 0.6 as many steps as one at 1.0
-        assert 0.4 < steps["local-b-1"] / steps["local-a-0"] < 0.8, steps
+        # slower learners take fewer steps (on 2 shared cores a sleeping learner also lends
+        # the others its core, so the ratios are not exactly the speeds)
+        steps = row["steps"]
+        assert steps["local-b-1"] < steps["local-b-0"] < min(steps["local-a-0"], steps["local-a-1"]), steps
+        assert 0.25 < steps["local-b-1"] / steps["local-a-0"] < 0.8, steps
     # K=1 merges whoever arrives: more versions than waiting for all four in the same time
     assert rows["K=1 no grace"]["versions"] > rows["K=M"]["versions"]
     assert "met" in document["results"]["target"]
