@@ -88,12 +88,14 @@ class JoinedRun:
 
     @property
     def shard(self) -> int:
-        """This learner's data shard: read only your part of the data."""
-        return self.sync.me.shard
+        """This learner's data shard: read only your part of the data.  Read it at
+        every step: when the run is scaled (``diloco scale``) the data is cut anew."""
+        return self.sync.data_partition[0]
 
     @property
     def num_shards(self) -> int:
-        return len(self.sync.spec.learners)
+        """How many shards the data is cut into now (the active learners)."""
+        return self.sync.data_partition[1]
 
     @property
     def learner_id(self) -> str:
@@ -105,8 +107,9 @@ class JoinedRun:
 
     @property
     def stop_requested(self) -> bool:
-        """Whether the learner was asked to stop (``diloco down``): leave the loop."""
-        return self.sync.stop_requested
+        """Whether the learner was asked to stop (``diloco down``) or to leave the run
+        (``diloco scale --learners -N``): leave the loop."""
+        return self.sync.leaving
 
     def step_done(self, loss: float | None = None, tokens: int | None = None) -> None:
         """Tell the run that one inner step finished (not needed with the optimizer hook,
@@ -139,7 +142,7 @@ class JoinedRun:
             self.sync.failed()
             self.sync.close()
             return
-        self.exit_code = self.sync.finish(finished=not self.sync.stop_requested)
+        self.exit_code = self.sync.finish(finished=self.sync.drain_requested or not self.sync.stop_requested)
         if self.exit_code != EXIT_FINISHED:
             raise SystemExit(self.exit_code)
 

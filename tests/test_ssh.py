@@ -183,6 +183,13 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
                 assert "processes (probed)" in result.stdout and "one" in result.stdout and "ok" in result.stdout
             elif arguments[0] == "resume":
                 assert f"nothing of run {run_name} is down" in result.stdout
+            elif arguments[0] == "scale":  # started over SSH on west's host, from the host's rewritten manifest
+                assert re.search(r"west-2\s+two\s+added", result.stdout) and "M is now 5" in result.stdout, result.stdout
+                log = tmp_path / "work-two" / run_name / "logs" / "west-2.log"
+                deadline = time.monotonic() + 180
+                while not (log.exists() and "installed fragment" in log.read_text()):  # it joined from the global weights
+                    assert time.monotonic() < deadline, f"west-2 did not join on host two: {log.read_text()[-2000:] if log.exists() else 'no log'}"
+                    time.sleep(1)
             elif arguments[0] == "down":
                 assert f"run {run_name} is down" in result.stdout
         assert run_name is not None

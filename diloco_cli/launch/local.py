@@ -35,7 +35,7 @@ def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_
     """Start the syncer (if asked) and these learners; CPU threads are shared out among
     every learner the run places on this machine (``resume`` starts only some)."""
     manifest, secret_path = run_dir / "run.json", run_dir / "secret"
-    processes = sum(learner.processes for learner in spec.learners if learner.host == "local") or 1
+    processes = sum(learner.processes for learner in spec.active_learners if learner.host == "local") or 1
     threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     records = []

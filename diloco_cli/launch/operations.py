@@ -91,8 +91,15 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
     if any(name not in ("syncer", CHAOS_PROCESS) for name in down) and "syncer" not in down and not rows.get("syncer", {}).get("supervisor_alive"):
         down.append("syncer")  # it finished without them: it must merge what they send
-    if not down:
+    return start_processes(record, down, "started again", emit)
+
+
+def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda line: None) -> list[str]:
+    """Start these processes of the run (learners, the syncer, the chaos driver) where
+    the run places them, here or on SSH hosts, and record them; returns their names."""
+    if not names:
         return []
+    down = names
     spec = record.spec
     placement = record.placement()
     started: list[ProcessRecord] = []
@@ -123,7 +130,7 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
         finally:
             client.close()
     for process in started:
-        emit(f"  {process.name:<16} {process.host:<12} started again")
+        emit(f"  {process.name:<16} {process.host:<12} {how}")
     replaced = {process.name for process in started}
     record.processes = [p for p in record.processes if p["name"] not in replaced] + [asdict(p) for p in started]
     record.save()

@@ -39,8 +39,8 @@ def run_entry_point(spec: RunSpec, manifest: str, learner: str, secret_file: str
             LEARNER_VARIABLE: learner,
             SECRET_FILE_VARIABLE: secret_file,
             STORAGE_OPTIONS_VARIABLE: json.dumps(storage_options),
-            SHARD_VARIABLE: str(spec.learner(learner).shard),
-            NUM_SHARDS_VARIABLE: str(len(spec.learners)),
+            SHARD_VARIABLE: str(spec.data_partition(learner)[0]),
+            NUM_SHARDS_VARIABLE: str(spec.data_partition(learner)[1]),
         }
     )
     sys.argv = [str(path)]

@@ -59,7 +59,8 @@ class Learner:
         if training.batch_size % self.group.world_size:
             raise ValueError(f"training.batch_size {training.batch_size} must divide among {self.group.world_size} processes")
         self.rank_batch = training.batch_size // self.group.world_size
-        self.data: LearnerData = open_learner_data(self.spec, self.me, self.group.rank, self.group.world_size)
+        self.data_partition = self.spec.data_partition(self.me.id)
+        self.data: LearnerData = open_learner_data(self.spec, self.me, self.group.rank, self.group.world_size, self.data_partition)
         self.tokens_per_step = training.batch_size * self.recipe.data.sequence_length
         self.sync = LearnerSync(self.spec, self.me.id, self.secret, self.model, self.optimizer, self.group, self.tokens_per_step, self.data)
 
@@ -100,6 +101,17 @@ class Learner:
 
     def _train(self) -> int:
         self.sync.start()
-        while self.sync.step < self.recipe.training.inner_steps and not self.sync.stop_requested:
+        while self.sync.step < self.recipe.training.inner_steps and not self.sync.leaving:
+            self._follow_data_partition()
             self._inner_step()
         return self.sync.finish()
+
+    def _follow_data_partition(self) -> None:
+        """Train on the slice of the data the run assigns now (it changes when the run
+        is scaled), from the position the step count gives."""
+        partition = self.sync.data_partition
+        if partition != self.data_partition:
+            self.data.close()
+            self.data = open_learner_data(self.spec, self.me, self.group.rank, self.group.world_size, partition)
+            self.data.restore(None, self.sync.step)
+            self.data_partition, self.sync.data_position = partition, self.data

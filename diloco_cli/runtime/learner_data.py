@@ -104,18 +104,19 @@ def data_source(spec: RunSpec, learner: LearnerSpec) -> tuple[str, dict]:
     return spec.recipe.data.source, spec.recipe.data.storage_options
 
 
-def open_learner_data(spec: RunSpec, learner: LearnerSpec, rank: int, world_size: int) -> LearnerData:
-    """The batches of process ``rank`` of ``world_size`` of this learner."""
+def open_learner_data(spec: RunSpec, learner: LearnerSpec, rank: int, world_size: int, partition: tuple[int, int] | None = None) -> LearnerData:
+    """The batches of process ``rank`` of ``world_size`` of this learner, from slice
+    ``partition`` = (index, count) of the data (default: the learner's at start)."""
     data, seed = spec.recipe.data, spec.recipe.training.seed
     source, options = data_source(spec, learner)
-    num_shards = len(spec.learners)
+    shard, num_shards = partition or spec.data_partition(learner.id)
     if data.is_tokens:
         from diloco_cli.datasets.stream import TokenBatches
 
         batches = TokenBatches(
             source,
             options,
-            shard=learner.shard,
+            shard=shard,
             num_shards=num_shards,
             rank=rank,
             world_size=world_size,
@@ -124,9 +125,9 @@ def open_learner_data(spec: RunSpec, learner: LearnerSpec, rank: int, world_size
             read_retry=retried_reads(spec.recipe.storage, source),
         )
         return TokenWindows(batches, data.sequence_length)
-    shard = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length).shard(learner.shard, num_shards)
-    rank_size = len(shard) // world_size
-    return TextWindows(shard[rank * rank_size : (rank + 1) * rank_size], data.sequence_length, seed, learner.shard, rank)
+    text = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length).shard(shard, num_shards)
+    rank_size = len(text) // world_size
+    return TextWindows(text[rank * rank_size : (rank + 1) * rank_size], data.sequence_length, seed, shard, rank)
 
 
 def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -43,7 +43,7 @@ from diloco_cli.runtime.distributed import (
 from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
 from diloco_cli.runtime.outbox import LatestUpload, OutgoingPayload, Outbox
-from diloco_cli.store.documents import Heartbeat, LearnerState, Refusals
+from diloco_cli.store.documents import ControlNote, Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.region import PAYLOAD_KEY
@@ -99,6 +99,8 @@ class Poll:
     fetched: Fetched | None = None
     resync_serial: int | None = None
     """The syncer's resync request this poll answers, if any."""
+    control: ControlNote | None = None
+    """The syncer's note to this learner, as this poll read it."""
     refusals: list[Refusal] = field(default_factory=list)
 
 
@@ -122,6 +124,10 @@ class LearnerSync:
         self.tokens_per_step = tokens_per_step
         self.data_position = data_position
         self.stop_requested = False
+        self.drain_requested = False
+        """The syncer told this learner to leave the run (``diloco scale``)."""
+        self.partition: tuple[int, int] | None = None
+        """The data slice the syncer assigned since the run was scaled (None: as at start)."""
         self.progress = Progress()
         self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
         self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
@@ -151,6 +157,17 @@ class LearnerSync:
     @property
     def total_steps(self) -> int:
         return self.recipe.training.inner_steps
+
+    @property
+    def leaving(self) -> bool:
+        """Whether the loop should end now: stopped (``diloco down``) or drained."""
+        return self.stop_requested or self.drain_requested
+
+    @property
+    def data_partition(self) -> tuple[int, int]:
+        """(slice, number of slices) of the data to train on now: as at start, until a
+        ``diloco scale`` changes the number of active learners."""
+        return self.partition or self.spec.data_partition(self.me.id)
 
     def _next_epoch(self) -> int:
         """Count this start, above every epoch this learner may have used before (its
@@ -353,6 +370,7 @@ class LearnerSync:
         except PayloadError as error:
             poll.refusals.append(Refusal("control", f"control/{self.me.id}.json", str(error)))
             control = None
+        poll.control = control
         if control is not None and control.resync_serial > resync_seen:
             poll.resync_serial = control.resync_serial
             due = {p: Version(-1) for p in head.fragment_versions}
@@ -390,6 +408,8 @@ class LearnerSync:
         fragments whose base changed (the caller installs them into the parameters)."""
         for refusal in poll.refusals:
             self._refused(refusal.kind, refusal.key, refusal.reason)
+        if poll.control is not None:
+            self._follow_note(poll.control)
         if poll.fetched is None:
             return []
         installed = []
@@ -410,14 +430,26 @@ class LearnerSync:
         self.progress.installs += bool(installed)
         return installed
 
+    def _follow_note(self, note: ControlNote) -> None:
+        """Drain, or train on another slice of the data, when the syncer's note says so."""
+        if note.drain and not self.drain_requested:
+            log.info("the run drains this learner: sending what it trained, then stopping")
+            self.drain_requested = True
+        partition = (note.data_slice, note.data_slices) if note.data_slices and note.data_slice is not None else None
+        if partition is not None and partition != self.partition:
+            log.info("the run was scaled: training on slice %d of %d of the data now", *partition)
+            self.partition = partition
+
     def _install(self, poll: Poll | None) -> None:
         """Every process: the storage rank applies and checks a finished poll, then the
         new bases overwrite the parameters of every process (and the stop flag travels)."""
         installed = self._apply_poll(poll) if poll is not None else []
         mask = [int(FragmentIndex(p) in installed) for p in range(len(self.fragment_list))]
-        control = broadcast_control(self.group, [int(self.stop_requested), *mask], self._device)
-        self.stop_requested = bool(control[0])
-        names = [n for p, flag in enumerate(control[1:]) if flag for n in self.fragment_list[p].parameter_names]
+        partition = self.partition or (-1, 0)
+        control = broadcast_control(self.group, [int(self.stop_requested), int(self.drain_requested), *partition, *mask], self._device)
+        self.stop_requested, self.drain_requested = bool(control[0]), bool(control[1])
+        self.partition = (control[2], control[3]) if control[3] else None
+        names = [n for p, flag in enumerate(control[4:]) if flag for n in self.fragment_list[p].parameter_names]
         if names:
             install_parameters(self.model, self.fragments.base if self.group.is_storage_rank else None, names, self.group)
 
@@ -462,9 +494,9 @@ class LearnerSync:
     def finish(self, finished: bool | None = None) -> int:
         """Send what is left and deliver it, write the last checkpoint and heartbeat;
         returns the exit code.  ``finished`` defaults to whether the step count reached
-        ``training.inner_steps``."""
+        ``training.inner_steps`` or the run drained this learner."""
         if finished is None:
-            finished = self.progress.step >= self.total_steps
+            finished = self.progress.step >= self.total_steps or self.drain_requested
         code = EXIT_FINISHED if finished else EXIT_STOPPED
         if finished:
             # the work since each fragment's last send must count too; a learner

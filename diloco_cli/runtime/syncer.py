@@ -17,6 +17,7 @@ import logging
 import signal
 import time
 from collections import deque
+from dataclasses import replace
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from diloco_cli.runtime.fanout import FanOut
 from diloco_cli.runtime.global_weights import encode_snapshot
 from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.runtime.leftovers import LeftoverSweeper
+from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
 from diloco_cli.runtime.reachability import Reachability
@@ -40,7 +42,7 @@ from diloco_cli.runtime.region_scan import RegionScan, payload_id, qualified, sc
 from diloco_cli.store.retry import RetryPolicy
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
-from diloco_cli.store.documents import ControlNote, Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
+from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
@@ -58,8 +60,10 @@ HOME = "home"
 
 
 class Syncer:
-    def __init__(self, spec: RunSpec, secret: RunSecret, clock=time.monotonic) -> None:
+    def __init__(self, spec: RunSpec, secret: RunSecret, clock=time.monotonic, manifest: ManifestWatch | None = None) -> None:
         self.spec = spec
+        self.manifest = manifest
+        """The run's manifest, followed for learners added or drained (``diloco scale``)."""
         self.recipe = spec.recipe
         self.secret = secret
         self.clock = clock
@@ -78,7 +82,7 @@ class Syncer:
         self.reasons: dict[FragmentIndex, str] = {}
         self.merge_times: deque[float] = deque(maxlen=50)
         self.last_merge: LastMerge | None = None
-        self.resync_serials: dict[LearnerId, int] = {}
+        self.notes = ControlNotes(self.buckets, self._refused)
         self.given_up: dict[LearnerId, str] = {}
         self.finished = False
         self.started_at = time.time()
@@ -100,7 +104,7 @@ class Syncer:
         self.state: SyncerState = restore_state(self.home, self.secret, self.fragments, initial, optimizer, publisher, recipe.sync.window_versions, self._evaluate)
         self.digests = {f.index: self.state.digest(f.index) for f in self.fragments}
         policy = decisions.DecisionPolicy(
-            num_learners=len(self.spec.learners),
+            num_learners=len(self.spec.active_learners),
             quorum=recipe.quorum,
             num_fragments=len(self.fragments),
             grace_gamma=recipe.sync.grace_gamma,
@@ -128,6 +132,7 @@ class Syncer:
         self.probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
         """Each region's bucket with a single try per call: how an unreachable region is probed."""
         self._continue_counts()
+        self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
         self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
 
     def _continue_counts(self) -> None:
@@ -367,18 +372,7 @@ class Syncer:
             log.warning("could not delete %s: %s", name, error)
 
     def _resync(self, action: decisions.Resync) -> None:
-        region = self.spec.learner(action.learner).region
-        bucket = self.buckets[region]
-        serial = self.resync_serials.get(action.learner)
-        if serial is None:
-            try:
-                serial = bucket.read_control(action.learner).resync_serial
-            except PayloadError as error:
-                self._refused(region, "control", f"control/{action.learner}.json", error)
-                serial = 0
-        serial += 1
-        bucket.write_control(action.learner, ControlNote(resync_serial=serial, fragment=action.fragment, reason=action.reason, time=time.time()))
-        self.resync_serials[action.learner] = serial
+        self.notes.resync(action.learner, self.spec.learner(action.learner).region, action.fragment, action.reason)
         self._retire(payload_id(action.arrival.key))
         log.info("told %s to resync: %s", action.learner, action.reason)
 
@@ -401,6 +395,25 @@ class Syncer:
         return Evaluation(version=version, loss=loss, tokens=tokens, time=time.time())
 
     # ------------------------------------------------------------------ upkeep
+
+    def _follow_membership(self) -> None:
+        """Take in learners added or drained by ``diloco scale`` (the manifest changed):
+        M and K follow, and each learner gets its note (drain, its slice of the data)."""
+        spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and spec.learners != self.spec.learners:
+            if (spec.run, spec.created) != (self.spec.run, self.spec.created):
+                log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
+                return
+            policy = replace(self.decisions.policy, num_learners=len(spec.active_learners), quorum=spec.recipe.quorum)
+            self.decisions = replace(self.decisions, policy=policy)
+            added = sorted(set(s.id for s in spec.learners) - set(s.id for s in self.spec.learners))
+            drained_before = {s.id for s in self.spec.learners if s.drain}
+            draining = sorted(s.id for s in spec.learners if s.drain and s.id not in drained_before)
+            self.spec = spec
+            log.info("the run now has M=%d learners, K=%d%s%s", policy.num_learners, policy.quorum,
+                     f"; added {', '.join(added)}" if added else "", f"; draining {', '.join(draining)}" if draining else "")  # fmt: skip
+        self.notes.follow(self.spec, skip=set(self.reachability.down))
+        self.notes.deliver(skip=set(self.reachability.down))
 
     def _repair_from_reports(self) -> None:
         """Check the published objects learners reported refusing; rewrite damaged ones."""
@@ -507,6 +520,7 @@ class Syncer:
                     wake = min(wake, action.until)
         if read_beats:
             self._repair_from_reports()
+            self._follow_membership()
         behind = self.publication.behind - set(self.reachability.down)
         if behind and now - self._last["catch_up"] >= CATCH_UP_SECONDS:
             self.publication.catch_up(behind, self._head(), self._snapshot_payload)

@@ -193,6 +193,12 @@ class ControlNote(Document):
     fragment: FragmentIndex | None = None
     reason: str = ""
     time: float = 0.0
+    drain: bool = False
+    """Leave the run (``diloco scale``): send what is trained, deliver it, stop."""
+    data_slice: int | None = None
+    """The slice of the data to train on now that the run was scaled (None: as at start)."""
+    data_slices: int | None = None
+    """How many slices the data is cut into now (the active learners)."""
 
 
 class ChaosEvent(BaseModel):

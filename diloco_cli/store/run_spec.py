@@ -41,8 +41,25 @@ class LearnerSpec(BaseModel):
     region: RegionName
     host: str
     shard: int
-    """This learner's shard index among the M learners."""
+    """This learner's place in the data: learners are given the data's slices in the
+    order of this number (see :meth:`RunSpec.data_partition`)."""
     processes: int = 1
+    drain: bool = False
+    """Told to leave the run (``diloco scale --learners -N``): it sends what it has
+    trained, sees it delivered, and stops; it no longer counts in M."""
+
+
+class ScaleChange(BaseModel):
+    """One ``diloco scale`` of a running run, as its record keeps it."""
+
+    model_config = FROZEN
+
+    time: float
+    region: RegionName
+    added: tuple[LearnerId, ...] = ()
+    drained: tuple[LearnerId, ...] = ()
+    learners_after: int
+    """M after the change."""
 
 
 class RegionSpec(BaseModel):
@@ -84,6 +101,22 @@ class RunSpec(BaseModel):
     syncer: SyncerSpec
     chaos: ChaosPlan | None = None
     """Faults to inject (``diloco up --chaos``); None in a normal run."""
+    scaling: tuple[ScaleChange, ...] = ()
+    """Every ``diloco scale`` of this run, oldest first."""
+
+    @property
+    def active_learners(self) -> tuple[LearnerSpec, ...]:
+        """The learners that count in M: every one not told to drain."""
+        return tuple(learner for learner in self.learners if not learner.drain)
+
+    def data_partition(self, learner: LearnerId | str) -> tuple[int, int]:
+        """(slice, number of slices) of the data that ``learner`` trains on: the active
+        learners share the data in the order of their ``shard`` number, so a run that
+        was scaled still gives every learner a slice of its own.  Before any scaling this
+        is (shard, M)."""
+        me = self.learner(learner)
+        members = sorted(self.active_learners if not me.drain else self.learners, key=lambda spec: spec.shard)
+        return [spec.id for spec in members].index(me.id), len(members)
 
     def learner(self, learner: LearnerId | str) -> LearnerSpec:
         for spec in self.learners:

@@ -14,7 +14,8 @@ from typing import Any
 
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
-from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.store.run_spec import LearnerSpec, RunSpec
+from diloco_cli.views.format import ago, plural
 from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
@@ -106,9 +107,11 @@ class RunStatus:
     problems: list[str] = field(default_factory=list)
     """What is wrong, in sentences that say what to run."""
     bandwidth: str | None = None
+    """One line: bytes across links and in regions, compression, data-parallel's bytes."""
     chaos: str | None = None
     """One line, in chaos mode: the faults injected so far and the latest ones."""
-    """One line: bytes across links and in regions, compression, data-parallel's bytes."""
+    scaling: str | None = None
+    """One line once the run was scaled: M now, and the changes (``diloco scale``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +210,8 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
         status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now))
     if spec.chaos is not None:
         status.chaos = chaos_line(read.chaos, now)
+    if spec.scaling:
+        status.scaling = scaling_line(spec, now)
     status.problems = problems(status, processes) + [
         f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
     ]
@@ -235,6 +240,25 @@ def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool)
     region.failures += counters.failures
 
 
+def scaling_line(spec: RunSpec, now: float) -> str:
+    """``M=3 after 2 changes: +1 in a 4 min ago (added a-2); -1 in a 1 min ago (draining a-2)``"""
+    changes = []
+    for change in spec.scaling[-3:]:
+        count = len(change.added) - len(change.drained)
+        who = f"added {', '.join(change.added)}" if change.added else f"draining {', '.join(change.drained)}"
+        changes.append(f"{count:+d} in {change.region} {ago(now - change.time)} ({who})")
+    earlier = f"{len(spec.scaling) - 3} earlier; " if len(spec.scaling) > 3 else ""
+    return f"scaled: M={len(spec.active_learners)} after {plural(len(spec.scaling), 'change')}: {earlier}{'; '.join(changes)}"
+
+
+def _learner_state(placed: LearnerSpec, beat: Heartbeat | None) -> str:
+    """The heartbeat's state, but ``draining``/``drained`` for a learner told to leave."""
+    state = beat.state.value if beat else "not started"
+    if placed.drain:
+        return "drained" if state == "finished" else "draining"
+    return state
+
+
 def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: int, now: float) -> LearnerRow:
     placed = spec.learner(learner)
     bases = [int(v) for v in beat.base_versions.values() if int(v) >= 0] if beat else []
@@ -242,7 +266,7 @@ def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: i
         learner=learner,
         region=placed.region,
         host=placed.host,
-        state=beat.state.value if beat else "not started",
+        state=_learner_state(placed, beat),
         step=beat.step if beat else 0,
         total_steps=beat.total_steps if beat else spec.recipe.training.inner_steps,
         tokens=beat.tokens if beat else 0,

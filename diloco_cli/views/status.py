@@ -19,7 +19,7 @@ from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
 from diloco_cli.views.run_state import RunStatus, collect_status
 
-STATE_STYLE = {"training": "green", "finished": "cyan", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
+STATE_STYLE = {"training": "green", "finished": "cyan", "drained": "cyan", "draining": "yellow", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
 FINAL_STATES = ("finished", "stopped")
 LEARNER_COLUMNS = (
     ("learner", "left"),
@@ -106,6 +106,8 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         parts.append(Text(status.bandwidth))
     if status.chaos:
         parts.append(Text(status.chaos))
+    if status.scaling:
+        parts.append(Text(status.scaling))
     if refusal_lines:
         parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:

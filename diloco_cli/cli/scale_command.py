@@ -1,0 +1,47 @@
+"""``diloco scale``: add learners to a running run, or drain some."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from diloco_cli.cli.errors import reported
+from diloco_cli.cli.runs_commands import RUNS_DIR
+
+
+@reported
+def scale(
+    run: str = typer.Argument(..., help="The running run to scale."),
+    region: str = typer.Option(..., "--region", help="The region whose learners change."),
+    learners: str = typer.Option(..., "--learners", metavar="+N|-N", help="+N starts N more learners on the region's hosts; -N drains N of them (the newest first)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="After -N, wait until the drained learners stopped and everything they trained is merged."),
+    timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="How long to wait for a drain."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Change how many learners a running run has. New learners start from the newest global weights; drained ones send what they trained before they stop. The syncer's M follows, the data is shared out anew, and the run's record keeps each change."""
+    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.scale import parse_change, scale_run, wait_for_drain
+
+    change = parse_change(learners)
+    record = load_run(runs_dir, run)
+    spec = scale_run(record, region, change, emit=typer.echo)
+    last = spec.scaling[-1]
+    verb = f"added {', '.join(last.added)}" if last.added else f"draining {', '.join(last.drained)}"
+    typer.echo(f"run {record.name}: {verb} in region {region}; M is now {last.learners_after} (K={spec.recipe.quorum})")
+    if last.drained and wait:
+        typer.echo(f"waiting (up to {timeout:.0f} s) for the drained learners to stop with their work merged; Ctrl-C stops waiting, not the drain")
+        outcomes = wait_for_drain(record, last.drained, timeout, emit=typer.echo)
+        unfinished = [o for o in outcomes if o.merged < o.tokens or o.tokens == 0]
+        if unfinished:
+            typer.echo(
+                "error: after {:.0f} s, not drained yet: {}; `diloco status {}` shows them".format(
+                    timeout, ", ".join(f"{o.learner} ({o.merged:,} of {o.tokens:,} tokens merged)" for o in unfinished), record.name
+                ),
+                err=True,
+            )
+            raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(scale)

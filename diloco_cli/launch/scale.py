@@ -1,0 +1,187 @@
+"""``diloco scale``: add learners to a running run, or drain some of them.
+
+Adding: the new learners are placed on the region's hosts (the one with the fewest
+learners first), written into the run's manifest everywhere (the run record here, each
+SSH host's copy, every bucket's), and started like any learner: with no checkpoint of
+their own they wait for the newest global weights and start from them.  Draining: the
+manifest marks them; the syncer, which follows the manifest, tells each through its
+control note, and the learner sends what it trained, sees it delivered and stops.
+Either way the syncer's M (and K, when the recipe leaves K to M) follows, the active
+learners are given the data's slices anew (each a slice of its own), and the run's
+record keeps the change (``RunSpec.scaling``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.core.types import LearnerId, RegionName
+from diloco_cli.launch.operations import start_processes
+from diloco_cli.launch.plan import write_manifests
+from diloco_cli.launch.runs import RunRecord
+from diloco_cli.store.documents import LearnerState, SyncerPhase
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.run_spec import LearnerSpec, RunSpec, ScaleChange
+
+Emit = Callable[[str], None]
+DRAIN_WAIT_SECONDS = 900.0
+"""How long ``scale`` waits by default for drained learners' last work to be merged."""
+
+
+def parse_change(text: str) -> int:
+    """``+2`` or ``-1`` (a signed, non-zero count of learners)."""
+    try:
+        change = int(text)
+    except ValueError:
+        change = 0
+    if change == 0 or text.strip()[:1] not in "+-":
+        raise ConfigError(f"--learners {text!r}: give a signed count, +N to add learners or -N to drain them (e.g. +2, -1)")
+    return change
+
+
+def plan_scale(spec: RunSpec, region: str, change: int, now: float) -> RunSpec:
+    """The run after adding ``change`` learners to ``region`` (or draining ``-change``
+    of them, the newest first); ConfigError says why it cannot be done."""
+    regions = [r.name for r in spec.regions]
+    if region not in regions:
+        raise ConfigError(f"--region {region!r} is not a region of run {spec.run} (its regions: {', '.join(regions)})")
+    in_region = [learner for learner in spec.learners if learner.region == region]
+    active = [learner for learner in in_region if not learner.drain]
+    if change > 0:
+        added = _new_learners(spec, RegionName(region), in_region, change)
+        learners, drained = spec.learners + added, ()
+    else:
+        if -change > len(active):
+            raise ConfigError(f"region {region} has {len(active)} active learner(s) ({', '.join(l.id for l in active) or 'none'}); cannot drain {-change}")
+        drained = tuple(learner.id for learner in sorted(active, key=lambda l: l.shard, reverse=True)[:-change])
+        learners = tuple(learner.model_copy(update={"drain": True}) if learner.id in drained else learner for learner in spec.learners)
+        added = ()
+    remaining = sum(1 for learner in learners if not learner.drain)
+    if remaining == 0:
+        raise ConfigError(f"draining {', '.join(drained)} would leave run {spec.run} without learners; stop it with `diloco down {spec.run}`")
+    document = spec.recipe.model_dump(mode="json")
+    document["training"]["num_learners"] = remaining
+    try:
+        recipe = Recipe.model_validate(document)
+    except ValidationError as error:
+        raise ConfigError(f"run {spec.run} with M={remaining} learners: {error.errors()[0]['msg'].removeprefix('Value error, ')}; lower sync.quorum first") from None
+    change_record = ScaleChange(time=now, region=RegionName(region), added=tuple(l.id for l in added), drained=drained, learners_after=remaining)
+    return spec.model_copy(update={"learners": learners, "recipe": recipe, "scaling": spec.scaling + (change_record,)})
+
+
+def _new_learners(spec: RunSpec, region: RegionName, in_region: list[LearnerSpec], count: int) -> tuple[LearnerSpec, ...]:
+    """``count`` learners for the region's hosts, fewest learners first, named on from
+    the region's (``<region>-<n>``), with shard numbers after every learner's."""
+    if not in_region:
+        raise ConfigError(f"region {region} never had a host with learners in this run; nothing says where to start them")
+    hosts = Counter(learner.host for learner in in_region if not learner.drain)
+    for learner in in_region:
+        hosts.setdefault(learner.host, 0)
+    processes = {learner.host: learner.processes for learner in in_region}
+    taken = {learner.id for learner in spec.learners}
+    index, shard = 0, max(learner.shard for learner in spec.learners) + 1
+    added = []
+    for _ in range(count):
+        while f"{region}-{index}" in taken:
+            index += 1
+        host = min(hosts, key=lambda name: (hosts[name], name))
+        hosts[host] += 1
+        added.append(LearnerSpec(id=LearnerId(f"{region}-{index}"), region=region, host=host, shard=shard, processes=processes[host]))
+        taken.add(added[-1].id)
+        shard += 1
+    return tuple(added)
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    learner: LearnerId
+    tokens: int
+    """Tokens it trained."""
+    merged: int
+    """Of those, tokens that ended in a merge or were overwritten by an install (the
+    smallest over fragments): all of them once its last payloads are merged."""
+
+
+def scale_run(record: RunRecord, region: str, change: int, emit: Emit = lambda line: None) -> RunSpec:
+    """Change the running run and start its new learners; returns the run as it is now."""
+    _check_running(record)
+    spec = plan_scale(record.spec, region, change, time.time())
+    publish_spec(record, spec)
+    last = spec.scaling[-1]
+    if last.added:
+        start_processes(record, list(last.added), "added", emit)
+    for learner in last.drained:
+        emit(f"  {learner:<16} {spec.learner(learner).host:<12} draining: it sends what it trained, then stops")
+    return spec
+
+
+def _check_running(record: RunRecord) -> None:
+    """A run can be scaled while its syncer runs (it is the one that follows)."""
+    phases = []
+    for bucket in record.spec.buckets(record.secret()):
+        try:
+            status = bucket.read_syncer_status()
+        except (StorageError, ValueError):
+            continue
+        if status is not None:
+            phases.append(status.state)
+    if SyncerPhase.FINISHED in phases:
+        raise ConfigError(f"run {record.name} has finished; there is nothing to scale")
+    if phases and all(phase == SyncerPhase.STOPPED for phase in phases):
+        raise ConfigError(f"run {record.name} is stopped; `diloco resume {record.name}` first, then scale it")
+
+
+def publish_spec(record: RunRecord, spec: RunSpec) -> None:
+    """The run as it is now, everywhere a process or a view reads it: every bucket's
+    manifest, each SSH host's copy, and (last, since the syncer of a local run follows
+    it) the run record here."""
+    write_manifests(spec)
+    hosts = sorted(({learner.host for learner in spec.learners} | {spec.syncer.host}) - {"local"})
+    if hosts:
+        from diloco_cli.launch.remote import connect_recorded_host, install_run_files, remote_paths
+
+        for name in hosts:
+            client, host = connect_recorded_host(record.hosts, record.ssh, name)
+            try:
+                install_run_files(client, remote_paths(client, host, spec.run), spec, record.secret())
+            finally:
+                client.close()
+    record.document["spec"] = spec.model_dump(mode="json")
+    record.__dict__.pop("spec", None)  # the cached, validated spec of before
+    record.save()
+
+
+def wait_for_drain(record: RunRecord, learners: tuple[LearnerId, ...], timeout: float, emit: Emit = lambda line: None, look_seconds: float = 2.0) -> list[DrainOutcome]:
+    """Wait until each drained learner has stopped and everything it trained is merged
+    (or ``timeout`` passes); returns how far each got."""
+    spec, secret = record.spec, record.secret()
+    home = spec.home(secret)
+    deadline = time.monotonic() + timeout
+    pending, outcomes = set(learners), {}
+    while pending and time.monotonic() < deadline:
+        history = None
+        for learner in sorted(pending):
+            try:
+                beat = spec.bucket(spec.learner(learner).region, secret).read_heartbeat(learner)
+            except (StorageError, ValueError):
+                continue
+            if beat is None or beat.state != LearnerState.FINISHED:
+                continue
+            history = history if history is not None else home.history()
+            fragments = range(spec.recipe.sync.num_fragments)
+            merged = min(tokens_merged(history, learner, f) + beat.tokens_overwritten.get(f, 0) for f in fragments)
+            outcomes[learner] = DrainOutcome(learner, beat.tokens, merged)
+            if merged >= beat.tokens:
+                pending.discard(learner)
+                emit(f"  {learner:<16} drained: it stopped, and all {beat.tokens:,} tokens it trained are merged")
+        if pending:
+            time.sleep(look_seconds)
+    return [outcomes.get(learner, DrainOutcome(learner, 0, 0)) for learner in learners]
