@@ -2,14 +2,18 @@
 
 Four learners of the default recipe at speeds 1.0, 1.0, 0.8 and 0.6 (``training.
 learner_speeds``: a slow learner waits (1/speed - 1) x its compute time after each step,
-as a slower chip would take longer).  Three settings of the syncer run for the same wall
-time each: K=M (a merge waits for every learner), K=1 without a grace window, and K=1
-with the grace window.  Each run is stopped after the same time of training, and the
-global weights it published by then are evaluated on the held-out text here.
+as a slower chip would take longer).  Settings of the syncer and learners run for the
+same wall time each: K=M (a merge waits for every learner), K=1 without a grace window,
+K=1 with it, and K=1 with dynamic local updates (each learner's H scaled by its speed);
+installs overwrite the unsent work (the paper's rule, ``sync.install: overwrite``) or
+keep it (``keep-unsent``), by default the latter when K < M.  Each run is stopped after
+the same time of training, and the global weights it published by then are evaluated
+on the held-out text here.
 
 Goodput per run: the learners' compute time over wall time x M (learners never wait for
 anyone, so this shows none of them idled), times the share of trained tokens that ended
-in a merge (the rest were overwritten by an install before they were sent).
+in a merge (the rest were overwritten by an install before they were sent, or were
+still unsent when the run was stopped).
 
     python -m bench.hetero               # the default model, 240 s per setting
     python -m bench.hetero --quick       # a tiny model, 15 s per setting (the test suite)
@@ -40,9 +44,13 @@ from diloco_cli.views.run_state import collect_status
 SPEEDS = {"local-a-0": 1.0, "local-a-1": 1.0, "local-b-0": 0.8, "local-b-1": 0.6}
 SETTINGS = {
     "K=M": {"sync": {"quorum": None}},
+    "K=M keep-unsent": {"sync": {"quorum": None, "install": "keep-unsent"}},
+    "K=1 grace overwrite": {"sync": {"quorum": 1, "install": "overwrite"}},
     "K=1 no grace": {"sync": {"quorum": 1, "max_grace_seconds": 0.0}},
     "K=1 grace": {"sync": {"quorum": 1}},
+    "K=1 grace dynamic H": {"sync": {"quorum": 1, "dynamic_local_updates": True}},
 }
+"""``install`` is left to ``auto`` unless named: overwrite for K=M, keep-unsent for K=1."""
 TARGET = "K=1 with grace: held-out loss at most K=M's at equal wall time, goodput 100%"
 
 
@@ -107,23 +115,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, 15 s per setting")
     parser.add_argument("--seconds", type=float, help="wall time of training per setting")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), metavar="SETTING", help=f"which settings to run (default: all of {', '.join(SETTINGS)})")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     wall = args.seconds or (15.0 if args.quick else 240.0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="diloco-hetero-") as directory:
-        for label, changes in SETTINGS.items():
+        for label in args.settings:
+            changes = SETTINGS[label]
             row = run_setting(label, recipe_for(args.quick, changes), wall, Path(directory))
             print(f"  {label}: loss {row['loss']:.4f}, {row['versions']} versions, goodput {row['goodput']:.1%}", flush=True)
             rows.append(row)
     by = {row["setting"]: row for row in rows}
-    met = by["K=1 grace"]["loss"] <= by["K=M"]["loss"] and by["K=1 grace"]["compute_share"] > 0.97
+    best = by.get("K=1 grace")
+    met = None if best is None or "K=M" not in by else best["loss"] <= by["K=M"]["loss"] and best["compute_share"] > 0.97
     results = {"rows": rows, "target": {"target": TARGET, "met": met}}
     settings = {"speeds": SPEEDS, "wall_seconds": wall, "recipe": json.loads(recipe_for(args.quick, {}).model_dump_json())}
     path = write_result("hetero", args.quick, settings, results, args.output)
     print_table(rows, ["setting", "loss", "versions", "compute_share", "merged_share", "goodput"])
-    print(f"target ({TARGET}): {'met' if met else 'missed'}\nwrote {path}")
+    verdict = "not measured (run the K=M and K=1 grace settings)" if met is None else "met" if met else "missed"
+    print(f"target ({TARGET}): {verdict}\nwrote {path}")
     return results
 
 

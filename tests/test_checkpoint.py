@@ -63,3 +63,51 @@ def test_a_damaged_checkpoint_is_refused(secret):
     payload[100] ^= 1
     with pytest.raises(CorruptPayload):
         decode_checkpoint(bytes(payload), learner(1)[2], secret)
+
+
+def _scalar_fragments(keep_unsent):
+    from diloco_cli.core.fragments import Fragment
+
+    fragment = Fragment(index=0, parameter_names=("w",), num_bytes=4, embedding_names=frozenset())
+    return LearnerFragments((fragment,), {"w": torch.Size([1])}, keep_unsent=keep_unsent)
+
+
+def _sent_delta(fragments, theta, secret):
+    from diloco_cli.codec import CodecSpec, decode_payload
+
+    payload = fragments.encode_delta(0, {"w": torch.tensor([theta])}, CodecSpec(codec="fp32", zstd_level=0), secret, {})
+    return decode_payload(payload, secret).tensors["w"].item()
+
+
+def test_keep_unsent_installs_carry_exactly_the_work_not_sent_yet(secret):
+    """Hand-computed: base 0; train to 1 (2 steps) and send (delta -1); train to 3 (1 step);
+    version 1 = 10 arrives: theta = 10 + (3 - 1) = 12 with 1 step unsent; version 2 = 20
+    arrives before any send: theta = 20 + (12 - 10) = 22; the next send is the 2 unsent
+    units (delta -2) with 1 step and 8 tokens; a checkpoint keeps the origin."""
+    fragments = _scalar_fragments(keep_unsent=True)
+    fragments.install(0, 0, {"w": torch.tensor([0.0])})
+    for _ in range(2):
+        fragments.count_step(8)
+    assert _sent_delta(fragments, 1.0, secret) == -1.0
+    fragments.count_step(8)
+    assert fragments.install(0, 1, {"w": torch.tensor([10.0])}) is True
+    theta = fragments.with_unsent(["w"], {"w": torch.tensor([3.0])})["w"].item()
+    assert theta == 12.0 and (fragments.c_steps[0], fragments.c_tokens[0]) == (1, 8)
+    assert fragments.install(0, 2, {"w": torch.tensor([20.0])}) is True
+    theta = fragments.with_unsent(["w"], {"w": torch.tensor([theta])})["w"].item()
+    assert theta == 22.0 and (fragments.c_steps[0], fragments.c_tokens[0]) == (1, 8)
+    assert _sent_delta(fragments, theta, secret) == -2.0 and fragments.tokens_overwritten[0] == 0
+    restored = _scalar_fragments(keep_unsent=True)
+    restored.load_state(fragments.state_tensors(), fragments.state_meta())
+    assert restored.origin["w"].item() == 22.0 and restored.sent_steps[0] == 1
+
+
+def test_overwrite_installs_and_resyncs_drop_the_unsent_work_and_count_it(secret):
+    for fragments, keep in ((_scalar_fragments(keep_unsent=False), None), (_scalar_fragments(keep_unsent=True), False)):
+        fragments.install(0, 0, {"w": torch.tensor([0.0])})
+        fragments.count_step(8)
+        _sent_delta(fragments, 1.0, secret)
+        fragments.count_step(8)
+        assert fragments.install(0, 1, {"w": torch.tensor([10.0])}, keep_unsent=keep) is False
+        assert (fragments.c_steps[0], fragments.c_tokens[0], fragments.tokens_overwritten[0]) == (0, 0, 8)
+        assert _sent_delta(fragments, 10.0, secret) == 0.0  # theta is the base again

@@ -56,3 +56,12 @@ def test_staggered_schedule_sends_each_fragment_every_h_steps():
     assert sends[3] == [7, 17, 27, 37, 47, 57]
     assert fragments_due(0, H, P) == []
     assert fragments_due(50, 50, 1) == [0]
+
+
+def test_dynamic_local_updates_scale_h_by_speed():
+    from diloco_cli.core.fragments import dynamic_sync_intervals
+
+    # speeds 1, 0.8, 0.6 (step times 1/speed): H_m = floor(25 * speed / 1)
+    assert dynamic_sync_intervals(25, {"a": 0.1, "b": 0.125, "c": 0.1 / 0.6}) == {"a": 25, "b": 20, "c": 15}
+    assert dynamic_sync_intervals(4, {"fast": 1.0, "crawling": 100.0}) == {"fast": 4, "crawling": 1}  # at least 1
+    assert dynamic_sync_intervals(25, {"unknown": 0.0}) == {}

@@ -127,3 +127,15 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     assert len(load_run(runs_dir, name).spec.scaling) == 2
     refused = diloco("scale", name, "--region", "east", "--learners", "+1", "--runs-dir", str(runs_dir), check=False)
     assert refused.returncode == 2 and "has finished; there is nothing to scale" in refused.stderr
+
+
+def test_dynamic_local_updates_reach_learners_through_their_notes_without_jitter(tmp_path):
+    secret = RunSecret(bytes(32))
+    spec = _spec(tmp_path)  # H = 10
+    buckets = {region.name: spec.bucket(region.name, secret) for region in spec.regions}
+    notes = ControlNotes(buckets, refused=lambda *args: None)
+    notes.follow_speeds(spec, {"east-0": 0.1, "east-1": 0.2, "west-0": 0.1})
+    notes.deliver()
+    assert [buckets[l.region].read_control(l.id).sync_interval for l in spec.learners] == [None, 5, None]
+    notes.follow_speeds(spec, {"east-0": 0.1, "east-1": 0.21, "west-0": 0.1})  # H_m 4: moved by 1 of H=10, written
+    assert notes.due and notes.notes["east-1"].sync_interval == 4

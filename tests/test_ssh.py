@@ -320,3 +320,45 @@ def test_a_wrong_bucket_is_caught_by_preflight_from_the_host_before_anything_sta
         assert "no-such-bucket" in result.stdout + result.stderr
         assert not runs_dir.exists() or not any(p for p in runs_dir.iterdir() if not p.name.startswith("."))
         assert processes_of(str(tmp_path / "work-one")) == []
+
+
+def test_the_chaos_driver_signals_a_learner_on_its_ssh_host(tmp_path):
+    """Chaos mode on the SSH launcher: the driver reads the learner's supervised child
+    from the host's process state over SSH and kills it there, and records the event in
+    the buckets for `status`."""
+    from diloco_cli.codec import RunSecret
+    from diloco_cli.config.chaos import ProcessEvent, parse_chaos
+    from diloco_cli.config.recipe import Recipe
+    from diloco_cli.launch.chaos import ChaosDriver
+    from diloco_cli.launch.runs import load_run, write_run_record
+    from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
+
+    with sshd(tmp_path, "sshd-one") as one:
+        known_hosts = known_hosts_of(tmp_path, one)
+        host = host_entry(one, "one", str(tmp_path / "venv"), tmp_path)
+        spec = RunSpec(
+            run="chaotic", created=time.time(), recipe=Recipe.model_validate(deep_update(TINY_RECIPE, {"training": {"num_learners": 1}})),
+            learners=(LearnerSpec(id="east-0", region="east", host="one", shard=0),),
+            regions=(RegionSpec(name="east", root=f"file://{tmp_path}/buckets/east"),),
+            syncer=SyncerSpec(host="local", home=f"file://{tmp_path}/home"), chaos=parse_chaos("seed=1,kill-learner=1/min"),
+        )  # fmt: skip
+        run_dir = tmp_path / "runs" / "chaotic"
+        run_dir.mkdir(parents=True)
+        (run_dir / "secret").write_text(RunSecret.generate().to_hex())
+        write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": "ssh", "processes": [],
+                                   "hosts": {"one": host}, "ssh": {"known_hosts": str(known_hosts)}})  # fmt: skip
+        victim = subprocess.Popen(["sleep", "120"])  # the learner, as the host's supervisor recorded it
+        state = tmp_path / "work-one" / "chaotic" / "processes" / "east-0.json"
+        state.parent.mkdir(parents=True)
+        state.write_text(json.dumps({"state": "running", "child_pid": victim.pid, "supervisor_pid": os.getpid()}))
+        try:
+            driver = ChaosDriver(load_run(tmp_path / "runs", "chaotic"))
+            driver._apply(ProcessEvent(at_seconds=0.0, action="kill", target="east-0"))
+            assert victim.wait(timeout=30) == -signal.SIGKILL
+            log = driver.buckets[0].read_chaos_log()
+            assert [(e.action, e.target, e.outcome) for e in log.events] == [("kill", "east-0", "done")]
+            state.write_text(json.dumps({"state": "restarting", "supervisor_pid": os.getpid()}))
+            driver._apply(ProcessEvent(at_seconds=1.0, action="kill", target="east-0"))
+            assert driver.buckets[0].read_chaos_log().events[-1].outcome == "not running"
+        finally:
+            victim.kill()

@@ -199,6 +199,21 @@ class SyncConfig(BaseModel):
     stale learner's anchored outer gradient also pulls the global model back toward its
     base, so K/M undershoots (measured in bench/quality.py; see the README)."""
 
+    install: Literal["auto", "overwrite", "keep-unsent"] = "auto"
+    """What a learner does with a newer global version of a fragment.  ``overwrite``
+    (the paper's rule): its parameters become the global version, and what it trained
+    on the fragment since its last send of it is lost (counted in its heartbeat).
+    ``keep-unsent``: the global version plus what it trained since that send, which its
+    next send carries, so no work is lost.  ``auto``: keep-unsent when K < M, where new
+    versions arrive several times per H steps and overwriting loses most of the work
+    (measured in bench/hetero.py), overwrite when K = M."""
+
+    dynamic_local_updates: bool = False
+    """Each learner's H scaled by its speed, ``H_m = floor(H * speed_m / fastest)``
+    (speeds from the heartbeats' step times; the syncer tells each learner its H_m),
+    so a slow learner sends as often in wall time as the fastest: its work reaches
+    the global model sooner and less stale."""
+
     outer_momentum: float = Field(default=0.0, ge=0, lt=1)
     """Nesterov momentum of the outer step (DiLoCo uses 0.9 at large scale; at this
     scale 0.0 was measured best)."""
@@ -307,6 +322,13 @@ class Recipe(BaseModel):
     def quorum(self) -> int:
         """K, with null resolved to M."""
         return self.sync.quorum or self.training.num_learners
+
+    @property
+    def keeps_unsent_work(self) -> bool:
+        """Whether installs keep the learners' unsent work (``sync.install``, resolved)."""
+        if self.sync.install == "auto":
+            return self.quorum < self.training.num_learners
+        return self.sync.install == "keep-unsent"
 
     @property
     def outer_learning_rate(self) -> float:

@@ -10,7 +10,7 @@ tensor) in a fragment of its own: it is merged with a plain weighted mean instea
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -130,3 +130,15 @@ def fragments_due(step: int, sync_interval: int, num_fragments: int) -> list[Fra
         if step >= fragment_offset(p, sync_interval, num_fragments)
         and (step - fragment_offset(p, sync_interval, num_fragments)) % sync_interval == 0
     ]
+
+
+def dynamic_sync_intervals(sync_interval: int, step_seconds: Mapping[str, float]) -> dict[str, int]:
+    """Dynamic local updates (Decoupled DiLoCo, arXiv 2604.21428): each learner's H
+    scaled by its speed, ``H_m = max(1, floor(H * speed_m / fastest speed))`` with speed
+    the inverse of its step time, so that a slow learner sends as often, in wall time, as
+    the fastest one does every H steps."""
+    times = {learner: seconds for learner, seconds in step_seconds.items() if seconds > 0}
+    if not times:
+        return {}
+    fastest = min(times.values())
+    return {learner: max(1, int(sync_interval * fastest / seconds + 1e-9)) for learner, seconds in times.items()}

@@ -51,6 +51,8 @@ from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.learner")
 
+OVERWRITE, KEEP = 1, 2
+"""How a fragment is installed into the parameters (broadcast to every process)."""
 EXIT_FINISHED = 0
 EXIT_UNDELIVERED = 75
 EXIT_STOPPED = 143
@@ -128,12 +130,14 @@ class LearnerSync:
         """The syncer told this learner to leave the run (``diloco scale``)."""
         self.partition: tuple[int, int] | None = None
         """The data slice the syncer assigned since the run was scaled (None: as at start)."""
+        self.sync_interval = self.recipe.sync.sync_interval
+        """H for this learner: the recipe's, or the syncer's H_m under dynamic local updates."""
         self.progress = Progress()
         self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
         self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
         if group.is_storage_rank:
             shapes = {name: parameter.shape for name, parameter in model.named_parameters()}
-            self.fragments = LearnerFragments(self.fragment_list, shapes)
+            self.fragments = LearnerFragments(self.fragment_list, shapes, keep_unsent=self.recipe.keeps_unsent_work)
             self.bucket = spec.bucket(self.me.region, secret)
             self.reader = GlobalReader(self.bucket, secret, self.fragment_list)
             self.refusals = Refusals()
@@ -285,7 +289,7 @@ class LearnerSync:
         if storage:
             self.fragments.count_step(tokens if tokens is not None else self.tokens_per_step)
         sync = self.recipe.sync
-        for fragment in fragments_due(p.step, sync.sync_interval, sync.num_fragments):
+        for fragment in fragments_due(p.step, self.sync_interval, sync.num_fragments):
             self._send(fragment)
         self._install(self._take_poll() if storage else None)
         if storage:
@@ -402,17 +406,18 @@ class LearnerSync:
 
     # ----------------------------------------------------------------- installation
 
-    def _apply_poll(self, poll: Poll) -> list[FragmentIndex]:
+    def _apply_poll(self, poll: Poll) -> dict[FragmentIndex, bool]:
         """On the storage rank's training thread: apply what a poll fetched to the
         bases, check each fragment against the head and make it the base; returns the
-        fragments whose base changed (the caller installs them into the parameters)."""
+        fragments whose base changed, each with whether its unsent work is kept (the
+        caller installs them into the parameters).  A resync never keeps it."""
         for refusal in poll.refusals:
             self._refused(refusal.kind, refusal.key, refusal.reason)
         if poll.control is not None:
             self._follow_note(poll.control)
         if poll.fetched is None:
-            return []
-        installed = []
+            return {}
+        installed: dict[FragmentIndex, bool] = {}
         for fetch in poll.fetched.fragments:
             try:
                 values = apply_fetch(fetch, self.fragments.names(fetch.fragment), self.fragments.base, self.secret)
@@ -420,9 +425,8 @@ class LearnerSync:
                 self._refused("install", f"fragment {fetch.fragment} version {fetch.version}", str(error))
                 self.needs_snapshot.add(fetch.fragment)
                 continue
-            self.fragments.install(fetch.fragment, fetch.version, values)
+            installed[fetch.fragment] = self.fragments.install(fetch.fragment, fetch.version, values, keep_unsent=False if poll.resync_serial is not None else None)
             self.needs_snapshot.discard(fetch.fragment)
-            installed.append(fetch.fragment)
             log.info("installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version)
         self.newest_head = max(self.newest_head, poll.fetched.head.version)
         if poll.resync_serial is not None and len(installed) == len(poll.fetched.fragments):
@@ -435,6 +439,10 @@ class LearnerSync:
         if note.drain and not self.drain_requested:
             log.info("the run drains this learner: sending what it trained, then stopping")
             self.drain_requested = True
+        interval = note.sync_interval or self.recipe.sync.sync_interval
+        if interval != self.sync_interval:
+            log.info("sending every %d steps now (dynamic local updates; the recipe's H is %d)", interval, self.recipe.sync.sync_interval)
+            self.sync_interval = interval
         partition = (note.data_slice, note.data_slices) if note.data_slices and note.data_slice is not None else None
         if partition is not None and partition != self.partition:
             log.info("the run was scaled: training on slice %d of %d of the data now", *partition)
@@ -443,15 +451,21 @@ class LearnerSync:
     def _install(self, poll: Poll | None) -> None:
         """Every process: the storage rank applies and checks a finished poll, then the
         new bases overwrite the parameters of every process (and the stop flag travels)."""
-        installed = self._apply_poll(poll) if poll is not None else []
-        mask = [int(FragmentIndex(p) in installed) for p in range(len(self.fragment_list))]
+        installed = self._apply_poll(poll) if poll is not None else {}
+        mask = [0 if p not in installed else KEEP if installed[p] else OVERWRITE for p in range(len(self.fragment_list))]
         partition = self.partition or (-1, 0)
-        control = broadcast_control(self.group, [int(self.stop_requested), int(self.drain_requested), *partition, *mask], self._device)
-        self.stop_requested, self.drain_requested = bool(control[0]), bool(control[1])
-        self.partition = (control[2], control[3]) if control[3] else None
-        names = [n for p, flag in enumerate(control[4:]) if flag for n in self.fragment_list[p].parameter_names]
-        if names:
-            install_parameters(self.model, self.fragments.base if self.group.is_storage_rank else None, names, self.group)
+        control = broadcast_control(self.group, [int(self.stop_requested), int(self.drain_requested), self.sync_interval, *partition, *mask], self._device)
+        self.stop_requested, self.drain_requested, self.sync_interval = bool(control[0]), bool(control[1]), control[2]
+        self.partition = (control[3], control[4]) if control[4] else None
+        how_installed = control[5:]
+        overwritten = [n for p, how in enumerate(how_installed) if how == OVERWRITE for n in self.fragment_list[p].parameter_names]
+        kept = [n for p, how in enumerate(how_installed) if how == KEEP for n in self.fragment_list[p].parameter_names]
+        storage = self.group.is_storage_rank
+        if overwritten:
+            install_parameters(self.model, self.fragments.base if storage else None, overwritten, self.group)
+        if kept:  # the global version plus the work not sent yet
+            theta = full_parameters(self.model, kept, self.group)
+            install_parameters(self.model, self.fragments.with_unsent(kept, theta) if storage else None, kept, self.group)
 
     def _checkpoint(self) -> None:
         """Every process: gather parameters and AdamW state; the storage rank writes them."""

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from diloco_cli.codec import PayloadError
+from diloco_cli.core.fragments import dynamic_sync_intervals
 from diloco_cli.core.types import FragmentIndex, LearnerId
 from diloco_cli.store.documents import ControlNote
 from diloco_cli.store.filesystem import StorageError, absolute_url
@@ -112,6 +113,21 @@ class ControlNotes:
                 log.warning("could not write the note to %s in region %s (tried again later): %s", learner, region, error)
                 continue
             del self.due[learner]
+
+    def follow_speeds(self, spec: RunSpec, step_seconds: dict[LearnerId, float], skip: set[str] = frozenset()) -> None:
+        """Under dynamic local updates, each live learner's H_m from its step time; a
+        note is written when H_m moved by more than a tenth of H (step times jitter)."""
+        H = spec.recipe.sync.sync_interval
+        for learner, interval in dynamic_sync_intervals(H, step_seconds).items():
+            region = spec.learner(learner).region
+            if region in skip:
+                continue
+            try:
+                current = self.note(learner, region).sync_interval or H
+            except StorageError:
+                continue
+            if abs(interval - current) >= max(1, H // 10):
+                self.update(learner, region, deliver_now=False, sync_interval=interval)
 
     def follow(self, spec: RunSpec, skip: set[str] = frozenset()) -> None:
         """Bring every learner's note in line with the run's membership: drain for the

@@ -412,8 +412,13 @@ class Syncer:
             self.spec = spec
             log.info("the run now has M=%d learners, K=%d%s%s", policy.num_learners, policy.quorum,
                      f"; added {', '.join(added)}" if added else "", f"; draining {', '.join(draining)}" if draining else "")  # fmt: skip
-        self.notes.follow(self.spec, skip=set(self.reachability.down))
-        self.notes.deliver(skip=set(self.reachability.down))
+        down = set(self.reachability.down)
+        self.notes.follow(self.spec, skip=down)
+        if self.recipe.sync.dynamic_local_updates:
+            live = self.decisions.live_learners(self.clock())
+            times = {m: beat.step_seconds for m, beat in self.heartbeats.items() if m in live and beat.step_seconds}
+            self.notes.follow_speeds(self.spec, times, skip=down)
+        self.notes.deliver(skip=down)
 
     def _repair_from_reports(self) -> None:
         """Check the published objects learners reported refusing; rewrite damaged ones."""

@@ -199,6 +199,8 @@ class ControlNote(Document):
     """The slice of the data to train on now that the run was scaled (None: as at start)."""
     data_slices: int | None = None
     """How many slices the data is cut into now (the active learners)."""
+    sync_interval: int | None = None
+    """This learner's H under dynamic local updates (None: the recipe's H)."""
 
 
 class ChaosEvent(BaseModel):
