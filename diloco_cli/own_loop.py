@@ -166,6 +166,7 @@ def join(
     where your loop is in its data with each checkpoint (by default a restarted learner
     resumes at :attr:`JoinedRun.step` and your loop finds its data from that).
     """
+    from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     missing = [name for name in (MANIFEST_VARIABLE, LEARNER_VARIABLE, SECRET_FILE_VARIABLE) if not os.environ.get(name)]
@@ -175,7 +176,8 @@ def join(
             "(training.entry_point) and start it with `diloco up`"
         )
     options = json.loads(os.environ.get(STORAGE_OPTIONS_VARIABLE) or "{}")
+    watch = ManifestWatch(os.environ[MANIFEST_VARIABLE], options)
     spec = read_run_spec(os.environ[MANIFEST_VARIABLE], options)
     secret = read_secret(os.environ[SECRET_FILE_VARIABLE])
-    sync = LearnerSync(spec, os.environ[LEARNER_VARIABLE], secret, _unwrapped(model), optimizer, _process_group(), tokens_per_step, data_position)
+    sync = LearnerSync(spec, os.environ[LEARNER_VARIABLE], secret, _unwrapped(model), optimizer, _process_group(), tokens_per_step, data_position, watch)
     return JoinedRun(sync, optimizer, step_hook, handle_signals)

@@ -37,10 +37,15 @@ def test_an_outage_window_fails_calls_only_inside_it():
         faults.check("reading x")
     now[0] = 95.0
     faults.check("reading x")
+    # a plan given to a running run (`diloco chaos`) counts its times from then
+    later = parse_chaos("outage=west@10s+5s").model_copy(update={"begins_at_seconds": 100.0})
+    windows = StorageFaults.of(later, "west", ["east", "west"], started_at=80.0).windows
+    assert [(w.start, w.end) for w in windows] == [(190.0, 195.0)]
 
 
 @pytest.mark.slow
 def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
+    """The outage is injected into the running run with `diloco chaos`."""
     runs_dir, name = tmp_path / "runs", "outage"
     # K=1: east merges alone meanwhile; a window of kept updates long enough that west's
     # payloads from before the outage can still be anchored (beyond it, west would resync)
@@ -48,7 +53,11 @@ def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
     recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, changes))
     regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
     regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
-    diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir), "--chaos", "outage=west@12s+15s")
+    diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir))
+    wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "the first merges")
+    # the outage is given to the running run (`diloco chaos`): every process follows its manifest
+    given = diloco("chaos", name, "outage=west@3s+15s", "--runs-dir", str(runs_dir)).stdout
+    assert "outages: west from 3 s for 15 s from now" in given
     # during the outage: status says so, and the syncer keeps merging east
     during = wait_for(runs_dir, name, lambda s: "west" in s.syncer.unreachable, 60, "the syncer seeing west unreachable")
     assert any("region west is unreachable from the syncer" in problem for problem in during.problems)
@@ -65,6 +74,7 @@ def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
     assert "chaos: the storage of region west is down" in west_log and "finished at step 1500" in west_log
     syncer_log = (runs_dir / name / "logs" / "syncer.log").read_text()
     assert "region west is unreachable" in syncer_log and "region west is reachable again" in syncer_log
+    assert "the run's chaos plan changed" in syncer_log and "the run's chaos plan changed" in west_log
     report = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert report["syncer"]["outages"] >= 1
 

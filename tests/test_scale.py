@@ -119,6 +119,8 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     beat = heartbeats(runs_dir, name)["east-1"]
     assert beat.state.value == "finished" and beat.step < 900  # left early, its work delivered
     assert load_run(runs_dir, name).process_state("east-1")["state"] == "finished"  # not restarted
+    listed = json.loads(diloco("runs", "--output", "json", "--runs-dir", str(runs_dir)).stdout)
+    assert [(run["name"], run["learners"]) for run in listed] == [(name, 2)]  # M now
     assert "draining east-1" in (runs_dir / name / "logs" / "syncer.log").read_text()
 
     final = wait_finished(runs_dir, name, timeout=400)

@@ -118,12 +118,12 @@ def test_forged_replayed_and_reordered_objects_are_refused_counted_and_shown(har
     harness.train(writer, 10)
     harness.merge()  # the syncer publishes again, over the forgery; forge it once more
     harness.bucket.store.put(HEAD_KEY, seal(forged, HEAD_KEY, RunSecret(bytes(32))))
-    assert harness.poll(reader) == []
+    assert not harness.poll(reader)
     assert reader.refusals.counts["head"] == 1 and "tag mismatch" in reader.refusals.latest.reason
 
     # an authentic but older head (a replay): refused, nothing installed
     harness.bucket.store.put(HEAD_KEY, old_head)
-    assert harness.poll(reader) == []
+    assert not harness.poll(reader)
     assert reader.refusals.counts["head"] == 2 and "replayed head" in reader.refusals.latest.reason
 
     # an update copied over a later one of the same fragment: its authenticated
@@ -186,7 +186,7 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
         flip_a_byte(harness.bucket, snapshot_key(version))
     newcomer = harness.learner("east-1", start=False)  # no checkpoint: needs a snapshot
     try:
-        assert harness.poll(newcomer) == []
+        assert not harness.poll(newcomer)
         assert newcomer.refusals.counts["snapshot"] >= 1 and not newcomer.fragments.installed
         newcomer._heartbeat(wait=10)
         harness.syncer._last["beats"] = float("-inf")

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from diloco_cli import __version__
-from diloco_cli.cli import internal, model_commands, plan_command, prepare_command, report_command, runs_commands, scale_command, simulate_command
+from diloco_cli.cli import internal, live_commands, model_commands, plan_command, prepare_command, report_command, runs_commands, simulate_command
 
 app = typer.Typer(
     name="diloco",
@@ -44,7 +44,7 @@ model_commands.register(app)
 plan_command.register(app)
 prepare_command.register(app)
 simulate_command.register(app)
-scale_command.register(app)
+live_commands.register(app)
 internal.register(app)
 
 

@@ -25,14 +25,16 @@ def learner(
     recipe's ``training.entry_point`` script."""
     from diloco_cli.runtime.entry_point import run_entry_point
     from diloco_cli.runtime.learner import Learner
+    from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
     options = json.loads(storage_options)
+    watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
     if spec.recipe.training.entry_point:
         raise typer.Exit(run_entry_point(spec, manifest, learner_id, secret_file, options))
-    raise typer.Exit(Learner(spec, learner_id, read_secret(secret_file)).run())
+    raise typer.Exit(Learner(spec, learner_id, read_secret(secret_file), watch).run())
 
 
 def syncer(

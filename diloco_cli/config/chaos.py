@@ -13,7 +13,8 @@ comma-separated list::
     outage=local-b@60s+30s:hang   the same, calls hanging instead of failing
     outage-rate=0.1/min:30s    an outage of a random region for 30 s at this rate
 
-Times count from the run's creation.  The schedule is a pure function of the plan, the
+Times count from the run's creation (``diloco up --chaos``) or from the moment the plan
+was given to a running run (``diloco chaos RUN SPEC``).  The schedule is a pure function of the plan, the
 run's learners and regions, so every process computes the same windows from the
 manifest, and a rerun with the same seed injects the same faults.
 """
@@ -64,6 +65,9 @@ class ChaosPlan(BaseModel):
     outage_per_minute: float = Field(default=0.0, ge=0)
     """Outages of a random region at this rate."""
     outage_seconds: float = Field(default=30.0, gt=0)
+    begins_at_seconds: float = Field(default=0.0, ge=0)
+    """When the plan's times start, in seconds after the run's creation: 0 for ``diloco
+    up --chaos``, the moment it was given for ``diloco chaos`` on a running run."""
 
     @property
     def has_process_faults(self) -> bool:

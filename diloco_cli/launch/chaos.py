@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from diloco_cli.config.chaos import ProcessEvent, process_events
+from diloco_cli.config.chaos import ChaosPlan, ProcessEvent, process_events
 from diloco_cli.launch.runs import RunRecord, load_run
 from diloco_cli.store.documents import CHAOS_EVENTS_KEPT, ChaosEvent, ChaosLog, SyncerPhase
 from diloco_cli.store.filesystem import StorageError
@@ -37,17 +37,29 @@ class ChaosDriver:
             raise ValueError(f"run {record.name} has no chaos plan")
         self.plan = self.spec.chaos
         self.buckets = self.spec.buckets(record.secret())
-        self.log = ChaosLog()
+        self.log = self._earlier_log()
+
+    def _earlier_log(self) -> ChaosLog:
+        """The events injected so far (by an earlier plan, or before a restart), so that
+        the log and its count go on."""
+        logs = []
+        for bucket in self.buckets:
+            try:
+                logs.append(bucket.read_chaos_log())
+            except (StorageError, ValueError):
+                continue
+        return max((log for log in logs if log is not None), key=lambda log: log.count, default=ChaosLog())
 
     def run(self) -> int:
         """Inject every fault that falls due until the run is over; returns 0."""
-        now = time.time() - self.spec.created
+        origin = self.spec.created + self.plan.begins_at_seconds
+        now = time.time() - origin
         queue = [(event.at_seconds, index, event) for index, event in enumerate(process_events(self.plan, [learner.id for learner in self.spec.learners]))]
         queue = [item for item in queue if item[0] >= now]  # a restarted driver does not replay the past
         heapq.heapify(queue)
         while queue and not self._run_over():
             at, index, event = queue[0]
-            wait = self.spec.created + at - time.time()
+            wait = origin + at - time.time()
             if wait > 0:
                 time.sleep(min(wait, LOOK_SECONDS))
                 continue
@@ -110,3 +122,30 @@ class ChaosDriver:
             if status is not None and status.state == SyncerPhase.FINISHED:
                 return True
         return False
+
+
+def chaos_run(record: RunRecord, text: str, emit=lambda line: None) -> ChaosPlan:
+    """``diloco chaos RUN SPEC``: give a running run a new chaos plan, its times counted
+    from now.  Outages reach the processes through the manifest they follow; the driver
+    (for kills and pauses) is started again with the new plan, or stopped if it has none."""
+    from dataclasses import asdict
+
+    from diloco_cli.config.chaos import parse_chaos
+    from diloco_cli.launch.live import check_running, publish_spec
+    from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver
+    from diloco_cli.launch.plan import with_chaos
+    from diloco_cli.launch.processes import ProcessRecord, stop_supervised
+
+    check_running(record, "inject faults into")
+    plan = parse_chaos(text).model_copy(update={"begins_at_seconds": max(0.0, time.time() - record.spec.created)})
+    publish_spec(record, with_chaos(record.spec, plan))
+    drivers = [ProcessRecord(**p) for p in record.processes if p["name"] == CHAOS_PROCESS]
+    if drivers:
+        stop_supervised(drivers, record.directory, timeout=10)
+        emit(f"  {CHAOS_PROCESS:<16} {'local':<12} stopped (its plan is replaced)")
+    record.processes = [p for p in record.processes if p["name"] != CHAOS_PROCESS]
+    if plan.has_process_faults:
+        record.processes.append(asdict(start_chaos_driver(record.directory)))
+        emit(f"  {CHAOS_PROCESS:<16} {'local':<12} started with the new plan")
+    record.save()
+    return plan

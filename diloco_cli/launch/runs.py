@@ -136,6 +136,7 @@ class RunSummary:
     name: str
     created: float
     learners: int
+    """Active learners (M now: drained ones left out)."""
     regions: tuple[str, ...]
     hosts: tuple[str, ...]
     """Where its processes run ("local" for this machine)."""
@@ -166,7 +167,7 @@ def _summary(record: RunRecord, state: str) -> RunSummary:
     hosts = tuple(dict.fromkeys(process.get("host", "local") for process in record.processes))
     spec = record.document["spec"]
     regions = tuple(region["name"] for region in spec["regions"])
-    return RunSummary(record.name, record.created, len(spec["learners"]), regions, hosts, state)
+    return RunSummary(record.name, record.created, sum(1 for learner in spec["learners"] if not learner.get("drain")), regions, hosts, state)
 
 
 def _syncer_state(spec: RunSpec) -> str:

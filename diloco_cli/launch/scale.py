@@ -23,10 +23,10 @@ from pydantic import ValidationError
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.types import LearnerId, RegionName
+from diloco_cli.launch.live import check_running, publish_spec
 from diloco_cli.launch.operations import start_processes
-from diloco_cli.launch.plan import write_manifests
 from diloco_cli.launch.runs import RunRecord
-from diloco_cli.store.documents import LearnerState, SyncerPhase
+from diloco_cli.store.documents import LearnerState
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import tokens_merged
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec, ScaleChange
@@ -112,7 +112,7 @@ class DrainOutcome:
 
 def scale_run(record: RunRecord, region: str, change: int, emit: Emit = lambda line: None) -> RunSpec:
     """Change the running run and start its new learners; returns the run as it is now."""
-    _check_running(record)
+    check_running(record, "scale")
     spec = plan_scale(record.spec, region, change, time.time())
     publish_spec(record, spec)
     last = spec.scaling[-1]
@@ -121,42 +121,6 @@ def scale_run(record: RunRecord, region: str, change: int, emit: Emit = lambda l
     for learner in last.drained:
         emit(f"  {learner:<16} {spec.learner(learner).host:<12} draining: it sends what it trained, then stops")
     return spec
-
-
-def _check_running(record: RunRecord) -> None:
-    """A run can be scaled while its syncer runs (it is the one that follows)."""
-    phases = []
-    for bucket in record.spec.buckets(record.secret()):
-        try:
-            status = bucket.read_syncer_status()
-        except (StorageError, ValueError):
-            continue
-        if status is not None:
-            phases.append(status.state)
-    if SyncerPhase.FINISHED in phases:
-        raise ConfigError(f"run {record.name} has finished; there is nothing to scale")
-    if phases and all(phase == SyncerPhase.STOPPED for phase in phases):
-        raise ConfigError(f"run {record.name} is stopped; `diloco resume {record.name}` first, then scale it")
-
-
-def publish_spec(record: RunRecord, spec: RunSpec) -> None:
-    """The run as it is now, everywhere a process or a view reads it: every bucket's
-    manifest, each SSH host's copy, and (last, since the syncer of a local run follows
-    it) the run record here."""
-    write_manifests(spec)
-    hosts = sorted(({learner.host for learner in spec.learners} | {spec.syncer.host}) - {"local"})
-    if hosts:
-        from diloco_cli.launch.remote import connect_recorded_host, install_run_files, remote_paths
-
-        for name in hosts:
-            client, host = connect_recorded_host(record.hosts, record.ssh, name)
-            try:
-                install_run_files(client, remote_paths(client, host, spec.run), spec, record.secret())
-            finally:
-                client.close()
-    record.document["spec"] = spec.model_dump(mode="json")
-    record.__dict__.pop("spec", None)  # the cached, validated spec of before
-    record.save()
 
 
 def wait_for_drain(record: RunRecord, learners: tuple[LearnerId, ...], timeout: float, emit: Emit = lambda line: None, look_seconds: float = 2.0) -> list[DrainOutcome]:

@@ -42,6 +42,7 @@ from diloco_cli.runtime.distributed import (
 )
 from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
+from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.outbox import LatestUpload, OutgoingPayload, Outbox
 from diloco_cli.store.documents import ControlNote, Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
@@ -119,12 +120,15 @@ class LearnerSync:
         group: ProcessGroup,
         tokens_per_step: int,
         data_position: DataPosition | None = None,
+        manifest: ManifestWatch | None = None,
     ) -> None:
         self.spec, self.recipe, self.secret = spec, spec.recipe, secret
         self.me = spec.learner(learner)
         self.model, self.optimizer, self.group = model, optimizer, group
         self.tokens_per_step = tokens_per_step
         self.data_position = data_position
+        self.manifest = manifest
+        """The run's manifest, followed for a new chaos plan (``diloco chaos``)."""
         self.stop_requested = False
         self.drain_requested = False
         """The syncer told this learner to leave the run (``diloco scale``)."""
@@ -480,6 +484,14 @@ class LearnerSync:
         self.checkpoints.submit(self.bucket.write_checkpoint, self.me.id, self.progress.step, payload)
         self.progress.checkpoint_step = self.progress.step
 
+    def _follow_chaos(self) -> None:
+        """A chaos plan given to the running run: its outages of this region, from now."""
+        spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and spec.run == self.spec.run and spec.chaos != self.spec.chaos:
+            self.bucket.store.faults = spec.faults_of(self.me.region)
+            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
+            log.info("the run's chaos plan changed: this region's storage fails as it says from now on")
+
     def _report(self) -> None:
         """Heartbeat, checkpoint and log line, each when due."""
         training, p = self.recipe.training, self.progress
@@ -487,6 +499,7 @@ class LearnerSync:
         if now - self.last_beat >= training.heartbeat_seconds:
             self._heartbeat()
             self.last_beat = now
+            self._follow_chaos()
         if p.step % training.checkpoint_every_steps == 0 and p.step < training.inner_steps:
             self._checkpoint()
         if p.step % LOG_EVERY_STEPS == 0:

@@ -24,6 +24,11 @@ MARKED = (PAYLOAD_KEY, CHECKPOINT_KEY, UPDATE_KEY, SNAPSHOT_KEY)
 DOCUMENTS = (re.compile(r"^heartbeats/[^/]+\.json$"), re.compile(r"^control/[^/]+\.(json|epoch)$"), re.compile(r"^global/(head|syncer)\.json$"))
 OWNED_PREFIXES = ("payloads/", "checkpoints/", "global/", "heartbeats/", "control/")
 """Where only diloco writes: anything else under these prefixes is a leftover."""
+DELETE_BATCH = 1_000
+"""Keys removed per request (S3's DeleteObjects takes at most 1,000)."""
+MAX_REMOVALS_PER_SWEEP = 5_000
+"""A flood of junk keys is removed over several sweeps of a few requests each, so that
+no sweep holds up the syncer's loop for long."""
 
 
 def leftovers(keys: list[str]) -> list[str]:
@@ -62,9 +67,12 @@ class LeftoverSweeper:
         keys = self.store.list("", include_partial=True)
         found = [k for k in keys if k.endswith(PARTIAL_SUFFIX)] if self.only_partial else leftovers(keys)
         self.first_seen = {key: self.first_seen.get(key, now) for key in found}
-        for key, since in list(self.first_seen.items()):
-            if all_of_them or now - since >= self.after_seconds:
-                self.store.delete(key)
-                del self.first_seen[key]
-                self.removed += 1
-                log.info("removed leftover %s/%s (there for %.0f s)", self.store.root, key, now - since)
+        due = [key for key, since in self.first_seen.items() if all_of_them or now - since >= self.after_seconds]
+        due = due if all_of_them else due[:MAX_REMOVALS_PER_SWEEP]
+        for start in range(0, len(due), DELETE_BATCH):
+            batch = due[start : start + DELETE_BATCH]
+            self.store.delete_many(batch)
+            oldest = max(now - self.first_seen.pop(key) for key in batch)
+            self.removed += len(batch)
+            shown = ", ".join(batch[:3]) + (f" and {len(batch) - 3} more" if len(batch) > 3 else "")
+            log.info("removed %d leftover(s) from %s (there for up to %.0f s): %s", len(batch), self.store.root, oldest, shown)

@@ -396,14 +396,20 @@ class Syncer:
 
     # ------------------------------------------------------------------ upkeep
 
-    def _follow_membership(self) -> None:
-        """Take in learners added or drained by ``diloco scale`` (the manifest changed):
-        M and K follow, and each learner gets its note (drain, its slice of the data)."""
+    def _follow_manifest(self) -> None:
+        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
+        learners added or drained (M and K follow, and each learner gets its note: drain,
+        its slice of the data) and a new chaos plan (the buckets' outage windows)."""
         spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and (spec.run, spec.created) != (self.spec.run, self.spec.created):
+            log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
+            spec = None
+        if spec is not None and spec.chaos != self.spec.chaos:
+            for name in self.buckets:
+                self.buckets[name].store.faults = self.probes[name].store.faults = spec.faults_of(name)
+            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
+            log.info("the run's chaos plan changed: outages are injected as it says from now on")
         if spec is not None and spec.learners != self.spec.learners:
-            if (spec.run, spec.created) != (self.spec.run, self.spec.created):
-                log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
-                return
             policy = replace(self.decisions.policy, num_learners=len(spec.active_learners), quorum=spec.recipe.quorum)
             self.decisions = replace(self.decisions, policy=policy)
             added = sorted(set(s.id for s in spec.learners) - set(s.id for s in self.spec.learners))
@@ -525,7 +531,7 @@ class Syncer:
                     wake = min(wake, action.until)
         if read_beats:
             self._repair_from_reports()
-            self._follow_membership()
+            self._follow_manifest()
         behind = self.publication.behind - set(self.reachability.down)
         if behind and now - self._last["catch_up"] >= CATCH_UP_SECONDS:
             self.publication.catch_up(behind, self._head(), self._snapshot_payload)

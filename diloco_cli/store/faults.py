@@ -39,8 +39,9 @@ class StorageFaults:
         """The faults of ``region`` in a run created at ``started_at`` (None: none)."""
         if plan is None:
             return None
+        origin = started_at + plan.begins_at_seconds
         windows = tuple(
-            OutageWindow(started_at + outage.start_seconds, started_at + outage.start_seconds + outage.duration_seconds, outage.mode == "hang")
+            OutageWindow(origin + outage.start_seconds, origin + outage.start_seconds + outage.duration_seconds, outage.mode == "hang")
             for outage in plan.outage_windows(regions)
             if outage.region == region
         )

@@ -106,6 +106,25 @@ class ObjectStore:
 
         self._call("deleting", key, remove, "delete")
 
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete these objects in as few requests as the backend allows (S3's
+        DeleteObjects takes 1,000 keys, GCS batches); missing ones are no error."""
+        if not keys:
+            return
+        paths = [self._full(key) for key in keys]
+
+        def remove() -> None:
+            try:
+                self._filesystem.rm(paths)
+            except FileNotFoundError:  # a backend that deletes one by one met a missing one
+                for path in paths:
+                    try:
+                        self._filesystem.rm_file(path)
+                    except FileNotFoundError:
+                        pass
+
+        self._call("deleting", f"{keys[0]} and {len(keys) - 1} more", remove, "delete", kind=self.kind_of(keys[0]))
+
     def remove_everything(self) -> None:
         """Delete every object under the root (``diloco rm``: the root is the run's own)."""
 

@@ -133,8 +133,11 @@ class RunSpec(BaseModel):
     def bucket(self, region: RegionName | str, secret: RunSecret | None, retry: RetryPolicy | None = None) -> RegionBucket:
         """A region's bucket, its calls retried as the recipe says (or as ``retry`` says)."""
         spec = self.region(region)
-        faults = StorageFaults.of(self.chaos, spec.name, [r.name for r in self.regions], self.created)
-        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, faults)
+        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, self.faults_of(spec.name))
+
+    def faults_of(self, region: RegionName | str) -> StorageFaults | None:
+        """The storage outages the chaos plan gives ``region`` (None: none)."""
+        return StorageFaults.of(self.chaos, region, [r.name for r in self.regions], self.created)
 
     def buckets(self, secret: RunSecret | None) -> list[RegionBucket]:
         return [self.bucket(spec.name, secret) for spec in self.regions]

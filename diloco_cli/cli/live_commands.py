@@ -1,4 +1,5 @@
-"""``diloco scale``: add learners to a running run, or drain some."""
+"""Changing a running run: ``diloco scale`` (learners added or drained) and ``diloco
+chaos`` (faults injected on purpose)."""
 
 from __future__ import annotations
 
@@ -43,5 +44,22 @@ def scale(
             raise typer.Exit(1)
 
 
+@reported
+def chaos(
+    run: str = typer.Argument(..., help="The running run."),
+    plan: str = typer.Argument(..., metavar="SPEC", help="What to inject, e.g. 'seed=1,kill-learner=0.5/min,outage=local-b@30s+20s' (times count from now; docs/resilience.md)."),
+    runs_dir: Path = RUNS_DIR,
+) -> None:
+    """Inject faults into a running run from now on, as `up --chaos` does from the start: kill and pause learners and the syncer, take a region's storage down for a while. The new plan replaces the run's earlier one; `status` shows every event."""
+    from diloco_cli.launch.chaos import chaos_run
+    from diloco_cli.launch.runs import load_run
+
+    record = load_run(runs_dir, run)
+    given = chaos_run(record, plan, emit=typer.echo)
+    outages = ", ".join(f"{o.region} from {o.start_seconds:.0f} s for {o.duration_seconds:.0f} s" for o in given.outages)
+    typer.echo(f"run {record.name}: chaos plan given" + (f"; outages: {outages} from now" if outages else "") + f"; `diloco status {record.name}` shows the events")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(scale)
+    app.command()(chaos)
