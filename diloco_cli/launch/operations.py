@@ -99,27 +99,26 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
     the run places them, here or on SSH hosts, and record them; returns their names."""
     if not names:
         return []
-    down = names
     spec = record.spec
     placement = record.placement()
     started: list[ProcessRecord] = []
-    local = [name for name in down if placement[name] == "local"]
+    local = [name for name in names if placement[name] == "local"]
     if local:
         learners = [learner for learner in spec.learners if learner.id in local]
         started += start_local(spec, record.directory, learners, with_syncer="syncer" in local)
         if CHAOS_PROCESS in local:
             started.append(start_chaos_driver(record.directory))
-    for host_name in sorted({placement[name] for name in down} - {"local"}):
+    for host_name in sorted({placement[name] for name in names} - {"local"}):
         from diloco_cli.launch.remote import command_for, connect_recorded_host, learner_arguments, remote_paths, start_remote_process, syncer_arguments
         from diloco_cli.launch.ssh import run as run_over_ssh
 
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         try:
             paths = remote_paths(client, host, spec.run)
-            processes = sum(learner.processes for learner in spec.learners if learner.host == host_name) or 1
+            processes = sum(learner.processes for learner in spec.active_learners if learner.host == host_name) or 1
             cores = int(run_over_ssh(client, "nproc").stdout.strip() or "1")
             threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
-            for name in (n for n in down if placement[n] == host_name):
+            for name in (n for n in names if placement[n] == host_name):
                 if name == "syncer":
                     command = command_for(paths, syncer_arguments(paths), 1)
                     started.append(start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"}))

@@ -32,8 +32,6 @@ from diloco_cli.store.home import tokens_merged
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec, ScaleChange
 
 Emit = Callable[[str], None]
-DRAIN_WAIT_SECONDS = 900.0
-"""How long ``scale`` waits by default for drained learners' last work to be merged."""
 
 
 def parse_change(text: str) -> int:

@@ -33,14 +33,15 @@ def run_entry_point(spec: RunSpec, manifest: str, learner: str, secret_file: str
     path = Path(script)
     if not path.is_file():
         raise FileNotFoundError(f"training.entry_point {script!r}: no such file on this host (the path must exist on every learner host)")
+    shard, num_shards = spec.data_partition(learner)
     os.environ.update(
         {
             MANIFEST_VARIABLE: manifest,
             LEARNER_VARIABLE: learner,
             SECRET_FILE_VARIABLE: secret_file,
             STORAGE_OPTIONS_VARIABLE: json.dumps(storage_options),
-            SHARD_VARIABLE: str(spec.data_partition(learner)[0]),
-            NUM_SHARDS_VARIABLE: str(spec.data_partition(learner)[1]),
+            SHARD_VARIABLE: str(shard),
+            NUM_SHARDS_VARIABLE: str(num_shards),
         }
     )
     sys.argv = [str(path)]
