@@ -155,6 +155,9 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
     dp = report["data_parallel"]
     assert dp["bytes_per_worker_step"] == pytest.approx(2 * 1 / 2 * 2 * dp["parameters"])
     assert dp["ratio"] == pytest.approx(dp["total_bytes"] / report["wan_bytes"])
+    # one worker in each of the two regions: both hops of the ring cross between them
+    assert dp["region_crossings"] == 2 and dp["wan_bytes"] == pytest.approx(dp["steps"] * 2 * dp["bytes_per_worker_step"])
+    assert dp["wan_ratio"] == pytest.approx(dp["wan_bytes"] / report["wan_bytes"])
 
 
 def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):

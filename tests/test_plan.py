@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from diloco_cli.bandwidth import document_sizes
-from diloco_cli.bandwidth.model import RunShape, data_parallel_bytes_per_step, predict, smallest_sync_interval
+from diloco_cli.bandwidth.model import RunShape, data_parallel_bytes_per_step, predict, ring_region_crossings, smallest_sync_interval
 from diloco_cli.bandwidth.plan import Plan
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
 from diloco_cli.cli.app import app
@@ -87,7 +87,10 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
     assert dp["step_seconds"] == pytest.approx(STEP + allreduce)
     assert dp["compute_share"] == pytest.approx(STEP / (STEP + allreduce))  # 30.7%
     assert plan["data_parallel_time_to_budget_seconds"] == pytest.approx(BUDGET / (M * TOKENS_PER_STEP) * (STEP + allreduce))
-    assert dp["wan_bytes_per_token"] == pytest.approx(per_step / TOKENS_PER_STEP)
+    # The ring visits local-a's two workers, then local-b's: 2 of its 4 hops cross
+    # between the regions, each carrying one worker's share (half of 1234 B per token).
+    assert dp["region_crossings"] == 2
+    assert dp["wan_bytes_per_token"] == pytest.approx(2 * per_step / (M * TOKENS_PER_STEP))
     assert plan["bytes_ratio"] == pytest.approx(dp["wan_bytes_per_token"] / d["wan_bytes_per_token"])
     assert plan["bytes_ratio"] > 10  # what Decoupled DiLoCo saves
 
@@ -102,8 +105,14 @@ def test_text_shows_the_same_numbers_as_json(planned):
     assert "2(W-1)/W x 2 B x N" in text and "2.5 MB per worker" in text
     assert f"{dp['allreduce_seconds']:.3f} s all-reduce" in text
     assert f"compute share    {100 * dp['compute_share']:.1f}%" in text
-    assert f"{plan['bytes_ratio']:.1f}x" in text
+    assert f"{plan['bytes_ratio']:.1f}x" in text and "(2 of the ring's 4 hops between regions)" in text
     assert f"H={plan['suggestion']['sync_interval']}" in text
+
+
+def test_a_ring_crosses_between_regions_once_per_region_that_holds_workers():
+    assert ring_region_crossings([4]) == 0  # one region: nothing crosses the WAN
+    assert ring_region_crossings([2, 2]) == 2
+    assert ring_region_crossings([1, 0, 3, 2]) == 3  # a region without workers is not on the ring
 
 
 def test_the_suggested_interval_reaches_the_target_and_half_of_it_does_not(planned):

@@ -65,7 +65,7 @@ def realistic(**changes) -> TrafficReport:
         ],
         data_parallel=DataParallelComparison(
             parameters=124_000_000, workers=4, tokens_per_step=32_768, steps=146.5, bytes_per_worker_step=372_000_000,
-            total_bytes=146.5 * 4 * 372_000_000, diloco_wan_bytes=wan,
+            total_bytes=146.5 * 4 * 372_000_000, region_crossings=2, wan_bytes=146.5 * 2 * 372_000_000, diloco_wan_bytes=wan,
         ),
         evaluations=[Evaluation(version=v, loss=4.2 - 0.3 * v, tokens=600_000 * v, time=START + 40 * v) for v in range(1, 8)],
         started_at=START, prices_looked_up="2025-06", cost_note=f"list prices looked up 2025-06 {NASTY}",
@@ -90,7 +90,7 @@ def test_the_page_opens_clean_in_a_browser_and_shows_every_table_and_plot(tmp_pa
         "demo-run", "training", "5 min 30 s", "4.8M", "260.0 MB", "54.17 B",  # header: WAN bytes per token
         "syncer-host -> eu-west", "eu-west (in region)", "l3", "heartbeat",
         "8.0x",  # compression
-        f"{report.data_parallel.ratio:,.0f}x", report.data_parallel.formula,
+        f"{report.data_parallel.ratio:,.0f}x", report.data_parallel.formula, "2 of 4 ring hops", f"{report.data_parallel.wan_ratio:,.0f}x",
         "$12.62",  # total cost
         NASTY,  # shown as text, never run
     ):

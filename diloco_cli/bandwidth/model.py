@@ -32,6 +32,7 @@ bytes over rate plus a round trip (2 x one-way latency) per request.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -275,8 +276,11 @@ class DataParallelPrediction(BaseModel):
     """t + allreduce (no overlap of compute and communication)."""
     compute_share: float
     tokens_per_second: float
+    region_crossings: int
+    """R: hops of the ring between regions (:func:`ring_region_crossings`)."""
     wan_bytes_per_token: float
-    """W x bytes_per_step over W x tokens per step (every byte sent once)."""
+    """R x bytes_per_step over W x tokens per worker step: only the hops between regions
+    cross the WAN, each byte once."""
 
 
 # ------------------------------------------------------------------------ formulas
@@ -292,6 +296,16 @@ def data_parallel_bytes_per_step(parameters: float, workers: int, bytes_per_valu
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     return 2 * (workers - 1) / workers * bytes_per_value * parameters
+
+
+def ring_region_crossings(learners_per_region: Iterable[int]) -> int:
+    """How many hops of a ring all-reduce cross from one region to another: a ring that
+    visits the regions in turn (as a placement by region gives) crosses once into each of
+    the R regions that hold workers, and not at all when they are all in one region.  Each
+    crossing carries one worker's :func:`data_parallel_bytes_per_step` each step, so the
+    bytes between regions per step are ``crossings x bytes_per_step``."""
+    regions = sum(1 for learners in learners_per_region if learners > 0)
+    return regions if regions > 1 else 0
 
 
 def ring_allreduce_seconds(bytes_per_step: float, workers: int, rate_bytes_per_second: float, latency_seconds: float) -> float:
@@ -487,13 +501,16 @@ def predict_data_parallel(parameters: int, links: tuple[Link, ...], step_seconds
         bytes_per_step = 2 (W-1)/W x bytes_per_value x N      (per worker, each way)
         allreduce      = bytes_per_step / slowest WAN rate + 2 (W-1) x largest latency
         step           = t + allreduce,   compute share = t / step
+        WAN bytes      = R x bytes_per_step per step          (R hops between regions)
 
-    A conservative ring: every hop is taken to cross the slowest WAN link."""
+    A conservative ring for time: every hop is taken to cross the slowest WAN link.  For
+    bytes, only the R hops between regions cross the WAN (the rest stay in a region)."""
     workers = sum(link.learners for link in links)
     wan = [link for link in links if link.wan]
     rate = min((link.bytes_per_second for link in wan), default=math.inf)
     latency = max((link.latency_ms for link in wan), default=0.0)
     per_step = data_parallel_bytes_per_step(parameters, workers, bytes_per_value)
+    crossings = ring_region_crossings(link.learners for link in links)
     allreduce = ring_allreduce_seconds(per_step, workers, rate, latency / 1000)
     step = step_seconds + allreduce
     return DataParallelPrediction(
@@ -508,5 +525,6 @@ def predict_data_parallel(parameters: int, links: tuple[Link, ...], step_seconds
         step_seconds=step,
         compute_share=step_seconds / step,
         tokens_per_second=workers * tokens_per_step / step,
-        wan_bytes_per_token=per_step / tokens_per_step,
+        region_crossings=crossings,
+        wan_bytes_per_token=crossings * per_step / (workers * tokens_per_step),
     )

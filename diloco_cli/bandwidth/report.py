@@ -10,11 +10,12 @@ that region.  The data-parallel comparison follows :func:`data_parallel_bytes_pe
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diloco_cli.bandwidth.model import data_parallel_bytes_per_step
+from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, ring_region_crossings
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, provider_of, request_dollars
 from diloco_cli.store.documents import Evaluation, Heartbeat, SyncerStatus
 from diloco_cli.store.metering import KINDS, StorageCounters, Traffic, TrafficSample
@@ -117,6 +118,10 @@ class DataParallelComparison(BaseModel):
     """2 (M-1)/M x 2 bytes (bf16) x parameters: a ring all-reduce of every step's gradients."""
     total_bytes: float
     """Sent by all workers together: steps x M x bytes per worker-step."""
+    region_crossings: int
+    """R: hops of a ring placed region by region that cross between regions."""
+    wan_bytes: float
+    """Of the total, what crosses between regions: steps x R x bytes per worker-step."""
     diloco_wan_bytes: int
     """What this run moved across links."""
     formula: str = "bytes per worker per step = 2 (M-1)/M x 2 bytes x parameters"
@@ -124,6 +129,11 @@ class DataParallelComparison(BaseModel):
     @property
     def ratio(self) -> float | None:
         return self.total_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
+
+    @property
+    def wan_ratio(self) -> float | None:
+        """Data-parallel's bytes between regions over this run's across links."""
+        return self.wan_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
 
 
 class TrafficReport(BaseModel):
@@ -312,6 +322,7 @@ def _data_parallel(spec: RunSpec, syncer: SyncerStatus | None, tokens: int, wan_
     tokens_per_step = workers * recipe.training.batch_size * recipe.data.sequence_length
     steps = tokens / tokens_per_step
     per_step = data_parallel_bytes_per_step(syncer.parameters, workers)
+    crossings = ring_region_crossings(Counter(learner.region for learner in spec.learners).values())
     return DataParallelComparison(
         parameters=syncer.parameters,
         workers=workers,
@@ -319,6 +330,8 @@ def _data_parallel(spec: RunSpec, syncer: SyncerStatus | None, tokens: int, wan_
         steps=steps,
         bytes_per_worker_step=per_step,
         total_bytes=steps * workers * per_step,
+        region_crossings=crossings,
+        wan_bytes=steps * crossings * per_step,
         diloco_wan_bytes=wan_bytes,
     )
 

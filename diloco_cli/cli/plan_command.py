@@ -136,7 +136,8 @@ def render_plan(plan) -> str:
         f"  step time        {d.step_seconds:.3f} + {dp.allreduce_seconds:.3f} s all-reduce = {dp.step_seconds:.3f} s",
         f"  compute share    {_share(dp.compute_share)}",
         f"  time to budget   {human_duration(plan.data_parallel_time_to_budget_seconds)}",
-        f"  WAN bytes/token  {human_bytes(dp.wan_bytes_per_token)}: {plan.bytes_ratio:.1f}x Decoupled DiLoCo's",
+        f"  WAN bytes/token  {human_bytes(dp.wan_bytes_per_token)} ({dp.region_crossings} of the ring's {dp.workers} hops between regions): "
+        f"{plan.bytes_ratio:.1f}x Decoupled DiLoCo's",
     ]
     if plan.costs is not None:
         c = plan.costs

@@ -80,6 +80,8 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
             f"synchronous data-parallel for the same {human_count(report.tokens)} tokens: {dp.steps:,.0f} steps of {human_count(dp.tokens_per_step)} tokens "
             f"on {dp.workers} workers, {human_bytes(dp.bytes_per_worker_step)} per worker per step, {human_bytes(dp.total_bytes)} in all ({ratio})",
             f"  {dp.formula} ({human_count(dp.parameters)} parameters)",
+            f"  of it between regions ({dp.region_crossings} of the ring's {dp.workers} hops): {human_bytes(dp.wan_bytes)}"
+            + (f" ({dp.wan_ratio:,.0f}x what this run moved across links)" if dp.wan_ratio else ""),
         ]
     else:
         lines.append("data-parallel comparison: waiting for the syncer's first status")
@@ -106,6 +108,7 @@ def render_json(report: TrafficReport) -> str:
     document["wan_bytes_per_token"] = report.wan_bytes_per_token
     if report.data_parallel is not None:
         document["data_parallel"]["ratio"] = report.data_parallel.ratio
+        document["data_parallel"]["wan_ratio"] = report.data_parallel.wan_ratio
     for entry, compression in zip(document["compression"], report.compression):
         entry["ratio"] = compression.ratio
     return json.dumps(document, indent=2)

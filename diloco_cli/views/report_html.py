@@ -135,6 +135,8 @@ def _data_parallel(report: TrafficReport) -> str:
         ("data-parallel would have moved", human_bytes(dp.total_bytes)),
         ("this run moved across links", human_bytes(dp.diloco_wan_bytes)),
         ("ratio", _ratio(dp.ratio)),
+        (f"of it between regions ({dp.region_crossings} of {dp.workers} ring hops)", human_bytes(dp.wan_bytes)),
+        ("ratio between regions", _ratio(dp.wan_ratio)),
     ]
     return _table("table-data-parallel", title, ("", ""), rows, "") + f'\n<p class="note">formula: <code>{escape(dp.formula)}</code></p>'
 
