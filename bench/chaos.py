@@ -32,6 +32,7 @@ from pathlib import Path
 from bench._common import print_table, write_result
 from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
 from diloco_cli.simulate.constants import GoodputConstants
@@ -40,6 +41,8 @@ from diloco_cli.store.home import tokens_merged
 from diloco_cli.views.run_state import collect_status
 
 TARGETS = {"loss_gap": 0.02, "goodput_vs_simulator_points": 5.0}
+START_TIMEOUT_SECONDS = 300.0
+FINISH_TIMEOUT_SECONDS = 3600.0
 
 
 def chaos_spec(quick: bool) -> str:
@@ -62,10 +65,25 @@ def run(recipe: Recipe, name: str, workdir: Path, chaos: str | None) -> dict:
     path = workdir / f"{name}.json"
     path.write_text(recipe.model_dump_json())
     launched = launch(path, None, [], name, workdir / "runs", dry_run=False, chaos=chaos)
-    while not (status := collect_status(launched.spec)).learners or not all(row.state == "training" for row in status.learners):
+    # The clock starts once every learner has trained (with kills every few seconds they
+    # are seldom all training at one instant, and a slow start can meet the outage).
+    seen_training: set[str] = set()
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while True:
+        status = collect_status(launched.spec)
+        seen_training |= {row.learner for row in status.learners if row.state == "training" or row.step > 0}
+        if len(seen_training) == len(launched.spec.learners):
+            break
+        if status.state == "finished" or time.monotonic() > deadline:
+            stop_run(load_run(workdir / "runs", name))
+            raise RuntimeError(f"run {name}: only {sorted(seen_training)} started training within {START_TIMEOUT_SECONDS:.0f} s (state {status.state})")
         time.sleep(0.5)
     started = time.time()
+    deadline = time.monotonic() + FINISH_TIMEOUT_SECONDS
     while (status := collect_status(launched.spec)).state != "finished":
+        if time.monotonic() > deadline:
+            stop_run(load_run(workdir / "runs", name))
+            raise RuntimeError(f"run {name} did not finish within {FINISH_TIMEOUT_SECONDS:.0f} s of its start")
         time.sleep(2.0)
     wall = time.time() - started
     record = load_run(workdir / "runs", name)

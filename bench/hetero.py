@@ -84,10 +84,14 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     path = workdir / f"{name}.json"
     path.write_text(recipe.model_dump_json())
     launched = launch(path, None, [], name, workdir / "runs", dry_run=False)
+    deadline = time.monotonic() + 300
     while True:  # the clock starts once every learner trains
         status = collect_status(launched.spec)
         if status.learners and all(row.state == "training" for row in status.learners):
             break
+        if time.monotonic() > deadline:
+            stop_run(load_run(workdir / "runs", name))
+            raise RuntimeError(f"setting {label}: the learners were not all training within 300 s ({[(row.learner, row.state) for row in status.learners]})")
         time.sleep(0.5)
     time.sleep(wall_seconds)
     record = load_run(workdir / "runs", name)
