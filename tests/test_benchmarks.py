@@ -92,3 +92,16 @@ def test_ledger_benchmark_quick(tmp_path):
     assert [row["commits"] for row in results["rows"]] == [100, 149, 300, 349, 1000, 1049]
     assert results["requests_independent_of_history"]  # a restart reads the same objects at 100 and 1,000 commits
     assert {row["requests"] for row in results["rows"] if row["since_checkpoint"] == 0} == {7}
+
+
+def test_startup_benchmark_quick(tmp_path):
+    from bench import startup
+
+    output = tmp_path / "startup.json"
+    startup.main(["--quick", "--output", str(output)])
+    rows = {row["command"]: row for row in json.loads(output.read_text())["results"]["rows"]}
+    assert set(rows) >= {"python -c pass", "diloco --help", "diloco status", "diloco runs", "diloco logs"}
+    assert rows["python -c pass"]["ratio"] == 1.0
+    for command in ("diloco --help", "diloco status", "diloco runs", "diloco logs"):
+        assert rows[command]["heavy_imports"] == "", f"{command} imports {rows[command]['heavy_imports']}"
+        assert rows[command]["median_seconds"] > rows["python -c pass"]["median_seconds"]
