@@ -141,6 +141,7 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path, co
         syncer_status(spec, state="finished", reason="no arrivals yet")
         final = wait_screen("VIEW-ENDED")
         assert "finished" in final
+        assert "lowered to" not in " ".join(final.split())  # a finished run waits for nobody
     finally:
         tmux("kill-session", "-t", session)
 

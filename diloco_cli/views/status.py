@@ -76,7 +76,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     grace = "-" if syncer.grace_seconds is None else f"{syncer.grace_seconds:.1f} s"
     quorum = "-" if syncer.quorum is None else f"K={syncer.quorum}" + (
         f", lowered to {syncer.effective_quorum} while only {len(syncer.live_learners)} live"
-        if syncer.effective_quorum not in (None, syncer.quorum) else ""
+        if syncer.effective_quorum not in (None, syncer.quorum) and status.state not in FINAL_STATES else ""
     )  # fmt: skip
     state = syncer.state if syncer.state != "not reporting" else f"not reporting (last report {ago(syncer.last_report_seconds)})"
     lines = [
