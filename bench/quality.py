@@ -200,8 +200,12 @@ def main(argv: list[str] | None = None) -> dict:
     best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
     if earlier_rate is not None and best != earlier_rate:
         raise SystemExit(f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; rerun without --resume")
-    # 1b. tune the DiLoCo learners' inner learning rate and H the same way (K=M, int4)
-    fraction = 0.5 if args.quick else args.tuning_fraction
+    # 1b. tune the DiLoCo learners' inner learning rate and H the same way (K=M, int4).
+    # A quick run is over in seconds, before the syncer has evaluated much: an evaluation
+    # is labelled with the tokens the learners had trained when it was taken, so its
+    # first one past a fraction may still be of the initial weights.  Quick tuning runs
+    # therefore go to the end and read the final version's evaluation.
+    fraction = None if args.quick else args.tuning_fraction
     with tempfile.TemporaryDirectory(prefix="diloco-tuning-") as directory:
         for learning_rate, interval in diloco_grid if len(diloco_grid) > 1 else []:
             if any(t["learning_rate"] == learning_rate and t["sync_interval"] == interval for t in diloco_tuning):
@@ -209,8 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
             args.evaluate_every = 1
             recipe = recipe_for(args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}})
             result = run_diloco(recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction)
-            diloco_tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": result["loss"]})
-            print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {result['loss']:.4f}", flush=True)
+            loss = result["loss"] if fraction is not None else result["evaluations"][-1]["loss"]
+            diloco_tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": loss})
+            print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {loss:.4f}", flush=True)
     tuned_setting = min(diloco_tuning, key=lambda row: row["loss"]) if diloco_tuning else None
     # 2. the rows, most informative first; the JSON is rewritten after each, so a long
     # run that is stopped early still reports what it measured

@@ -69,7 +69,7 @@ def test_quality_benchmark_quick(tmp_path):
     assert all(row["versions"] > 0 for row in diloco_rows)
     assert {row["quorum"] for row in diloco_rows} == {1, document["settings"]["learners"]}  # K=1 and K=M
     assert set(document["results"]["targets"]) == {"async_vs_sync", "diloco_vs_dp"}
-    # the DiLoCo side is tuned as data-parallel is, on runs stopped early
+    # the DiLoCo side is tuned as data-parallel is (quick runs: to their end, see bench/quality.py)
     tuning = document["results"]["diloco_tuning"]
     assert [(t["learning_rate"], t["sync_interval"]) for t in tuning] == [(6e-3, 10), (6e-3, 20)]
     assert all(t["loss"] < 5.0 for t in tuning) and document["results"]["diloco_tuned"] in tuning
