@@ -128,6 +128,7 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path, co
         words = " ".join(first.split())
         assert "K=4, lowered to 3 while only 3 live" in words and "(fragment 1, 2 learners)" in words, first
         assert max(len(line.rstrip()) for line in first.splitlines()) <= columns
+        assert "600.0 kB" in first and "checkpoints" in first  # the region table fits: no value or header cut
         if columns >= 160:  # the legend is one line where there is room
             assert LEGEND in first
         else:

@@ -86,9 +86,9 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         lines.append(f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers")
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
-    regions = Table(box=table_box, show_edge=False)
-    for column in ("region", "learners up", "learners down", "checkpoints", "syncer up", "syncer down", "retried", "refused"):
-        regions.add_column(column, justify="left" if column == "region" else "right")
+    regions = Table(box=table_box, show_edge=False, collapse_padding=True, pad_edge=False)  # 80 columns hold it
+    for column in ("region", "learners\nup", "learners\ndown", "checkpoints", "syncer\nup", "syncer\ndown", "retried", "refused"):
+        regions.add_column(column, justify="left" if column == "region" else "right", no_wrap=True)
     refusal_lines = []
     for region in status.regions:
         refused = sum(region.refusals.values())
