@@ -78,3 +78,30 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     print("  ".join(column.ljust(width) for column, width in zip(columns, widths)))
     for row in rows:
         print("  ".join(cell(row.get(column, "")).ljust(width) for column, width in zip(columns, widths)))
+
+
+LEARNERS_START_SECONDS = 300.0
+"""How long a benchmark's run may take until every learner has trained."""
+
+
+def wait_until_every_learner_trained(runs_dir: Path, name: str, timeout: float = LEARNERS_START_SECONDS) -> None:
+    """Return once every learner of run ``name`` has been seen training (or past step 0):
+    where a benchmark's clock starts.  Each learner counts once seen, since learners killed
+    every few seconds are seldom all training at one instant.  If that takes longer than
+    ``timeout``, or the run ends first, the run is stopped and RuntimeError raised."""
+    from diloco_cli.launch.operations import stop_run
+    from diloco_cli.launch.runs import load_run
+    from diloco_cli.views.run_state import collect_status
+
+    spec = load_run(runs_dir, name).spec
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        status = collect_status(spec)
+        seen |= {row.learner for row in status.learners if row.state == "training" or row.step > 0}
+        if len(seen) == len(spec.learners):
+            return
+        if status.state == "finished" or time.monotonic() > deadline:
+            stop_run(load_run(runs_dir, name))
+            raise RuntimeError(f"run {name}: only {sorted(seen)} of {len(spec.learners)} learners trained within {timeout:.0f} s (state {status.state})")
+        time.sleep(0.5)

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._common import print_table, write_result
+from bench._common import print_table, wait_until_every_learner_trained, write_result
 from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.operations import stop_run
@@ -41,7 +41,6 @@ from diloco_cli.store.home import tokens_merged
 from diloco_cli.views.run_state import collect_status
 
 TARGETS = {"loss_gap": 0.02, "goodput_vs_simulator_points": 5.0}
-START_TIMEOUT_SECONDS = 300.0
 FINISH_TIMEOUT_SECONDS = 3600.0
 
 
@@ -65,19 +64,7 @@ def run(recipe: Recipe, name: str, workdir: Path, chaos: str | None) -> dict:
     path = workdir / f"{name}.json"
     path.write_text(recipe.model_dump_json())
     launched = launch(path, None, [], name, workdir / "runs", dry_run=False, chaos=chaos)
-    # The clock starts once every learner has trained (with kills every few seconds they
-    # are seldom all training at one instant, and a slow start can meet the outage).
-    seen_training: set[str] = set()
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while True:
-        status = collect_status(launched.spec)
-        seen_training |= {row.learner for row in status.learners if row.state == "training" or row.step > 0}
-        if len(seen_training) == len(launched.spec.learners):
-            break
-        if status.state == "finished" or time.monotonic() > deadline:
-            stop_run(load_run(workdir / "runs", name))
-            raise RuntimeError(f"run {name}: only {sorted(seen_training)} started training within {START_TIMEOUT_SECONDS:.0f} s (state {status.state})")
-        time.sleep(0.5)
+    wait_until_every_learner_trained(workdir / "runs", name)
     started = time.time()
     deadline = time.monotonic() + FINISH_TIMEOUT_SECONDS
     while (status := collect_status(launched.spec)).state != "finished":

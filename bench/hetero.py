@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import print_table, write_result
+from bench._common import print_table, wait_until_every_learner_trained, write_result
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.operations import stop_run
@@ -39,7 +39,6 @@ from diloco_cli.runtime.export import global_model
 from diloco_cli.store.home import tokens_merged
 from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.training.inner import evaluate
-from diloco_cli.views.run_state import collect_status
 
 SPEEDS = {"local-a-0": 1.0, "local-a-1": 1.0, "local-b-0": 0.8, "local-b-1": 0.6}
 SETTINGS = {
@@ -84,15 +83,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     path = workdir / f"{name}.json"
     path.write_text(recipe.model_dump_json())
     launched = launch(path, None, [], name, workdir / "runs", dry_run=False)
-    deadline = time.monotonic() + 300
-    while True:  # the clock starts once every learner trains
-        status = collect_status(launched.spec)
-        if status.learners and all(row.state == "training" for row in status.learners):
-            break
-        if time.monotonic() > deadline:
-            stop_run(load_run(workdir / "runs", name))
-            raise RuntimeError(f"setting {label}: the learners were not all training within 300 s ({[(row.learner, row.state) for row in status.learners]})")
-        time.sleep(0.5)
+    wait_until_every_learner_trained(workdir / "runs", name)  # the clock starts here
     time.sleep(wall_seconds)
     record = load_run(workdir / "runs", name)
     secret = record.secret()
