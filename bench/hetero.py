@@ -84,12 +84,19 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     path.write_text(recipe.model_dump_json())
     launched = launch(path, None, [], name, workdir / "runs", dry_run=False)
     wait_until_every_learner_trained(workdir / "runs", name)  # the clock starts here
-    time.sleep(wall_seconds)
     record = load_run(workdir / "runs", name)
     secret = record.secret()
+
+    def heartbeats() -> dict:
+        return {learner.id: launched.spec.bucket(learner.region, secret).read_heartbeat(learner.id) for learner in launched.spec.learners}
+
+    # Steps are counted within the window: a learner that started first (on shared cores,
+    # often by many seconds) must not look faster than its speed.
+    steps_before = {learner: beat.step for learner, beat in heartbeats().items()}
+    time.sleep(wall_seconds)
     model, head = global_model(launched.spec, secret)  # what the syncer had published by then
     stop_run(record)
-    beats = {learner.id: launched.spec.bucket(learner.region, secret).read_heartbeat(learner.id) for learner in launched.spec.learners}
+    beats = heartbeats()
     compute = sum(beat.compute_seconds for beat in beats.values())
     walls = sum(max(beat.time - (beat.training_since or beat.time), 1e-9) for beat in beats.values())
     share = merged_share(launched.spec, secret, beats)
@@ -98,7 +105,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
         "loss": evaluate(model, heldout_batches(recipe)),
         "versions": head.version,
         "tokens_trained": sum(beat.tokens for beat in beats.values()),
-        "steps": {learner: beat.step for learner, beat in beats.items()},
+        "steps": {learner: beat.step - steps_before[learner] for learner, beat in beats.items()},
         "compute_share": compute / walls,
         "merged_share": share,
         "goodput": compute / walls * share,
