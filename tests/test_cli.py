@@ -21,12 +21,13 @@ def test_version():
 
 
 def test_commands_that_only_read_buckets_do_not_import_torch():
-    """``--help``, ``status``, ``runs``, ``logs``, ``down`` and ``report`` load without torch (a
-    multi-second import), so they answer at once on any machine."""
+    """``--help``, ``status``, ``runs``, ``logs``, ``down``, ``report`` and ``up`` load without
+    torch (a multi-second import), so they answer at once on any machine; only the
+    processes that train or merge import it."""
     import subprocess
     import sys
 
-    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.launch.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations", "diloco_cli.views.report", "diloco_cli.views.report_html", "diloco_cli.bandwidth.prices"]
+    modules = ["diloco_cli.cli.app", "diloco_cli.views.status", "diloco_cli.launch.logs", "diloco_cli.views.runs", "diloco_cli.launch.operations", "diloco_cli.views.report", "diloco_cli.views.report_html", "diloco_cli.bandwidth.prices", "diloco_cli.launch.up", "diloco_cli.views.plan", "diloco_cli.views.preflight"]
     probe = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -24,7 +24,7 @@ from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
-from diloco_cli.training.data import BUILTIN_PREFIX
+from diloco_cli.training.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -83,8 +83,6 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
     """The data source exists (a built-in corpus, or a file its URL names)."""
     source = recipe.data.source
     if source.startswith(BUILTIN_PREFIX):
-        from diloco_cli.training.data import BUILTIN_CORPORA
-
         if source[len(BUILTIN_PREFIX) :] not in BUILTIN_CORPORA:
             raise ConfigError(f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)")
         return

@@ -4,40 +4,16 @@ Every learner reads only its own shard (a contiguous slice of the training text)
 two learners see the same bytes; the last part of the text is held out for evaluating
 the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
 the built-in corpus (``builtin:shakespeare``), which ships with the package and is
-checked by hash: nothing is fetched from a hub at run time.
+checked by hash: nothing is fetched from a hub at run time (``training.corpora``).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 from dataclasses import dataclass
-from importlib import resources
 
 import torch
-import zstandard
 
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_CORPORA = {
-    "shakespeare": ("shakespeare.txt.zst", "04decea0dd965df5e6cfc4a538b0c62623aaa3bfd848ac7fad6734e59c96624d"),
-}
-
-
-class DataError(ValueError):
-    """The data source cannot be used as asked."""
-
-
-@functools.cache
-def builtin_corpus(name: str) -> bytes:
-    """The decompressed built-in corpus ``name``, verified against its SHA-256."""
-    if name not in BUILTIN_CORPORA:
-        raise DataError(f"unknown built-in corpus {name!r}; available: {', '.join(sorted(BUILTIN_CORPORA))}")
-    filename, digest = BUILTIN_CORPORA[name]
-    compressed = resources.files("diloco_cli").joinpath("data", filename).read_bytes()
-    text = zstandard.ZstdDecompressor().decompress(compressed)
-    if hashlib.sha256(text).hexdigest() != digest:
-        raise DataError(f"the built-in corpus {name!r} is damaged (hash mismatch); reinstall diloco")
-    return text
+from diloco_cli.training.corpora import BUILTIN_PREFIX, DataError, builtin_corpus
 
 
 def load_text(source: str, storage_options: dict | None = None) -> bytes:
