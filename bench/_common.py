@@ -80,6 +80,22 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
         print("  ".join(cell(row.get(column, "")).ljust(width) for column, width in zip(columns, widths)))
 
 
+def local_regions(directory: Path, learners: int) -> Path | None:
+    """A regions file with ``learners`` split over the default's two local regions
+    (``local-a`` takes the odd one), or None for the default's four."""
+    if learners == 4:
+        return None
+    per_region = {"local-a": learners - learners // 2, "local-b": learners // 2}
+    regions = [
+        {"name": name, "bucket": f"file://{{runs_dir}}/{{run}}/buckets/{name}", "hosts": [{"name": "local", "learners": count}]}
+        for name, count in per_region.items()
+        if count
+    ]
+    path = directory / f"regions-{learners}.json"
+    path.write_text(json.dumps({"regions": regions}))
+    return path
+
+
 LEARNERS_START_SECONDS = 300.0
 """How long a benchmark's run may take until every learner has trained."""
 

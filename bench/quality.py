@@ -19,7 +19,7 @@ DiLoCo learners' inner learning rate and H over a grid, each at an eighth of the
 DiLoCo setting gets rows of its own beside them ("tuned"), unless it is the default.
 
     python -m bench.quality                 # 10M tokens, 2 seeds for the headline rows
-    python -m bench.quality --quick         # a tiny model and budget (the test suite)
+    python -m bench.quality --quick         # a tiny model and budget, 2 learners (the test suite)
     python -m bench.quality --resume        # run only the rows the result file lacks
 """
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import print_table, result_path, write_result
+from bench._common import local_regions, print_table, result_path, write_result
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
@@ -89,7 +89,7 @@ def recipe_for(args: argparse.Namespace, seed: int, overrides: dict) -> Recipe:
     if args.quick:
         base["model"] = {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}}
         base["data"] = {"sequence_length": 64}
-        base["training"].update({"batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5})
+        base["training"].update({"num_learners": 2, "batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5})
         base["sync"].update({"sync_interval": 10, "evaluation_batches": 2})
     merged = json.loads(json.dumps(base))
     for section, values in overrides.items():
@@ -113,7 +113,8 @@ def run_diloco(recipe: Recipe, name: str, workdir: Path, stop_at: float | None =
     recipe_path = workdir / f"{name}.json"
     recipe_path.write_text(recipe.model_dump_json())
     started = time.monotonic()
-    result = launch(recipe_path, None, [], name, workdir / "runs", dry_run=False)
+    regions = local_regions(workdir, recipe.training.num_learners)
+    result = launch(recipe_path, regions, [], name, workdir / "runs", dry_run=False)
     budget = recipe.training.num_learners * recipe.training.inner_steps * tokens_per_learner_step(recipe)
     while True:
         status = collect_status(result.spec)
@@ -168,7 +169,7 @@ def mean(rows: list[dict], key: str) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model and budget (~2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a tiny model and budget, 2 learners (about a minute)")
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
     parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)")
     parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the K=M rows")

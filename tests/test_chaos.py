@@ -2,7 +2,7 @@
 updates, snapshots and checkpoints damaged at rest, litter dropped, for the first part
 of a run; then the run must finish and its ledger audit clean.
 
-The short form runs in CI (``--chaos-seconds``, default 20); a longer one is the same
+The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
 test with a larger value, e.g. ``python -m pytest tests/test_chaos.py --chaos-seconds 300``.
 """
 

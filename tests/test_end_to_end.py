@@ -109,8 +109,10 @@ def test_a_sharded_learner_with_gradient_accumulation_keeps_the_ledger_exact(tmp
     assert_bases_are_the_syncers(runs_dir, "e2e-fsdp")
 
 
-@pytest.mark.parametrize("backends", [("s3", "s3"), ("gcs", "gcs"), ("s3", "gcs")], ids=["s3", "gcs", "s3+gcs"])
-def test_run_over_real_object_stores(tmp_path, monkeypatch, backends):
+def test_run_over_real_object_stores(tmp_path, monkeypatch):
+    """One region's bucket in S3 (moto), the other's in GCS (fake-gcs-server): both
+    backends in one run, each with its own credentials."""
+    backends = ("s3", "gcs")
     runs_dir = tmp_path / "runs"
     with ExitStack() as stack:
         servers = {kind: stack.enter_context(BACKENDS[kind]()) for kind in set(backends)}

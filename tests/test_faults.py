@@ -88,7 +88,12 @@ def audit_ledger(run_dir: Path, secret):
     return commits, merged
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+def pytest_generate_tests(metafunc):
+    """The syncer is killed in ``--kill-seeds`` runs, each on its own seeded schedule (CI: one)."""
+    if "seed" in metafunc.fixturenames:
+        metafunc.parametrize("seed", range(1, 1 + metafunc.config.getoption("--kill-seeds")))
+
+
 def test_syncer_killed_at_random_points_loses_nothing_and_merges_nothing_twice(tmp_path, seed):
     rng = random.Random(seed)
     runs_dir = tmp_path / "runs"
