@@ -21,6 +21,11 @@ that comes in on our links, so isolation holds even where ip_forward is 1.  A
 connection from one namespace to another fails at once with "No route to host"
 (or times out if ICMP errors are rate limited).
 
+No DNS server is reachable from a namespace, and a lookup would wait ~10 s for the
+machine's before failing (moto's server looks its own address up as it starts): each
+namespace gets a ``resolv.conf`` that points at none (``/etc/netns/<name>/resolv.conf``,
+which ``ip netns exec`` bind-mounts over ``/etc/resolv.conf``), so lookups fail at once.
+
 Names carry a per-run prefix (``dlc<pid>s<seq>-<name>``), the subnets are chosen
 among those no address or route in the root namespace uses yet (under a lock
 file, so parallel runs do not collide), and leftovers of dead runs are removed.
@@ -62,8 +67,10 @@ import fcntl
 import itertools
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 PREFIX = "dlc"
@@ -71,6 +78,12 @@ RULE_PREF = 9000
 LOCK_PATH = "/run/diloco-netns.lock"
 _seq = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+NETNS_ETC = Path("/etc/netns")
+"""``ip netns exec NS`` bind-mounts each file of ``/etc/netns/NS/`` over the one in ``/etc/``."""
+RESOLV_CONF = """# a test namespace (tests/netns.py): no DNS server is reachable from here; fail at once
+nameserver 127.0.0.1
+options timeout:1 attempts:1
+"""
 
 
 @dataclass
@@ -111,9 +124,25 @@ def _pid_alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def etc_of(name: str) -> Path:
+    """The namespace's own files for ``/etc`` (its resolv.conf; tests/wan.py adds hosts)."""
+    return NETNS_ETC / name
+
+
+def _remove_etc(name: str) -> None:
+    shutil.rmtree(etc_of(name), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        NETNS_ETC.rmdir()  # only when no other run has files there
+
+
 def cleanup_stale() -> list[str]:
-    """Remove namespaces and policy rules left behind by runs that have died."""
+    """Remove namespaces, their /etc files and policy rules left behind by runs that have died."""
     removed = []
+    for directory in NETNS_ETC.iterdir() if NETNS_ETC.is_dir() else ():
+        m = re.match(rf"^{PREFIX}(\d+)s\d+-", directory.name)
+        if m and not _pid_alive(int(m.group(1))):
+            _remove_etc(directory.name)
+            removed.append(str(directory))
     for line in _ip("netns", "list").stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         m = re.match(rf"^{PREFIX}(\d+)s\d+-", name)
@@ -172,6 +201,8 @@ def namespaces(names: Sequence[str], subnet_index: int | None = None) -> Iterato
                 )
                 _ip("netns", "add", ns.name)
                 created.append(ns)
+                etc_of(ns.name).mkdir(parents=True, exist_ok=True)
+                (etc_of(ns.name) / "resolv.conf").write_text(RESOLV_CONF)
                 _ip("link", "add", ns.root_veth, "type", "veth",
                     "peer", "name", ns.ns_veth, "netns", ns.name)
                 _ip("addr", "add", f"{ns.gateway}/{ns.prefixlen}", "dev", ns.root_veth)
@@ -186,10 +217,13 @@ def namespaces(names: Sequence[str], subnet_index: int | None = None) -> Iterato
     finally:
         for veth in rules:
             _ip("rule", "del", "pref", str(RULE_PREF), "iif", veth, "prohibit", check=False)
-        for ns in created:
-            # Deleting the namespace destroys veth0 and with it the root side.
-            _ip("netns", "delete", ns.name, check=False)
-            _ip("link", "delete", ns.root_veth, check=False)
+        with open(LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for ns in created:
+                # Deleting the namespace destroys veth0 and with it the root side.
+                _ip("netns", "delete", ns.name, check=False)
+                _ip("link", "delete", ns.root_veth, check=False)
+                _remove_etc(ns.name)
 
 
 def _tbf(prefix: Sequence[str], dev: str, rate_mbit: float, burst_bytes: int, latency_ms: float) -> None:

@@ -22,7 +22,9 @@ from tests.sshd import sshd_server
 pytestmark = pytest.mark.slow
 
 BASE_PYTHON = str(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
-SSH_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 60}})
+# The test hosts share this machine's cores while each reports all of them: one thread
+# per learner (left to itself, each would take every core, and they would thrash).
+SSH_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 60, "threads_per_learner": 1}})
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 import paramiko
 import pytest
 
-from tests.netns import namespaces, shape
+from tests.netns import etc_of, namespaces, shape
 from tests.sshd import _descendants, sshd_server
 
 pytestmark = pytest.mark.slow
@@ -186,6 +186,9 @@ def test_namespaces_sshd_and_isolation(tmp_path):
         veths = [one.root_veth, two.root_veth]
         assert all(n in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                        text=True).stdout for n in names)
+        # no DNS server is reachable from a namespace: its resolv.conf names none
+        resolv = one.run(["cat", "/etc/resolv.conf"], capture_output=True, text=True).stdout
+        assert "tests/netns.py" in resolv and "nameserver 127.0.0.1" in resolv
 
         # sshd inside namespace one, reached from the root namespace.
         with sshd_server(tmp_path, host=one.address, command_prefix=one.exec_prefix()) as s:
@@ -222,6 +225,7 @@ def test_namespaces_sshd_and_isolation(tmp_path):
 
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(n in listing for n in names), listing
+    assert not any(etc_of(n).exists() for n in names)
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     rules = subprocess.run(["ip", "rule", "list"], capture_output=True, text=True).stdout
     assert not any(v in links or v in rules for v in veths), (links, rules)

@@ -30,12 +30,10 @@ URL is ``http://s3-R:9001`` (``Region.url``), and every place gets its own hosts
 ``/etc/netns/<namespace>/hosts`` (``ip netns exec`` bind-mounts ``/etc/netns/<ns>/*`` over
 ``/etc/``): inside R, ``s3-R`` is ``127.0.0.1`` (the zero-delay proxy); in every other place it
 is R's ``wan_address`` (the delaying proxy).  The files also name every place's
-``wan_address`` (``wan-<label>``), and a ``resolv.conf`` beside them points at no server
-(127.0.0.1): a namespace reaches no DNS server, and a lookup that is not in the hosts file
-(torch.distributed's reverse lookups of its peers) would otherwise wait ~10 s for the
-machine's one before failing.  The root namespace's ``/etc/hosts`` is not touched:
-there, use ``setup_url`` or ``remote_url``.  The hosts files (and ``/etc/netns`` when it is left
-empty) are removed on exit.
+``wan_address`` (``wan-<label>``), so that torch.distributed's reverse lookups of its peers
+are answered here (other lookups fail at once: tests.netns gives each namespace a
+resolv.conf that points at no server).  The root namespace's ``/etc/hosts`` is not touched:
+there, use ``setup_url`` or ``remote_url``.  The hosts files go with their namespaces.
 
 What goes through what:
 
@@ -55,10 +53,8 @@ hosts file and namespace is removed on exit, also when the body raises.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -70,19 +66,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.netns import LOCK_PATH, PREFIX, Namespace, Place, RoutedNetwork, routed_namespaces
+from tests.netns import Namespace, Place, RoutedNetwork, etc_of, routed_namespaces
 from tests.servers import ObjectStore, stop_process
 
 MOTO_PORT = 9000
 PROXY_PORT = 9001
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NETNS_ETC = Path("/etc/netns")
-ETC_FILES = ("hosts", "resolv.conf")
-RESOLV_CONF = """# emulated WAN (tests/wan.py): no DNS server is reachable from a place; fail at once
-nameserver 127.0.0.1
-options timeout:1 attempts:1
-"""
-"""``ip netns exec NS`` bind-mounts each file of ``/etc/netns/NS/`` over the one in ``/etc/``."""
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -189,48 +178,16 @@ def hosts_text(place: str, addresses: Mapping[str, str], base: str, places: Mapp
     return "\n".join(lines) + "\n"
 
 
-def _remove_hosts_dir(directory: Path) -> None:
-    with open(LOCK_PATH, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in ETC_FILES:
-            (directory / name).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            directory.rmdir()
-        with contextlib.suppress(OSError):
-            NETNS_ETC.rmdir()  # only when no other run has files there
-
-
-def cleanup_stale_hosts() -> list[Path]:
-    """Remove the /etc/netns/<ns>/ directories of runs that have died (as tests.netns does
-    for their namespaces)."""
-    removed = []
-    if not NETNS_ETC.is_dir():
-        return removed
-    for directory in NETNS_ETC.iterdir():
-        m = re.match(rf"^{PREFIX}(\d+)s\d+-", directory.name)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            _remove_hosts_dir(directory)
-            removed.append(directory)
-    return removed
-
-
-def write_hosts_files(stack: contextlib.ExitStack, net: RoutedNetwork, regions: Sequence[str]) -> dict[str, Path]:
-    """A hosts file (and a resolv.conf) per place resolving every region's endpoint name;
-    removed when ``stack`` closes."""
-    cleanup_stale_hosts()
+def write_hosts_files(net: RoutedNetwork, regions: Sequence[str]) -> dict[str, Path]:
+    """A hosts file per place resolving every region's endpoint name, beside the
+    namespace's resolv.conf (tests.netns removes both with the namespace)."""
     base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
     addresses = {region: net[region].wan_address for region in regions}
     places = {label: place.wan_address for label, place in net.places.items()}
     files = {}
     for label, place in net.places.items():
-        directory = NETNS_ETC / place.name
-        with open(LOCK_PATH, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            directory.mkdir(parents=True, exist_ok=True)
-            stack.callback(_remove_hosts_dir, directory)
-            (directory / "hosts").write_text(hosts_text(label, addresses, base, places))
-            (directory / "resolv.conf").write_text(RESOLV_CONF)
-        files[label] = directory / "hosts"
+        files[label] = etc_of(place.name) / "hosts"
+        files[label].write_text(hosts_text(label, addresses, base, places))
     return files
 
 
@@ -283,7 +240,7 @@ def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequen
         raise ValueError(f"latencies for regions that are not there: {sorted(unknown)}")
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(routed_namespaces([*regions, *extra_places], rate_mbit, rates=rates))
-        hosts_files = write_hosts_files(stack, net, regions) if hostnames else {}
+        hosts_files = write_hosts_files(net, regions) if hostnames else {}
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wan-")))
         starting = []
         for name in regions:
