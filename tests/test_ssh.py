@@ -167,7 +167,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         # the README's multi-region commands, as written, on these hosts: a second up
         # finds both hosts up to date (no copy, no install)
         (tmp_path / "my-regions.yaml").write_text(regions.read_text())
-        run_name = None
+        run_name, paused = None, []
         for command in readme_multi_region_commands():
             arguments = command.split()[1:]
             if run_name:
@@ -175,12 +175,19 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
             if "--follow" in arguments:
                 assert "starting (restart 0)" in interrupted_output(arguments, tmp_path)
                 continue
+            if arguments[0] == "down":
+                for pid in paused:
+                    os.kill(pid, signal.SIGCONT)
             result = diloco(*arguments, cwd=tmp_path, timeout=600)
             if "--dry-run" in arguments:
                 assert "(dry run: nothing started)" in result.stdout and "learner west-1 on two" in result.stdout
             elif arguments[0] == "up":
                 assert "one: diloco up to date" in result.stdout and "two: diloco up to date" in result.stdout
                 run_name = re.search(r"started run (\S+):", result.stdout).group(1)
+                # the default job's four learners would hold both cores of this machine while
+                # the commands below run; they are held still until `down` (their supervisors
+                # and the syncer run on)
+                paused = held_still(tmp_path, run_name, {"one": ["east-0", "east-1"], "two": ["west-0", "west-1"]})
             elif "--probe" in arguments:
                 assert "processes (probed)" in result.stdout and "one" in result.stdout and "ok" in result.stdout
             elif arguments[0] == "resume":
@@ -196,6 +203,27 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
                 assert f"run {run_name} is down" in result.stdout
         assert run_name is not None
         assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
+
+
+def held_still(tmp_path, run, learners_by_host) -> list[int]:
+    """SIGSTOP the learners of ``run`` (each once its supervisor has started it); their pids."""
+    pids = []
+    deadline = time.monotonic() + 60
+    for host, learners in learners_by_host.items():
+        for learner in learners:
+            while (pid := child_of(tmp_path, host, run, learner)) is None:
+                assert time.monotonic() < deadline, f"{learner} did not start on {host}"
+                time.sleep(0.2)
+            os.kill(pid, signal.SIGSTOP)
+            pids.append(pid)
+    return pids
+
+
+def child_of(tmp_path, host, run, process):
+    try:
+        return remote_state(tmp_path, host, run, process).get("child_pid")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def readme_multi_region_commands() -> list[str]:
