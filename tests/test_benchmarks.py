@@ -38,7 +38,7 @@ def test_merge_benchmark_quick(tmp_path):
     merge.main(["--quick", "--output", str(output)])
     document = json.loads(output.read_text())
     ours = [row for row in document["results"]["rows"] if row["method"] == "diloco round"]
-    assert sorted(row["M"] for row in ours) == [2, 4, 8, 16]
+    assert sorted(row["M"] for row in ours) == [2, 16]
     naive = {row["M"]: row["peak_extra_MB"] for row in document["results"]["rows"] if row["method"] != "diloco round"}
     streaming = {row["M"]: row["peak_extra_MB"] for row in ours}
     # the naive reference holds M copies; the streaming round does not grow with M
