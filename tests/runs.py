@@ -86,7 +86,7 @@ def wait_for(runs_dir: Path, run: str, predicate, timeout: float, what: str) -> 
         status = collect_status(spec)
         if predicate(status):
             return status
-        time.sleep(1.0)
+        time.sleep(0.5)
     raise AssertionError(f"run {run}: {what} did not happen within {timeout:.0f} s\n{logs_of(runs_dir, run)}")
 
 
