@@ -72,7 +72,7 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
     learner trained is in a merged payload or was overwritten by an install (counted);
     status shows the retries and failures."""
     runs_dir, name = tmp_path / "runs", "failing-endpoint"
-    changes = {"training": {"inner_steps": 1000}, "sync": {"liveness_timeout_seconds": 60}, "storage": {"attempts": 3, "max_backoff_seconds": 2}}
+    changes = {"training": {"inner_steps": 1000}, "sync": {"sync_interval": 25, "liveness_timeout_seconds": 60}, "storage": {"attempts": 3, "max_backoff_seconds": 2}}
     recipe = deep_update(TINY_RECIPE, changes)
     flaky = FaultRules(refuse=0.15, reset=0.05, stall=0.05, stall_seconds=1.0)
     with fault_proxy(s3.endpoint_url, FaultRules(), seed=11) as proxy:
