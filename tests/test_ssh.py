@@ -117,8 +117,9 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
             ],
             known_hosts,
         )
-        # the default recipe (4 learners, the 0.84M GPT), shortened
-        shorter = ["--set", "training.inner_steps=24", "--set", "sync.sync_interval=6", "--set", "training.heartbeat_seconds=0.5"]
+        # the default recipe (4 learners), shortened, with a narrower GPT of 2 layers
+        shorter = ["--set", "training.inner_steps=24", "--set", "sync.sync_interval=6", "--set", "training.heartbeat_seconds=0.5",
+                   "--set", "model.kwargs.num_layers=2", "--set", "model.kwargs.width=64", "--set", "model.kwargs.num_heads=2"]
         started = diloco("up", "--regions", str(regions), "--name", "ssh-run", "--runs-dir", str(runs_dir), *shorter, timeout=900)
         assert "preflight" in started.stdout and "first problem" in started.stdout
         assert re.search(r"one: diloco (installed|up to date)", started.stdout) and "started run ssh-run" in started.stdout
@@ -160,7 +161,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         assert "exit -9: restarting" in log and "finished at step 24" in log and "resumed from checkpoint" not in log
         output = tmp_path / "model.safetensors"
         diloco("export", "ssh-run", "-o", str(output), "--runs-dir", str(runs_dir))
-        byte_gpt().load_state_dict(load_file(str(output)))
+        byte_gpt(num_layers=2, width=64, num_heads=2).load_state_dict(load_file(str(output)))
         stopped = diloco("down", "ssh-run", "--runs-dir", str(runs_dir)).stdout
         assert "east-0" in stopped and "one" in stopped and "run ssh-run is down" in stopped
         assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
