@@ -85,9 +85,11 @@ def test_chaos_mode_kills_and_pauses_processes_and_the_run_still_finishes_exactl
     while, on a seeded schedule; every event is in `status`, the supervisors bring the
     processes back, and the ledger holds (final bases are the syncer's weights)."""
     runs_dir, name = tmp_path / "runs", "chaos"
-    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 1200}, "sync": {"quorum": 1}}))
+    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 800}, "sync": {"quorum": 1}}))
     regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
     regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
+    # seed 2's first events: the syncer and west-0 killed at 3.8 s, both learners stopped at
+    # ~10 s, the syncer killed again at 14.2 s: all while the learners train
     spec = "seed=2,kill-learner=6/min,kill-syncer=3/min,stop-learner=6/min:3s"
     diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir), "--chaos", spec)
     wait_for(runs_dir, name, lambda s: s.chaos is not None and "process faults injected" in s.chaos, 90, "a fault injected and shown")
