@@ -46,7 +46,7 @@ FINISH_TIMEOUT_SECONDS = 3600.0
 
 def chaos_spec(quick: bool) -> str:
     if quick:
-        return "seed=1,kill-learner=6/min,kill-syncer=2/min,outage=local-b@6s+6s"
+        return "seed=1,kill-learner=6/min,kill-syncer=2/min,outage=local-b@15s+8s"
     return "seed=1,kill-learner=1/min,kill-syncer=0.25/min,outage=local-b@90s+45s"
 
 
