@@ -82,8 +82,10 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
 
 def local_regions(directory: Path, learners: int) -> Path | None:
     """A regions file with ``learners`` split over the default's two local regions
-    (``local-a`` takes the odd one), or None for the default's four."""
-    if learners == 4:
+    (``local-a`` takes the odd one), or None where the default regions place as many."""
+    from diloco_cli.config.regions import RegionsFile
+
+    if learners == sum(region.num_learners for region in RegionsFile().regions):
         return None
     per_region = {"local-a": learners - learners // 2, "local-b": learners // 2}
     regions = [
