@@ -124,6 +124,12 @@ def _pid_alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def _of_dead_run(name: str) -> bool:
+    """Whether ``name`` (a namespace's or its /etc directory's) belongs to a run that has died."""
+    m = re.match(rf"^{PREFIX}(\d+)s\d+-", name)
+    return m is not None and not _pid_alive(int(m.group(1)))
+
+
 def etc_of(name: str) -> Path:
     """The namespace's own files for ``/etc`` (its resolv.conf; tests/wan.py adds hosts)."""
     return NETNS_ETC / name
@@ -139,14 +145,12 @@ def cleanup_stale() -> list[str]:
     """Remove namespaces, their /etc files and policy rules left behind by runs that have died."""
     removed = []
     for directory in NETNS_ETC.iterdir() if NETNS_ETC.is_dir() else ():
-        m = re.match(rf"^{PREFIX}(\d+)s\d+-", directory.name)
-        if m and not _pid_alive(int(m.group(1))):
+        if _of_dead_run(directory.name):
             _remove_etc(directory.name)
             removed.append(str(directory))
     for line in _ip("netns", "list").stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        m = re.match(rf"^{PREFIX}(\d+)s\d+-", name)
-        if m and not _pid_alive(int(m.group(1))):
+        if _of_dead_run(name):
             if _ip("netns", "delete", name, check=False).returncode == 0:
                 removed.append(name)
     for line in _ip("rule", "list").stdout.splitlines():
