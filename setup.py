@@ -17,5 +17,12 @@ FLAGS = runpy.run_path("diloco_cli/codec/build.py")["FLAGS"]
 setup(
     ext_modules=[]
     if os.environ.get("DILOCO_PURE_WHEEL") == "1"
-    else [Extension("diloco_cli.codec._kernels", sources=["diloco_cli/codec/_kernels.c"], extra_compile_args=FLAGS, optional=True)]
+    else [
+        Extension(
+            "diloco_cli.codec._kernels",
+            sources=["diloco_cli/codec/_kernels.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        )
+    ]
 )

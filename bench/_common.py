@@ -38,7 +38,9 @@ def machine() -> dict[str, Any]:
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, check=True
         ).stdout.strip()
         dirty = bool(
-            subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+            subprocess.run(
+                ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=Path(__file__).parent
+            ).stdout.strip()
         )
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", False
@@ -89,7 +91,11 @@ def local_regions(directory: Path, learners: int) -> Path | None:
         return None
     per_region = {"local-a": learners - learners // 2, "local-b": learners // 2}
     regions = [
-        {"name": name, "bucket": f"file://{{runs_dir}}/{{run}}/buckets/{name}", "hosts": [{"name": "local", "learners": count}]}
+        {
+            "name": name,
+            "bucket": f"file://{{runs_dir}}/{{run}}/buckets/{name}",
+            "hosts": [{"name": "local", "learners": count}],
+        }
         for name, count in per_region.items()
         if count
     ]
@@ -121,5 +127,8 @@ def wait_until_every_learner_trained(runs_dir: Path, name: str, timeout: float =
             return
         if status.state == "finished" or time.monotonic() > deadline:
             stop_run(load_run(runs_dir, name))
-            raise RuntimeError(f"run {name}: only {sorted(seen)} of {len(spec.learners)} learners trained within {timeout:.0f} s (state {status.state})")
+            raise RuntimeError(
+                f"run {name}: only {sorted(seen)} of {len(spec.learners)} learners trained within {timeout:.0f} s "
+                f"(state {status.state})"
+            )
         time.sleep(0.5)

@@ -55,7 +55,9 @@ def recipe_for(quick: bool) -> Recipe:
     if quick:
         document["model"] = {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}}
         document["data"] = {"sequence_length": 64}
-        document["training"].update({"batch_size": 8, "inner_steps": 400, "warmup_steps": 5, "poll_seconds": 0.3, "checkpoint_every_steps": 50})
+        document["training"].update(
+            {"batch_size": 8, "inner_steps": 400, "warmup_steps": 5, "poll_seconds": 0.3, "checkpoint_every_steps": 50}
+        )
         document["sync"] = {"sync_interval": 10, "evaluation_batches": 2, "evaluate_every": 2}
     return Recipe.model_validate(document)
 
@@ -80,7 +82,9 @@ def run(recipe: Recipe, name: str, workdir: Path, chaos: str | None) -> dict:
     history = spec.home(secret).history()
     keys = [merged.key for commit in history for merged in commit.merged]
     fragments = range(spec.recipe.sync.num_fragments)
-    merged = sum(tokens_merged(history, learner, fragment) for learner in beats for fragment in fragments) / len(fragments)
+    merged = sum(tokens_merged(history, learner, fragment) for learner in beats for fragment in fragments) / len(
+        fragments
+    )
     return {
         "run": name,
         "wall_seconds": wall,
@@ -89,14 +93,18 @@ def run(recipe: Recipe, name: str, workdir: Path, chaos: str | None) -> dict:
         "loss": status.evaluations[-1]["loss"],
         "versions": status.version,
         "restarts": sum(beat.restarts for beat in beats.values()),
-        "restart_seconds": [beat.training_since - beat.started_at for beat in beats.values() if beat.restarts and beat.training_since],
+        "restart_seconds": [
+            beat.training_since - beat.started_at for beat in beats.values() if beat.restarts and beat.training_since
+        ],
         "step_seconds": sorted(beat.step_seconds or 0.0 for beat in beats.values())[len(beats) // 2],
         "merged_twice": len(keys) - len(set(keys)),
         "last_sends_merged": all(beat.unsent == 0 for beat in beats.values()),
     }
 
 
-def predicted_goodput(recipe: Recipe, spec: str, restart_seconds: float, step_seconds: float, horizon_seconds: float) -> float:
+def predicted_goodput(
+    recipe: Recipe, spec: str, restart_seconds: float, step_seconds: float, horizon_seconds: float
+) -> float:
     """The simulator's DiLoCo goodput for M one-chip learners under the same kill rate."""
     learners = recipe.training.num_learners
     per_learner_per_hour = parse_chaos(spec).kill_learner_per_minute * 60 / learners
@@ -111,7 +119,10 @@ def predicted_goodput(recipe: Recipe, spec: str, restart_seconds: float, step_se
         replicas=4,
     )
     strategy = Strategy("diloco", learners)
-    outcomes = [simulate_once(learners, strategy, constants, random.Random(f"chaos/{replica}")) for replica in range(constants.replicas)]
+    outcomes = [
+        simulate_once(learners, strategy, constants, random.Random(f"chaos/{replica}"))
+        for replica in range(constants.replicas)
+    ]
     return sum(outcome.goodput for outcome in outcomes) / len(outcomes)
 
 
@@ -125,7 +136,11 @@ def main(argv: list[str] | None = None) -> dict:
         calm = run(recipe, "calm", Path(directory), None)
         print(f"  without faults: loss {calm['loss']:.4f} in {calm['wall_seconds']:.0f} s", flush=True)
         stormy = run(recipe, "chaos", Path(directory), spec)
-        print(f"  with faults: loss {stormy['loss']:.4f} in {stormy['wall_seconds']:.0f} s, {stormy['restarts']} restarts", flush=True)
+        print(
+            f"  with faults: loss {stormy['loss']:.4f} in {stormy['wall_seconds']:.0f} s, "
+            f"{stormy['restarts']} restarts",
+            flush=True,
+        )
     learners = recipe.training.num_learners
     rate = calm["trained_tokens"] / (calm["wall_seconds"] * learners)  # tokens per learner-second without faults
     goodput = stormy["merged_tokens"] / rate / (stormy["wall_seconds"] * learners)
@@ -150,18 +165,45 @@ def main(argv: list[str] | None = None) -> dict:
         "predicted_goodput": predicted,
         "loss_gap": loss_gap,
         "targets": {
-            "loss_gap": {"target": f"<= {TARGETS['loss_gap']}", "measured": loss_gap, "met": abs(loss_gap) <= TARGETS["loss_gap"]},
+            "loss_gap": {
+                "target": f"<= {TARGETS['loss_gap']}",
+                "measured": loss_gap,
+                "met": abs(loss_gap) <= TARGETS["loss_gap"],
+            },
             "goodput_vs_simulator": {
-                "target": f"goodput relative to the fault-free run's within {TARGETS['goodput_vs_simulator_points']} points of the simulator's",
+                "target": (
+                    "goodput relative to the fault-free run's within "
+                    f"{TARGETS['goodput_vs_simulator_points']} points of the simulator's"
+                ),
                 "measured": 100 * (relative - predicted),
                 "met": abs(100 * (relative - predicted)) <= TARGETS["goodput_vs_simulator_points"],
             },
-            "ledger": {"target": "no payload merged twice, every last send merged", "met": stormy["merged_twice"] == 0 and stormy["last_sends_merged"]},
+            "ledger": {
+                "target": "no payload merged twice, every last send merged",
+                "met": stormy["merged_twice"] == 0 and stormy["last_sends_merged"],
+            },
         },
     }
-    path = write_result("chaos", args.quick, {"recipe": recipe.model_dump(mode="json"), "chaos": spec}, results, args.output)
-    print_table([{"run": r["run"], "loss": r["loss"], "wall_seconds": r["wall_seconds"], "restarts": r["restarts"], "merged_tokens": r["merged_tokens"]} for r in (calm, stormy)], ["run", "loss", "wall_seconds", "restarts", "merged_tokens"])
-    print(f"goodput {goodput:.1%}, progress goodput {progress:.1%}, {relative:.1%} of the fault-free run's {calm_goodput:.1%} (simulator {predicted:.1%}); loss gap {loss_gap:+.2%}\nwrote {path}")
+    path = write_result(
+        "chaos", args.quick, {"recipe": recipe.model_dump(mode="json"), "chaos": spec}, results, args.output
+    )
+    print_table(
+        [
+            {
+                "run": r["run"],
+                "loss": r["loss"],
+                "wall_seconds": r["wall_seconds"],
+                "restarts": r["restarts"],
+                "merged_tokens": r["merged_tokens"],
+            }
+            for r in (calm, stormy)
+        ],
+        ["run", "loss", "wall_seconds", "restarts", "merged_tokens"],
+    )
+    print(
+        f"goodput {goodput:.1%}, progress goodput {progress:.1%}, {relative:.1%} of the fault-free run's "
+        f"{calm_goodput:.1%} (simulator {predicted:.1%}); loss gap {loss_gap:+.2%}\nwrote {path}"
+    )
     return results
 
 

@@ -100,9 +100,13 @@ def measure(args: argparse.Namespace) -> dict:
             for _ in range(args.repeats):
                 copy = copy_seconds(synthetic, destination)
                 holder = {}
-                encode = seconds(lambda: holder.setdefault("p", encode_payload([("x", synthetic)], spec, secret)))
+                encode = seconds(
+                    lambda holder=holder, spec=spec: holder.setdefault(
+                        "p", encode_payload([("x", synthetic)], spec, secret)
+                    )
+                )
                 payload = holder["p"]
-                decode = seconds(lambda: decode_payload(payload, secret, into={"x": decoded}))
+                decode = seconds(lambda payload=payload: decode_payload(payload, secret, into={"x": decoded}))
                 encode_ratios.append(copy / encode)
                 decode_ratios.append(copy / decode)
                 encode_rates.append(synthetic.numel() * 4 / encode / 1e6)
@@ -139,7 +143,10 @@ def verdicts(results: dict) -> dict[str, dict]:
         "int4_encode_vs_copy": by[("int4", 1)]["encode_vs_copy"],
         "int4_decode_vs_copy": by[("int4", 1)]["decode_vs_copy"],
     }
-    return {name: {"target": TARGETS[name], "measured": found[name], "met": found[name] >= TARGETS[name]} for name in TARGETS}
+    return {
+        name: {"target": TARGETS[name], "measured": found[name], "met": found[name] >= TARGETS[name]}
+        for name in TARGETS
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -152,13 +159,33 @@ def main(argv: list[str] | None = None) -> dict:
     args.repeats = 3 if args.quick else 7
     results = measure(args)
     results["targets"] = verdicts(results)
-    settings = {"train_steps_per_round": args.train_steps, "synthetic_mb": args.synthetic_mb, "repeats": args.repeats,
-                "block_size": 64, "threads": 1}
+    settings = {
+        "train_steps_per_round": args.train_steps,
+        "synthetic_mb": args.synthetic_mb,
+        "repeats": args.repeats,
+        "block_size": 64,
+        "threads": 1,
+    }
     path = write_result("codec", args.quick, settings, results, args.output)
-    print_table(results["rows"], ["codec", "zstd", "ratio_real", "error_real", "ratio_synthetic", "encode_MBps", "decode_MBps", "encode_vs_copy", "decode_vs_copy"])
+    print_table(
+        results["rows"],
+        [
+            "codec",
+            "zstd",
+            "ratio_real",
+            "error_real",
+            "ratio_synthetic",
+            "encode_MBps",
+            "decode_MBps",
+            "encode_vs_copy",
+            "decode_vs_copy",
+        ],
+    )
     print(f"naive torch int4 encode: {results['naive_int4_encode_vs_copy']:.3f}x copy")
     for name, verdict in results["targets"].items():
-        print(f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}")
+        print(
+            f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}"
+        )
     print(f"wrote {path}")
     return results
 

@@ -66,11 +66,22 @@ def write_dataset(directory: Path, megabytes: int) -> int:
     return index_existing(Location(str(directory)), dtype="uint16", vocab_size=50_000).train_tokens * 2
 
 
-def stream_rate(index_url: str, storage_options: dict, batch_size: int, sequence_length: int, chunk_bytes: int, cache_bytes: int) -> dict:
+def stream_rate(
+    index_url: str, storage_options: dict, batch_size: int, sequence_length: int, chunk_bytes: int, cache_bytes: int
+) -> dict:
     """Tokens per second of a fresh loader through its whole range, read-ahead started,
     and its stalls: batches that took longer than :data:`STALL_SECONDS` (they waited for
     a chunk)."""
-    with TokenBatches(index_url, storage_options, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=chunk_bytes, cache_bytes=cache_bytes) as batches:
+    with TokenBatches(
+        index_url,
+        storage_options,
+        shard=0,
+        num_shards=1,
+        rank=0,
+        world_size=1,
+        chunk_bytes=chunk_bytes,
+        cache_bytes=cache_bytes,
+    ) as batches:
         steps = (len(batches.range) - 1) // sequence_length // batch_size
         batches.batch_at(0, batch_size, sequence_length)
         time.sleep(READ_AHEAD_START_SECONDS)
@@ -92,7 +103,11 @@ def link_ceiling(index_url: str, storage_options: dict, chunk_bytes: int) -> flo
     behind it) can deliver at all."""
     reader = ShardReader(index_url, storage_options, None)
     chunk_tokens = chunk_bytes // reader.index.item_bytes
-    pieces = [(shard.name, start, min(start + chunk_tokens, shard.tokens)) for shard in reader.index.train for start in range(0, shard.tokens, chunk_tokens)]
+    pieces = [
+        (shard.name, start, min(start + chunk_tokens, shard.tokens))
+        for shard in reader.index.train
+        for start in range(0, shard.tokens, chunk_tokens)
+    ]
     started = time.perf_counter()
     with ThreadPoolExecutor(READ_AHEAD_CHUNKS) as pool:
         list(pool.map(lambda piece: len(reader.read(*piece)), pieces))
@@ -104,7 +119,9 @@ def model_rate(batch_size: int, sequence_length: int, steps: int) -> float:
     recipe = Recipe()
     torch.manual_seed(0)
     model = recipe.model.build()
-    optimizer = make_inner_optimizer(model, recipe.training.learning_rate, recipe.training.weight_decay, recipe.training.betas)
+    optimizer = make_inner_optimizer(
+        model, recipe.training.learning_rate, recipe.training.weight_decay, recipe.training.betas
+    )
     tokens = torch.randint(0, 256, (batch_size, sequence_length + 1))
     seconds = []
     for step in range(steps + 2):
@@ -118,7 +135,19 @@ def model_rate(batch_size: int, sequence_length: int, steps: int) -> float:
 def start_delay_proxy(endpoint_url: str, stats: Path) -> tuple[subprocess.Popen, str]:
     """``python -m tests.delay_proxy`` in front of ``endpoint_url``; its process and URL."""
     upstream = endpoint_url.removeprefix("http://")
-    command = [sys.executable, "-m", "tests.delay_proxy", "--listen", "127.0.0.1:0", "--upstream", upstream, "--delay-ms", str(DELAY_MS), "--stats", str(stats)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.delay_proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--delay-ms",
+        str(DELAY_MS),
+        "--stats",
+        str(stats),
+    ]
     process = subprocess.Popen(command, cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
     line = process.stdout.readline().split()
     if line[:1] != ["listening"]:
@@ -162,7 +191,14 @@ def measure(args: argparse.Namespace) -> dict:
                     before = proxied_bytes(stats)
                     measured = stream_rate(index_url, options, batch_size, sequence_length, chunk_bytes, cache_bytes)
                     crossed = proxied_bytes(stats) - before
-                    rows.append({"source": source, "repeat": repeat, **measured, "link_bytes_per_range_byte": crossed / range_bytes})
+                    rows.append(
+                        {
+                            "source": source,
+                            "repeat": repeat,
+                            **measured,
+                            "link_bytes_per_range_byte": crossed / range_bytes,
+                        }
+                    )
                 ceilings.append(link_ceiling(*sources[bucket_source], chunk_bytes))
         finally:
             stop_process(proxy)
@@ -184,7 +220,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def verdicts(results: dict) -> dict:
-    return {name: {"measured": results[name], "target": target, "met": results[name] >= target} for name, target in TARGETS.items()}
+    return {
+        name: {"measured": results[name], "target": target, "met": results[name] >= target}
+        for name, target in TARGETS.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -210,11 +249,19 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": 1,
     }
     path = write_result("data", args.quick, settings, results, args.output)
-    print_table(results["rows"], ["source", "repeat", "tokens_per_second", "stalled_batches", "stall_seconds", "link_bytes_per_range_byte"])
-    print(f"bare ranged reads through the proxy: {results['link_ceiling_tokens_per_second']:.4g} tokens/s; the loader takes {results['bucket_vs_link_ceiling']:.2f} of it")
+    print_table(
+        results["rows"],
+        ["source", "repeat", "tokens_per_second", "stalled_batches", "stall_seconds", "link_bytes_per_range_byte"],
+    )
+    print(
+        f"bare ranged reads through the proxy: {results['link_ceiling_tokens_per_second']:.4g} tokens/s; "
+        f"the loader takes {results['bucket_vs_link_ceiling']:.2f} of it"
+    )
     print(f"model consumes {results['model_tokens_per_second']:.4g} tokens/s")
     for name, verdict in results["targets"].items():
-        print(f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}")
+        print(
+            f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}"
+        )
     print(f"wrote {path}")
     return results
 

@@ -76,7 +76,9 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def buckets_of(parameters: list[torch.nn.Parameter], bucket_bytes: int, element_size: int) -> list[list[torch.nn.Parameter]]:
+def buckets_of(
+    parameters: list[torch.nn.Parameter], bucket_bytes: int, element_size: int
+) -> list[list[torch.nn.Parameter]]:
     """Consecutive parameters in buckets of at most ``bucket_bytes`` on the wire (a larger
     parameter gets a bucket of its own); 0 puts them all in one bucket."""
     if bucket_bytes <= 0:
@@ -96,12 +98,16 @@ def buckets_of(parameters: list[torch.nn.Parameter], bucket_bytes: int, element_
 class GradientReducer:
     """Flat wire-dtype buffers of the gradients, all-reduced and averaged in place."""
 
-    def __init__(self, parameters: list[torch.nn.Parameter], dtype: torch.dtype, bucket_bytes: int, world_size: int) -> None:
+    def __init__(
+        self, parameters: list[torch.nn.Parameter], dtype: torch.dtype, bucket_bytes: int, world_size: int
+    ) -> None:
         self.world_size = world_size
         self.buckets = buckets_of(parameters, bucket_bytes, torch.tensor([], dtype=dtype).element_size())
         # one extra element in the last bucket: the stop flag of --max-seconds
-        self.buffers = [torch.zeros(sum(p.numel() for p in bucket) + (i == len(self.buckets) - 1), dtype=dtype)
-                        for i, bucket in enumerate(self.buckets)]
+        self.buffers = [
+            torch.zeros(sum(p.numel() for p in bucket) + (i == len(self.buckets) - 1), dtype=dtype)
+            for i, bucket in enumerate(self.buckets)
+        ]
 
     @property
     def elements(self) -> int:
@@ -153,17 +159,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=int(env.get("RANK", "0")))
     parser.add_argument("--world-size", type=int, default=int(env.get("WORLD_SIZE", "1")))
     default_master = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
-    parser.add_argument("--master", default=default_master, help="ADDR:PORT of rank 0's rendezvous (default MASTER_ADDR:MASTER_PORT)")
-    parser.add_argument("--interface", default=env.get("GLOO_SOCKET_IFNAME"), help="network interface gloo binds to (sets GLOO_SOCKET_IFNAME)")
+    parser.add_argument(
+        "--master", default=default_master, help="ADDR:PORT of rank 0's rendezvous (default MASTER_ADDR:MASTER_PORT)"
+    )
+    parser.add_argument(
+        "--interface",
+        default=env.get("GLOO_SOCKET_IFNAME"),
+        help="network interface gloo binds to (sets GLOO_SOCKET_IFNAME)",
+    )
     parser.add_argument("--recipe", type=Path, help="recipe YAML (default: the default recipe)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="recipe override, repeatable")
-    parser.add_argument("--steps", type=int, help="training steps (default: training.inner_steps); the schedule spans them")
-    parser.add_argument("--eval-every", type=int, default=0, help="rank 0 evaluates every E steps (0: only at step 0 and the end)")
-    parser.add_argument("--bucket-mb", type=float, default=0.0, help="all-reduce buckets of at most this many MB on the wire (0: one buffer)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="recipe override, repeatable"
+    )
+    parser.add_argument(
+        "--steps", type=int, help="training steps (default: training.inner_steps); the schedule spans them"
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="rank 0 evaluates every E steps (0: only at step 0 and the end)"
+    )
+    parser.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=0.0,
+        help="all-reduce buckets of at most this many MB on the wire (0: one buffer)",
+    )
     parser.add_argument("--dtype", choices=sorted(WIRE_DTYPES), default="bf16", help="the all-reduce's wire dtype")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--max-seconds", type=float, help="stop after the step in which this many training seconds passed")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds any collective or the rendezvous may take")
+    parser.add_argument(
+        "--max-seconds", type=float, help="stop after the step in which this many training seconds passed"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds any collective or the rendezvous may take"
+    )
     parser.add_argument("--out", type=Path, help="where rank 0 writes its JSON")
     args = parser.parse_args(argv)
     if not 0 <= args.rank < args.world_size:
@@ -185,16 +212,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     model = recipe.model.build()
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
-    schedule = InnerSchedule(training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
+    schedule = InnerSchedule(
+        training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction
+    )
     split = TextSplit.of(load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length)
     shard = split.shard(rank, world)  # learner r's shard of W, read by its rank 0
     generator = data_generator(training.seed, rank, 0, 0)
-    heldout = evaluation_batches(split.heldout, training.batch_size, data.sequence_length, recipe.sync.evaluation_batches) if rank == 0 else []
+    heldout = (
+        evaluation_batches(split.heldout, training.batch_size, data.sequence_length, recipe.sync.evaluation_batches)
+        if rank == 0
+        else []
+    )
     dtype = WIRE_DTYPES[args.dtype]
     reducer = GradientReducer(parameters, dtype, int(args.bucket_mb * 2**20), world)
     tokens_per_step = world * training.batch_size * data.sequence_length
 
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout)
+    )
     initial = parameter_digest(model)
     initial_digests: list[str] = [""] * world
     dist.all_gather_object(initial_digests, initial)
@@ -211,8 +246,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         begin = time.perf_counter()
         if rank == 0:
             loss = evaluate(model, heldout)
-            evaluations.append({"step": step, "tokens": step * tokens_per_step, "loss": loss,
-                                "seconds": begin - started, "training_seconds": begin - started - paused})
+            evaluations.append(
+                {
+                    "step": step,
+                    "tokens": step * tokens_per_step,
+                    "loss": loss,
+                    "seconds": begin - started,
+                    "training_seconds": begin - started - paused,
+                }
+            )
             print(f"step {step}: held-out loss {loss:.4f}", flush=True)
         dist.barrier()
         paused += time.perf_counter() - begin
@@ -381,15 +423,37 @@ def launch_local(
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="ddp-", dir=workdir) as directory:
         out = Path(directory) / "rank0.json"
-        environment = {**os.environ, "OMP_NUM_THREADS": str(threads),
-                       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))}
+        environment = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+        }
         processes, logs = [], []
         try:
             for rank in range(world_size):
-                command = [sys.executable, "-m", "bench.ddp_worker", "--rank", str(rank), "--world-size", str(world_size),
-                           "--master", f"{master_addr}:{port}", "--steps", str(steps), "--eval-every", str(eval_every),
-                           "--bucket-mb", str(bucket_mb), "--dtype", dtype, "--threads", str(threads),
-                           "--timeout", str(timeout)]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "bench.ddp_worker",
+                    "--rank",
+                    str(rank),
+                    "--world-size",
+                    str(world_size),
+                    "--master",
+                    f"{master_addr}:{port}",
+                    "--steps",
+                    str(steps),
+                    "--eval-every",
+                    str(eval_every),
+                    "--bucket-mb",
+                    str(bucket_mb),
+                    "--dtype",
+                    dtype,
+                    "--threads",
+                    str(threads),
+                    "--timeout",
+                    str(timeout),
+                ]
                 command += ["--recipe", str(recipe)] if recipe else []
                 command += [item for override in overrides for item in ("--set", override)]
                 command += ["--max-seconds", str(max_seconds)] if max_seconds is not None else []
@@ -399,7 +463,11 @@ def launch_local(
                 prefix = list(prefixes[rank]) if prefixes else []
                 log = open(Path(directory) / f"rank{rank}.log", "w+b")
                 logs.append(log)
-                processes.append(subprocess.Popen(prefix + command, cwd=REPOSITORY, env=environment, stdout=log, stderr=subprocess.STDOUT))
+                processes.append(
+                    subprocess.Popen(
+                        prefix + command, cwd=REPOSITORY, env=environment, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
             deadline = time.monotonic() + timeout
             failed = None
             while any(p.poll() is None for p in processes):
@@ -409,9 +477,15 @@ def launch_local(
                 time.sleep(0.1)
             codes = [p.poll() for p in processes]
             if any(code != 0 for code in codes):
-                reason = f"rank {failed} failed" if failed is not None else ("timed out" if None in codes else "a rank failed")
-                raise RuntimeError(f"ddp run {reason} (exit codes {codes})\n" + "\n".join(
-                    f"--- rank {r}:\n{_tail(log)}" for r, log in enumerate(logs)))
+                reason = (
+                    f"rank {failed} failed"
+                    if failed is not None
+                    else ("timed out" if None in codes else "a rank failed")
+                )
+                raise RuntimeError(
+                    f"ddp run {reason} (exit codes {codes})\n"
+                    + "\n".join(f"--- rank {r}:\n{_tail(log)}" for r, log in enumerate(logs))
+                )
             return json.loads(out.read_text())
         finally:
             for process in processes:

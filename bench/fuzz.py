@@ -35,7 +35,15 @@ import fsspec
 import torch
 
 from bench._common import print_table, write_result
-from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, decode_payload, declared_values, encode_payload, read_header
+from diloco_cli.codec import (
+    CodecSpec,
+    PayloadError,
+    RunSecret,
+    declared_values,
+    decode_payload,
+    encode_payload,
+    read_header,
+)
 from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES
 from diloco_cli.datasets.index import DatasetError, DatasetIndex, ShardEntry, parse_index
 from diloco_cli.store.documents import (
@@ -138,8 +146,14 @@ def read_index(data: bytes) -> None:
 
 def frame_seeds() -> list[bytes]:
     tensors = [("w", torch.linspace(-1, 1, 96).reshape(8, 12)), ("b", torch.ones(5))]
-    seeds = [encode_payload(tensors, CodecSpec(codec=codec, zstd_level=level), SECRET, {"learner": "east-0", "fragment": 1}) for codec in ("fp32", "bf16", "int8", "int4") for level in (0, 1)]
-    seeds.append(encode_payload([], CodecSpec(zstd_level=0), SECRET, {"learner": "east-0", "sequence": 1000001}))  # a marker
+    seeds = [
+        encode_payload(tensors, CodecSpec(codec=codec, zstd_level=level), SECRET, {"learner": "east-0", "fragment": 1})
+        for codec in ("fp32", "bf16", "int8", "int4")
+        for level in (0, 1)
+    ]
+    seeds.append(
+        encode_payload([], CodecSpec(zstd_level=0), SECRET, {"learner": "east-0", "sequence": 1000001})
+    )  # a marker
     return seeds
 
 
@@ -156,9 +170,45 @@ def sample_documents() -> list[Any]:
     refusals = Refusals()
     refusals.record("payload", "payloads/east-0/000-000001000001.dlc", "tag mismatch", 1.0)
     return [
-        Heartbeat(learner="east-0", region="east", host="local", pid=7, state="training", step=40, total_steps=400, tokens=81920, loss=2.5, base_versions={0: 3, 1: 4}, refusals=refusals, started_at=0.0, time=9.0),
-        Head(version=9, fragment_versions={0: 8, 1: 9}, fragment_digests={0: "ab" * 32}, snapshot_version=6, recent=((7, 1), (8, 0), (9, 1)), recent_from=6),
-        SyncerStatus(state="running", run="fuzz", version=9, fragment_versions={0: 8, 1: 9}, snapshot_version=6, merges=9, merges_per_minute=3, quorum=2, effective_quorum=2, grace_seconds=0.5, live_learners=["east-0"], refusals={"east": refusals}, started_at=0.0, time=9.0),
+        Heartbeat(
+            learner="east-0",
+            region="east",
+            host="local",
+            pid=7,
+            state="training",
+            step=40,
+            total_steps=400,
+            tokens=81920,
+            loss=2.5,
+            base_versions={0: 3, 1: 4},
+            refusals=refusals,
+            started_at=0.0,
+            time=9.0,
+        ),
+        Head(
+            version=9,
+            fragment_versions={0: 8, 1: 9},
+            fragment_digests={0: "ab" * 32},
+            snapshot_version=6,
+            recent=((7, 1), (8, 0), (9, 1)),
+            recent_from=6,
+        ),
+        SyncerStatus(
+            state="running",
+            run="fuzz",
+            version=9,
+            fragment_versions={0: 8, 1: 9},
+            snapshot_version=6,
+            merges=9,
+            merges_per_minute=3,
+            quorum=2,
+            effective_quorum=2,
+            grace_seconds=0.5,
+            live_learners=["east-0"],
+            refusals={"east": refusals},
+            started_at=0.0,
+            time=9.0,
+        ),
         ControlNote(resync_serial=2, fragment=1, reason="base too old", time=3.0),
         EpochRecord(epoch=3),
     ]
@@ -183,7 +233,15 @@ def manifest_seeds() -> list[bytes]:
 
 def index_seeds() -> list[bytes]:
     shard = lambda name, tokens: ShardEntry(name=name, tokens=tokens, sha256="0" * 64)  # noqa: E731
-    index = DatasetIndex(dtype="uint16", vocab_size=50257, tokenizer="tokenizer.json", tokenizer_sha256="f" * 64, eos_token_id=50256, train=(shard("train-000.bin", 1000), shard("train-001.bin", 20)), heldout=shard("heldout.bin", 50))
+    index = DatasetIndex(
+        dtype="uint16",
+        vocab_size=50257,
+        tokenizer="tokenizer.json",
+        tokenizer_sha256="f" * 64,
+        eos_token_id=50256,
+        train=(shard("train-000.bin", 1000), shard("train-001.bin", 20)),
+        heldout=shard("heldout.bin", 50),
+    )
     return [index.to_json()]
 
 
@@ -278,7 +336,9 @@ def truncate(rng: random.Random, data: bytes) -> bytes:
 
 
 def extend(rng: random.Random, data: bytes) -> bytes:
-    return data + rng.choice((b"\0", b"\xff" * 8, rng.randbytes(rng.choice((1, 32, 1024))), data[: rng.randrange(len(data) + 1)]))
+    return data + rng.choice(
+        (b"\0", b"\xff" * 8, rng.randbytes(rng.choice((1, 32, 1024))), data[: rng.randrange(len(data) + 1)])
+    )
 
 
 def delete_chunk(rng: random.Random, data: bytes) -> bytes:
@@ -390,7 +450,7 @@ def attempt(target: Target, data: bytes) -> BaseException | None:
     """Read ``data``; the error it raised, if any (never an untyped one silently)."""
     try:
         target.read(data)
-    except Exception as error:  # noqa: BLE001 - sorting typed from untyped is the point
+    except Exception as error:
         return error
     return None
 
@@ -419,7 +479,15 @@ def fuzz(target: Target, seconds: float, seed: int) -> dict[str, Any]:
                 typed[key] += 1
             else:
                 key = signature(error)
-                found = untyped.setdefault(key, {"error": f"{type(error).__name__}: {str(error)[:200]}", "count": 0, "input_bytes": len(data), "input_base64": base64.b64encode(data[:EXAMPLE_BYTES]).decode()})
+                found = untyped.setdefault(
+                    key,
+                    {
+                        "error": f"{type(error).__name__}: {str(error)[:200]}",
+                        "count": 0,
+                        "input_bytes": len(data),
+                        "input_base64": base64.b64encode(data[:EXAMPLE_BYTES]).decode(),
+                    },
+                )
                 found["count"] += 1
     by_type: Counter[str] = Counter()
     for key, count in typed.items():
@@ -454,7 +522,11 @@ def main(argv: list[str] | None = None) -> dict:
     for target in targets:
         row = fuzz(target, seconds, args.seed)
         rows.append(row)
-        print(f"  {target.name}: {row['inputs']} inputs, {row['distinct_typed_errors']} distinct typed errors, {row['untyped']} untyped", flush=True)
+        print(
+            f"  {target.name}: {row['inputs']} inputs, {row['distinct_typed_errors']} distinct typed errors, "
+            f"{row['untyped']} untyped",
+            flush=True,
+        )
     results = {
         "rows": rows,
         "inputs": sum(row["inputs"] for row in rows),

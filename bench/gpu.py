@@ -76,10 +76,22 @@ class TrainingCase:
     precision: str = "bf16"
 
 
-LLAMA_134M = {"vocab_size": 32000, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-              "intermediate_size": 2048, "max_position_embeddings": 1024}
-TINY_LLAMA = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "intermediate_size": 128, "max_position_embeddings": 32}
+LLAMA_134M = {
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 2048,
+    "max_position_embeddings": 1024,
+}
+TINY_LLAMA = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 32,
+}
 TINY_GPT = ModelConfig(kwargs={"num_layers": 1, "width": 32, "num_heads": 2, "context": 32})
 
 
@@ -87,7 +99,9 @@ def llama(shape: dict[str, int]) -> torch.nn.Module:
     """A Llama causal LM from a config alone (random weights, nothing downloaded)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**shape, num_key_value_heads=shape["num_attention_heads"], tie_word_embeddings=False, use_cache=False)
+    config = LlamaConfig(
+        **shape, num_key_value_heads=shape["num_attention_heads"], tie_word_embeddings=False, use_cache=False
+    )
     return LlamaForCausalLM(config)
 
 
@@ -96,16 +110,34 @@ def training_cases(quick: bool) -> list[TrainingCase]:
     1024 tokens in micro-batches of 8, eager and compiled; 200 timed steps each.
     ``quick``: tiny models, 3 steps, nothing compiled (inductor is slow on a CPU)."""
     if quick:
-        gpt, gpt_batch, gpt_sequence, shape, llama_batch, micro_batch, steps, warmup = TINY_GPT, 4, 32, TINY_LLAMA, 4, 2, 3, 1
+        gpt, gpt_batch, gpt_sequence, shape, llama_batch, micro_batch, steps, warmup = (
+            TINY_GPT,
+            4,
+            32,
+            TINY_LLAMA,
+            4,
+            2,
+            3,
+            1,
+        )
     else:
         recipe = Recipe()
         gpt, gpt_batch, gpt_sequence = recipe.model, recipe.training.batch_size, recipe.data.sequence_length
         shape, llama_batch, micro_batch, steps, warmup = LLAMA_134M, 16, 8, 200, 10
     layers, width = gpt.kwargs["num_layers"], gpt.kwargs["width"]
-    default = TrainingCase(f"default gpt {layers}x{width}", gpt.build, 256, layers, width, gpt_sequence, gpt_batch, steps, warmup)
+    default = TrainingCase(
+        f"default gpt {layers}x{width}", gpt.build, 256, layers, width, gpt_sequence, gpt_batch, steps, warmup
+    )
     eager = TrainingCase(
-        f"llama {shape['hidden_size']}x{shape['num_hidden_layers']}", lambda: llama(shape), shape["vocab_size"],
-        shape["num_hidden_layers"], shape["hidden_size"], shape["max_position_embeddings"], llama_batch, steps, warmup,
+        f"llama {shape['hidden_size']}x{shape['num_hidden_layers']}",
+        lambda: llama(shape),
+        shape["vocab_size"],
+        shape["num_hidden_layers"],
+        shape["hidden_size"],
+        shape["max_position_embeddings"],
+        llama_batch,
+        steps,
+        warmup,
         micro_batch_size=micro_batch,
     )
     return [default, eager] if quick else [default, eager, replace(eager, name=f"{eager.name} compiled", compile=True)]
@@ -148,12 +180,22 @@ def train_and_time(case: TrainingCase, device: torch.device) -> tuple[dict[str, 
     prepared = prepare_model(model, device, ONE_PROCESS, "ddp", case.compile)
     optimizer = make_inner_optimizer(model, LEARNING_RATE, 0.1, (0.9, 0.95))
     generator = torch.Generator(device=device).manual_seed(0)
-    rows = torch.randint(0, case.vocabulary, (8, case.batch_size, case.sequence_length + 1), device=device, generator=generator)
+    rows = torch.randint(
+        0, case.vocabulary, (8, case.batch_size, case.sequence_length + 1), device=device, generator=generator
+    )
 
     def step(index: int) -> float:
         batch = rows[index % len(rows)]
-        return inner_step(prepared, optimizer, batch[:, :-1], batch[:, 1:], LEARNING_RATE, GRADIENT_CLIP,
-                          micro_batch_size=case.micro_batch_size, precision=case.precision)
+        return inner_step(
+            prepared,
+            optimizer,
+            batch[:, :-1],
+            batch[:, 1:],
+            LEARNING_RATE,
+            GRADIENT_CLIP,
+            micro_batch_size=case.micro_batch_size,
+            precision=case.precision,
+        )
 
     started = time.perf_counter()
     for index in range(case.warmup_steps):
@@ -217,21 +259,25 @@ def codec_on_device(tensors: dict[str, torch.Tensor], codecs: list[Codec], repea
         cpu_payload = encode_payload(on_cpu.items(), spec, secret)
         expected = decode_payload(cpu_payload, secret).tensors
         on_device = decode_onto(payload, secret, device)
-        same_values = on_device.keys() == expected.keys() and all(torch.equal(on_device[name].cpu(), expected[name]) for name in expected)
+        same_values = on_device.keys() == expected.keys() and all(
+            torch.equal(on_device[name].cpu(), expected[name]) for name in expected
+        )
         encode_times, decode_times = [], []
         for _ in range(repeats):
             synchronize(device)
-            encode_times.append(seconds(lambda: encode_payload(tensors.items(), spec, secret)))
-            decode_times.append(seconds(lambda: decode_onto(payload, secret, device)))
-        rows.append({
-            "codec": codec.value,
-            "fp32_MB": megabytes,
-            "payload_MB": len(payload) / 1e6,
-            "same_payload_as_cpu": payload == cpu_payload,
-            "same_values_as_cpu": same_values,
-            "encode_MBps": megabytes / median(encode_times),
-            "decode_MBps": megabytes / median(decode_times),
-        })
+            encode_times.append(seconds(lambda spec=spec: encode_payload(tensors.items(), spec, secret)))
+            decode_times.append(seconds(lambda payload=payload: decode_onto(payload, secret, device)))
+        rows.append(
+            {
+                "codec": codec.value,
+                "fp32_MB": megabytes,
+                "payload_MB": len(payload) / 1e6,
+                "same_payload_as_cpu": payload == cpu_payload,
+                "same_values_as_cpu": same_values,
+                "encode_MBps": megabytes / median(encode_times),
+                "decode_MBps": megabytes / median(decode_times),
+            }
+        )
     return rows
 
 
@@ -264,25 +310,41 @@ def measure(device: torch.device, quick: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: to exercise the code paths)")
+    parser.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: to exercise the code paths)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny models, a few steps (for the test suite)")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU found (torch.cuda.is_available() is False): nothing measured. "
-              "`python -m bench.gpu --device cpu --quick` runs the same code paths on the CPU.")
+        print(
+            "no CUDA GPU found (torch.cuda.is_available() is False): nothing measured. "
+            "`python -m bench.gpu --device cpu --quick` runs the same code paths on the CPU."
+        )
         return None
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     started = time.perf_counter()
     results = measure(device, args.quick)
     results["total_seconds"] = time.perf_counter() - started
-    settings = {"device": args.device, "llama": TINY_LLAMA if args.quick else LLAMA_134M, "learning_rate": LEARNING_RATE, "gradient_clip": GRADIENT_CLIP}
+    settings = {
+        "device": args.device,
+        "llama": TINY_LLAMA if args.quick else LLAMA_134M,
+        "learning_rate": LEARNING_RATE,
+        "gradient_clip": GRADIENT_CLIP,
+    }
     path = write_result("gpu", args.quick, settings, results, args.output)
     peak = results["peak_bf16_TFLOPs"]
-    print(f"device: {results['device']}, peak dense bf16: {f'{peak:g} TFLOP/s' if peak else 'unknown (so MFU unknown)'}")
-    print_table(results["training"], ["model", "parameters", "compiled", "step_ms", "tokens_per_second", "model_TFLOPs", "MFU"])
+    print(
+        f"device: {results['device']}, peak dense bf16: {f'{peak:g} TFLOP/s' if peak else 'unknown (so MFU unknown)'}"
+    )
+    print_table(
+        results["training"], ["model", "parameters", "compiled", "step_ms", "tokens_per_second", "model_TFLOPs", "MFU"]
+    )
     print(f"install then gather bit-exact on {args.device}: {results['installs_bit_exact']}")
-    print_table(results["codec"], ["codec", "fp32_MB", "payload_MB", "same_payload_as_cpu", "same_values_as_cpu", "encode_MBps", "decode_MBps"])
+    print_table(
+        results["codec"],
+        ["codec", "fp32_MB", "payload_MB", "same_payload_as_cpu", "same_values_as_cpu", "encode_MBps", "decode_MBps"],
+    )
     print(f"wrote {path} in {results['total_seconds']:.0f} s")
     return results
 

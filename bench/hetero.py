@@ -36,8 +36,8 @@ from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
 from diloco_cli.runtime.export import global_model
-from diloco_cli.store.home import tokens_merged
 from diloco_cli.runtime.learner_data import heldout_batches
+from diloco_cli.store.home import tokens_merged
 from diloco_cli.training.inner import evaluate
 
 SPEEDS = {"local-a-0": 1.0, "local-a-1": 1.0, "local-b-0": 0.8, "local-b-1": 0.6}
@@ -88,7 +88,10 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     secret = record.secret()
 
     def heartbeats() -> dict:
-        return {learner.id: launched.spec.bucket(learner.region, secret).read_heartbeat(learner.id) for learner in launched.spec.learners}
+        return {
+            learner.id: launched.spec.bucket(learner.region, secret).read_heartbeat(learner.id)
+            for learner in launched.spec.learners
+        }
 
     # Steps are counted within the window: a learner that started first (on shared cores,
     # often by many seconds) must not look faster than its speed.
@@ -117,7 +120,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, 15 s per setting")
     parser.add_argument("--seconds", type=float, help="wall time of training per setting")
-    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), metavar="SETTING", help=f"which settings to run (default: all of {', '.join(SETTINGS)})")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=list(SETTINGS),
+        default=list(SETTINGS),
+        metavar="SETTING",
+        help=f"which settings to run (default: all of {', '.join(SETTINGS)})",
+    )
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -127,13 +137,22 @@ def main(argv: list[str] | None = None) -> dict:
         for label in args.settings:
             changes = SETTINGS[label]
             row = run_setting(label, recipe_for(args.quick, changes), wall, Path(directory))
-            print(f"  {label}: loss {row['loss']:.4f}, {row['versions']} versions, goodput {row['goodput']:.1%}", flush=True)
+            print(
+                f"  {label}: loss {row['loss']:.4f}, {row['versions']} versions, goodput {row['goodput']:.1%}",
+                flush=True,
+            )
             rows.append(row)
     by = {row["setting"]: row for row in rows}
     best = by.get("K=1 grace")
-    met = None if best is None or "K=M" not in by else best["loss"] <= by["K=M"]["loss"] and best["compute_share"] > 0.97
+    met = (
+        None if best is None or "K=M" not in by else best["loss"] <= by["K=M"]["loss"] and best["compute_share"] > 0.97
+    )
     results = {"rows": rows, "target": {"target": TARGET, "met": met}}
-    settings = {"speeds": SPEEDS, "wall_seconds": wall, "recipe": json.loads(recipe_for(args.quick, {}).model_dump_json())}
+    settings = {
+        "speeds": SPEEDS,
+        "wall_seconds": wall,
+        "recipe": json.loads(recipe_for(args.quick, {}).model_dump_json()),
+    }
     path = write_result("hetero", args.quick, settings, results, args.output)
     print_table(rows, ["setting", "loss", "versions", "compute_share", "merged_share", "goodput"])
     verdict = "not measured (run the K=M and K=1 grace settings)" if met is None else "met" if met else "missed"

@@ -56,9 +56,15 @@ class GrowingHome:
         home = SyncerHome(self.root, None, self.secret)
         initial = {name: p.detach() for name, p in self.model.named_parameters()}
         state = restore_state(
-            home, self.secret, self.fragments, initial, NesterovOuterOptimizer(1.0, 0.0), ExactPublisher(CodecSpec(codec=Codec.INT8), self.secret),
-            WINDOW, lambda theta, version: Evaluation(version=version, loss=5.5, tokens=0, time=0.0),
-        )  # fmt: skip
+            home,
+            self.secret,
+            self.fragments,
+            initial,
+            NesterovOuterOptimizer(1.0, 0.0),
+            ExactPublisher(CodecSpec(codec=Codec.INT8), self.secret),
+            WINDOW,
+            lambda theta, version: Evaluation(version=version, loss=5.5, tokens=0, time=0.0),
+        )
         return state, home
 
     def grow(self, commits: int) -> None:
@@ -72,20 +78,46 @@ class GrowingHome:
             base = state.fragment_versions[fragment]
             names = self.fragments[fragment].parameter_names
             delta = [(name, 1e-3 * torch.randn(state.theta[name].shape, generator=self.generator)) for name in names]
-            payload = encode_payload(delta, DELTA_SPEC, self.secret, {"learner": learner, "fragment": fragment, "base_version": base})
+            payload = encode_payload(
+                delta, DELTA_SPEC, self.secret, {"learner": learner, "fragment": fragment, "base_version": base}
+            )
             arrival = RoundInput(learner, base, 10, 10_000, lambda p=payload: p)
             meta = {"previous_version": base}
-            result = merge_round(fragment, version, [arrival], state.fragment_theta(fragment), state.windows[fragment], state.optimizer, state.publisher, self.secret, meta=meta)
+            result = merge_round(
+                fragment,
+                version,
+                [arrival],
+                state.fragment_theta(fragment),
+                state.windows[fragment],
+                state.optimizer,
+                state.publisher,
+                self.secret,
+                meta=meta,
+            )
             if version - state.snapshot_version >= SNAPSHOT_EVERY:
                 state.snapshot_version = version
             key = f"region:payloads/{learner}/{fragment:03d}-{version:012d}.dlc"
             record = CommitRecord(
-                version=version, fragment=fragment, previous_version=base,
-                merged=(MergedPayload(key=key, learner=learner, sequence=version, base_version=base, c_steps=10, c_tokens=10_000),),
-                retired=(), digest=state.digest(fragment), time=time.time(), seconds=0.0, merges=state.merges + 1,
-                snapshot_version=state.snapshot_version, quorum_seconds=None, sync_seconds=None,
-                evaluation=Evaluation(version=version, loss=2.0, tokens=version, time=0.0) if version % EVALUATE_EVERY == 0 else None,
-            )  # fmt: skip
+                version=version,
+                fragment=fragment,
+                previous_version=base,
+                merged=(
+                    MergedPayload(
+                        key=key, learner=learner, sequence=version, base_version=base, c_steps=10, c_tokens=10_000
+                    ),
+                ),
+                retired=(),
+                digest=state.digest(fragment),
+                time=time.time(),
+                seconds=0.0,
+                merges=state.merges + 1,
+                snapshot_version=state.snapshot_version,
+                quorum_seconds=None,
+                sync_seconds=None,
+                evaluation=Evaluation(version=version, loss=2.0, tokens=version, time=0.0)
+                if version % EVALUATE_EVERY == 0
+                else None,
+            )
             keep_after = Version(max(0, state.snapshot_version - SNAPSHOT_EVERY))
             commit_merge(home, state, self.secret, record, result.payload, keep_after)
 
@@ -118,14 +150,25 @@ def main(argv: list[str] | None = None) -> dict:
             history.grow(size - grown)
             grown = size
             extra = size % 50
-            row = {"commits": size, "since_checkpoint": extra, "grow_seconds": time.perf_counter() - started, **measure_restart(history, args.repeats)}
+            row = {
+                "commits": size,
+                "since_checkpoint": extra,
+                "grow_seconds": time.perf_counter() - started,
+                **measure_restart(history, args.repeats),
+            }
             rows.append(row)
-            print(f"  {size} commits: restart {row['restart_seconds'] * 1000:.1f} ms, {row['requests']} requests", flush=True)
+            print(
+                f"  {size} commits: restart {row['restart_seconds'] * 1000:.1f} ms, {row['requests']} requests",
+                flush=True,
+            )
     for row in rows:  # against the smallest history at the same place between checkpoints
         first = next(r for r in rows if r["since_checkpoint"] == row["since_checkpoint"])
         row["ratio_to_smallest"] = row["restart_seconds"] / first["restart_seconds"]
     largest = max(row["ratio_to_smallest"] for row in rows)
-    same_requests = all(row["requests"] == next(r for r in rows if r["since_checkpoint"] == row["since_checkpoint"])["requests"] for row in rows)
+    same_requests = all(
+        row["requests"] == next(r for r in rows if r["since_checkpoint"] == row["since_checkpoint"])["requests"]
+        for row in rows
+    )
     results = {
         "rows": rows,
         "largest_time_ratio": largest,
@@ -133,7 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
         "target": "the same requests at every size, time within 2x (milliseconds on a shared machine)",
         "met": same_requests and largest <= 2.0,
     }
-    settings = {"sizes": list(sizes), "repeats": args.repeats, "learners": LEARNERS, "fragments": 2, "window": WINDOW, "snapshot_every": SNAPSHOT_EVERY}
+    settings = {
+        "sizes": list(sizes),
+        "repeats": args.repeats,
+        "learners": LEARNERS,
+        "fragments": 2,
+        "window": WINDOW,
+        "snapshot_every": SNAPSHOT_EVERY,
+    }
     path = write_result("ledger", args.quick, settings, results, args.output)
     print_table(rows, ["commits", "since_checkpoint", "restart_seconds", "requests", "ratio_to_smallest"])
     print(f"wrote {path}")

@@ -50,7 +50,9 @@ def write_payloads(directory: Path, megabytes: int, count: int, secret_hex: str)
     secret = RunSecret.from_hex(secret_hex)
     generator = torch.Generator().manual_seed(megabytes)
     for m in range(count):
-        delta = {name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in fragment_shapes(megabytes).items()}
+        delta = {
+            name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in fragment_shapes(megabytes).items()
+        }
         for version in range(1, ROUNDS + 1):
             meta = {"learner": f"learner-{m}", "fragment": 0, "base_version": base_version_of(m, version)}
             payload = encode_payload(delta.items(), CodecSpec(codec=Codec.INT4), secret, meta)
@@ -103,25 +105,40 @@ def child(directory: Path, megabytes: int, learners: int, secret_hex: str, naive
     if naive:
         momentum = None
         for _ in range(ROUNDS):
+
             def naive_round():
                 nonlocal momentum
                 files = [directory / f"{m}-1.dlc" for m in range(learners)]
-                stacked = {name: torch.stack([decode_payload(f.read_bytes(), secret).tensors[name] for f in files]) for name in shapes}
+                stacked = {
+                    name: torch.stack([decode_payload(f.read_bytes(), secret).tensors[name] for f in files])
+                    for name in shapes
+                }
                 mean = {name: stacked[name].mean(0) for name in shapes}
                 momentum = mean if momentum is None else {n: momentum[n].mul_(0.9).add_(mean[n]) for n in shapes}
                 for name in shapes:
                     parameters[name].sub_(0.7 * (mean[name] + 0.9 * momentum[name]))
+
             times.append(seconds(naive_round))
     else:
         window, optimizer = UpdateWindow(8), NesterovOuterOptimizer(0.7, 0.9)
         publisher = ExactPublisher(CodecSpec(codec=Codec.INT8), secret)
         for version in range(1, ROUNDS + 1):
             arrivals = [
-                RoundInput(LearnerId(f"learner-{m}"), Version(base_version_of(m, version)), 50, 50 * 2048, (directory / f"{m}-{version}.dlc").read_bytes)
+                RoundInput(
+                    LearnerId(f"learner-{m}"),
+                    Version(base_version_of(m, version)),
+                    50,
+                    50 * 2048,
+                    (directory / f"{m}-{version}.dlc").read_bytes,
+                )
                 for m in range(learners)
             ]
             times.append(
-                seconds(lambda: merge_round(FragmentIndex(0), Version(version), arrivals, parameters, window, optimizer, publisher, secret))
+                seconds(
+                    lambda version=version, arrivals=arrivals: merge_round(
+                        FragmentIndex(0), Version(version), arrivals, parameters, window, optimizer, publisher, secret
+                    )
+                )
             )
     peak = peak_resident_bytes()
     fragment_bytes = megabytes * (1 << 20)
@@ -145,15 +162,31 @@ def measure(sizes: list[int], learner_counts: list[int], naive_limit_mb: int) ->
                 for naive in (False, True):
                     if naive and learners * megabytes > naive_limit_mb:
                         continue
-                    command = [sys.executable, "-m", "bench.merge", "--child", directory, str(megabytes), str(learners), secret_hex]
+                    command = [
+                        sys.executable,
+                        "-m",
+                        "bench.merge",
+                        "--child",
+                        directory,
+                        str(megabytes),
+                        str(learners),
+                        secret_hex,
+                    ]
                     if naive:
                         command.append("--naive")
-                    output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+                    output = subprocess.run(
+                        command, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
+                    )
                     result = json.loads(output.stdout.strip().splitlines()[-1])
-                    result.update(fragment_MB=megabytes, M=learners, method="naive stack+mean" if naive else "diloco round")
+                    result.update(
+                        fragment_MB=megabytes, M=learners, method="naive stack+mean" if naive else "diloco round"
+                    )
                     result["throughput_vs_copy"] = result["throughput_MBps"] / result["copy_MBps"]
                     rows.append(result)
-                    print(f"  {megabytes} MB, M={learners}, {result['method']}: {result['round_seconds']:.3f} s", flush=True)
+                    print(
+                        f"  {megabytes} MB, M={learners}, {result['method']}: {result['round_seconds']:.3f} s",
+                        flush=True,
+                    )
     return rows
 
 
@@ -167,8 +200,16 @@ def verdicts(rows: list[dict]) -> dict:
     worst_growth = max(growth.values())
     slowest = min(r["throughput_vs_copy"] for r in ours)
     return {
-        "memory_growth_M16_vs_M2": {"target": f"<= {TARGET_MEMORY_GROWTH}", "measured": growth, "met": worst_growth <= TARGET_MEMORY_GROWTH},
-        "throughput_vs_copy": {"target": TARGET_THROUGHPUT_VS_COPY, "measured_min": slowest, "met": slowest >= TARGET_THROUGHPUT_VS_COPY},
+        "memory_growth_M16_vs_M2": {
+            "target": f"<= {TARGET_MEMORY_GROWTH}",
+            "measured": growth,
+            "met": worst_growth <= TARGET_MEMORY_GROWTH,
+        },
+        "throughput_vs_copy": {
+            "target": TARGET_THROUGHPUT_VS_COPY,
+            "measured_min": slowest,
+            "met": slowest >= TARGET_THROUGHPUT_VS_COPY,
+        },
     }
 
 
@@ -179,7 +220,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(json.dumps(child(Path(directory), int(megabytes), int(learners), secret_hex, "--naive" in argv)))
         return None
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run for the test suite: 8 MB fragments, M of 2 and 16 (~10 s)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small run for the test suite: 8 MB fragments, M of 2 and 16 (~10 s)"
+    )
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     sizes = [8] if args.quick else [1, 16, 256, 1024]
@@ -187,10 +230,20 @@ def main(argv: list[str] | None = None) -> dict | None:
     naive_limit = 128 if args.quick else 4096
     rows = measure(sizes, learner_counts, naive_limit)
     results = {"rows": rows, "targets": verdicts(rows)}
-    settings = {"fragment_MB": sizes, "M": learner_counts, "rounds": ROUNDS, "learner_codec": "int4", "update_codec": "int8",
-                "tensors_per_fragment": TENSORS_PER_FRAGMENT, "threads": 1, "naive_limit_MB": naive_limit}
+    settings = {
+        "fragment_MB": sizes,
+        "M": learner_counts,
+        "rounds": ROUNDS,
+        "learner_codec": "int4",
+        "update_codec": "int8",
+        "tensors_per_fragment": TENSORS_PER_FRAGMENT,
+        "threads": 1,
+        "naive_limit_MB": naive_limit,
+    }
     path = write_result("merge", args.quick, settings, results, args.output)
-    print_table(rows, ["fragment_MB", "M", "method", "round_seconds", "throughput_MBps", "throughput_vs_copy", "peak_extra_MB"])
+    print_table(
+        rows, ["fragment_MB", "M", "method", "round_seconds", "throughput_MBps", "throughput_vs_copy", "peak_extra_MB"]
+    )
     for name, verdict in results["targets"].items():
         print(f"{name}: {verdict} ")
     print(f"wrote {path}")

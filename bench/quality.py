@@ -62,13 +62,24 @@ to the 0.84M of the byte-level model."""
 def prepare_tokens(workdir: Path) -> tuple[str, float]:
     """``diloco prepare`` on the built-in corpus: the dataset's index and the held-out
     text's bytes per token (to turn nats per token into bits per byte)."""
-    from tokenizers import Tokenizer
-
     import numpy as np
+    from tokenizers import Tokenizer
 
     corpus, dataset = workdir / "corpus.txt", workdir / "tokens"
     corpus.write_bytes(builtin_corpus("shakespeare"))
-    command = [sys.executable, "-m", "diloco_cli", "prepare", str(corpus), "-o", str(dataset), "--vocab-size", str(TOKENS_VOCABULARY), "--heldout-fraction", "0.05"]
+    command = [
+        sys.executable,
+        "-m",
+        "diloco_cli",
+        "prepare",
+        str(corpus),
+        "-o",
+        str(dataset),
+        "--vocab-size",
+        str(TOKENS_VOCABULARY),
+        "--heldout-fraction",
+        "0.05",
+    ]
     subprocess.run(command, check=True, capture_output=True)
     index = json.loads((dataset / "index.json").read_text())
     heldout = np.fromfile(dataset / index["heldout"]["name"], dtype=index["dtype"])
@@ -89,7 +100,9 @@ def recipe_for(args: argparse.Namespace, seed: int, overrides: dict) -> Recipe:
     if args.quick:
         base["model"] = {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}}
         base["data"] = {"sequence_length": 64}
-        base["training"].update({"num_learners": 2, "batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5})
+        base["training"].update(
+            {"num_learners": 2, "batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5}
+        )
         base["sync"].update({"sync_interval": 10, "evaluation_batches": 2})
     merged = json.loads(json.dumps(base))
     for section, values in overrides.items():
@@ -143,7 +156,9 @@ def run_data_parallel(recipe: Recipe, learning_rate: float, fraction_of_budget: 
     training = recipe.training
     model = recipe.model.build()
     split = TextSplit.of(load_text(recipe.data.source), recipe.data.heldout_fraction, recipe.data.sequence_length)
-    heldout = evaluation_batches(split.heldout, training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches)
+    heldout = evaluation_batches(
+        split.heldout, training.batch_size, recipe.data.sequence_length, recipe.sync.evaluation_batches
+    )
     batch = training.batch_size * training.num_learners
     steps = training.inner_steps  # each step sees M*b sequences: the same tokens as M learners' steps
     run_steps = max(1, round(steps * fraction_of_budget))
@@ -171,14 +186,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and budget, 2 learners (about a minute)")
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)")
+    parser.add_argument(
+        "--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)"
+    )
     parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the K=M rows")
-    parser.add_argument("--dp-learning-rates", default="3e-3,6e-3,1e-2", help="data-parallel's grid; one value skips tuning")
-    parser.add_argument("--diloco-learning-rates", default="3e-3,6e-3,1e-2", help="the DiLoCo learners' inner learning rates to tune over")
+    parser.add_argument(
+        "--dp-learning-rates", default="3e-3,6e-3,1e-2", help="data-parallel's grid; one value skips tuning"
+    )
+    parser.add_argument(
+        "--diloco-learning-rates",
+        default="3e-3,6e-3,1e-2",
+        help="the DiLoCo learners' inner learning rates to tune over",
+    )
     parser.add_argument("--sync-intervals", default="10,25,50", help="the values of H to tune over")
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each tuning run")
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
-    parser.add_argument("--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     probe = recipe_for(argparse.Namespace(quick=args.quick, steps_per_learner=1, evaluate_every=1), 0, {})
@@ -187,9 +212,13 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [0] if args.quick else list(range(args.seeds))
     other_seeds = [0] if args.quick else list(range(args.other_seeds))
     grid = [6e-3] if args.quick else [float(value) for value in args.dp_learning_rates.split(",")]
-    diloco_grid = [(6e-3, 10), (6e-3, 20)] if args.quick else [
-        (float(lr), int(h)) for lr in args.diloco_learning_rates.split(",") for h in args.sync_intervals.split(",")
-    ]
+    diloco_grid = (
+        [(6e-3, 10), (6e-3, 20)]
+        if args.quick
+        else [
+            (float(lr), int(h)) for lr in args.diloco_learning_rates.split(",") for h in args.sync_intervals.split(",")
+        ]
+    )
     settings = settings_of(args, per_step, seeds, other_seeds)
     rows, tuning, earlier_rate, diloco_tuning = earlier_results(args, settings) if args.resume else ([], [], None, [])
     # 1. tune data-parallel's learning rate on a fraction of the budget
@@ -200,7 +229,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
     best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
     if earlier_rate is not None and best != earlier_rate:
-        raise SystemExit(f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; rerun without --resume")
+        raise SystemExit(
+            f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; "
+            "rerun without --resume"
+        )
     # 1b. tune the DiLoCo learners' inner learning rate and H the same way (K=M, int4).
     # A quick run is over in seconds, before the syncer has evaluated much: an evaluation
     # is labelled with the tokens the learners had trained when it was taken, so its
@@ -212,8 +244,12 @@ def main(argv: list[str] | None = None) -> dict:
             if any(t["learning_rate"] == learning_rate and t["sync_interval"] == interval for t in diloco_tuning):
                 continue
             args.evaluate_every = 1
-            recipe = recipe_for(args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}})
-            result = run_diloco(recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction)
+            recipe = recipe_for(
+                args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}}
+            )
+            result = run_diloco(
+                recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction
+            )
             loss = result["loss"] if fraction is not None else result["evaluations"][-1]["loss"]
             diloco_tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": loss})
             print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {loss:.4f}", flush=True)
@@ -227,21 +263,43 @@ def main(argv: list[str] | None = None) -> dict:
         "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
     }
     default = recipe_for(args, 0, {})
-    if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (default.training.learning_rate, default.sync.sync_interval):
-        tuned = {"training": {"learning_rate": tuned_setting["learning_rate"]}, "sync": {"sync_interval": tuned_setting["sync_interval"]}}
+    if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (
+        default.training.learning_rate,
+        default.sync.sync_interval,
+    ):
+        tuned = {
+            "training": {"learning_rate": tuned_setting["learning_rate"]},
+            "sync": {"sync_interval": tuned_setting["sync_interval"]},
+        }
         diloco_rows[TUNED_SYNC] = (tuned, 2 if args.quick else 10)
-        diloco_rows[TUNED_ASYNC] = ({"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}}, 4 if args.quick else 40)
+        diloco_rows[TUNED_ASYNC] = (
+            {"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}},
+            4 if args.quick else 40,
+        )
     plan = [(DATA_PARALLEL, seeds[0]), ("Decoupled K=1 grace int4", seeds[0]), ("DiLoCo K=M fp32", other_seeds[0])]
     plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
     plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
     plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
-    plan += [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
+    plan += (
+        [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
+    )
     plan += [(TOKENS_ROW, other_seeds[0])]
-    tuned = {"dp_tuning": tuning, "dp_learning_rate": best, "diloco_tuning": diloco_tuning, "diloco_tuned": tuned_setting}
+    tuned = {
+        "dp_tuning": tuning,
+        "dp_learning_rate": best,
+        "diloco_tuning": diloco_tuning,
+        "diloco_tuned": tuned_setting,
+    }
     path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         tokens_index, bytes_per_token = prepare_tokens(Path(directory))
-        diloco_rows[TOKENS_ROW] = ({"model": {"kwargs": {**default.model.kwargs, "vocabulary_size": TOKENS_VOCABULARY}}, "data": {"source": tokens_index}}, 2 if args.quick else 10)
+        diloco_rows[TOKENS_ROW] = (
+            {
+                "model": {"kwargs": {**default.model.kwargs, "vocabulary_size": TOKENS_VOCABULARY}},
+                "data": {"source": tokens_index},
+            },
+            2 if args.quick else 10,
+        )
         for label, seed in plan:
             if any(row["row"] == label and row["seed"] == seed for row in rows):
                 continue
@@ -257,7 +315,15 @@ def main(argv: list[str] | None = None) -> dict:
                 result.pop("evaluations")
                 if label == TOKENS_ROW:
                     result["bytes_per_token"] = bytes_per_token
-                rows.append({"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result})
+                rows.append(
+                    {
+                        "row": label,
+                        "seed": seed,
+                        "outer_lr": recipe.outer_learning_rate,
+                        "quorum": recipe.quorum,
+                        **result,
+                    }
+                )
             print(f"  {label} seed {seed}: {result['loss_1.0']:.4f}", flush=True)
             path = write_result("quality", args.quick, settings, summarize(rows) | tuned, args.output)
     results = summarize(rows) | tuned
@@ -269,19 +335,35 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], float | None, list[dict]]:
+def earlier_results(
+    args: argparse.Namespace, settings: dict
+) -> tuple[list[dict], list[dict], float | None, list[dict]]:
     """The rows, tunings and data-parallel lr of the result file, if it measured the same settings."""
     path = result_path("quality", args.quick, args.output)
     if not path.exists():
         return [], [], None, []
     document = json.loads(path.read_text())
-    same = ("tokens", "learners", "batch_per_learner", "sequence_length", "model", "inner_learning_rate", "sync_interval", "fragments")
+    same = (
+        "tokens",
+        "learners",
+        "batch_per_learner",
+        "sequence_length",
+        "model",
+        "inner_learning_rate",
+        "sync_interval",
+        "fragments",
+    )
     changed = [key for key in same if document["settings"].get(key) != settings[key]]
     if changed:
         raise SystemExit(f"--resume: {path} measured other settings ({', '.join(changed)}); rerun without --resume")
     results = document["results"]
     dp_rows = [row for row in results["rows"] if row["row"] == DATA_PARALLEL]
-    return results["rows"], results["dp_tuning"], dp_rows[0]["learning_rate"] if dp_rows else None, results.get("diloco_tuning", [])
+    return (
+        results["rows"],
+        results["dp_tuning"],
+        dp_rows[0]["learning_rate"] if dp_rows else None,
+        results.get("diloco_tuning", []),
+    )
 
 
 def settings_of(args: argparse.Namespace, per_step: int, seeds: list[int], other_seeds: list[int]) -> dict:
@@ -317,10 +399,13 @@ def summarize(rows: list[dict]) -> dict:
         ("tuned_async_vs_sync", TUNED_ASYNC, TUNED_SYNC, TARGET_ASYNC_VS_SYNC),
     ):
         if better in summary and baseline in summary:
-            gaps |= {f"{name}_{f}": summary[better][f"loss_{f}"] / summary[baseline][f"loss_{f}"] - 1 for f in FRACTIONS}
+            gaps |= {
+                f"{name}_{f}": summary[better][f"loss_{f}"] / summary[baseline][f"loss_{f}"] - 1 for f in FRACTIONS
+            }
             measured = gaps[f"{name}_1.0"]
             targets[name] = {"target": f"<= {target}", "measured": measured, "met": measured <= target}
     return {"rows": rows, "summary": summary, "gaps": gaps, "targets": targets}
+
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ from bench._common import print_table, write_result
 TARGET_RATIO = 3.0
 PROBE = (
     "import atexit, sys; "
-    "atexit.register(lambda: sys.stderr.write('HEAVY ' + ' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('diloco_cli.runtime'))) + '\\n')); "
+    "atexit.register(lambda: sys.stderr.write('HEAVY ' + ' '.join(sorted(m for m in sys.modules "
+    "if m == 'torch' or m.startswith('diloco_cli.runtime'))) + '\\n')); "
     "sys.argv = ['diloco', *sys.argv[1:]]; from diloco_cli.cli.app import main; main()"
 )
 
@@ -52,7 +53,9 @@ def seconds(command: list[str], cwd: Path) -> float:
 
 
 def heavy_imports(arguments: list[str], cwd: Path) -> str:
-    result = subprocess.run([sys.executable, "-c", PROBE, *arguments], cwd=cwd, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *arguments], cwd=cwd, capture_output=True, text=True, check=True
+    )
     return next(line for line in result.stderr.splitlines() if line.startswith("HEAVY")).removeprefix("HEAVY").strip()
 
 
@@ -67,7 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
         cwd = Path(directory)
         run = make_run(cwd / "runs")
         commands = {"--help": ["--help"], "status": ["status", run], "runs": ["runs"], "logs": ["logs", run, "syncer"]}
-        references = {"python -c pass": "pass", "import typer": "import typer", "import typer, pydantic": "import typer, pydantic"}
+        references = {
+            "python -c pass": "pass",
+            "import typer": "import typer",
+            "import typer, pydantic": "import typer, pydantic",
+        }
         times: dict[str, list[float]] = {name: [] for name in [*references, *commands]}
         for _ in range(repeats):  # alternating, so that load on the machine hits all alike
             for name, code in references.items():
@@ -75,13 +82,27 @@ def main(argv: list[str] | None = None) -> dict:
             for name, arguments in commands.items():
                 times[name].append(seconds([sys.executable, "-m", "diloco_cli", *arguments], cwd))
         baseline = statistics.median(times["python -c pass"])
-        rows = [{"command": name, "median_seconds": statistics.median(times[name]), "heavy_imports": ""} for name in references]
+        rows = [
+            {"command": name, "median_seconds": statistics.median(times[name]), "heavy_imports": ""}
+            for name in references
+        ]
         for row in rows:
             row["ratio"] = row["median_seconds"] / baseline
         for name, arguments in commands.items():
             median = statistics.median(times[name])
-            rows.append({"command": f"diloco {name}", "median_seconds": median, "ratio": median / baseline, "heavy_imports": heavy_imports(arguments, cwd)})
-    targets = {row["command"]: {"target": f"< {TARGET_RATIO}x", "measured": row["ratio"], "met": row["ratio"] < TARGET_RATIO} for row in rows if row["command"].startswith("diloco")}
+            rows.append(
+                {
+                    "command": f"diloco {name}",
+                    "median_seconds": median,
+                    "ratio": median / baseline,
+                    "heavy_imports": heavy_imports(arguments, cwd),
+                }
+            )
+    targets = {
+        row["command"]: {"target": f"< {TARGET_RATIO}x", "measured": row["ratio"], "met": row["ratio"] < TARGET_RATIO}
+        for row in rows
+        if row["command"].startswith("diloco")
+    }
     results = {"rows": rows, "targets": targets}
     path = write_result("startup", args.quick, {"repeats": repeats}, results, args.output)
     print_table(rows, ["command", "median_seconds", "ratio", "heavy_imports"])

@@ -65,7 +65,16 @@ from typing import Any
 
 from bench._common import print_table, write_result
 from bench.ddp_worker import launch_local
-from bench.wan_diloco import REGIONS, REPOSITORY, SYNCER, device_bytes, device_deltas, diloco_on_wan, load_recipe, process_env
+from bench.wan_diloco import (
+    REGIONS,
+    REPOSITORY,
+    SYNCER,
+    device_bytes,
+    device_deltas,
+    diloco_on_wan,
+    load_recipe,
+    process_env,
+)
 from bench.wan_sweep import sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
@@ -131,8 +140,14 @@ def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds
     before = {label: device_bytes(wan[label]) for label in wan.places}
     started = time.monotonic()
     result = launch_local(
-        world, steps, overrides=overrides, max_seconds=max_seconds, master_addr=wan.address(places[0]),
-        prefixes=[wan[p].exec_prefix() for p in places], interfaces=[wan[p].wan_veth for p in places], timeout=timeout,
+        world,
+        steps,
+        overrides=overrides,
+        max_seconds=max_seconds,
+        master_addr=wan.address(places[0]),
+        prefixes=[wan[p].exec_prefix() for p in places],
+        interfaces=[wan[p].wan_veth for p in places],
+        timeout=timeout,
     )
     wall = time.monotonic() - started
     moved = device_deltas(before, {label: device_bytes(wan[label]) for label in wan.places})
@@ -158,21 +173,45 @@ def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds
 # --------------------------------------------------------------------------- plan
 
 
-def plan_prediction(regions_path: Path | None, overrides: Sequence[str], step_seconds: float, link_mbit: float, latency_ms: float,
-                    timeout: float = 300.0) -> dict:
+def plan_prediction(
+    regions_path: Path | None,
+    overrides: Sequence[str],
+    step_seconds: float,
+    link_mbit: float,
+    latency_ms: float,
+    timeout: float = 300.0,
+) -> dict:
     """HOOK: ``diloco plan``'s prediction for this scenario (``python -m diloco_cli plan --output
     json``).  Returns {"command", "prediction" (the plan's JSON, or None), "error" (why not)}:
     a plan command that is missing or fails is recorded as null, not raised."""
-    command = [sys.executable, "-m", "diloco_cli", "plan", "--output", "json", "--step-seconds", f"{step_seconds:.6g}",
-               "--link-mbit", f"{link_mbit:.6g}", "--latency-ms", f"{latency_ms:.6g}"]
+    command = [
+        sys.executable,
+        "-m",
+        "diloco_cli",
+        "plan",
+        "--output",
+        "json",
+        "--step-seconds",
+        f"{step_seconds:.6g}",
+        "--link-mbit",
+        f"{link_mbit:.6g}",
+        "--latency-ms",
+        f"{latency_ms:.6g}",
+    ]
     command += ["--regions", str(regions_path)] if regions_path else []
     command += [item for override in overrides for item in ("--set", override)]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY, env=process_env())
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY, env=process_env()
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"command": command, "prediction": None, "error": str(error)}
     if proc.returncode != 0:
-        return {"command": command, "prediction": None, "error": (proc.stderr or proc.stdout).strip()[-2000:] or f"exit {proc.returncode}"}
+        return {
+            "command": command,
+            "prediction": None,
+            "error": (proc.stderr or proc.stdout).strip()[-2000:] or f"exit {proc.returncode}",
+        }
     try:
         return {"command": command, "prediction": json.loads(proc.stdout), "error": None}
     except ValueError as error:
@@ -189,25 +228,57 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
         loop_share = diloco.get("compute_share_over_loop") or diloco["compute_share"]
         dpp = plan["data_parallel"]
         return {
-            "diloco_compute_share": {"predicted": plan["diloco"]["compute_share"], "measured": diloco["compute_share"],
-                                     "points": 100 * (plan["diloco"]["compute_share"] - diloco["compute_share"])},
-            "diloco_cpu_share": {"predicted": plan["diloco"]["cpu_share"], "measured": loop_share,
-                                 "points": 100 * (plan["diloco"]["cpu_share"] - loop_share)},
+            "diloco_compute_share": {
+                "predicted": plan["diloco"]["compute_share"],
+                "measured": diloco["compute_share"],
+                "points": 100 * (plan["diloco"]["compute_share"] - diloco["compute_share"]),
+            },
+            "diloco_cpu_share": {
+                "predicted": plan["diloco"]["cpu_share"],
+                "measured": loop_share,
+                "points": 100 * (plan["diloco"]["cpu_share"] - loop_share),
+            },
             "diloco_bottleneck": plan["diloco"].get("bottleneck"),
             "diloco_network_factor": plan["diloco"].get("network_factor"),
-            "suggestion": {key: plan["suggestion"].get(key) for key in ("target_compute_share", "reached", "sync_interval", "upload_codec", "update_codec", "compute_share")}
-            if isinstance(plan.get("suggestion"), dict) else None,
+            "suggestion": {
+                key: plan["suggestion"].get(key)
+                for key in (
+                    "target_compute_share",
+                    "reached",
+                    "sync_interval",
+                    "upload_codec",
+                    "update_codec",
+                    "compute_share",
+                )
+            }
+            if isinstance(plan.get("suggestion"), dict)
+            else None,
             "diloco_syncer_busy": plan["diloco"].get("syncer_busy"),
-            "diloco_wan_bytes": {"predicted": predicted_wan, "measured": diloco["wan_bytes"],
-                                 "percent": 100 * (predicted_wan / diloco["wan_bytes"] - 1)},
-            "diloco_time_to_budget_seconds": {"predicted": plan["time_to_budget_seconds"], "measured": diloco["wall_seconds"],
-                                              "percent": 100 * (plan["time_to_budget_seconds"] / diloco["wall_seconds"] - 1)},
-            "dp_step_seconds": {"predicted": dpp["step_seconds"], "measured": dp["wan"]["medians"]["step_seconds"],
-                                "percent": 100 * (dpp["step_seconds"] / dp["wan"]["medians"]["step_seconds"] - 1)},
-            "dp_compute_share": {"predicted": dpp["compute_share"], "measured": dp["compute_share"],
-                                 "points": 100 * (dpp["compute_share"] - dp["compute_share"])},
-            "dp_wan_bytes_per_token": {"predicted": dpp["wan_bytes_per_token"], "measured": dp["wan_bytes_per_token"],
-                                       "percent": 100 * (dpp["wan_bytes_per_token"] / dp["wan_bytes_per_token"] - 1)},
+            "diloco_wan_bytes": {
+                "predicted": predicted_wan,
+                "measured": diloco["wan_bytes"],
+                "percent": 100 * (predicted_wan / diloco["wan_bytes"] - 1),
+            },
+            "diloco_time_to_budget_seconds": {
+                "predicted": plan["time_to_budget_seconds"],
+                "measured": diloco["wall_seconds"],
+                "percent": 100 * (plan["time_to_budget_seconds"] / diloco["wall_seconds"] - 1),
+            },
+            "dp_step_seconds": {
+                "predicted": dpp["step_seconds"],
+                "measured": dp["wan"]["medians"]["step_seconds"],
+                "percent": 100 * (dpp["step_seconds"] / dp["wan"]["medians"]["step_seconds"] - 1),
+            },
+            "dp_compute_share": {
+                "predicted": dpp["compute_share"],
+                "measured": dp["compute_share"],
+                "points": 100 * (dpp["compute_share"] - dp["compute_share"]),
+            },
+            "dp_wan_bytes_per_token": {
+                "predicted": dpp["wan_bytes_per_token"],
+                "measured": dp["wan_bytes_per_token"],
+                "percent": 100 * (dpp["wan_bytes_per_token"] / dp["wan_bytes_per_token"] - 1),
+            },
         }
     except (KeyError, TypeError, ZeroDivisionError) as error:
         return {"error": f"the plan's JSON lacks a figure: {error!r}"}
@@ -218,17 +289,44 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model and budget, 2 regions x 1 learner (~1 minute)")
-    parser.add_argument("--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)")
-    parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3")
-    parser.add_argument("--comm-ratio", type=float, default=TARGET_COMM_TO_COMPUTE, help="the link rate makes a data-parallel step communicate this many times longer than it computes")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny model and budget, 2 regions x 1 learner (~1 minute)"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)"
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3"
+    )
+    parser.add_argument(
+        "--comm-ratio",
+        type=float,
+        default=TARGET_COMM_TO_COMPUTE,
+        help="the link rate makes a data-parallel step communicate this many times longer than it computes",
+    )
     parser.add_argument("--link-mbit", type=float, help="use this link rate instead of the calibrated one")
-    parser.add_argument("--dp-wan-seconds", type=float, help="training seconds of data-parallel on the WAN (default 60; quick: 3 steps instead)")
-    parser.add_argument("--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)")
+    parser.add_argument(
+        "--dp-wan-seconds",
+        type=float,
+        help="training seconds of data-parallel on the WAN (default 60; quick: 3 steps instead)",
+    )
+    parser.add_argument(
+        "--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)"
+    )
     parser.add_argument("--timeout", type=float, help="seconds any one run may take (default 3600; quick 240)")
-    parser.add_argument("--diloco-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override for the DiLoCo run (and the plan) only, e.g. sync.update_codec.codec=int4 (repeatable): a setting named for a slow WAN")
-    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is")
+    parser.add_argument(
+        "--diloco-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=(
+            "a recipe override for the DiLoCo run (and the plan) only, e.g. sync.update_codec.codec=int4 (repeatable): "
+            "a setting named for a slow WAN"
+        ),
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
+    )
     parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if args.sweep and args.quick:
@@ -266,8 +364,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "inner_steps": steps,
         "sync_interval": recipe.sync.sync_interval,
         "fragments": recipe.sync.num_fragments,
-        "learner_codec": recipe.sync.learner_codec.codec.value if hasattr(recipe.sync.learner_codec.codec, "value") else str(recipe.sync.learner_codec.codec),
-        "update_codec": recipe.sync.update_codec.codec.value if hasattr(recipe.sync.update_codec.codec, "value") else str(recipe.sync.update_codec.codec),
+        "learner_codec": recipe.sync.learner_codec.codec.value
+        if hasattr(recipe.sync.learner_codec.codec, "value")
+        else str(recipe.sync.learner_codec.codec),
+        "update_codec": recipe.sync.update_codec.codec.value
+        if hasattr(recipe.sync.update_codec.codec, "value")
+        else str(recipe.sync.update_codec.codec),
         "tokens": world * steps * recipe.training.batch_size * recipe.data.sequence_length,
         "latency_ms": args.latency_ms,
         "comm_ratio_target": args.comm_ratio,
@@ -295,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     try:
         # 1. data-parallel on loopback, the whole budget: loss against steps, c and B
         phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
-        loopback = dp_summary(launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir))
+        loopback = dp_summary(
+            launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
+        )
         c = loopback["medians"]["compute_seconds"]
         b = loopback["bytes_per_step_per_rank"]
         rate = args.link_mbit or b * 8 / (args.comm_ratio * c) / 1e6
@@ -305,31 +409,53 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "dp_bytes_per_step_per_rank": b,
             "link_mbit": rate,
             "syncer_link_mbit": syncer_rate,
-            "formula": f"R = B x 8 / ({args.comm_ratio:g} x c) / 1e6 Mbit/s; the syncer's link carries every region's traffic: R x {len(REGIONS)}",
+            "formula": (
+                f"R = B x 8 / ({args.comm_ratio:g} x c) / 1e6 Mbit/s; "
+                f"the syncer's link carries every region's traffic: R x {len(REGIONS)}"
+            ),
             "given": args.link_mbit is not None,
         }
-        print(f"  c = {c * 1000:.1f} ms compute per step, B = {b:,} bytes per step per rank -> R = {rate:.3f} Mbit/s "
-              f"(syncer's link {syncer_rate:.3f})", flush=True)
+        print(
+            f"  c = {c * 1000:.1f} ms compute per step, B = {b:,} bytes per step per rank -> R = {rate:.3f} Mbit/s "
+            f"(syncer's link {syncer_rate:.3f})",
+            flush=True,
+        )
 
         phase("emulation")
-        with emulated_wan(REGIONS, [SYNCER], rate_mbit=rate, rates={SYNCER: syncer_rate}, latency_ms=args.latency_ms, hostnames=True) as wan:
+        with emulated_wan(
+            REGIONS, [SYNCER], rate_mbit=rate, rates={SYNCER: syncer_rate}, latency_ms=args.latency_ms, hostnames=True
+        ) as wan:
             results["emulation"] = {
                 "namespaces": {label: place.name for label, place in wan.places.items()} | {"router": wan.router.name},
                 "hosts_files": {label: str(path) for label, path in wan.hosts_files.items()},
                 "wan_addresses": {label: place.wan_address for label, place in wan.places.items()},
             }
             # 2. data-parallel on the WAN, a few steps
-            dp_steps, dp_seconds = (3, None) if quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
-            phase("dp_wan", f"data-parallel on the WAN: {f'{dp_steps} steps' if dp_seconds is None else f'{dp_seconds:g} s of training'}")
+            dp_steps, dp_seconds = (
+                (3, None) if quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
+            )
+            phase(
+                "dp_wan",
+                "data-parallel on the WAN: "
+                f"{f'{dp_steps} steps' if dp_seconds is None else f'{dp_seconds:g} s of training'}",
+            )
             dp_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout)
-            print(f"  {dp_wan['steps_done']} steps, median {dp_wan['medians']['step_seconds']:.2f} s "
-                  f"(compute {dp_wan['medians']['compute_seconds']:.3f} s, comm {dp_wan['medians']['comm_seconds']:.2f} s: "
-                  f"{dp_wan['comm_to_compute']:.1f}x)", flush=True)
+            print(
+                f"  {dp_wan['steps_done']} steps, median {dp_wan['medians']['step_seconds']:.2f} s "
+                f"(compute {dp_wan['medians']['compute_seconds']:.3f} s, "
+                f"comm {dp_wan['medians']['comm_seconds']:.2f} s: "
+                f"{dp_wan['comm_to_compute']:.1f}x)",
+                flush=True,
+            )
             # 3. DiLoCo on the WAN, the whole budget
             phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
             diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout)
-            print(f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, compute share {diloco['compute_share']:.1%}, "
-                  f"{diloco['wan_bytes_per_token']:.2f} WAN B/token", flush=True)
+            print(
+                f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
+                f"compute share {diloco['compute_share']:.1%}, "
+                f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
+                flush=True,
+            )
             phase("teardown")
 
         # 4. the target, both sides' time to it
@@ -347,31 +473,50 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "steps_to_target": dp_hit["step"] if dp_hit else None,
             "wan_step_seconds": step_seconds,
             "time_to_target_seconds": dp_hit["step"] * step_seconds if dp_hit else None,
-            "method": "time to target = (steps to reach the target on loopback, evaluated every "
-                      f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, {dp_wan['steps_done']} steps measured)",
+            "method": (
+                "time to target = (steps to reach the target on loopback, evaluated every "
+                f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, "
+                f"{dp_wan['steps_done']} steps measured)"
+            ),
             "latency_not_emulated_seconds_per_step": latency_per_step,
-            "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step) if dp_hit else None,
+            "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step)
+            if dp_hit
+            else None,
             "compute_share": dp_wan["compute_share"],
             "comm_to_compute": dp_wan["comm_to_compute"],
             "wan_bytes_per_token": dp_wan["app_wan_bytes_per_step"] / tokens_per_step,
             "wan_bytes_per_token_wire": dp_wan["wire_wan_bytes_per_step"] / tokens_per_step,
             "wan_bytes_per_token_model": b / (tokens_per_step / world),
-            "wan_bytes_note": f"app: {dp_wan['ring_crossings']} ring hops of {world} cross a link, each B bytes per step; wire: "
-                              "the regions' WAN devices' tx per step (TCP/IP headers included); model: every worker in a place of its own "
-                              "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)",
+            "wan_bytes_note": (
+                f"app: {dp_wan['ring_crossings']} ring hops of {world} cross a link, each B bytes per step; wire: "
+                "the regions' WAN devices' tx per step (TCP/IP headers included); "
+                "model: every worker in a place of its own "
+                "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)"
+            ),
         }
-        dp["wan_bytes_to_target"] = dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+        dp["wan_bytes_to_target"] = (
+            dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+        )
         diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
-        diloco["time_to_target_from_learner_start_seconds"] = (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
+        diloco["time_to_target_from_learner_start_seconds"] = (
+            (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
+        )
         diloco["version_at_target"] = diloco_hit["version"] if diloco_hit else None
-        results["target"] = {"loss": target, "rule": f"max(DiLoCo's final evaluation, data-parallel's final evaluation) x {1 + TARGET_MARGIN:g}",
-                             "diloco_final": diloco["final_loss"], "dp_final": dp_final}
+        results["target"] = {
+            "loss": target,
+            "rule": f"max(DiLoCo's final evaluation, data-parallel's final evaluation) x {1 + TARGET_MARGIN:g}",
+            "diloco_final": diloco["final_loss"],
+            "dp_final": dp_final,
+        }
         results["dp"] = dp
         results["diloco"] = diloco
         results["ratios"] = {
-            "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"] if dp_hit and diloco_hit else None,
+            "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"]
+            if dp_hit and diloco_hit
+            else None,
             "wan_bytes_per_token_dp_over_diloco": dp["wan_bytes_per_token"] / diloco["wan_bytes_per_token"],
-            "wan_bytes_per_token_wire_dp_over_diloco": dp["wan_bytes_per_token_wire"] / diloco["wan_bytes_per_token_wire"],
+            "wan_bytes_per_token_wire_dp_over_diloco": dp["wan_bytes_per_token_wire"]
+            / diloco["wan_bytes_per_token_wire"],
             "measured_dp_comm_to_compute": dp_wan["comm_to_compute"],
         }
         # 5. the plan's prediction
@@ -408,36 +553,74 @@ def _fmt(value: float | None, spec: str = ".4g") -> str:
 
 def show(results: dict) -> None:
     dp, diloco, calibration = results["dp"], results["diloco"], results["calibration"]
-    print(f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
-          f"measured data-parallel comm/compute {dp['comm_to_compute']:.1f}x; target loss {results['target']['loss']:.4f} "
-          f"({results['target']['rule']})")
+    print(
+        f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
+        f"measured data-parallel comm/compute {dp['comm_to_compute']:.1f}x; "
+        f"target loss {results['target']['loss']:.4f} "
+        f"({results['target']['rule']})"
+    )
     rows = [
-        {"method": "sync data-parallel", "time to target s": dp["time_to_target_seconds"], "compute share": dp["compute_share"],
-         "WAN B/token": dp["wan_bytes_per_token"], "wire B/token": dp["wan_bytes_per_token_wire"], "final loss": dp["final_loss"],
-         "how": f"{dp['steps_to_target']} steps x {dp['wan_step_seconds']:.2f} s"},
-        {"method": "Decoupled DiLoCo", "time to target s": diloco["time_to_target_seconds"], "compute share": diloco["compute_share"],
-         "WAN B/token": diloco["wan_bytes_per_token"], "wire B/token": diloco["wan_bytes_per_token_wire"], "final loss": diloco["final_loss"],
-         "how": f"measured, version {diloco['version_at_target']}"},
+        {
+            "method": "sync data-parallel",
+            "time to target s": dp["time_to_target_seconds"],
+            "compute share": dp["compute_share"],
+            "WAN B/token": dp["wan_bytes_per_token"],
+            "wire B/token": dp["wan_bytes_per_token_wire"],
+            "final loss": dp["final_loss"],
+            "how": f"{dp['steps_to_target']} steps x {dp['wan_step_seconds']:.2f} s",
+        },
+        {
+            "method": "Decoupled DiLoCo",
+            "time to target s": diloco["time_to_target_seconds"],
+            "compute share": diloco["compute_share"],
+            "WAN B/token": diloco["wan_bytes_per_token"],
+            "wire B/token": diloco["wan_bytes_per_token_wire"],
+            "final loss": diloco["final_loss"],
+            "how": f"measured, version {diloco['version_at_target']}",
+        },
     ]
-    print_table(rows, ["method", "time to target s", "compute share", "WAN B/token", "wire B/token", "final loss", "how"])
+    print_table(
+        rows, ["method", "time to target s", "compute share", "WAN B/token", "wire B/token", "final loss", "how"]
+    )
     ratios = results["ratios"]
-    print(f"ratios (data-parallel / DiLoCo): time {_fmt(ratios['time_to_target_dp_over_diloco'], '.1f')}x, "
-          f"WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x (wire {_fmt(ratios['wan_bytes_per_token_wire_dp_over_diloco'], '.1f')}x)")
-    print(f"data-parallel's gloo traffic gets no emulated latency: + {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
-          f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s")
+    print(
+        f"ratios (data-parallel / DiLoCo): time {_fmt(ratios['time_to_target_dp_over_diloco'], '.1f')}x, "
+        f"WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x "
+        f"(wire {_fmt(ratios['wan_bytes_per_token_wire_dp_over_diloco'], '.1f')}x)"
+    )
+    print(
+        "data-parallel's gloo traffic gets no emulated latency: "
+        f"+ {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
+        f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s"
+    )
     print("\nbytes per link, DiLoCo (app: the run's report; proxy: HTTP through the proxies; wire: the WAN devices)")
     link_rows = []
     for link in diloco["links"]:
         proxy = diloco["proxies"][link["bucket"]]["remote" if link["wan"] else "local"]
-        link_rows.append({"link": f"{link['source']} -> {link['bucket']}", "WAN": "yes" if link["wan"] else "no",
-                          "app up": link["bytes_up"], "app down": link["bytes_down"],
-                          "proxy up": proxy["bytes_to_upstream"], "proxy down": proxy["bytes_to_client"]})
+        link_rows.append(
+            {
+                "link": f"{link['source']} -> {link['bucket']}",
+                "WAN": "yes" if link["wan"] else "no",
+                "app up": link["bytes_up"],
+                "app down": link["bytes_down"],
+                "proxy up": proxy["bytes_to_upstream"],
+                "proxy down": proxy["bytes_to_client"],
+            }
+        )
     print_table(link_rows, ["link", "WAN", "app up", "app down", "proxy up", "proxy down"])
     device_rows = [{"place": label, "tx": moved["tx"], "rx": moved["rx"]} for label, moved in diloco["devices"].items()]
-    print("wire bytes per place's link, DiLoCo run:", ", ".join(f"{r['place']} tx {r['tx']:,} rx {r['rx']:,}" for r in device_rows))
+    print(
+        "wire bytes per place's link, DiLoCo run:",
+        ", ".join(f"{r['place']} tx {r['tx']:,} rx {r['rx']:,}" for r in device_rows),
+    )
     wan = dp["wan"]
-    print("wire bytes per place's link per step, data-parallel:",
-          ", ".join(f"{label} tx {moved['tx'] / wan['steps_done']:,.0f} rx {moved['rx'] / wan['steps_done']:,.0f}" for label, moved in wan["devices"].items()))
+    print(
+        "wire bytes per place's link per step, data-parallel:",
+        ", ".join(
+            f"{label} tx {moved['tx'] / wan['steps_done']:,.0f} rx {moved['rx'] / wan['steps_done']:,.0f}"
+            for label, moved in wan["devices"].items()
+        ),
+    )
     comparison = results.get("plan_vs_measured")
     if comparison and "error" not in comparison:
         print("\ndiloco plan against the measurement")
@@ -445,24 +628,51 @@ def show(results: dict) -> None:
         for key, value in comparison.items():
             if isinstance(value, dict) and "predicted" in value:
                 unit = "points" if "points" in value else "percent"
-                plan_rows.append({"figure": key, "predicted": value["predicted"], "measured": value["measured"],
-                                  "difference": f"{value[unit]:+.1f} {'pt' if unit == 'points' else '%'}"})
+                plan_rows.append(
+                    {
+                        "figure": key,
+                        "predicted": value["predicted"],
+                        "measured": value["measured"],
+                        "difference": f"{value[unit]:+.1f} {'pt' if unit == 'points' else '%'}",
+                    }
+                )
         print_table(plan_rows, ["figure", "predicted", "measured", "difference"])
-        print(f"plan's bottleneck: {comparison['diloco_bottleneck']}, syncer busy {_fmt(comparison['diloco_syncer_busy'], '.2f')}; "
-              f"DiLoCo published {diloco['versions']} versions{' of ' + str(diloco['versions_expected']) if 'versions_expected' in diloco else ''}")
+        print(
+            f"plan's bottleneck: {comparison['diloco_bottleneck']}, "
+            f"syncer busy {_fmt(comparison['diloco_syncer_busy'], '.2f')}; "
+            f"DiLoCo published {diloco['versions']} versions"
+            f"{' of ' + str(diloco['versions_expected']) if 'versions_expected' in diloco else ''}"
+        )
         if comparison.get("suggestion"):
             hint = comparison["suggestion"]
-            print(f"plan's suggestion for a {hint['target_compute_share']:.0%} compute share: H={hint['sync_interval']}, "
-                  f"{hint['upload_codec']}/{hint['update_codec']} ({hint['compute_share']:.1%}{'' if hint['reached'] else ', not reached'})")
+            print(
+                f"plan's suggestion for a {hint['target_compute_share']:.0%} compute share: H={hint['sync_interval']}, "
+                f"{hint['upload_codec']}/{hint['update_codec']} ({hint['compute_share']:.1%}"
+                f"{'' if hint['reached'] else ', not reached'})"
+            )
     else:
         plan = results.get("plan") or {}
-        print(f"\ndiloco plan: no prediction ({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})")
+        print(
+            "\ndiloco plan: no prediction "
+            f"({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})"
+        )
     if results.get("sweep"):
         sweep_result = results["sweep"]
-        print(f"\nsettings sweep, WAN bytes per token against data-parallel's {sweep_result['dp_wan_bytes_per_token']:.1f}")
-        print_table([{**row, "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
-                      "x fewer than DP": row["dp_bytes_ratio"]} for row in sweep_result["rows"]],
-                    ["setting", "final_loss", "loss vs default", "wan_bytes_per_token", "x fewer than DP", "meets_target"])
+        print(
+            "\nsettings sweep, WAN bytes per token against data-parallel's "
+            f"{sweep_result['dp_wan_bytes_per_token']:.1f}"
+        )
+        print_table(
+            [
+                {
+                    **row,
+                    "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
+                    "x fewer than DP": row["dp_bytes_ratio"],
+                }
+                for row in sweep_result["rows"]
+            ],
+            ["setting", "final_loss", "loss vs default", "wan_bytes_per_token", "x fewer than DP", "meets_target"],
+        )
         print(sweep_result["verdict"])
 
 

@@ -43,8 +43,12 @@ def process_env(threads: int = 1) -> dict[str, str]:
 
 def device_bytes(place) -> dict[str, int]:
     """Bytes sent (tx) and received (rx) so far by ``place``'s WAN device (its link to the router)."""
-    out = subprocess.run(["ip", "-n", place.name, "-s", "-j", "link", "show", "dev", place.wan_veth],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-n", place.name, "-s", "-j", "link", "show", "dev", place.wan_veth],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     stats = json.loads(out)[0]["stats64"]
     return {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
 
@@ -52,13 +56,12 @@ def device_bytes(place) -> dict[str, int]:
 def device_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {label: {d: after[label][d] - before[label][d] for d in ("tx", "rx")} for label in before}
 
+
 def tail(path: Path, size: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-size:]
     except OSError:
         return ""
-
-
 
 
 def regions_document(learners_per_region: int) -> dict:
@@ -80,7 +83,9 @@ def via_setup(spec, wan):
     """The spec with every region's endpoint replaced by its setup URL (moto over the region's
     root link), for this (root) namespace, where the ``s3-<region>`` names do not resolve."""
     regions = tuple(
-        region.model_copy(update={"storage_options": {**region.storage_options, "endpoint_url": wan.regions[region.name].setup_url}})
+        region.model_copy(
+            update={"storage_options": {**region.storage_options, "endpoint_url": wan.regions[region.name].setup_url}}
+        )
         for region in spec.regions
     )
     return spec.model_copy(update={"regions": regions})
@@ -88,7 +93,9 @@ def via_setup(spec, wan):
 
 PROBE = """
 import sys, s3fs
-fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1], key="testing", secret="testing", use_listings_cache=False, skip_instance_cache=True)
+fs = s3fs.S3FileSystem(
+    endpoint_url=sys.argv[1], key="testing", secret="testing", use_listings_cache=False, skip_instance_cache=True
+)
 path = sys.argv[2] + "/probe-" + sys.argv[3]
 fs.pipe(path, b"probe")
 assert fs.cat(path) == b"probe"
@@ -106,8 +113,19 @@ def probe_by_name(wan, place: str, region: str, root: str) -> dict:
     seconds = time.monotonic() - started
     after = {kind: wan.regions[region].counters(kind) for kind in ("local", "remote")}
     moved = {kind: after[kind]["bytes_to_upstream"] - before[kind]["bytes_to_upstream"] for kind in after}
-    return {"place": place, "region": region, "url": wan.regions[region].url, "answer": out, "seconds": seconds,
-            "bytes_through": moved, "via": "local" if moved["local"] and not moved["remote"] else "remote" if moved["remote"] and not moved["local"] else "both"}
+    return {
+        "place": place,
+        "region": region,
+        "url": wan.regions[region].url,
+        "answer": out,
+        "seconds": seconds,
+        "bytes_through": moved,
+        "via": "local"
+        if moved["local"] and not moved["remote"]
+        else "remote"
+        if moved["remote"] and not moved["local"]
+        else "both",
+    }
 
 
 class Processes:
@@ -128,8 +146,15 @@ class Processes:
         self.files.append(log)
         command = [*prefix, sys.executable, "-m", "diloco_cli", *arguments]
         self.commands[name] = (command, env)
-        self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
+        self.running[name] = subprocess.Popen(
+            command,
+            cwd=REPOSITORY,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def _restart_undelivered(self) -> None:
         """What a supervisor does: start a learner again that exited with 75."""
@@ -140,19 +165,33 @@ class Processes:
                 print(f"  {name} exited with {self.RESTART_CODE} (payloads undelivered): starting it again", flush=True)
                 log = open(self.logs / f"{name}.log", "ab")
                 self.files.append(log)
-                self.running[name] = subprocess.Popen(command, cwd=REPOSITORY, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                                      stderr=subprocess.STDOUT, start_new_session=True)
+                self.running[name] = subprocess.Popen(
+                    command,
+                    cwd=REPOSITORY,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
 
     def wait(self, timeout: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in self.running.values()) or self._undelivered():
             self._restart_undelivered()
-            failed = {n: p.returncode for n, p in self.running.items() if p.returncode not in (None, 0, self.RESTART_CODE)}
+            failed = {
+                n: p.returncode for n, p in self.running.items() if p.returncode not in (None, 0, self.RESTART_CODE)
+            }
             if failed:
-                raise RuntimeError(f"{', '.join(failed)} exited with {failed}; end of the first log:\n{tail(self.logs / (next(iter(failed)) + '.log'))}")
+                raise RuntimeError(
+                    f"{', '.join(failed)} exited with {failed}; end of the first log:\n"
+                    f"{tail(self.logs / (next(iter(failed)) + '.log'))}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the run did not finish in {timeout:.0f} s; still running: "
-                                   f"{', '.join(n for n, p in self.running.items() if p.poll() is None)}")
+                raise TimeoutError(
+                    f"the run did not finish in {timeout:.0f} s; still running: "
+                    f"{', '.join(n for n, p in self.running.items() if p.poll() is None)}"
+                )
             time.sleep(0.5)
         codes = {n: p.returncode for n, p in self.running.items()}
         if any(codes.values()):
@@ -161,7 +200,10 @@ class Processes:
         return codes
 
     def _undelivered(self) -> bool:
-        return any(p.returncode == self.RESTART_CODE and self.restarts.get(n, 0) < self.MAX_RESTARTS for n, p in self.running.items())
+        return any(
+            p.returncode == self.RESTART_CODE and self.restarts.get(n, 0) < self.MAX_RESTARTS
+            for n, p in self.running.items()
+        )
 
     def close(self) -> None:
         for process in self.running.values():
@@ -197,8 +239,12 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     setup = via_setup(spec, wan)
     for region in REGIONS:
         wan.regions[region].store("setup").create_bucket(f"diloco-{region}")
-    run_dir, secret = create_run_directory(runs_dir, spec, launcher="local")  # run.json {"spec": ...} and the secret (0600)
-    for bucket in setup.buckets(None):  # the manifest (the spec with the names) in every bucket, for `status --manifest`
+    run_dir, secret = create_run_directory(
+        runs_dir, spec, launcher="local"
+    )  # run.json {"spec": ...} and the secret (0600)
+    for bucket in setup.buckets(
+        None
+    ):  # the manifest (the spec with the names) in every bucket, for `status --manifest`
         bucket.write_manifest(spec.to_json())
     roots = {region.name: region.root for region in spec.regions}
     # each region's bucket by its name from the region itself and from the syncer's place, two
@@ -211,7 +257,9 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     for probe in probes:
         expected = "local" if probe["place"] == probe["region"] else "remote"
         if probe["answer"] != "ok" or probe["via"] != expected:
-            raise RuntimeError(f"s3-{probe['region']} from {probe['place']} went {probe['via']}, not {expected}: {probe}")
+            raise RuntimeError(
+                f"s3-{probe['region']} from {probe['place']} went {probe['via']}, not {expected}: {probe}"
+            )
 
     manifest, secret_file = str(run_dir / "run.json"), str(run_dir / "secret")
     env = process_env(threads=recipe.training.threads_per_learner or 1)
@@ -220,10 +268,19 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     processes = Processes(run_dir / "logs")
     try:
         launched = time.time()
-        processes.start("syncer", wan[SYNCER].exec_prefix(), ["_syncer", "--manifest", manifest, "--secret-file", secret_file], {**env, "OMP_NUM_THREADS": "1"})
+        processes.start(
+            "syncer",
+            wan[SYNCER].exec_prefix(),
+            ["_syncer", "--manifest", manifest, "--secret-file", secret_file],
+            {**env, "OMP_NUM_THREADS": "1"},
+        )
         for learner in spec.learners:
-            processes.start(learner.id, wan[learner.region].exec_prefix(),
-                            ["_learner", "--manifest", manifest, "--learner", learner.id, "--secret-file", secret_file], env)
+            processes.start(
+                learner.id,
+                wan[learner.region].exec_prefix(),
+                ["_learner", "--manifest", manifest, "--learner", learner.id, "--secret-file", secret_file],
+                env,
+            )
         codes = processes.wait(timeout)
         ended = time.time()
     except BaseException:
@@ -234,13 +291,21 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
         processes.close()
     proxies_after = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
     devices = device_deltas(devices_before, {label: device_bytes(wan[label]) for label in wan.places})
-    proxies = {r: {kind: {key: proxies_after[r][kind][key] - proxies_before[r][kind][key] for key in proxies_after[r][kind]}
-                   for kind in ("local", "remote")} for r in REGIONS}
+    proxies = {
+        r: {
+            kind: {key: proxies_after[r][kind][key] - proxies_before[r][kind][key] for key in proxies_after[r][kind]}
+            for kind in ("local", "remote")
+        }
+        for r in REGIONS
+    }
 
     read = read_buckets(setup, secret, time.time())
     beats, status = read.heartbeats, read.syncer
     if status is None or len(beats) != len(spec.learners):
-        raise RuntimeError(f"after the run: syncer status {'missing' if status is None else 'read'}, {len(beats)} of {len(spec.learners)} heartbeats")
+        raise RuntimeError(
+            f"after the run: syncer status {'missing' if status is None else 'read'}, "
+            f"{len(beats)} of {len(spec.learners)} heartbeats"
+        )
     report = json.loads(render_json(collect_report(setup, secret, load_prices())))
     evaluations = [e.model_dump(mode="json") for e in status.evaluations]
     first_start = min(beat.started_at for beat in beats.values())
@@ -249,7 +314,8 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     since = [getattr(beat, "training_since", None) for beat in beats.values()]
     looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
     syncer_kinds = {
-        region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()} for region, counters in status.storage.items()
+        region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()}
+        for region, counters in status.storage.items()
     }
     wan_bytes, tokens = report["wan_bytes"], report["tokens"]
     proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
@@ -263,8 +329,11 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
         "wall_seconds": ended - launched,
         "learners_started_after_seconds": first_start - launched,
         "versions": status.version,
-        "versions_expected": recipe.training.inner_steps // recipe.sync.sync_interval * recipe.sync.num_fragments
-        * recipe.training.num_learners // recipe.quorum,
+        "versions_expected": recipe.training.inner_steps
+        // recipe.sync.sync_interval
+        * recipe.sync.num_fragments
+        * recipe.training.num_learners
+        // recipe.quorum,
         "evaluations": evaluations,
         "final_loss": evaluations[-1]["loss"],
         "tokens": tokens,
@@ -272,22 +341,51 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
         "learner_seconds": alive,
         "compute_share": compute / alive,
         "compute_share_over_loop": compute / looping if looping else None,
-        "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds]) if any(b.step_seconds for b in beats.values()) else None,
+        "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds])
+        if any(b.step_seconds for b in beats.values())
+        else None,
         "wan_bytes": wan_bytes,
         "wan_bytes_per_token": wan_bytes / tokens,
         "proxy_wan_bytes": proxy_wan,
         "wan_bytes_per_token_proxy": proxy_wan / tokens,
         "wire_wan_bytes": wire_wan,
         "wan_bytes_per_token_wire": wire_wan / tokens,
-        "links": [{key: link[key] for key in ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")} for link in report["links"]],
+        "links": [
+            {key: link[key] for key in ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")}
+            for link in report["links"]
+        ],
         "syncer_kinds": syncer_kinds,
         "proxies": proxies,
         "devices": devices,
         "probes": probes,
-        "report": {key: report[key] for key in ("state", "elapsed_seconds", "tokens", "total_bytes", "wan_bytes", "wan_bytes_per_token", "kinds", "compression", "data_parallel", "cost_dollars")},
+        "report": {
+            key: report[key]
+            for key in (
+                "state",
+                "elapsed_seconds",
+                "tokens",
+                "total_bytes",
+                "wan_bytes",
+                "wan_bytes_per_token",
+                "kinds",
+                "compression",
+                "data_parallel",
+                "cost_dollars",
+            )
+        },
         "heartbeats": {
-            learner: {"region": b.region, "tokens": b.tokens, "step": b.step, "compute_seconds": b.compute_seconds,
-                      "started_at": b.started_at, "training_since": getattr(b, "training_since", None), "time": b.time, "step_seconds": b.step_seconds, "sends": b.sends, "delivered": b.delivered}
+            learner: {
+                "region": b.region,
+                "tokens": b.tokens,
+                "step": b.step,
+                "compute_seconds": b.compute_seconds,
+                "started_at": b.started_at,
+                "training_since": getattr(b, "training_since", None),
+                "time": b.time,
+                "step_seconds": b.step_seconds,
+                "sends": b.sends,
+                "delivered": b.delivered,
+            }
             for learner, b in sorted(beats.items())
         },
     }

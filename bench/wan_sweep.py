@@ -11,7 +11,6 @@ from pathlib import Path
 
 from bench.wan_diloco import tail
 
-
 SWEEP_BYTES_RATIO = 500.0
 SWEEP_LOSS_TOLERANCE = 0.02
 QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
@@ -20,9 +19,11 @@ SWEEP = (
     ("H=50", [*QUIET, "sync.sync_interval=50"]),
     ("H=100", [*QUIET, "sync.sync_interval=100"]),
     ("H=100, int4 updates", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4"]),
-    ("H=100, int4 updates, snapshot_every=1000", [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4", "sync.snapshot_every=1000"]),
+    (
+        "H=100, int4 updates, snapshot_every=1000",
+        [*QUIET, "sync.sync_interval=100", "sync.update_codec.codec=int4", "sync.snapshot_every=1000"],
+    ),
 )
-
 
 
 def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, attempt: int = 0) -> dict:
@@ -57,11 +58,20 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     report = json.loads(render_json(collect_report(result.spec, record.secret(), load_prices())))
     evaluations = status.evaluations
     recipe = result.spec.recipe
-    budget = recipe.training.num_learners * recipe.training.inner_steps * recipe.training.batch_size * recipe.data.sequence_length
+    budget = (
+        recipe.training.num_learners
+        * recipe.training.inner_steps
+        * recipe.training.batch_size
+        * recipe.data.sequence_length
+    )
     if status.state != "finished" or report["tokens"] != budget or not evaluations or status.version == 0:
-        logs = "\n".join(f"--- {log.name}:\n{tail(log, 1200)}" for log in sorted((record.directory / "logs").glob("*.log")))
-        raise RuntimeError(f"sweep run {name} ({label}) ended {status.state} with {report['tokens']} of {budget} tokens, "
-                           f"version {status.version}, {len(evaluations)} evaluations\n{logs}")
+        logs = "\n".join(
+            f"--- {log.name}:\n{tail(log, 1200)}" for log in sorted((record.directory / "logs").glob("*.log"))
+        )
+        raise RuntimeError(
+            f"sweep run {name} ({label}) ended {status.state} with {report['tokens']} of {budget} tokens, "
+            f"version {status.version}, {len(evaluations)} evaluations\n{logs}"
+        )
     return {
         "setting": label,
         "overrides": overrides,
@@ -102,17 +112,34 @@ def summarize_sweep(rows: list[dict], dp_bytes_per_token: float) -> dict:
         measured = row["final_loss"] is not None and default["final_loss"] is not None
         row["loss_vs_default"] = row["final_loss"] / default["final_loss"] - 1 if measured else None
         row["dp_bytes_ratio"] = dp_bytes_per_token / row["wan_bytes_per_token"] if row["wan_bytes_per_token"] else None
-        row["meets_target"] = bool(measured and row["dp_bytes_ratio"] and row["dp_bytes_ratio"] >= SWEEP_BYTES_RATIO
-                                   and row["loss_vs_default"] <= SWEEP_LOSS_TOLERANCE)
+        row["meets_target"] = bool(
+            measured
+            and row["dp_bytes_ratio"]
+            and row["dp_bytes_ratio"] >= SWEEP_BYTES_RATIO
+            and row["loss_vs_default"] <= SWEEP_LOSS_TOLERANCE
+        )
     meeting = [row["setting"] for row in rows if row["meets_target"]]
     ok = [row for row in rows if row["dp_bytes_ratio"] is not None and row["loss_vs_default"] is not None]
     if not ok:
-        return {"dp_wan_bytes_per_token": dp_bytes_per_token, "rows": rows, "meeting": [], "verdict": "no setting was measured"}
+        return {
+            "dp_wan_bytes_per_token": dp_bytes_per_token,
+            "rows": rows,
+            "meeting": [],
+            "verdict": "no setting was measured",
+        }
     best = max(ok, key=lambda row: row["dp_bytes_ratio"])
-    verdict = (f"{meeting[0]} reaches {SWEEP_BYTES_RATIO:.0f}x within {SWEEP_LOSS_TOLERANCE:.0%} loss" if meeting else
-               f"missed: the most is {best['dp_bytes_ratio']:.0f}x fewer WAN bytes per token ({best['setting']}, "
-               f"{best['wan_bytes_per_token']:.3f} B/token against data-parallel's {dp_bytes_per_token:.1f}) at "
-               f"{best['loss_vs_default']:+.2%} loss against the default")
-    return {"dp_wan_bytes_per_token": dp_bytes_per_token, "target": f">= {SWEEP_BYTES_RATIO:.0f}x fewer WAN bytes per token "
-            f"than data-parallel within {SWEEP_LOSS_TOLERANCE:.0%} of the default's held-out loss", "rows": rows,
-            "meeting": meeting, "verdict": verdict}
+    verdict = (
+        f"{meeting[0]} reaches {SWEEP_BYTES_RATIO:.0f}x within {SWEEP_LOSS_TOLERANCE:.0%} loss"
+        if meeting
+        else f"missed: the most is {best['dp_bytes_ratio']:.0f}x fewer WAN bytes per token ({best['setting']}, "
+        f"{best['wan_bytes_per_token']:.3f} B/token against data-parallel's {dp_bytes_per_token:.1f}) at "
+        f"{best['loss_vs_default']:+.2%} loss against the default"
+    )
+    return {
+        "dp_wan_bytes_per_token": dp_bytes_per_token,
+        "target": f">= {SWEEP_BYTES_RATIO:.0f}x fewer WAN bytes per token "
+        f"than data-parallel within {SWEEP_LOSS_TOLERANCE:.0%} of the default's held-out loss",
+        "rows": rows,
+        "meeting": meeting,
+        "verdict": verdict,
+    }

@@ -33,7 +33,9 @@ class DilocoCallback(TrainerCallback):
         self.tokens_per_step = tokens_per_step
         self.run: JoinedRun | None = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
         self.run = join(model, inner, tokens_per_step=self.tokens_per_step, step_hook=False).__enter__()
 

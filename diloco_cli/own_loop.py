@@ -40,7 +40,12 @@ from typing import Any
 import torch
 
 from diloco_cli.runtime.distributed import ProcessGroup
-from diloco_cli.runtime.entry_point import LEARNER_VARIABLE, MANIFEST_VARIABLE, SECRET_FILE_VARIABLE, STORAGE_OPTIONS_VARIABLE
+from diloco_cli.runtime.entry_point import (
+    LEARNER_VARIABLE,
+    MANIFEST_VARIABLE,
+    SECRET_FILE_VARIABLE,
+    STORAGE_OPTIONS_VARIABLE,
+)
 from diloco_cli.runtime.learner_sync import EXIT_FINISHED, DataPosition, LearnerSync
 
 
@@ -53,7 +58,9 @@ def _process_group() -> ProcessGroup:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return ProcessGroup(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        return ProcessGroup(
+            rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0"))
+        )
     return ProcessGroup()
 
 
@@ -65,7 +72,9 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 class JoinedRun:
     """A training loop's membership in a run: use it as a context manager."""
 
-    def __init__(self, sync: LearnerSync, optimizer: torch.optim.Optimizer, step_hook: bool, handle_signals: bool) -> None:
+    def __init__(
+        self, sync: LearnerSync, optimizer: torch.optim.Optimizer, step_hook: bool, handle_signals: bool
+    ) -> None:
         self.sync = sync
         self.loss: float | None = None
         """Set it after a step to have the loss shown by ``diloco status``."""
@@ -133,7 +142,9 @@ class JoinedRun:
     def _request_stop(self, signum: int, _frame: object) -> None:
         self.sync.stop_requested = True
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if self._hook is not None:
             self._hook.remove()
         for signum, handler in self._previous_handlers.items():
@@ -179,5 +190,15 @@ def join(
     watch = ManifestWatch(os.environ[MANIFEST_VARIABLE], options)
     spec = read_run_spec(os.environ[MANIFEST_VARIABLE], options)
     secret = read_secret(os.environ[SECRET_FILE_VARIABLE])
-    sync = LearnerSync(spec, os.environ[LEARNER_VARIABLE], secret, _unwrapped(model), optimizer, _process_group(), tokens_per_step, data_position, watch)
+    sync = LearnerSync(
+        spec,
+        os.environ[LEARNER_VARIABLE],
+        secret,
+        _unwrapped(model),
+        optimizer,
+        _process_group(),
+        tokens_per_step,
+        data_position,
+        watch,
+    )
     return JoinedRun(sync, optimizer, step_hook, handle_signals)

@@ -23,7 +23,7 @@ with diloco_cli.join(model, optimizer, tokens_per_step=BATCH * SEQUENCE) as run:
     part = len(text) * 9 // 10 // run.num_shards  # the last tenth is the syncer's held-out text
     mine = text[run.shard * part : (run.shard + 1) * part]  # only this learner's shard
     generator = torch.Generator().manual_seed(1000 * run.shard + run.step)
-    for step in range(run.step, run.total_steps):
+    for _step in range(run.step, run.total_steps):
         starts = torch.randint(0, len(mine) - SEQUENCE - 1, (BATCH,), generator=generator)
         windows = torch.stack([mine[start : start + SEQUENCE + 1] for start in starts.tolist()]).long()
         logits = model(windows[:, :-1])

@@ -25,8 +25,18 @@ from diloco_cli.launch.runs import load_run
 from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, UPDATE_KEY
 
 KINDS = {"payload": PAYLOAD_KEY, "update": UPDATE_KEY, "snapshot": SNAPSHOT_KEY, "checkpoint": CHECKPOINT_KEY}
-EVENTS = ("kill learner", "kill syncer", "pause learner", "pause syncer", "damage payload", "damage marker",
-          "damage update", "damage snapshot", "damage checkpoint", "litter")  # fmt: skip
+EVENTS = (
+    "kill learner",
+    "kill syncer",
+    "pause learner",
+    "pause syncer",
+    "damage payload",
+    "damage marker",
+    "damage update",
+    "damage snapshot",
+    "damage checkpoint",
+    "litter",
+)
 
 
 @dataclass
@@ -101,7 +111,9 @@ class Chaos:
         region = self.random.choice(sorted(self.roots))
         root = self.roots[region]
         pattern = KINDS["payload" if kind == "marker" else kind]
-        keys = sorted(str(path.relative_to(root)) for path in root.rglob("*.dlc") if pattern.match(str(path.relative_to(root))))
+        keys = sorted(
+            str(path.relative_to(root)) for path in root.rglob("*.dlc") if pattern.match(str(path.relative_to(root)))
+        )
         keys = [key for key in keys if (root / f"{key}.ready").exists()]
         if not keys:
             return "(nothing to damage)"

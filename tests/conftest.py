@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+
 def pytest_sessionstart(session):
     """Install the system tools the tests need where this machine allows it (root with
     apt-get, as on a fresh CI machine); elsewhere the tests that need a missing one fail
@@ -30,7 +31,9 @@ def pytest_sessionstart(session):
     print(f"installing what the tests drive: {' '.join(missing)}", flush=True)
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=environment, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=environment, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", *missing], check=True, env=environment, stdout=subprocess.DEVNULL
+    )
 
 
 settings.register_profile("default", deadline=None, max_examples=40)
@@ -58,9 +61,16 @@ def secret():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--chaos-seconds", type=int, default=12, help="how long tests/test_chaos.py strikes, in seconds (CI: 12)")
+    parser.addoption(
+        "--chaos-seconds", type=int, default=12, help="how long tests/test_chaos.py strikes, in seconds (CI: 12)"
+    )
     parser.addoption("--chaos-seed", type=int, default=1, help="the seed of its events")
-    parser.addoption("--kill-seeds", type=int, default=1, help="how many seeded runs tests/test_faults.py kills the syncer in (CI: 1)")
+    parser.addoption(
+        "--kill-seeds",
+        type=int,
+        default=1,
+        help="how many seeded runs tests/test_faults.py kills the syncer in (CI: 1)",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -72,8 +72,9 @@ def write_stats(path: str | Path, counts: Counts) -> None:
     os.replace(tmp, path)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
-                count: Callable[[int], None]) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float, count: Callable[[int], None]
+) -> None:
     """Copy ``reader`` to ``writer`` until EOF, each chunk ``delay_s`` after it was read."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=_QUEUE_CHUNKS)
@@ -169,9 +170,14 @@ class DelayProxy:
                     writer.transport.abort()
 
 
-async def serve(listen: tuple[str, int], upstream: tuple[str, int], delay_s: float,
-                stats_path: str | Path | None = None, stop: asyncio.Event | None = None,
-                on_listening: Callable[[DelayProxy], None] | None = None) -> Counts:
+async def serve(
+    listen: tuple[str, int],
+    upstream: tuple[str, int],
+    delay_s: float,
+    stats_path: str | Path | None = None,
+    stop: asyncio.Event | None = None,
+    on_listening: Callable[[DelayProxy], None] | None = None,
+) -> Counts:
     """Run a proxy until ``stop`` is set (or forever), writing ``stats_path`` every
     :data:`STATS_INTERVAL_S` and once more at the end; return the final counts."""
     proxy = DelayProxy(upstream, delay_s)
@@ -195,8 +201,12 @@ async def serve(listen: tuple[str, int], upstream: tuple[str, int], delay_s: flo
 
 
 @contextlib.contextmanager
-def delay_proxy(upstream: tuple[str, int], delay_s: float, listen: tuple[str, int] = ("127.0.0.1", 0),
-                stats_path: str | Path | None = None) -> Iterator[DelayProxy]:
+def delay_proxy(
+    upstream: tuple[str, int],
+    delay_s: float,
+    listen: tuple[str, int] = ("127.0.0.1", 0),
+    stats_path: str | Path | None = None,
+) -> Iterator[DelayProxy]:
     """Run a :class:`DelayProxy` in a background thread of this process until the context exits."""
     loop = asyncio.new_event_loop()
     started: list[DelayProxy] = []
@@ -206,8 +216,9 @@ def delay_proxy(upstream: tuple[str, int], delay_s: float, listen: tuple[str, in
     def run() -> None:
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(serve(listen, upstream, delay_s, stats_path, stop,
-                                          lambda proxy: (started.append(proxy), ready.set())))
+            loop.run_until_complete(
+                serve(listen, upstream, delay_s, stats_path, stop, lambda proxy: (started.append(proxy), ready.set()))
+            )
         finally:
             ready.set()
             loop.close()

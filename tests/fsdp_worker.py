@@ -68,10 +68,14 @@ def batches() -> list[torch.Tensor]:
 def installed_values(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full fp32 tensors shaped like the parameters: what rank 0 installs."""
     generator = torch.Generator().manual_seed(2)
-    return {name: torch.randn(parameter.shape, generator=generator) * 0.02 for name, parameter in model.named_parameters()}
+    return {
+        name: torch.randn(parameter.shape, generator=generator) * 0.02 for name, parameter in model.named_parameters()
+    }
 
 
-def train(prepared: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: torch.Tensor, micro_batch_size: int | None) -> float:
+def train(
+    prepared: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: torch.Tensor, micro_batch_size: int | None
+) -> float:
     """One inner step on token rows (inputs and next-token targets); returns its loss."""
     return inner_step(
         prepared, optimizer, rows[:, :-1], rows[:, 1:], LEARNING_RATE, GRADIENT_CLIP, micro_batch_size=micro_batch_size
@@ -113,8 +117,15 @@ def run(parallelism: str, compile: bool, device: torch.device, group: ProcessGro
     train(prepared, reloaded, rows[STEPS], MICRO_BATCH)
     stepped = full_parameters(model, names, group)
 
-    record = {"losses": losses, "local": local, "trained": trained, "state": state, "state_again": state_again,
-              "installed": installed, "stepped": stepped}
+    record = {
+        "losses": losses,
+        "local": local,
+        "trained": trained,
+        "state": state,
+        "state_again": state_again,
+        "installed": installed,
+        "stepped": stepped,
+    }
     torch.save(record, out / record_name(parallelism, compile, group.rank))
 
 

@@ -69,9 +69,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 PREFIX = "dlc"
 RULE_PREF = 9000
@@ -207,8 +207,7 @@ def namespaces(names: Sequence[str], subnet_index: int | None = None) -> Iterato
                 created.append(ns)
                 etc_of(ns.name).mkdir(parents=True, exist_ok=True)
                 (etc_of(ns.name) / "resolv.conf").write_text(RESOLV_CONF)
-                _ip("link", "add", ns.root_veth, "type", "veth",
-                    "peer", "name", ns.ns_veth, "netns", ns.name)
+                _ip("link", "add", ns.root_veth, "type", "veth", "peer", "name", ns.ns_veth, "netns", ns.name)
                 _ip("addr", "add", f"{ns.gateway}/{ns.prefixlen}", "dev", ns.root_veth)
                 _ip("link", "set", ns.root_veth, "up")
                 _ip("rule", "add", "pref", str(RULE_PREF), "iif", ns.root_veth, "prohibit")
@@ -231,15 +230,28 @@ def namespaces(names: Sequence[str], subnet_index: int | None = None) -> Iterato
 
 
 def _tbf(prefix: Sequence[str], dev: str, rate_mbit: float, burst_bytes: int, latency_ms: float) -> None:
-    argv = [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-            "rate", f"{rate_mbit}mbit", "burst", str(burst_bytes), "latency", f"{latency_ms}ms"]
+    argv = [
+        *prefix,
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate_mbit}mbit",
+        "burst",
+        str(burst_bytes),
+        "latency",
+        f"{latency_ms}ms",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
 
 
-def shape(link: Namespace, rate_mbit: float, *, burst_bytes: int | None = None,
-          latency_ms: float = 50.0) -> None:
+def shape(link: Namespace, rate_mbit: float, *, burst_bytes: int | None = None, latency_ms: float = 50.0) -> None:
     """Limit the link to ``rate_mbit`` Mbit/s in each direction.
 
     tbf shapes egress only, so it goes on both ends: the root side (traffic into
@@ -318,8 +330,20 @@ def _link_to_router(ns: Namespace, k: int, index: int, router: Namespace) -> Pla
         router_name=router.name,
         router_veth=f"w{k}",
     )
-    _ip("-n", router.name, "link", "add", place.router_veth, "type", "veth",
-        "peer", "name", place.wan_veth, "netns", place.name)
+    _ip(
+        "-n",
+        router.name,
+        "link",
+        "add",
+        place.router_veth,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        place.wan_veth,
+        "netns",
+        place.name,
+    )
     _ip("-n", router.name, "addr", "add", f"{place.router_address}/24", "dev", place.router_veth)
     _ip("-n", router.name, "link", "set", place.router_veth, "up")
     _ip("-n", place.name, "addr", "add", f"{place.wan_address}/24", "dev", place.wan_veth)
@@ -328,8 +352,9 @@ def _link_to_router(ns: Namespace, k: int, index: int, router: Namespace) -> Pla
     return place
 
 
-def shape_wan(place: Place, rate_mbit: float | None, *, burst_bytes: int | None = None,
-              latency_ms: float = 50.0) -> None:
+def shape_wan(
+    place: Place, rate_mbit: float | None, *, burst_bytes: int | None = None, latency_ms: float = 50.0
+) -> None:
     """Limit ``place``'s link to the router to ``rate_mbit`` Mbit/s each way (None: no limit).
 
     As :func:`shape`: tbf on both ends, ``wan0`` in the place (traffic out of it) and
@@ -347,10 +372,14 @@ def shape_wan(place: Place, rate_mbit: float | None, *, burst_bytes: int | None 
 
 
 @contextlib.contextmanager
-def routed_namespaces(places: Sequence[str], rate_mbit: float | None = None, *,
-                      rates: Mapping[str, float | None] | None = None,
-                      burst_bytes: int | None = None,
-                      latency_ms: float = 50.0) -> Iterator[RoutedNetwork]:
+def routed_namespaces(
+    places: Sequence[str],
+    rate_mbit: float | None = None,
+    *,
+    rates: Mapping[str, float | None] | None = None,
+    burst_bytes: int | None = None,
+    latency_ms: float = 50.0,
+) -> Iterator[RoutedNetwork]:
     """One namespace per place and a router joining them (see the module's docstring).
 
     ``rate_mbit``: every place's link rate, unless ``rates`` names the place (None: unshaped).
@@ -368,8 +397,7 @@ def routed_namespaces(places: Sequence[str], rate_mbit: float | None = None, *,
         router = ns[ROUTER]
         _sysctl(router, "net/ipv4/ip_forward", "1")
         indices = _take_wan_subnets(len(places), router)
-        linked = [_link_to_router(ns[label], k, index, router)
-                  for k, (label, index) in enumerate(zip(places, indices))]
+        linked = [_link_to_router(ns[label], k, index, router) for k, (label, index) in enumerate(zip(places, indices))]
         for place in linked:
             others = [f"10.200.{p.wan_index}.0/24" for p in linked if p is not place]
             for subnet in [*others, f"10.200.{router.index}.0/24"]:

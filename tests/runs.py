@@ -56,7 +56,9 @@ def write_yaml(path: Path, document: dict) -> Path:
     return path
 
 
-def diloco(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+def diloco(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run the CLI as a user would, in its own process."""
     result = subprocess.run(
         [sys.executable, "-m", "diloco_cli", *args],
@@ -67,7 +69,9 @@ def diloco(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
         timeout=timeout,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"diloco {' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+        raise AssertionError(
+            f"diloco {' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        )
     return result
 
 
@@ -122,7 +126,13 @@ def interrupted_output(arguments: list[str], cwd: Path, timeout: float = 120) ->
     # as from a terminal: a shell starts background jobs (CI under ``&``) with SIGINT
     # ignored, which Python would inherit and keep
     restore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *arguments], cwd=cwd, stdout=subprocess.PIPE, text=True, preexec_fn=restore_sigint)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "diloco_cli", *arguments],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=restore_sigint,
+    )
     try:
         # wait for output without reading it: communicate() reads the pipe itself
         ready, _, _ = select.select([process.stdout], [], [], timeout)
@@ -164,7 +174,10 @@ def assert_bases_are_the_syncers(runs_dir, name):
 
 def heartbeats(runs_dir, name):
     record = load_run(runs_dir, name)
-    return {learner.id: record.spec.bucket(learner.region, record.secret()).read_heartbeat(learner.id) for learner in record.spec.learners}
+    return {
+        learner.id: record.spec.bucket(learner.region, record.secret()).read_heartbeat(learner.id)
+        for learner in record.spec.learners
+    }
 
 
 def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None:

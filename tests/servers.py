@@ -90,9 +90,9 @@ def _serve(command: list[str], ready_url: str) -> Iterator[None]:
                         break
                 except urllib.error.HTTPError:
                     break  # it answered, so it is serving
-                except OSError:
+                except OSError as error:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"{command} not ready after {_STARTUP_TIMEOUT_S}s")
+                        raise TimeoutError(f"{command} not ready after {_STARTUP_TIMEOUT_S}s") from error
                     time.sleep(0.02)
             yield
         finally:
@@ -142,15 +142,21 @@ def fake_gcs_server(
     command = [
         *command_prefix,
         str(_get_binary_path()),
-        "-scheme", "http",
-        "-backend", "memory",
-        "-host", host,
-        "-port", str(port),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        host,
+        "-port",
+        str(port),
         # Resumable uploads continue at the Location this returns; without it, binding to
         # 0.0.0.0 would hand out an unreachable address.
-        "-external-url", endpoint_url,
-        "-log-level", "error",
-    ]  # fmt: skip
+        "-external-url",
+        endpoint_url,
+        "-log-level",
+        "error",
+    ]
     storage_options = {"endpoint_url": endpoint_url, "token": "anon", "project": "test"}
     env = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "STORAGE_EMULATOR_HOST": endpoint_url}
     with _serve(command, f"{endpoint_url}/storage/v1/b"):

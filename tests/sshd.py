@@ -41,9 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 SSHD = "/usr/sbin/sshd"
 INSTALL_HINT = "apt-get install -y openssh-server"
@@ -109,8 +109,7 @@ def _require_tools() -> None:
         missing.append("ssh-keygen")
     if missing:
         raise SshdUnavailable(
-            f"{', '.join(missing)} not found: these tests run a real OpenSSH server; "
-            f"install it with `{INSTALL_HINT}`"
+            f"{', '.join(missing)} not found: these tests run a real OpenSSH server; install it with `{INSTALL_HINT}`"
         )
     if os.geteuid() != 0:
         raise SshdUnavailable("sshd_server needs root (sshd runs as root and logins are as root)")
@@ -232,9 +231,17 @@ def sshd_server(
             proc = subprocess.Popen(
                 [
                     *command_prefix,
-                    sys.executable, "-I", "-S", os.path.abspath(__file__),
-                    "--supervise", str(os.getpid()),
-                    SSHD, "-D", "-e", "-f", str(config_path),
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    os.path.abspath(__file__),
+                    "--supervise",
+                    str(os.getpid()),
+                    SSHD,
+                    "-D",
+                    "-e",
+                    "-f",
+                    str(config_path),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

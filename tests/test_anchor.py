@@ -21,7 +21,10 @@ def test_drift_sums_the_updates_after_each_base_loading_each_once():
     for version in (1, 2, 4, 7):  # versions of this fragment's updates (global counter)
         window.record(Version(version), constant_update(version, loads))
     assert window.versions == [2, 4, 7] and window.oldest_anchorable == 1
-    drifts = {base: drift["w"][0].item() for base, drift in window.drifts([Version(7), Version(3), Version(1), Version(5)], {"w": (2,)})}
+    drifts = {
+        base: drift["w"][0].item()
+        for base, drift in window.drifts([Version(7), Version(3), Version(1), Version(5)], {"w": (2,)})
+    }
     assert drifts == {7: 0.0, 5: 7.0, 3: 11.0, 1: 13.0}
     assert sorted(loads) == [2, 4, 7]
 

@@ -20,7 +20,9 @@ def test_data_benchmark_quick(tmp_path):
     assert document["settings"]["dataset_megabytes"] == 32 and document["settings"]["delay_ms_each_way"] == 50
     rows = document["results"]["rows"]
     assert sorted({row["source"] for row in rows}) == ["S3 (moto) +50 ms each way", "local disk"]
-    assert len(rows) == 2 * document["settings"]["repeats"] and all(row["tokens_per_second"] > 0 and row["stalled_batches"] >= 0 for row in rows)
+    assert len(rows) == 2 * document["settings"]["repeats"] and all(
+        row["tokens_per_second"] > 0 and row["stalled_batches"] >= 0 for row in rows
+    )
     for row in rows:
         if row["source"] != "local disk":  # 8 chunks of 4 MB, in a cache of 16: read once, kept for the next epoch
             assert row["link_bytes_per_range_byte"] == pytest.approx(1.0, abs=0.02)

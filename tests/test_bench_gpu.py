@@ -17,8 +17,13 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU it would run the whole benchmark")
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
     output = tmp_path / "gpu.json"
-    result = subprocess.run([sys.executable, "-m", "bench.gpu", "--output", str(output)], cwd=REPOSITORY,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--output", str(output)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "no CUDA GPU found" in result.stdout and "nothing measured" in result.stdout
     assert not output.exists()
@@ -44,8 +49,17 @@ def test_the_measurements_run_on_the_cpu(tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "tflops"),
-    [("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989), ("NVIDIA A100-SXM4-80GB", 312),
-     ("NVIDIA L4", 121), ("NVIDIA L40S", None), ("NVIDIA A10G", 125), ("NVIDIA GeForce RTX 4090", 165), ("Tesla T4", None)],
+    [
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", None),
+        ("NVIDIA A10G", 125),
+        ("NVIDIA GeForce RTX 4090", 165),
+        ("Tesla T4", None),
+    ],
 )
 def test_peak_flops_by_device_name(monkeypatch, name, tflops):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
@@ -58,7 +72,15 @@ def test_flops_per_token_counts_every_matrix_multiply_and_attention():
     case = gpu.training_cases(quick=True)[1]
     model = case.build()
     shape = gpu.TINY_LLAMA
-    d, layers, hidden, vocabulary = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"], shape["vocab_size"]
+    d, layers, hidden, vocabulary = (
+        shape["hidden_size"],
+        shape["num_hidden_layers"],
+        shape["intermediate_size"],
+        shape["vocab_size"],
+    )
     per_layer = 4 * d * d + 3 * d * hidden  # q, k, v, o; gate, up, down
     assert gpu.matmul_parameters(model) == layers * per_layer + d * vocabulary  # the head, not the embedding
-    assert gpu.flops_per_token(model, case) == 6 * (layers * per_layer + d * vocabulary) + 12 * layers * d * case.sequence_length
+    assert (
+        gpu.flops_per_token(model, case)
+        == 6 * (layers * per_layer + d * vocabulary) + 12 * layers * d * case.sequence_length
+    )

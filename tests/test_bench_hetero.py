@@ -12,7 +12,9 @@ def test_hetero_benchmark_quick(tmp_path):
     from bench import hetero
 
     output = tmp_path / "hetero.json"
-    hetero.main(["--quick", "--seconds", "4", "--output", str(output), "--settings", "K=M", "K=1 grace overwrite", "K=1 grace"])
+    hetero.main(
+        ["--quick", "--seconds", "4", "--output", str(output), "--settings", "K=M", "K=1 grace overwrite", "K=1 grace"]
+    )
     document = json.loads(output.read_text())
     rows = {row["setting"]: row for row in document["results"]["rows"]}
     assert set(rows) == {"K=M", "K=1 grace overwrite", "K=1 grace"}

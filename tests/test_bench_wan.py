@@ -36,8 +36,7 @@ print(socket.gethostbyname(sys.argv[3]), sorted(fs.ls("named")))
 def test_region_names_resolve_per_place():
     """s3-<region> is the local zero-delay proxy inside the region and the delaying proxy on the
     region's WAN address everywhere else; the hosts files go when the WAN does."""
-    with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=None, latency_ms=30,
-                      hostnames=True) as wan:
+    with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=None, latency_ms=30, hostnames=True) as wan:
         east = wan.regions["east"]
         assert east.url == "http://s3-east:9001"
         east.store("setup").create_bucket("named")
@@ -48,7 +47,9 @@ def test_region_names_resolve_per_place():
         seen = {}
         for place in ("east", "syncer"):
             before = {kind: east.counters(kind)["bytes_to_upstream"] for kind in ("local", "remote")}
-            out = wan.python(place, RESOLVE_AND_WRITE, east.url, f"from-{place}", east.hostname, timeout=120).split(" ", 1)
+            out = wan.python(place, RESOLVE_AND_WRITE, east.url, f"from-{place}", east.hostname, timeout=120).split(
+                " ", 1
+            )
             after = {kind: east.counters(kind)["bytes_to_upstream"] for kind in ("local", "remote")}
             seen[place] = (out[0], {kind: after[kind] - before[kind] for kind in after})
             assert f"named/from-{place}" in out[1]
@@ -64,8 +65,13 @@ def test_region_names_resolve_per_place():
 
 def test_wan_benchmark_quick(tmp_path):
     output = tmp_path / "wan.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.wan", "--quick", "--output", str(output)], cwd=REPOSITORY,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.wan", "--quick", "--output", str(output)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     document = json.loads(output.read_text())
     assert document["benchmark"] == "wan" and document["quick"] and document["machine"]["torch"]
@@ -92,20 +98,32 @@ def test_wan_benchmark_quick(tmp_path):
     assert wan["ring_crossings"] == 2 and wan["app_wan_bytes_per_step"] == 2 * b
     assert wan["wire_wan_bytes_per_step"] >= 0.95 * wan["app_wan_bytes_per_step"]
     assert wan["devices"]["syncer"]["tx"] < 0.01 * wan["wire_wan_bytes"]  # the syncer's place is not on the ring
-    assert dp["steps_to_target"] is not None and dp["time_to_target_seconds"] == pytest.approx(dp["steps_to_target"] * dp["wan_step_seconds"])
+    assert dp["steps_to_target"] is not None and dp["time_to_target_seconds"] == pytest.approx(
+        dp["steps_to_target"] * dp["wan_step_seconds"]
+    )
     assert dp["steps_to_target"] <= settings["inner_steps"] and "median" in dp["method"]
 
     # DiLoCo: the whole run on the WAN, by names, with the right proxies
     diloco = results["diloco"]
     assert all(code == 0 for code in diloco["exit_codes"].values()) and len(diloco["exit_codes"]) == learners + 1
-    assert {r["storage_options"]["endpoint_url"] for r in diloco["spec_regions"]} == {"http://s3-east:9001", "http://s3-west:9001"}
+    assert {r["storage_options"]["endpoint_url"] for r in diloco["spec_regions"]} == {
+        "http://s3-east:9001",
+        "http://s3-west:9001",
+    }
     assert sorted((p["place"], p["region"], p["via"]) for p in diloco["probes"]) == [
-        ("east", "east", "local"), ("syncer", "east", "remote"), ("syncer", "west", "remote"), ("west", "west", "local")]
+        ("east", "east", "local"),
+        ("syncer", "east", "remote"),
+        ("syncer", "west", "remote"),
+        ("west", "west", "local"),
+    ]
     tokens = settings["tokens"]
     assert diloco["tokens"] == tokens
     assert 0 < diloco["compute_share"] <= 1
     assert diloco["versions"] > 0 and diloco["evaluations"][-1]["loss"] == diloco["final_loss"] < 5.0
-    assert diloco["time_to_target_seconds"] is not None and 0 < diloco["time_to_target_seconds"] <= diloco["wall_seconds"] + 1
+    assert (
+        diloco["time_to_target_seconds"] is not None
+        and 0 < diloco["time_to_target_seconds"] <= diloco["wall_seconds"] + 1
+    )
     links = {(link["source"], link["bucket"]): link for link in diloco["links"]}
     assert set(links) == {("east", "east"), ("west", "west"), ("syncer", "east"), ("syncer", "west")}
     for region in ("east", "west"):
@@ -115,14 +133,17 @@ def test_wan_benchmark_quick(tmp_path):
         # the proxies carried the bodies the processes counted, plus HTTP headers
         assert remote["bytes_to_upstream"] >= syncer_link["bytes_up"] > 0
         kinds = diloco["syncer_kinds"][region]
-        read = sum(traffic["bytes_down"] for kind, traffic in kinds.items() if kind != "listing")  # listings are estimates
+        read = sum(
+            traffic["bytes_down"] for kind, traffic in kinds.items() if kind != "listing"
+        )  # listings are estimates
         assert remote["bytes_to_client"] >= read > 0
         assert local["bytes_to_upstream"] >= learners_link["bytes_up"] > 0
         # learners stay in their region: the delaying proxy saw only the syncer's requests
         assert remote["connections"] > 0 and local["connections"] > 0
     assert diloco["wan_bytes"] == sum(link["bytes_up"] + link["bytes_down"] for link in diloco["links"] if link["wan"])
     assert diloco["proxy_wan_bytes"] >= diloco["wan_bytes"] - sum(
-        kinds.get("listing", {}).get("bytes_down", 0) for kinds in diloco["syncer_kinds"].values())
+        kinds.get("listing", {}).get("bytes_down", 0) for kinds in diloco["syncer_kinds"].values()
+    )
     # every byte the syncer moved crossed its link (TCP/IP on top)
     assert diloco["wire_wan_bytes"] >= 0.9 * diloco["proxy_wan_bytes"]
 
@@ -132,9 +153,13 @@ def test_wan_benchmark_quick(tmp_path):
     target = results["target"]
     assert target["loss"] == pytest.approx(max(target["diloco_final"], target["dp_final"]) * 1.01)
     ratios = results["ratios"]
-    assert ratios["time_to_target_dp_over_diloco"] == pytest.approx(dp["time_to_target_seconds"] / diloco["time_to_target_seconds"])
+    assert ratios["time_to_target_dp_over_diloco"] == pytest.approx(
+        dp["time_to_target_seconds"] / diloco["time_to_target_seconds"]
+    )
     assert ratios["wan_bytes_per_token_dp_over_diloco"] > 1
-    assert dp["latency_not_emulated_seconds_per_step"] == pytest.approx(2 * (learners - 1) * settings["latency_ms"] / 1000)
+    assert dp["latency_not_emulated_seconds_per_step"] == pytest.approx(
+        2 * (learners - 1) * settings["latency_ms"] / 1000
+    )
 
     # the plan beside it, or a recorded reason why not
     plan = results["plan"]

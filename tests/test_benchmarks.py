@@ -28,7 +28,12 @@ def test_codec_benchmark_quick(tmp_path):
     assert rows[("int4", 1)]["error_real"] <= 0.12 and rows[("int8", 1)]["error_real"] <= 0.01
     for row in rows.values():
         assert row["encode_vs_copy"] > 0 and row["decode_vs_copy"] > 0
-    assert set(document["results"]["targets"]) == {"int4_zstd_ratio_real", "int8_zstd_ratio_real", "int4_encode_vs_copy", "int4_decode_vs_copy"}
+    assert set(document["results"]["targets"]) == {
+        "int4_zstd_ratio_real",
+        "int8_zstd_ratio_real",
+        "int4_encode_vs_copy",
+        "int4_decode_vs_copy",
+    }
 
 
 def test_merge_benchmark_quick(tmp_path):
@@ -56,7 +61,12 @@ def test_quality_benchmark_quick(tmp_path):
     quality.main(["--quick", "--output", str(output)])
     document = json.loads(output.read_text())
     summary = document["results"]["summary"]
-    assert set(summary) == {"data-parallel (batch M*b)", "DiLoCo K=M fp32", "Decoupled K=1 grace int4", "DiLoCo K=M int4 on BPE tokens"}
+    assert set(summary) == {
+        "data-parallel (batch M*b)",
+        "DiLoCo K=M fp32",
+        "Decoupled K=1 grace int4",
+        "DiLoCo K=M int4 on BPE tokens",
+    }
     tokens = summary.pop("DiLoCo K=M int4 on BPE tokens")
     for row in summary.values():
         assert row["loss_1.0"] < 4.5  # from ~5.5 nats per byte at initialisation

@@ -46,7 +46,10 @@ def test_it_installs_on_another_python_and_compiles_the_kernels_there(tmp_path):
     probe = (
         "import ctypes, sys; from diloco_cli.codec.build import kernels_path; "
         "library = ctypes.CDLL(str(kernels_path())); "
-        "print(sys.version_info[:2], kernels_path().name, all(hasattr(library, f'diloco_{op}_{c}') for op in ('quantize', 'dequantize') for c in ('int8', 'int4')))"
+        "print(sys.version_info[:2], kernels_path().name, "
+        "all(hasattr(library, f'diloco_{op}_{c}') for op in ('quantize', 'dequantize') for c in ('int8', 'int4')))"
     )
     loaded = subprocess.run([host_python, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert loaded.strip().endswith("True") and f"cpython-{Path(python).parent.parent.name.replace('.', '')[:3]}" in loaded, loaded
+    assert (
+        loaded.strip().endswith("True") and f"cpython-{Path(python).parent.parent.name.replace('.', '')[:3]}" in loaded
+    ), loaded

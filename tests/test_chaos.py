@@ -35,7 +35,9 @@ def audit(runs_dir, name, damaged):
     for commit in history:  # a payload damaged before its merge began must have been refused
         for payload in commit.merged:
             damaged_at = damaged.get(payload.key)
-            assert damaged_at is None or damaged_at > commit.time - commit.seconds - 2.0, f"damaged {payload.key} was merged"
+            assert damaged_at is None or damaged_at > commit.time - commit.seconds - 2.0, (
+                f"damaged {payload.key} was merged"
+            )
     newest: dict[tuple[str, int], int] = {}
     for key in merged:
         match = PAYLOAD_KEY.match(key.split(":", 1)[1])
@@ -55,16 +57,31 @@ def test_chaos_then_a_clean_audit(tmp_path, request):
     runs_dir, name = tmp_path / "runs", "chaos"
     changes = {
         "training": {"num_learners": 3, "inner_steps": 400 + 40 * seconds, "checkpoint_every_steps": 30},
-        "sync": {"delete_consumed_payloads": False, "leftover_seconds": 3, "snapshot_every": 4, "liveness_timeout_seconds": 15},
+        "sync": {
+            "delete_consumed_payloads": False,
+            "leftover_seconds": 3,
+            "snapshot_every": 4,
+            "liveness_timeout_seconds": 15,
+        },
     }
     recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))
     regions = write_yaml(
         tmp_path / "regions.yaml",
-        {"regions": [
-            {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": 2}]},
-            {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": 1}]},
-        ]},
-    )  # fmt: skip
+        {
+            "regions": [
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": 2}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
+            ]
+        },
+    )
     diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
@@ -83,4 +100,6 @@ def test_chaos_then_a_clean_audit(tmp_path, request):
     assert not [path for path in chaos.litter if path.exists()], "litter was not swept"
     shown = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert shown["state"] == "finished" and not shown["syncer"]["given_up"], shown["problems"]
-    assert "Traceback" not in (runs_dir / name / "logs" / "syncer.log").read_text(), "the syncer crashed (killed is fine)"
+    assert "Traceback" not in (runs_dir / name / "logs" / "syncer.log").read_text(), (
+        "the syncer crashed (killed is fine)"
+    )

@@ -57,7 +57,10 @@ def up_fails(tmp_path, *arguments):
 def test_unknown_key_names_file_key_and_what_is_allowed(tmp_path):
     path = write_yaml(tmp_path / "bad.yaml", {"trainig": {"inner_steps": 10}})
     output = up_fails(tmp_path, str(path))
-    assert f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, storage, sync, training); did you mean 'training'?" in output
+    assert (
+        f"error: {path}: unknown key 'trainig' (allowed here: data, model, name, storage, sync, training); "
+        "did you mean 'training'?" in output
+    )
 
 
 def test_nested_unknown_key_and_wrong_type_are_both_reported(tmp_path):
@@ -68,7 +71,10 @@ def test_nested_unknown_key_and_wrong_type_are_both_reported(tmp_path):
 
 
 def test_unknown_keys_inside_lists_list_what_is_allowed_and_the_close_match(tmp_path):
-    regions = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [{"learnerz": 4}]}]})
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [{"learnerz": 4}]}]},
+    )
     output = " ".join(up_fails(tmp_path, "--regions", str(regions)).split())
     assert f"{regions}: unknown key 'regions.0.hosts.0.learnerz' (allowed here: address, env," in output
     assert "did you mean 'learners'?" in output
@@ -78,7 +84,11 @@ def test_a_yaml_syntax_error_names_the_file(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("training: [inner_steps\n")
     output = up_fails(tmp_path, str(path))
-    assert f'error: {path}: not valid YAML' in output and f'in "{path}", line' in output and "<unicode string>" not in output
+    assert (
+        f"error: {path}: not valid YAML" in output
+        and f'in "{path}", line' in output
+        and "<unicode string>" not in output
+    )
 
 
 def test_missing_data_file_is_named(tmp_path):
@@ -90,10 +100,12 @@ def test_missing_data_file_is_named(tmp_path):
 def test_a_bucket_that_cannot_be_written_is_named_before_anything_starts(tmp_path):
     regions = write_yaml(
         tmp_path / "regions.yaml",
-        {"regions": [
-            {"name": "good", "bucket": f"file://{tmp_path}/good", "hosts": [{"learners": 2}]},
-            {"name": "broken", "bucket": "file:///proc/diloco-cannot-write-here", "hosts": [{"learners": 2}]},
-        ]},
+        {
+            "regions": [
+                {"name": "good", "bucket": f"file://{tmp_path}/good", "hosts": [{"learners": 2}]},
+                {"name": "broken", "bucket": "file:///proc/diloco-cannot-write-here", "hosts": [{"learners": 2}]},
+            ]
+        },
     )
     output = up_fails(tmp_path, "--regions", str(regions))
     assert f"{regions}: region 'broken' bucket: bucket file:///proc/diloco-cannot-write-here" in output
@@ -101,7 +113,10 @@ def test_a_bucket_that_cannot_be_written_is_named_before_anything_starts(tmp_pat
 
 
 def test_learner_count_mismatch_names_both_files(tmp_path):
-    regions = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "only", "bucket": f"file://{tmp_path}/b", "hosts": [{"learners": 3}]}]})
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {"regions": [{"name": "only", "bucket": f"file://{tmp_path}/b", "hosts": [{"learners": 3}]}]},
+    )
     output = up_fails(tmp_path, "--regions", str(regions))
     assert "the regions place 3 learners" in output and "the default recipe sets training.num_learners: 4" in output
 
@@ -109,7 +124,16 @@ def test_learner_count_mismatch_names_both_files(tmp_path):
 def test_credentials_may_not_be_written_into_a_region_file(tmp_path):
     regions = write_yaml(
         tmp_path / "regions.yaml",
-        {"regions": [{"name": "s3", "bucket": "s3://b", "storage_options": {"key": "AKIA...", "secret": "xyz"}, "hosts": [{"learners": 4}]}]},
+        {
+            "regions": [
+                {
+                    "name": "s3",
+                    "bucket": "s3://b",
+                    "storage_options": {"key": "AKIA...", "secret": "xyz"},
+                    "hosts": [{"learners": 4}],
+                }
+            ]
+        },
     )
     output = up_fails(tmp_path, "--regions", str(regions))
     assert "hold credentials (key, secret)" in output and "environment" in output
@@ -134,5 +158,12 @@ def test_secrets_in_host_environment_or_data_options_are_refused(tmp_path):
     assert HostConfig(name="gpu", address="10.0.0.1", env={"AWS_SHARED_CREDENTIALS_FILE": "/etc/aws"}).env
     with pytest.raises(ValueError, match=r"data.storage_options hold credentials \(secret\)"):
         Recipe.model_validate({"data": {"storage_options": {"secret": "x"}}})
-    path = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "a", "bucket": "gs://b", "storage_options": {"token": "anon"}, "hosts": [{"learners": 4}]}]})
+    path = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {"name": "a", "bucket": "gs://b", "storage_options": {"token": "anon"}, "hosts": [{"learners": 4}]}
+            ]
+        },
+    )
     assert load_model(RegionsFile, path).regions[0].storage_options == {"token": "anon"}  # a mode, not a credential

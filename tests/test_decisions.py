@@ -163,7 +163,9 @@ def test_arrivals_from_different_bases_hold_different_work_and_are_all_merged():
     # a sent from base 0, installed version 1 (which did not hold that send), sent again
     # from base 1: the second send does not contain the first, so both are merged
     state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2), versions={P0: (Version(1), Version(0))})
-    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0)
+    state, _ = step(
+        state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0
+    )
     state, _ = step(state, [ArrivalSeen(arrival("a", sequence=3, base=1))], now=0.1)  # supersedes #2 only
     state, actions = step(state, [ArrivalSeen(arrival("b", base=1))], now=0.2)
     merge = only(actions, Merge)
@@ -176,15 +178,24 @@ def test_arrivals_from_different_bases_hold_different_work_and_are_all_merged():
 
 def test_one_learner_with_two_bases_counts_once_toward_the_quorum():
     state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2), versions={P0: (Version(1), Version(0))})
-    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0)
+    state, actions = step(
+        state, [ArrivalSeen(arrival("a", sequence=1, base=0)), ArrivalSeen(arrival("a", sequence=2, base=1))], now=0.0
+    )
     assert only(actions, Wait).reason == "1 of K=2 arrived; waiting"
 
 
 def test_the_run_ends_when_every_learner_finished_or_was_gone_long_enough():
     state = initial_state(now=0.0, policy=policy(num_learners=3, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
     learners = [LearnerId(m) for m in "abc"]
-    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="finished"), HeartbeatSeen(LearnerId("b"), 1.0, state="failed"),
-                            HeartbeatSeen(LearnerId("c"), 1.0)], now=0.0)
+    state, _ = step(
+        state,
+        [
+            HeartbeatSeen(LearnerId("a"), 1.0, state="finished"),
+            HeartbeatSeen(LearnerId("b"), 1.0, state="failed"),
+            HeartbeatSeen(LearnerId("c"), 1.0),
+        ],
+        now=0.0,
+    )
     assert not run_end(state, learners, now=1.0).over
     state, _ = step(state, [HeartbeatSeen(LearnerId("c"), 1.0, state="finished")], now=50.0)
     end = run_end(state, learners, now=60.0)
@@ -234,7 +245,11 @@ def test_a_merging_fragment_waits_and_collects_the_next_round():
 
 def test_an_aborted_merge_puts_its_arrivals_back_and_merges_them_later():
     state = initial_state(now=0.0, policy=policy(quorum=2, num_learners=2))
-    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=1)), ArrivalSeen(arrival("a", sequence=2)), ArrivalSeen(arrival("b"))], now=0.0)
+    state, actions = step(
+        state,
+        [ArrivalSeen(arrival("a", sequence=1)), ArrivalSeen(arrival("a", sequence=2)), ArrivalSeen(arrival("b"))],
+        now=0.0,
+    )
     assert [a.sequence for a in only(actions, Merge).superseded] == [1]
     state, _ = step(state, [ArrivalSeen(arrival("b", sequence=2))], now=0.5)  # arrives while merging
     state, actions = step(state, [MergeAborted(P0)], now=1.0)

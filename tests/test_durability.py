@@ -37,7 +37,14 @@ def s3_regions(tmp_path, servers, proxies, learners=(1, 1)):
     for index, (server, proxy) in enumerate(zip(servers, proxies)):
         bucket = server.create_bucket(f"durable-{index}-{time.monotonic_ns()}")
         endpoint = proxy.url if proxy else server.endpoint_url
-        regions.append({"name": f"r{index}", "bucket": bucket, "storage_options": {"endpoint_url": endpoint}, "hosts": [{"name": "local", "learners": learners[index]}]})
+        regions.append(
+            {
+                "name": f"r{index}",
+                "bucket": bucket,
+                "storage_options": {"endpoint_url": endpoint},
+                "hosts": [{"name": "local", "learners": learners[index]}],
+            }
+        )
     return write_yaml(tmp_path / "regions.yaml", {"regions": regions})
 
 
@@ -49,10 +56,21 @@ def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):
     slow = FaultRules(delay_seconds=1.2, delay_methods=frozenset({"GET"}), delay_path_contains="/global/")
     # no snapshots after the first: every install goes through the updates, on the base;
     # enough steps that several polls of many 1.2 s fetches finish while the learners train
-    recipe = deep_update(TINY_RECIPE, {"training": {"inner_steps": 600, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}})
+    recipe = deep_update(
+        TINY_RECIPE, {"training": {"inner_steps": 600, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}}
+    )
     with fault_proxy(s3.endpoint_url, FaultRules()) as proxy:
         regions = s3_regions(tmp_path, [s3], [proxy], learners=(2,))
-        diloco("up", str(write_yaml(tmp_path / "tiny.yaml", recipe)), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+        diloco(
+            "up",
+            str(write_yaml(tmp_path / "tiny.yaml", recipe)),
+            "--regions",
+            str(regions),
+            "--name",
+            name,
+            "--runs-dir",
+            str(runs_dir),
+        )
         proxy.set_rules(slow)
         wait_finished(runs_dir, name, timeout=240)
         assert proxy.stats.total("delayed") > 10
@@ -72,12 +90,25 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
     learner trained is in a merged payload or was overwritten by an install (counted);
     status shows the retries and failures."""
     runs_dir, name = tmp_path / "runs", "failing-endpoint"
-    changes = {"training": {"inner_steps": 1000}, "sync": {"sync_interval": 25, "liveness_timeout_seconds": 60}, "storage": {"attempts": 3, "max_backoff_seconds": 2}}
+    changes = {
+        "training": {"inner_steps": 1000},
+        "sync": {"sync_interval": 25, "liveness_timeout_seconds": 60},
+        "storage": {"attempts": 3, "max_backoff_seconds": 2},
+    }
     recipe = deep_update(TINY_RECIPE, changes)
     flaky = FaultRules(refuse=0.15, reset=0.05, stall=0.05, stall_seconds=1.0)
     with fault_proxy(s3.endpoint_url, FaultRules(), seed=11) as proxy:
         regions = s3_regions(tmp_path, [s3, s3], [proxy, None])
-        diloco("up", str(write_yaml(tmp_path / "tiny.yaml", recipe)), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+        diloco(
+            "up",
+            str(write_yaml(tmp_path / "tiny.yaml", recipe)),
+            "--regions",
+            str(regions),
+            "--name",
+            name,
+            "--runs-dir",
+            str(runs_dir),
+        )
         proxy.set_rules(flaky)
         # the outage must come while r0-0 trains (tiny learners take ~100 steps a second):
         # as soon as it has sent, not after a merge (which the faults may hold back)
@@ -112,15 +143,27 @@ def flip_every_global_object(bucket_dir):
 def two_file_regions(tmp_path):
     return write_yaml(
         tmp_path / "regions.yaml",
-        {"regions": [
-            {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": 1}]},
-            {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": 1}]},
-        ]},
-    )  # fmt: skip
+        {
+            "regions": [
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
+            ]
+        },
+    )
 
 
 # one snapshot (version 0): once damaged, only the syncer's repair can serve a newcomer
-DAMAGE_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 160, "checkpoint_every_steps": 1000}, "sync": {"snapshot_every": 1000}})
+DAMAGE_RECIPE = deep_update(
+    TINY_RECIPE, {"training": {"inner_steps": 160, "checkpoint_every_steps": 1000}, "sync": {"snapshot_every": 1000}}
+)
 
 
 def past_step(status, learner, step):
@@ -168,7 +211,13 @@ def test_damaged_updates_and_snapshots_in_one_region_are_repaired_and_cost_nothi
     assert flip_every_global_object(tmp_path / "buckets" / "east" / "damaged") >= 3
     os.kill(east, signal.SIGKILL)  # before its first checkpoint: it needs a snapshot
     damaged_at = settled.version
-    wait_for(runs_dir, "damaged", lambda s: s.learners[0].state == "training" and s.learners[0].restarts == 1, 120, "east-0 back")
+    wait_for(
+        runs_dir,
+        "damaged",
+        lambda s: s.learners[0].state == "training" and s.learners[0].restarts == 1,
+        120,
+        "east-0 back",
+    )
     os.kill(west, signal.SIGCONT)
     wait_finished(runs_dir, "damaged", timeout=240)
     final = heartbeats(runs_dir, "damaged")["east-0"]
@@ -190,12 +239,18 @@ def kill_group(runs_dir, name, process):
 
 def test_resume_restarts_a_syncer_that_is_down_and_status_says_so(tmp_path):
     runs_dir, name = tmp_path / "runs", "resumed"
-    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 120}, "sync": {"delete_consumed_payloads": False}}))
+    recipe = write_yaml(
+        tmp_path / "tiny.yaml",
+        deep_update(TINY_RECIPE, {"training": {"inner_steps": 120}, "sync": {"delete_consumed_payloads": False}}),
+    )
     diloco("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     kill_group(runs_dir, name, "syncer")  # the supervisor and the syncer: nothing restarts it
     refused = diloco("rm", name, "--runs-dir", str(runs_dir), check=False)  # its learners still run
-    assert refused.returncode == 2 and f"run {name} is running here; stop it first with `diloco down {name}`" in refused.stderr
+    assert (
+        refused.returncode == 2
+        and f"run {name} is running here; stop it first with `diloco down {name}`" in refused.stderr
+    )
     status = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert f"syncer is down (its supervisor is gone); `diloco resume {name}` restarts it" in status["problems"]
     text = diloco("status", name, "--runs-dir", str(runs_dir)).stdout
@@ -226,6 +281,8 @@ def test_a_learner_gone_for_good_does_not_stall_the_run_and_resume_brings_it_bac
     assert f"east-0 is down (its supervisor is gone); `diloco resume {name}` restarts it" in status["problems"]
     assert any(problem.startswith("the run went on without east-0 (silent for") for problem in status["problems"])
     diloco("resume", name, "--runs-dir", str(runs_dir))  # east-0 from its checkpoint, and the syncer
-    status = wait_for(runs_dir, name, lambda s: s.state == "finished" and not s.syncer.given_up, 240, "finishing with east-0")
+    status = wait_for(
+        runs_dir, name, lambda s: s.state == "finished" and not s.syncer.given_up, 240, "finishing with east-0"
+    )
     assert {row.learner: row.state for row in status.learners} == {"east-0": "finished", "west-0": "finished"}
     assert_bases_are_the_syncers(runs_dir, name)

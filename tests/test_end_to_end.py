@@ -42,8 +42,16 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
         tmp_path / "regions.yaml",
         {
             "regions": [
-                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": 1, "processes_per_learner": 2}]},
-                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": 1}]},
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": 1, "processes_per_learner": 2}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
             ]
         },
     )
@@ -51,7 +59,10 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
     assert "started run e2e-file" in started.stdout and "diloco down e2e-file" in started.stdout
     wait_finished(runs_dir, "e2e-file")
     status = finished_status(runs_dir, "e2e-file")
-    assert {learner["learner"]: learner["region"] for learner in status["learners"]} == {"east-0": "east", "west-0": "west"}
+    assert {learner["learner"]: learner["region"] for learner in status["learners"]} == {
+        "east-0": "east",
+        "west-0": "west",
+    }
     assert all(region["learners_up"] > 0 and region["syncer_up"] > 0 for region in status["regions"])
     # the two-process learner trained with torch.distributed: both ranks logged, rank 0 sent
     log = (runs_dir / "e2e-file" / "logs" / "east-0.log").read_text()
@@ -62,7 +73,10 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
         diloco("export", "e2e-file", "-o", str(output), "--region", region, "--runs-dir", str(runs_dir))
         model = byte_gpt(num_layers=2, width=64, num_heads=2, context=64)
         model.load_state_dict(load_file(str(output)))
-    east, west = load_file(str(tmp_path / "model-east.safetensors")), load_file(str(tmp_path / "model-west.safetensors"))
+    east, west = (
+        load_file(str(tmp_path / "model-east.safetensors")),
+        load_file(str(tmp_path / "model-west.safetensors")),
+    )
     assert all(torch.equal(east[name], west[name]) for name in east)  # every region holds the same weights, bit for bit
     sample = diloco("sample", "e2e-file", "--prompt", "ROMEO:", "-n", "40", "--runs-dir", str(runs_dir))
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) > 40
@@ -92,13 +106,23 @@ def test_a_sharded_learner_with_gradient_accumulation_keeps_the_ledger_exact(tmp
     final bases are the syncer's weights bit for bit (sends gather the shards, installs
     scatter them back)."""
     runs_dir = tmp_path / "runs"
-    recipe = write_yaml(tmp_path / "fsdp.yaml", deep_update(TINY_RECIPE, {"training": {"parallelism": "fsdp", "micro_batch_size": 2}}))
+    recipe = write_yaml(
+        tmp_path / "fsdp.yaml", deep_update(TINY_RECIPE, {"training": {"parallelism": "fsdp", "micro_batch_size": 2}})
+    )
     regions = write_yaml(
         tmp_path / "regions.yaml",
         {
             "regions": [
-                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": 1, "processes_per_learner": 2}]},
-                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": 1}]},
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": 1, "processes_per_learner": 2}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
             ]
         },
     )
@@ -126,7 +150,14 @@ def test_run_over_real_object_stores(tmp_path, monkeypatch):
             server = servers[kind]
             bucket = server.create_bucket(f"diloco-region-{index}")
             options = {key: value for key, value in server.storage_options.items() if key not in ("key", "secret")}
-            regions.append({"name": f"r{index}", "bucket": bucket, "storage_options": options, "hosts": [{"name": "local", "learners": 1}]})
+            regions.append(
+                {
+                    "name": f"r{index}",
+                    "bucket": bucket,
+                    "storage_options": options,
+                    "hosts": [{"name": "local", "learners": 1}],
+                }
+            )
         regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
         recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 30}}))
         name = "e2e-" + "-".join(backends)

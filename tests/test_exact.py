@@ -23,7 +23,9 @@ def test_learners_applying_updates_in_order_are_bit_identical_to_the_syncer(secr
     for version in range(1, 9):
         accumulator = MergeAccumulator(shapes)
         for _ in range(3):
-            accumulator.add({n: torch.randn(s, generator=generator) * 1e-2 for n, s in shapes.items()}, token_weight(500, 5))
+            accumulator.add(
+                {n: torch.randn(s, generator=generator) * 1e-2 for n, s in shapes.items()}, token_weight(500, 5)
+            )
         new = optimizer.step(FragmentIndex(0), syncer, accumulator.result())
         update = {name: new[name] - syncer[name] for name in shapes}
         payload = publisher.encode_update(FragmentIndex(0), update, {"version": version})

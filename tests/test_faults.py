@@ -29,8 +29,16 @@ def two_regions(tmp_path, east=1, west=1):
         tmp_path / "regions.yaml",
         {
             "regions": [
-                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [{"name": "local", "learners": east}]},
-                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local", "learners": west}]},
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": east}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": west}],
+                },
             ]
         },
     )
@@ -38,7 +46,9 @@ def two_regions(tmp_path, east=1, west=1):
 
 def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
     recipe = Recipe.model_validate(TINY_RECIPE)
-    regions = RegionsFile.model_validate({"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]})
+    regions = RegionsFile.model_validate(
+        {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
+    )
     spec = plan_run(recipe, regions, "unmarked", tmp_path)
     syncer = Syncer(spec, secret)
     syncer._setup()
@@ -99,14 +109,21 @@ def test_syncer_killed_at_random_points_loses_nothing_and_merges_nothing_twice(t
     runs_dir = tmp_path / "runs"
     recipe = write_yaml(
         tmp_path / "tiny.yaml",
-        deep_update(TINY_RECIPE, {"training": {"num_learners": 3, "inner_steps": 400}, "sync": {"delete_consumed_payloads": False}}),
+        deep_update(
+            TINY_RECIPE,
+            {"training": {"num_learners": 3, "inner_steps": 400}, "sync": {"delete_consumed_payloads": False}},
+        ),
     )
     name = f"kill-syncer-{seed}"
-    diloco("up", str(recipe), "--regions", str(two_regions(tmp_path, east=2)), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(
+        "up", str(recipe), "--regions", str(two_regions(tmp_path, east=2)), "--name", name, "--runs-dir", str(runs_dir)
+    )
     kills, last_version = 0, 0
     while kills < 3:
         # a random point: just after some new version, somewhere in a poll, merge or commit
-        status = wait_for(runs_dir, name, lambda s, v=last_version: s.version > v or s.state == "finished", 180, "a new version")
+        status = wait_for(
+            runs_dir, name, lambda s, v=last_version: s.version > v or s.state == "finished", 180, "a new version"
+        )
         if status.state == "finished":
             break
         last_version = status.version + rng.randint(0, 2)
@@ -147,8 +164,16 @@ def test_a_learner_killed_comes_back_from_its_checkpoint(tmp_path):
     # the built-in model (slower than the tiny one), so the kill lands between checkpoints
     recipe = write_yaml(
         tmp_path / "recipe.yaml",
-        {"training": {"num_learners": 2, "inner_steps": 40, "checkpoint_every_steps": 10, "heartbeat_seconds": 0.5, "poll_seconds": 0.3},
-         "sync": {"sync_interval": 10, "evaluation_batches": 2}},
+        {
+            "training": {
+                "num_learners": 2,
+                "inner_steps": 40,
+                "checkpoint_every_steps": 10,
+                "heartbeat_seconds": 0.5,
+                "poll_seconds": 0.3,
+            },
+            "sync": {"sync_interval": 10, "evaluation_batches": 2},
+        },
     )
     name = "kill-learner"
     diloco("up", str(recipe), "--regions", str(two_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))

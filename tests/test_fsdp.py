@@ -23,7 +23,16 @@ from diloco_cli.runtime.distributed import (
     load_full_optimizer_state,
     transformer_blocks,
 )
-from tests.fsdp_worker import MICRO_BATCH, STEPS, batches, build_model, installed_values, make_optimizer, record_name, train
+from tests.fsdp_worker import (
+    MICRO_BATCH,
+    STEPS,
+    batches,
+    build_model,
+    installed_values,
+    make_optimizer,
+    record_name,
+    train,
+)
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 WORLD_SIZE = 2
@@ -50,16 +59,40 @@ def launch_ranks(out: Path, parallelisms: list[str], compile: bool) -> dict[str,
     port = str(free_port())
     processes = []
     for rank in range(WORLD_SIZE):
-        environment = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.fsdp_worker", "--out", str(out), *(["--compile"] if compile else []), *parallelisms],
-            cwd=REPOSITORY, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))
+        environment = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD_SIZE),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.fsdp_worker",
+                    "--out",
+                    str(out),
+                    *(["--compile"] if compile else []),
+                    *parallelisms,
+                ],
+                cwd=REPOSITORY,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [process.communicate(timeout=240)[0] for process in processes]
     for rank, (process, output) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, f"rank {rank} failed:\n{output}"
-    return {p: [torch.load(out / record_name(p, compile, r), weights_only=True) for r in range(WORLD_SIZE)] for p in parallelisms}
+    return {
+        p: [torch.load(out / record_name(p, compile, r), weights_only=True) for r in range(WORLD_SIZE)]
+        for p in parallelisms
+    }
 
 
 def max_difference(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> float:
@@ -77,7 +110,8 @@ def relative_delta_error(theta: dict[str, torch.Tensor], reference_theta: dict[s
 
 def bitwise_equal(left: dict, right: dict) -> bool:
     return left.keys() == right.keys() and all(
-        bitwise_equal(left[key], right[key]) if isinstance(left[key], dict) else torch.equal(left[key], right[key]) for key in left
+        bitwise_equal(left[key], right[key]) if isinstance(left[key], dict) else torch.equal(left[key], right[key])
+        for key in left
     )
 
 
@@ -110,8 +144,10 @@ def test_two_processes_train_like_one(parallelism, ranks, reference):
     # hence the same delta base - theta for the learner to send
     difference = max_difference(storage_rank["trained"], reference["trained"])
     relative = relative_delta_error(storage_rank["trained"], reference["trained"])
-    print(f"{parallelism}: after {STEPS} steps max |theta_2 processes - theta_1 process| = {difference:.3g}, "
-          f"relative error of the delta {relative:.3g}")
+    print(
+        f"{parallelism}: after {STEPS} steps max |theta_2 processes - theta_1 process| = {difference:.3g}, "
+        f"relative error of the delta {relative:.3g}"
+    )
     assert difference < TOLERANCE and relative < RELATIVE_TOLERANCE
     for name, entry in reference["state"].items():
         assert float(storage_rank["state"][name]["step"]) == float(entry["step"]) == STEPS
@@ -160,7 +196,9 @@ def test_one_process_gathers_copies_and_installs_exactly():
     load_full_optimizer_state(model, fresh, state, ONE_PROCESS)
     assert bitwise_equal(full_optimizer_state(model, fresh, ONE_PROCESS), state)
     # the loaded buffers are the optimizer's own, not the caller's
-    assert all(fresh.state[p]["exp_avg"].data_ptr() != state[n]["exp_avg"].data_ptr() for n, p in model.named_parameters())
+    assert all(
+        fresh.state[p]["exp_avg"].data_ptr() != state[n]["exp_avg"].data_ptr() for n, p in model.named_parameters()
+    )
     load_full_optimizer_state(model, fresh, {}, ONE_PROCESS)
     assert not fresh.state
 
@@ -170,8 +208,15 @@ def test_blocks_are_found_in_the_built_in_gpt_and_a_hugging_face_llama():
     assert transformer_blocks(model) == list(model.blocks)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=4, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32,
+    )
     llama = LlamaForCausalLM(config)
     assert transformer_blocks(llama) == list(llama.model.layers)
 

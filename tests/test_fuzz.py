@@ -25,7 +25,9 @@ TARGET = {target.name: target for target in TARGETS}
 FRAME_READERS = ("frame.decode_payload", "frame.read_header", "frame.declared_values")
 SEEDS = {target.name: target.seeds() for target in TARGETS}
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def assert_typed(name: str, data: bytes) -> None:
@@ -38,7 +40,14 @@ def assert_typed(name: str, data: bytes) -> None:
 
 def fp32_header(raw_body_bytes: int, shape: list[int], zstd_level: int = 0) -> bytes:
     codec = {"codec": "fp32", "block_size": 64, "zstd_level": zstd_level}
-    return json.dumps({"codec": codec, "raw_body_bytes": raw_body_bytes, "tensors": [{"name": "w", "shape": shape, "dtype": "float32"}], "meta": {}}).encode()
+    return json.dumps(
+        {
+            "codec": codec,
+            "raw_body_bytes": raw_body_bytes,
+            "tensors": [{"name": "w", "shape": shape, "dtype": "float32"}],
+            "meta": {},
+        }
+    ).encode()
 
 
 def lying_zstd(content_size: int) -> bytes:
@@ -89,9 +98,20 @@ JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=F
 SHAPES = st.lists(st.integers(-3, 1 << 40) | st.sampled_from([0, 1, 2, 4, 8]), max_size=3)
 HEADERS = st.fixed_dictionaries(
     {
-        "codec": st.fixed_dictionaries({"codec": st.sampled_from(["fp32", "bf16", "int8", "int4", "int2"]), "block_size": st.sampled_from([2, 8, 64, 257, 0, -2]), "zstd_level": st.sampled_from([0, 1, 23])}),
+        "codec": st.fixed_dictionaries(
+            {
+                "codec": st.sampled_from(["fp32", "bf16", "int8", "int4", "int2"]),
+                "block_size": st.sampled_from([2, 8, 64, 257, 0, -2]),
+                "zstd_level": st.sampled_from([0, 1, 23]),
+            }
+        ),
         "raw_body_bytes": st.integers(-8, 1 << 40) | st.sampled_from([0, 8, 16, 32]),
-        "tensors": st.lists(st.fixed_dictionaries({"name": st.sampled_from(["w", "b", ""]), "shape": SHAPES, "dtype": st.text(max_size=8)}), max_size=3),
+        "tensors": st.lists(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["w", "b", ""]), "shape": SHAPES, "dtype": st.text(max_size=8)}
+            ),
+            max_size=3,
+        ),
         "meta": st.dictionaries(st.text(max_size=8), JSON_SCALARS, max_size=3),
     }
 )
@@ -133,11 +153,19 @@ def test_mutated_headers_under_a_valid_tag_are_refused_as_payload_errors(seed, r
 @example(0, None)
 def test_mutated_documents_are_refused_as_damaged_or_forged(seed, rng):
     target = TARGET["documents.unseal"]
-    assert_typed(target.name, SEEDS[target.name][seed] if rng is None else mutate(rng, target, [SEEDS[target.name][seed]]))
+    assert_typed(
+        target.name, SEEDS[target.name][seed] if rng is None else mutate(rng, target, [SEEDS[target.name][seed]])
+    )
 
 
 @FUZZ
-@given(st.binary(max_size=200) | st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)).map(lambda value: json.dumps({"document": value, "tag": "0" * 64}).encode()))
+@given(
+    st.binary(max_size=200)
+    | st.recursive(
+        JSON_SCALARS,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    ).map(lambda value: json.dumps({"document": value, "tag": "0" * 64}).encode())
+)
 @example(b'{"document": ' + b"[" * 100_000)  # was: RecursionError
 @example('{"document": {}, "tag": "\u00e9"}'.encode())  # was: TypeError from hmac.compare_digest
 @example(b'{"document": {}, "tag": "\\ud800"}')
@@ -145,7 +173,20 @@ def test_any_stored_bytes_are_refused_as_damaged_or_forged(data):
     assert_typed("documents.unseal", data)
 
 
-DOCUMENT_BODIES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["version", "learner", "state", "recent", "counts", "fragment_versions", "0", "epoch", "x"]), inner, max_size=5), max_leaves=20)
+DOCUMENT_BODIES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["version", "learner", "state", "recent", "counts", "fragment_versions", "0", "epoch", "x"]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @FUZZ

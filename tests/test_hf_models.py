@@ -7,8 +7,8 @@ import json
 import socket
 from pathlib import Path
 
-import pytest
 import numpy as np
+import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
@@ -65,7 +65,9 @@ def tiny_tokenizer(vocab_size: int = 300) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     corpus = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens"] * 20
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(corpus, trainer)
     return tokenizer
 
@@ -83,7 +85,12 @@ def token_dataset(directory: Path, tokenizer: Tokenizer | None) -> Path:
     if tokenizer is not None:
         tokenizer_file = directory.parent / f"{directory.name}-tokenizer.json"
         tokenizer_file.write_text(tokenizer.to_str())
-    index_existing(Location(str(directory)), dtype="uint16", vocab_size=1000, tokenizer=str(tokenizer_file) if tokenizer_file else None)
+    index_existing(
+        Location(str(directory)),
+        dtype="uint16",
+        vocab_size=1000,
+        tokenizer=str(tokenizer_file) if tokenizer_file else None,
+    )
     return directory / "index.json"
 
 
@@ -98,7 +105,9 @@ def test_tiny_llama_builds_offline_and_identically_from_the_same_seed(offline):
     first_state, second_state = first.state_dict(), second.state_dict()
     assert list(first_state) == list(second_state)
     assert all(torch.equal(first_state[name], second_state[name]) for name in first_state)
-    assert not torch.equal(first_state["model.layers.0.mlp.up_proj.weight"], other_seed.state_dict()["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        first_state["model.layers.0.mlp.up_proj.weight"], other_seed.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    )
 
 
 def test_forward_returns_logits_over_the_vocabulary(offline):
@@ -130,7 +139,9 @@ def test_the_config_may_be_inline_or_a_file_with_overrides(tmp_path, offline):
     path.write_text(json.dumps(settings))
     torch.manual_seed(0)
     from_file = causal_lm(str(path))
-    assert all(torch.equal(a, b) for a, b in zip(from_file.state_dict().values(), built(0).state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(from_file.state_dict().values(), built(0).state_dict().values(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
@@ -180,14 +191,21 @@ def test_hugging_face_export_loads_back_with_transformers(tmp_path, offline):
 
 def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, offline, monkeypatch):
     index = token_dataset(tmp_path / "dataset", tiny_tokenizer())
-    recipe = Recipe.model_validate({"model": {"factory": "diloco_cli.models.hf:causal_lm", "kwargs": {"config": TINY}}, "data": {"source": str(index)}})
+    recipe = Recipe.model_validate(
+        {
+            "model": {"factory": "diloco_cli.models.hf:causal_lm", "kwargs": {"config": TINY}},
+            "data": {"source": str(index)},
+        }
+    )
     spec = plan_run(recipe, RegionsFile(), "hf-run", tmp_path / "runs")
     global_weights = {name: parameter.detach().clone() for name, parameter in perturbed(built(0)).named_parameters()}
     head = Head(version=3, fragment_versions={}, snapshot_version=0, recent=(), recent_from=0)
     monkeypatch.setattr(export, "latest_weights", lambda bucket, secret, fragments: (global_weights, head))
 
     assert export.export_hugging_face(spec, RunSecret.generate(), tmp_path / "hf").version == 3
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "hf").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in (tmp_path / "hf").iterdir()
+    }
     from transformers import AutoModelForCausalLM
 
     loaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
@@ -196,7 +214,9 @@ def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, o
 
 def test_export_hf_is_refused_for_the_byte_gpt_before_reading_any_weights(tmp_path):
     runs_dir, _ = made_run(tmp_path)  # a run on disk that never published global weights
-    result = CliRunner().invoke(app, ["export", "made", "--format", "hf", "-o", str(tmp_path / "hf"), "--runs-dir", str(runs_dir)])
+    result = CliRunner().invoke(
+        app, ["export", "made", "--format", "hf", "-o", str(tmp_path / "hf"), "--runs-dir", str(runs_dir)]
+    )
     assert result.exit_code == 2
     assert "error: --format hf needs a Hugging Face transformers model" in result.output
     assert "diloco_cli.models.gpt:byte_gpt: export it with --format safetensors" in result.output
@@ -220,7 +240,9 @@ def test_the_tokenizer_comes_from_the_token_dataset_index(tmp_path):
 
 def test_sample_continues_a_prompt_in_tokens_or_bytes(offline):
     tokenizer = tiny_tokenizer()
-    text = sample_text(perturbed(built(0, vocab_size=tokenizer.get_vocab_size())), "hello world", 8, 0.8, 40, 0, 256, tokenizer)
+    text = sample_text(
+        perturbed(built(0, vocab_size=tokenizer.get_vocab_size())), "hello world", 8, 0.8, 40, 0, 256, tokenizer
+    )
     assert text.startswith("hello world") and len(text) > len("hello world")
     torch.manual_seed(0)
     assert sample_text(byte_gpt().eval(), "ROMEO:", 8, 0.8, 40, 0, 128).startswith("ROMEO:")

@@ -44,10 +44,21 @@ class HostileHarness(Harness):
     def __init__(self, tmp_path, secret, bucket=None, storage_options=None):
         changes = {
             "training": {"num_learners": 2, "checkpoint_every_steps": 1000},
-            "sync": {"quorum": 1, "snapshot_every": 3, "window_versions": 8, "evaluate_every": 2, "leftover_seconds": 60},
+            "sync": {
+                "quorum": 1,
+                "snapshot_every": 3,
+                "window_versions": 8,
+                "evaluate_every": 2,
+                "leftover_seconds": 60,
+            },
         }
         recipe = Recipe.model_validate(deep_update(TINY_RECIPE, changes))
-        region = {"name": "east", "bucket": bucket or f"file://{tmp_path}/east", "storage_options": storage_options or {}, "hosts": [{"learners": 2}]}
+        region = {
+            "name": "east",
+            "bucket": bucket or f"file://{tmp_path}/east",
+            "storage_options": storage_options or {},
+            "hosts": [{"learners": 2}],
+        }
         self.spec = plan_run(recipe, RegionsFile.model_validate({"regions": [region]}), "hostile", tmp_path)
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
@@ -77,7 +88,15 @@ def marker(secret: RunSecret, meta: dict) -> bytes:
 def marker_meta(key: str, **extra) -> dict:
     _, learner, name = key.split("/")
     fragment, sequence = name.removesuffix(".dlc").split("-")
-    return {"learner": learner, "fragment": int(fragment), "sequence": int(sequence), "base_version": 0, "c_steps": 10, "c_tokens": 1000, **extra}
+    return {
+        "learner": learner,
+        "fragment": int(fragment),
+        "sequence": int(sequence),
+        "base_version": 0,
+        "c_steps": 10,
+        "c_tokens": 1000,
+        **extra,
+    }
 
 
 def plant(bucket, key: str, payload: bytes, marker_bytes: bytes) -> None:
@@ -89,7 +108,14 @@ def plant(bucket, key: str, payload: bytes, marker_bytes: bytes) -> None:
 def with_declared_sizes(data: bytes, header_bytes: int | None = None, body_bytes: int | None = None) -> bytes:
     """``data`` with its prefix's declared header and body lengths replaced (tag unchanged)."""
     magic, version, flags, fingerprint, header, body = PREFIX.unpack_from(data)
-    prefix = PREFIX.pack(magic, version, flags, fingerprint, header if header_bytes is None else header_bytes, body if body_bytes is None else body_bytes)
+    prefix = PREFIX.pack(
+        magic,
+        version,
+        flags,
+        fingerprint,
+        header if header_bytes is None else header_bytes,
+        body if body_bytes is None else body_bytes,
+    )
     return prefix + data[PREFIX.size :]
 
 
@@ -147,11 +173,21 @@ def test_frames_tagged_with_another_key_or_by_another_run_are_refused_as_markers
     # another key, but this run's fingerprint copied from a real frame: the tag fails
     forged_key = payload_key("east-0", FragmentIndex(0), 1_000_900)
     forged = lambda data: data[:8] + real[8:16] + data[16:]  # noqa: E731
-    plant(harness.bucket, forged_key, forged(frame(FOREIGN, marker_meta(forged_key))), forged(marker(FOREIGN, marker_meta(forged_key))))
+    plant(
+        harness.bucket,
+        forged_key,
+        forged(frame(FOREIGN, marker_meta(forged_key))),
+        forged(marker(FOREIGN, marker_meta(forged_key))),
+    )
     # another run's payload and marker, authentic there
     other_run = RunSecret.generate()
     foreign_key = payload_key("east-1", FragmentIndex(1), 1_000_900)
-    plant(harness.bucket, foreign_key, frame(other_run, marker_meta(foreign_key)), marker(other_run, marker_meta(foreign_key)))
+    plant(
+        harness.bucket,
+        foreign_key,
+        frame(other_run, marker_meta(foreign_key)),
+        marker(other_run, marker_meta(foreign_key)),
+    )
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
     refusals = harness.syncer.refusals["east"]
@@ -170,12 +206,20 @@ def swap_older_body(harness, key, old):
 
 
 BODIES = {
-    "another run's payload": lambda harness, key, old: harness.bucket.store.put(key, frame(RunSecret.generate(), marker_meta(key))),
+    "another run's payload": lambda harness, key, old: harness.bucket.store.put(
+        key, frame(RunSecret.generate(), marker_meta(key))
+    ),
     "an older payload of the same learner": swap_older_body,
-    "a truncated payload": lambda harness, key, old: harness.bucket.store.put(key, harness.bucket.store.get(key)[:-100]),
+    "a truncated payload": lambda harness, key, old: harness.bucket.store.put(
+        key, harness.bucket.store.get(key)[:-100]
+    ),
     "no payload at all": lambda harness, key, old: harness.bucket.store.delete(key),
-    "a huge declared header": lambda harness, key, old: harness.bucket.store.put(key, with_declared_sizes(harness.bucket.store.get(key), header_bytes=0xFFFF_FFFF)),
-    "a huge declared body": lambda harness, key, old: harness.bucket.store.put(key, with_declared_sizes(harness.bucket.store.get(key), body_bytes=1 << 63)),
+    "a huge declared header": lambda harness, key, old: harness.bucket.store.put(
+        key, with_declared_sizes(harness.bucket.store.get(key), header_bytes=0xFFFF_FFFF)
+    ),
+    "a huge declared body": lambda harness, key, old: harness.bucket.store.put(
+        key, with_declared_sizes(harness.bucket.store.get(key), body_bytes=1 << 63)
+    ),
 }
 
 
@@ -187,11 +231,16 @@ def test_a_body_that_is_not_what_its_authentic_marker_describes_is_refused_and_m
     writer = harness.learners[0]
     first = fresh_sends(harness, writer)
     fragment = FragmentIndex(0)
-    old, old_base = harness.bucket.store.get(first[fragment]), harness.bucket.marker_meta(first[fragment])["base_version"]
+    old, old_base = (
+        harness.bucket.store.get(first[fragment]),
+        harness.bucket.marker_meta(first[fragment])["base_version"],
+    )
     harness.merge()
     before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
     second = fresh_sends(harness, writer)
-    assert harness.bucket.marker_meta(second[fragment])["base_version"] == old_base  # so the old body's metadata matches
+    assert (
+        harness.bucket.marker_meta(second[fragment])["base_version"] == old_base
+    )  # so the old body's metadata matches
     BODIES[body](harness, second[fragment], old)
     other = FragmentIndex(1)
     harness.merge()
@@ -215,7 +264,10 @@ def test_a_merged_payload_copied_to_a_new_key_or_back_to_its_own_is_never_merged
     assert f"east:{key}" in merged_keys(harness.syncer) and key not in harness.bucket.payload_keys()
     before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
     # under a newer sequence and under another learner: the marker describes another payload
-    newer, elsewhere = payload_key("east-0", FragmentIndex(0), 1_000_500), payload_key("east-1", FragmentIndex(0), 1_000_500)
+    newer, elsewhere = (
+        payload_key("east-0", FragmentIndex(0), 1_000_500),
+        payload_key("east-1", FragmentIndex(0), 1_000_500),
+    )
     for copy in (newer, elsewhere):
         plant(harness.bucket, copy, payload, marker)
     # back under its own key: the ledger knows it as consumed; it is deleted unread
@@ -223,7 +275,9 @@ def test_a_merged_payload_copied_to_a_new_key_or_back_to_its_own_is_never_merged
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
     refusals = harness.syncer.refusals["east"]
-    assert refusals.counts == {"marker": 2} and all("describes another payload" in note.reason for note in refusals.recent)
+    assert refusals.counts == {"marker": 2} and all(
+        "describes another payload" in note.reason for note in refusals.recent
+    )
     assert key not in harness.bucket.payload_keys()
     assert_merges_go_on(harness, [newer, elsewhere])
     assert merged_keys(harness.syncer).count(f"east:{key}") == 1
@@ -314,7 +368,9 @@ def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
         assert removed(harness) <= 5_000 * sweep
     assert removed(harness) >= 19_000
     requests = harness.syncer.buckets["east"].store.meter.snapshot().requests - deletes_before
-    assert requests <= 6 + 25, f"{requests} requests to sweep {removed(harness)} keys"  # a listing per sweep, 1 per 1,000 keys
+    assert requests <= 6 + 25, (
+        f"{requests} requests to sweep {removed(harness)} keys"
+    )  # a listing per sweep, 1 per 1,000 keys
     assert not any(root.glob("junk-*/*")) and not any(root.glob("mallory-*/*"))
     region, text = shown(harness)
     assert region["refusals"] == {"marker": 1_000}
@@ -326,7 +382,11 @@ def test_keys_that_leave_the_payload_prefix_in_s3_are_refused_and_never_touch_wh
     url = s3.create_bucket(f"hostile-{time.monotonic_ns()}")
     harness = HostileHarness(tmp_path, secret, bucket=url + "/{run}", storage_options={"endpoint_url": s3.endpoint_url})
     try:
-        escaping = ["payloads/../000-000001000001.dlc", "payloads/..%2F/000-000001000002.dlc", "payloads/./001-000001000003.dlc"]
+        escaping = [
+            "payloads/../000-000001000001.dlc",
+            "payloads/..%2F/000-000001000002.dlc",
+            "payloads/./001-000001000003.dlc",
+        ]
         stray = ["payloads//abs/000-000001000004.dlc", "payloads/east-0/../../global/head.json"]
         decoy = "000-000001000001.dlc"  # where the first would land if ".." were resolved
         harness.bucket.store.put(decoy, b"not a diloco object")
@@ -364,7 +424,10 @@ def test_heartbeats_that_break_the_json_reader_are_refused_not_a_crash(harness):
         harness.syncer._turn()
     refusals = harness.syncer.refusals["east"]
     assert refusals.counts == {"heartbeat": 2}
-    assert "is not a sealed diloco document (RecursionError" in refusals.recent[0].reason and "tag mismatch" in refusals.latest.reason
+    assert (
+        "is not a sealed diloco document (RecursionError" in refusals.recent[0].reason
+        and "tag mismatch" in refusals.latest.reason
+    )
     region, text = shown(harness)  # status reads the last one too: refused there as well
     assert region["refusals"]["heartbeat"] == 3 and "heartbeat" in text
     assert_merges_go_on(harness, [])

@@ -84,8 +84,12 @@ def test_models_that_return_an_object_with_logits_train_like_the_plain_model():
     wrapped = ReturnsOutputObject(inner)
     inputs, targets = token_batch()
     with torch.no_grad():
-        assert float(language_model_loss(wrapped, inputs, targets)) == float(language_model_loss(plain, inputs, targets))
-    assert inner_step(wrapped, wrapped_optimizer, inputs, targets, 3e-3) == inner_step(plain, plain_optimizer, inputs, targets, 3e-3)
+        assert float(language_model_loss(wrapped, inputs, targets)) == float(
+            language_model_loss(plain, inputs, targets)
+        )
+    assert inner_step(wrapped, wrapped_optimizer, inputs, targets, 3e-3) == inner_step(
+        plain, plain_optimizer, inputs, targets, 3e-3
+    )
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), inner.parameters()))
     assert evaluate(wrapped, [token_batch(seed=2)]) == evaluate(plain, [token_batch(seed=2)])
 
@@ -105,12 +109,18 @@ def test_a_loss_of_ones_own_is_imported_and_used(monkeypatch):
     model, optimizer = model_and_optimizer()
     inputs, targets = token_batch()
     expected = float(model(inputs).detach().mean())
-    assert inner_step(model, optimizer, inputs, targets, 3e-3, loss_fn=loss, micro_batch_size=4) == pytest.approx(expected, abs=1e-6)
-    assert evaluate(model, [(inputs, targets)], loss_fn=loss) == pytest.approx(float(model(inputs).detach().mean()), abs=1e-6)
+    assert inner_step(model, optimizer, inputs, targets, 3e-3, loss_fn=loss, micro_batch_size=4) == pytest.approx(
+        expected, abs=1e-6
+    )
+    assert evaluate(model, [(inputs, targets)], loss_fn=loss) == pytest.approx(
+        float(model(inputs).detach().mean()), abs=1e-6
+    )
 
     with pytest.raises(ValueError, match=r"training.loss 'my_losses:missing' cannot be imported"):
         resolve_loss("my_losses:missing")
-    with pytest.raises(ValueError, match=r"training.loss 'no_such_module_here:loss' cannot be imported: No module named"):
+    with pytest.raises(
+        ValueError, match=r"training.loss 'no_such_module_here:loss' cannot be imported: No module named"
+    ):
         resolve_loss("no_such_module_here:loss")
     with pytest.raises(ValueError, match=r"training.loss must look like 'package.module:callable', got 'my_losses'"):
         resolve_loss("my_losses")

@@ -53,7 +53,9 @@ def test_no_module_imports_from_a_layer_above_its_own():
         own = relative.parts[0]
         for package in imported_packages(path) - {own}:
             if LAYERS[package] >= LAYERS[own]:
-                wrong.append(f"{relative} ({own}, layer {LAYERS[own]}) imports diloco_cli.{package} (layer {LAYERS[package]})")
+                wrong.append(
+                    f"{relative} ({own}, layer {LAYERS[own]}) imports diloco_cli.{package} (layer {LAYERS[package]})"
+                )
     assert not wrong, "\n".join(wrong)
 
 

@@ -67,9 +67,13 @@ def test_weighted_mean_is_linear(seed, scale, count):
     ys = [torch.randn(32, generator=generator) for _ in range(count)]
     weights = torch.rand(count, generator=generator).add(0.1).tolist()
     combined = weighted_mean([x + scale * y for x, y in zip(xs, ys)], weights)
-    torch.testing.assert_close(combined, weighted_mean(xs, weights) + scale * weighted_mean(ys, weights), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        combined, weighted_mean(xs, weights) + scale * weighted_mean(ys, weights), rtol=1e-4, atol=1e-4
+    )
     # scaling every weight by the same factor changes nothing
-    torch.testing.assert_close(weighted_mean(xs, [w * 7 for w in weights]), weighted_mean(xs, weights), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        weighted_mean(xs, [w * 7 for w in weights]), weighted_mean(xs, weights), rtol=1e-5, atol=1e-6
+    )
     # token weights grow as tokens squared over steps
     assert token_weight(2 * count, 1) == 4 * token_weight(count, 1)
 

@@ -28,9 +28,15 @@ def test_round_anchors_stale_learners_and_matches_the_formulas(secret):
     # version 1: learner a alone, from base 0
     delta_a = {"emb": torch.tensor([0.1, 0.0]), "w": torch.tensor([0.0, 0.2, 0.0])}
     first = merge_round(
-        FragmentIndex(0), Version(1),
+        FragmentIndex(0),
+        Version(1),
         [RoundInput(LearnerId("a"), Version(0), 10, 100, lambda: arrival_payload(secret, "a", 0, delta_a))],
-        parameters, window, optimizer, publisher, secret, mean_names={"emb"},
+        parameters,
+        window,
+        optimizer,
+        publisher,
+        secret,
+        mean_names={"emb"},
     )
     assert [a.learner for a in first.merged] == ["a"]
     for name in theta0:  # lr 1, no momentum: Theta1 = Theta0 - Delta_a
@@ -41,12 +47,18 @@ def test_round_anchors_stale_learners_and_matches_the_formulas(secret):
     delta_c = {"emb": torch.tensor([0.2, 0.2]), "w": torch.tensor([0.0, 0.0, -0.1])}
     weights = {"b": token_weight(300, 10), "c": token_weight(100, 10)}
     merge_round(
-        FragmentIndex(0), Version(2),
+        FragmentIndex(0),
+        Version(2),
         [
             RoundInput(LearnerId("b"), Version(0), 10, 300, lambda: arrival_payload(secret, "b", 0, delta_b)),
             RoundInput(LearnerId("c"), Version(1), 10, 100, lambda: arrival_payload(secret, "c", 1, delta_c)),
         ],
-        parameters, window, optimizer, publisher, secret, mean_names={"emb"},
+        parameters,
+        window,
+        optimizer,
+        publisher,
+        secret,
+        mean_names={"emb"},
     )
     drift_b = {k: theta1[k] - theta0[k] for k in theta0}  # Theta_now - Theta^0
     outer_b = {k: drift_b[k] + delta_b[k] for k in theta0}
@@ -67,13 +79,18 @@ def test_round_skips_a_corrupted_payload_and_reports_it(secret):
     bad[-1] ^= 0xFF
     mislabelled = arrival_payload(secret, "a", 0, {"w": torch.ones(4)})
     result = merge_round(
-        FragmentIndex(0), Version(1),
+        FragmentIndex(0),
+        Version(1),
         [
             RoundInput(LearnerId("a"), Version(0), 1, 1, lambda: good),
             RoundInput(LearnerId("b"), Version(0), 1, 1, lambda: bytes(bad)),
             RoundInput(LearnerId("c"), Version(0), 1, 1, lambda: mislabelled),
         ],
-        parameters, UpdateWindow(2), NesterovOuterOptimizer(1.0, 0.0), ExactPublisher(FP32, secret), secret,
+        parameters,
+        UpdateWindow(2),
+        NesterovOuterOptimizer(1.0, 0.0),
+        ExactPublisher(FP32, secret),
+        secret,
     )
     assert [a.learner for a in result.merged] == ["a"]
     assert [type(error) for _, error in result.rejected] == [CorruptPayload, CorruptPayload]
@@ -90,14 +107,35 @@ def test_a_learner_replaying_published_rounds_matches_the_syncer(secret):
     for version in range(1, 6):
         delta = {"w": torch.randn(300) * 0.01}
         result = merge_round(
-            FragmentIndex(0), Version(version),
-            [RoundInput(LearnerId("a"), Version(version - 1), 5, 50, lambda d=delta, v=version: arrival_payload(secret, "a", v - 1, d, spec))],
-            parameters, window, optimizer, publisher, secret,
+            FragmentIndex(0),
+            Version(version),
+            [
+                RoundInput(
+                    LearnerId("a"),
+                    Version(version - 1),
+                    5,
+                    50,
+                    lambda d=delta, v=version: arrival_payload(secret, "a", v - 1, d, spec),
+                )
+            ],
+            parameters,
+            window,
+            optimizer,
+            publisher,
+            secret,
         )
         payloads.append(result.payload)
     for payload in payloads:
         apply_update(learner, payload, secret)
     assert torch.equal(learner["w"], parameters["w"])
     with pytest.raises(BaseOutsideWindow):
-        merge_round(FragmentIndex(0), Version(6), [RoundInput(LearnerId("a"), Version(1), 1, 1, lambda: b"")],
-                    parameters, window, optimizer, publisher, secret)
+        merge_round(
+            FragmentIndex(0),
+            Version(6),
+            [RoundInput(LearnerId("a"), Version(1), 1, 1, lambda: b"")],
+            parameters,
+            window,
+            optimizer,
+            publisher,
+            secret,
+        )

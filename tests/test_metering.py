@@ -109,16 +109,27 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
     the killed learner's region, what it moved after its last heartbeat: a checkpoint
     and a payload at most)."""
     runs_dir, name = tmp_path / "runs", "metered"
-    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}}))
+    recipe = write_yaml(
+        tmp_path / "tiny.yaml",
+        deep_update(TINY_RECIPE, {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}}),
+    )
     with ExitStack() as stack:
         proxies = [stack.enter_context(counting_proxy(s3)) for _ in range(2)]
         regions = []
         for index, proxy in enumerate(proxies):
-            regions.append({"name": f"r{index}", "bucket": s3.create_bucket(f"metered-{index}"), "storage_options": {"endpoint_url": f"http://{proxy.host}:{proxy.port}"}})
+            regions.append(
+                {
+                    "name": f"r{index}",
+                    "bucket": s3.create_bucket(f"metered-{index}"),
+                    "storage_options": {"endpoint_url": f"http://{proxy.host}:{proxy.port}"},
+                }
+            )
         regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
         diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir))
         record = load_run(runs_dir, name)
-        direct = RegionBucket("r0", record.spec.region("r0").root, {"endpoint_url": s3.endpoint_url}, record.secret())  # not through the proxy
+        direct = RegionBucket(
+            "r0", record.spec.region("r0").root, {"endpoint_url": s3.endpoint_url}, record.secret()
+        )  # not through the proxy
         deadline = time.monotonic() + 120
         while (beat := direct.read_heartbeat("r0-0")) is None or beat.step < 25:
             assert time.monotonic() < deadline, "r0-0 never reached step 25"
@@ -128,7 +139,9 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
         wait_processes_gone(runs_dir, name)
         seen = [proxy_bytes(proxy) for proxy in proxies]
         final = direct.read_heartbeat("r0-0")
-        final_r1 = RegionBucket("r1", record.spec.region("r1").root, {"endpoint_url": s3.endpoint_url}, record.secret()).read_heartbeat("r1-0")
+        final_r1 = RegionBucket(
+            "r1", record.spec.region("r1").root, {"endpoint_url": s3.endpoint_url}, record.secret()
+        ).read_heartbeat("r1-0")
         assert final.restarts == 1
         for kind, traffic in beat.storage.kinds.items():  # nothing counted before the kill was lost
             assert final.storage.kinds[kind].requests >= traffic.requests, kind
@@ -148,15 +161,21 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
         assert_within_headers(f"r{index} up", sum(link["bytes_up"] for link in links), up, requests, unreported)
         assert_within_headers(f"r{index} down", sum(link["bytes_down"] for link in links), down, requests, unreported)
     kinds = {row["kind"]: row for row in report["kinds"]}
-    assert kinds["checkpoint"]["wan_bytes"] == 0 and kinds["checkpoint"]["bytes_up"] > 0  # checkpoints stay in their region
-    assert kinds["payload"]["wan_bytes"] == kinds["payload"]["bytes_down"] > 0  # the syncer reads every payload across a link
+    assert (
+        kinds["checkpoint"]["wan_bytes"] == 0 and kinds["checkpoint"]["bytes_up"] > 0
+    )  # checkpoints stay in their region
+    assert (
+        kinds["payload"]["wan_bytes"] == kinds["payload"]["bytes_down"] > 0
+    )  # the syncer reads every payload across a link
     payload = next(c for c in report["compression"] if c["kind"] == "payload")
     assert 6 < payload["ratio"] < 8.5  # int4 with a scale per block: a bit under 8x
     dp = report["data_parallel"]
     assert dp["bytes_per_worker_step"] == pytest.approx(2 * 1 / 2 * 2 * dp["parameters"])
     assert dp["ratio"] == pytest.approx(dp["total_bytes"] / report["wan_bytes"])
     # one worker in each of the two regions: both hops of the ring cross between them
-    assert dp["region_crossings"] == 2 and dp["wan_bytes"] == pytest.approx(dp["steps"] * 2 * dp["bytes_per_worker_step"])
+    assert dp["region_crossings"] == 2 and dp["wan_bytes"] == pytest.approx(
+        dp["steps"] * 2 * dp["bytes_per_worker_step"]
+    )
     assert dp["wan_ratio"] == pytest.approx(dp["wan_bytes"] / report["wan_bytes"])
 
 
@@ -176,6 +195,8 @@ def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):
     restarted._write_status(SyncerPhase.RUNNING, restarted.clock())
     after = harness.bucket.read_syncer_status().storage["east"]
     for kind, traffic in before.kinds.items():
-        assert after.kinds[kind].requests >= traffic.requests and after.kinds[kind].bytes_down >= traffic.bytes_down, kind
+        assert after.kinds[kind].requests >= traffic.requests and after.kinds[kind].bytes_down >= traffic.bytes_down, (
+            kind
+        )
     assert after.requests > before.requests  # the new start's own calls come on top
     assert after.history[: len(before.history)] == before.history

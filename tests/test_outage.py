@@ -11,17 +11,41 @@ import pytest
 from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.store.faults import StorageFaults
-from tests.runs import TINY_RECIPE, assert_bases_are_the_syncers, assert_every_token_accounted, deep_update, diloco, heartbeats, wait_finished, wait_for, write_yaml
+from tests.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    deep_update,
+    diloco,
+    heartbeats,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
 
 
 def test_chaos_specs_parse_and_mistakes_say_what_is_wrong():
-    plan = parse_chaos("seed=3,kill-learner=0.5/min,stop-learner=2/h:10s,outage=west@1m+30s:hang,outage-rate=0.1/min:20s")
-    assert plan.kill_learner_per_minute == 0.5 and plan.stop_learner_per_minute == pytest.approx(2 / 60) and plan.stop_seconds == 10
+    plan = parse_chaos(
+        "seed=3,kill-learner=0.5/min,stop-learner=2/h:10s,outage=west@1m+30s:hang,outage-rate=0.1/min:20s"
+    )
+    assert (
+        plan.kill_learner_per_minute == 0.5
+        and plan.stop_learner_per_minute == pytest.approx(2 / 60)
+        and plan.stop_seconds == 10
+    )
     assert plan.outages[0].region == "west" and plan.outages[0].start_seconds == 60 and plan.outages[0].mode == "hang"
     windows = plan.outage_windows(["east", "west"])
-    assert windows == parse_chaos("seed=3,outage=west@60s+30s:hang,outage-rate=0.1/min:20s").outage_windows(["east", "west"])  # reproducible
-    assert windows != parse_chaos("seed=4,outage=west@60s+30s:hang,outage-rate=0.1/min:20s").outage_windows(["east", "west"])
-    for bad, message in (("kill=1/min", "KEY one of"), ("kill-learner=fast", "not a rate"), ("outage=west", r"REGION@START\+DURATION")):
+    assert windows == parse_chaos("seed=3,outage=west@60s+30s:hang,outage-rate=0.1/min:20s").outage_windows(
+        ["east", "west"]
+    )  # reproducible
+    assert windows != parse_chaos("seed=4,outage=west@60s+30s:hang,outage-rate=0.1/min:20s").outage_windows(
+        ["east", "west"]
+    )
+    for bad, message in (
+        ("kill=1/min", "KEY one of"),
+        ("kill-learner=fast", "not a rate"),
+        ("outage=west", r"REGION@START\+DURATION"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_chaos(bad)
 
@@ -49,9 +73,16 @@ def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
     runs_dir, name = tmp_path / "runs", "outage"
     # K=1: east merges alone meanwhile; a window of kept updates long enough that west's
     # payloads from before the outage can still be anchored (beyond it, west would resync)
-    changes = {"training": {"inner_steps": 1500}, "sync": {"quorum": 1, "window_versions": 2000}, "storage": {"attempts": 2, "max_backoff_seconds": 1.0}}
+    changes = {
+        "training": {"inner_steps": 1500},
+        "sync": {"quorum": 1, "window_versions": 2000},
+        "storage": {"attempts": 2, "max_backoff_seconds": 1.0},
+    }
     recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, changes))
-    regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
+    regions = [
+        {"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]}
+        for n in ("east", "west")
+    ]
     regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
     diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "the first merges")
@@ -59,11 +90,19 @@ def test_a_region_down_for_a_while_costs_only_its_share_and_heals(tmp_path):
     given = diloco("chaos", name, "outage=west@3s+15s", "--runs-dir", str(runs_dir)).stdout
     assert "outages: west from 3 s for 15 s from now" in given
     # during the outage: status says so, and the syncer keeps merging east
-    during = wait_for(runs_dir, name, lambda s: "west" in s.syncer.unreachable, 60, "the syncer seeing west unreachable")
+    during = wait_for(
+        runs_dir, name, lambda s: "west" in s.syncer.unreachable, 60, "the syncer seeing west unreachable"
+    )
     assert any("region west is unreachable from the syncer" in problem for problem in during.problems)
     version_then = during.version
     time.sleep(5)
-    still = wait_for(runs_dir, name, lambda s: "west" in s.syncer.unreachable and s.version > version_then, 30, "east merging during the outage")
+    still = wait_for(
+        runs_dir,
+        name,
+        lambda s: "west" in s.syncer.unreachable and s.version > version_then,
+        30,
+        "east merging during the outage",
+    )
     assert still.version > version_then
     status = wait_finished(runs_dir, name, timeout=300)
     assert not status.syncer.unreachable and status.syncer.outages >= 1
@@ -85,14 +124,27 @@ def test_chaos_mode_kills_and_pauses_processes_and_the_run_still_finishes_exactl
     while, on a seeded schedule; every event is in `status`, the supervisors bring the
     processes back, and the ledger holds (final bases are the syncer's weights)."""
     runs_dir, name = tmp_path / "runs", "chaos"
-    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 800}, "sync": {"quorum": 1}}))
-    regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
+    recipe = write_yaml(
+        tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 800}, "sync": {"quorum": 1}})
+    )
+    regions = [
+        {"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]}
+        for n in ("east", "west")
+    ]
     regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
     # seed 2's first events: the syncer and west-0 killed at 3.8 s, both learners stopped at
     # ~10 s, the syncer killed again at 14.2 s: all while the learners train
     spec = "seed=2,kill-learner=6/min,kill-syncer=3/min,stop-learner=6/min:3s"
-    diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir), "--chaos", spec)
-    wait_for(runs_dir, name, lambda s: s.chaos is not None and "process faults injected" in s.chaos, 90, "a fault injected and shown")
+    diloco(
+        "up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir), "--chaos", spec
+    )
+    wait_for(
+        runs_dir,
+        name,
+        lambda s: s.chaos is not None and "process faults injected" in s.chaos,
+        90,
+        "a fault injected and shown",
+    )
     status = wait_finished(runs_dir, name, timeout=400)
     assert "process faults injected" in status.chaos
     assert_bases_are_the_syncers(runs_dir, name)

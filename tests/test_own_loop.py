@@ -9,10 +9,26 @@ import pytest
 
 from diloco_cli.config.loading import load_model
 from diloco_cli.config.recipe import Recipe
-from tests.runs import assert_bases_are_the_syncers, assert_every_token_accounted, diloco, heartbeats, wait_finished, write_yaml
+from tests.runs import (
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    diloco,
+    heartbeats,
+    wait_finished,
+    write_yaml,
+)
 
 ROOT = Path(__file__).parent.parent
-FAST = {"training": {"inner_steps": 60, "heartbeat_seconds": 0.5, "poll_seconds": 0.3, "checkpoint_every_steps": 25}, "sync": {"sync_interval": 10, "snapshot_every": 3, "evaluate_every": 2, "evaluation_batches": 2, "poll_seconds": 0.2}}
+FAST = {
+    "training": {"inner_steps": 60, "heartbeat_seconds": 0.5, "poll_seconds": 0.3, "checkpoint_every_steps": 25},
+    "sync": {
+        "sync_interval": 10,
+        "snapshot_every": 3,
+        "evaluate_every": 2,
+        "evaluation_batches": 2,
+        "poll_seconds": 0.2,
+    },
+}
 
 
 def overrides(changes: dict, prefix: str = "") -> list[str]:
@@ -27,13 +43,27 @@ def overrides(changes: dict, prefix: str = "") -> list[str]:
 
 
 def two_regions(tmp_path: Path) -> Path:
-    regions = [{"name": name, "bucket": f"file://{tmp_path}/buckets/{name}", "hosts": [{"name": "local", "learners": 1}]} for name in ("east", "west")]
+    regions = [
+        {"name": name, "bucket": f"file://{tmp_path}/buckets/{name}", "hosts": [{"name": "local", "learners": 1}]}
+        for name in ("east", "west")
+    ]
     return write_yaml(tmp_path / "regions.yaml", {"regions": regions})
 
 
 def run_example(tmp_path: Path, recipe: str, name: str) -> Path:
     runs_dir = tmp_path / "runs"
-    diloco("up", recipe, "--regions", str(two_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir), *overrides(FAST), cwd=ROOT)
+    diloco(
+        "up",
+        recipe,
+        "--regions",
+        str(two_regions(tmp_path)),
+        "--name",
+        name,
+        "--runs-dir",
+        str(runs_dir),
+        *overrides(FAST),
+        cwd=ROOT,
+    )
     wait_finished(runs_dir, name, timeout=300)
     return runs_dir
 

@@ -7,7 +7,13 @@ import pytest
 from typer.testing import CliRunner
 
 from diloco_cli.bandwidth import document_sizes
-from diloco_cli.bandwidth.model import RunShape, data_parallel_bytes_per_step, predict, ring_region_crossings, smallest_sync_interval
+from diloco_cli.bandwidth.model import (
+    RunShape,
+    data_parallel_bytes_per_step,
+    predict,
+    ring_region_crossings,
+    smallest_sync_interval,
+)
 from diloco_cli.bandwidth.plan import Plan
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
 from diloco_cli.cli.app import app
@@ -46,13 +52,17 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
 
     # Payload sizes are the real encoder's: int4 packs two values a byte plus a 2-byte
     # scale per block of 64, then zstd shrinks that a little; updates are int8.
-    for parameters, upload, update in zip(plan["fragment_parameters"], shape["uploads"]["bytes"], shape["updates"]["bytes"]):
+    for parameters, upload, update in zip(
+        plan["fragment_parameters"], shape["uploads"]["bytes"], shape["updates"]["bytes"]
+    ):
         int4, int8 = parameters / 2 + parameters / 32, parameters + parameters / 32
         assert 0.6 * int4 < upload < int4 + 4096
         assert 0.6 * int8 < update < int8 + 4096
 
     # The training thread: T = t + o, o = (sum encode + M/K sum install) / H + checkpoint / 100.
-    overhead = (sum(shape["uploads"]["seconds"]) + M / K * sum(shape["updates"]["seconds"])) / H + shape["checkpoint_seconds"] / 100
+    overhead = (sum(shape["uploads"]["seconds"]) + M / K * sum(shape["updates"]["seconds"])) / H + shape[
+        "checkpoint_seconds"
+    ] / 100
     period = STEP + overhead
     assert d["overhead_seconds"] == pytest.approx(overhead)
     assert d["period_seconds"] == pytest.approx(period)
@@ -70,7 +80,9 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
         assert flows["snapshot", "up"]["bytes_per_second"] == pytest.approx(snapshot_per_second)
         assert flows["status", "up"]["put_per_second"] == pytest.approx(1 / 2.0)  # every sync.status_seconds
         assert flows["heartbeat", "down"]["get_per_second"] == pytest.approx(2 / 2.0)  # each learner's, as often
-        assert link["utilization"] == pytest.approx(max(link["up_bytes_per_second"], link["down_bytes_per_second"]) / RATE)
+        assert link["utilization"] == pytest.approx(
+            max(link["up_bytes_per_second"], link["down_bytes_per_second"]) / RATE
+        )
 
     # Not saturated at 1 s a step: the compute share is t / T and tokens flow at M x 2048 / T.
     assert d["syncer_busy"] < 1 and d["network_factor"] == 1.0 and d["bottleneck"] == "none"
@@ -86,7 +98,9 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
     assert dp["allreduce_seconds"] == pytest.approx(2.2619904)
     assert dp["step_seconds"] == pytest.approx(STEP + allreduce)
     assert dp["compute_share"] == pytest.approx(STEP / (STEP + allreduce))  # 30.7%
-    assert plan["data_parallel_time_to_budget_seconds"] == pytest.approx(BUDGET / (M * TOKENS_PER_STEP) * (STEP + allreduce))
+    assert plan["data_parallel_time_to_budget_seconds"] == pytest.approx(
+        BUDGET / (M * TOKENS_PER_STEP) * (STEP + allreduce)
+    )
     # The ring visits local-a's two workers, then local-b's: 2 of its 4 hops cross
     # between the regions, each carrying one worker's share (half of 1234 B per token).
     assert dp["region_crossings"] == 2
@@ -100,7 +114,10 @@ def test_text_shows_the_same_numbers_as_json(planned):
     text = render_plan(Plan.model_validate(plan))  # the same plan (a second one would time its encodes anew)
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
-    assert f"useful share     {100 * d['compute_share']:.1f}%" in text and f"computing        {100 * d['cpu_share']:.1f}%" in text
+    assert (
+        f"useful share     {100 * d['compute_share']:.1f}%" in text
+        and f"computing        {100 * d['cpu_share']:.1f}%" in text
+    )
     assert f"{d['links'][0]['up_bytes_per_second'] / 1e6:.3f}" in text
     assert "2(W-1)/W x 2 B x N" in text and "2.5 MB per worker" in text
     assert f"{dp['allreduce_seconds']:.3f} s all-reduce" in text
@@ -128,7 +145,9 @@ def test_the_suggested_interval_reaches_the_target_and_half_of_it_does_not(plann
     assert at(ours["sync_interval"]) >= 0.9 > at(ours["sync_interval"] - 1)
     assert min(o["sync_interval"] for o in s["options"]) == s["sync_interval"]
     # on a link too slow for even the status documents, no H reaches it
-    slow = shape.model_copy(update={"links": tuple(link.model_copy(update={"rate_mbit": 0.01}) for link in shape.links)})
+    slow = shape.model_copy(
+        update={"links": tuple(link.model_copy(update={"rate_mbit": 0.01}) for link in shape.links)}
+    )
     assert smallest_sync_interval(slow, 0.9, shape.inner_steps) is None
 
 
@@ -151,9 +170,19 @@ def test_a_saturated_run_keeps_only_what_the_network_carries():
     cost = CodecCost(codec="int4", bytes=(1_000_000,), seconds=(0.0,))
     shape = RunShape(
         links=(Link(region="a", learners=1, rate_mbit=8.0, latency_ms=0.0),),  # 1 MB/s
-        quorum=1, sync_interval=1, num_fragments=1, inner_steps=100, step_seconds=0.5, tokens_per_step=100,
-        uploads=cost, updates=cost, payload_marker_bytes=0, update_marker_bytes=0, snapshot_bytes=0, snapshot_marker_bytes=0,
-    )  # fmt: skip
+        quorum=1,
+        sync_interval=1,
+        num_fragments=1,
+        inner_steps=100,
+        step_seconds=0.5,
+        tokens_per_step=100,
+        uploads=cost,
+        updates=cost,
+        payload_marker_bytes=0,
+        update_marker_bytes=0,
+        snapshot_bytes=0,
+        snapshot_marker_bytes=0,
+    )
     d = predict(shape)
     # 2 MB/s of payloads down and 2 MB/s of updates up, one after another: busy about 4
     assert d.links[0].utilization == pytest.approx(2.0, rel=0.01)
@@ -166,7 +195,17 @@ def test_document_size_estimates_match_real_sealed_documents():
 
     from diloco_cli.codec import RunSecret
     from diloco_cli.store import metering
-    from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, LearnerState, Refusals, SyncerPhase, SyncerStatus, seal
+    from diloco_cli.store.documents import (
+        Evaluation,
+        Head,
+        Heartbeat,
+        LastMerge,
+        LearnerState,
+        Refusals,
+        SyncerPhase,
+        SyncerStatus,
+        seal,
+    )
 
     secret, now = RunSecret(b"k" * 32), time.time()
 
@@ -178,28 +217,71 @@ def test_document_size_estimates_match_real_sealed_documents():
 
     region_counters = counters(("payload", "marker", "heartbeat", "update", "snapshot", "head", "status", "listing"))
     samples = len(region_counters.history)
-    head = Head(version=12345, fragment_versions={0: 12344, 1: 12345}, fragment_digests={0: "a" * 32, 1: "b" * 32}, snapshot_version=12340, recent=tuple((12310 + i, i % 2) for i in range(30)), recent_from=12310)
+    head = Head(
+        version=12345,
+        fragment_versions={0: 12344, 1: 12345},
+        fragment_digests={0: "a" * 32, 1: "b" * 32},
+        snapshot_version=12340,
+        recent=tuple((12310 + i, i % 2) for i in range(30)),
+        recent_from=12310,
+    )
     assert len(seal(head, "global/head.json", secret)) == pytest.approx(document_sizes.head_bytes(2, 30), rel=0.05)
     beat = Heartbeat(
-        learner="local-a-0", region="local-a", host="local", pid=12345, state=LearnerState.TRAINING, step=1234, total_steps=3000, tokens=12345678,
-        loss=1.2345678, step_seconds=0.123456789, base_versions={0: 1234, 1: 1235}, sends=123, delivered=123, installs=123,
-        tokens_overwritten={0: 1234, 1: 1234}, checkpoint_step=1200, storage=region_counters, started_at=now, time=now,
-    )  # fmt: skip
-    assert len(seal(beat, "heartbeats/local-a-0.json", secret)) == pytest.approx(document_sizes.heartbeat_bytes(2, samples), rel=0.1)
+        learner="local-a-0",
+        region="local-a",
+        host="local",
+        pid=12345,
+        state=LearnerState.TRAINING,
+        step=1234,
+        total_steps=3000,
+        tokens=12345678,
+        loss=1.2345678,
+        step_seconds=0.123456789,
+        base_versions={0: 1234, 1: 1235},
+        sends=123,
+        delivered=123,
+        installs=123,
+        tokens_overwritten={0: 1234, 1: 1234},
+        checkpoint_step=1200,
+        storage=region_counters,
+        started_at=now,
+        time=now,
+    )
+    assert len(seal(beat, "heartbeats/local-a-0.json", secret)) == pytest.approx(
+        document_sizes.heartbeat_bytes(2, samples), rel=0.1
+    )
     learners = [f"region-{i % 4}-{i // 4}" for i in range(16)]
     status = SyncerStatus(
-        state=SyncerPhase.RUNNING, run="shakespeare-gpt-20260101-120000", version=1234, fragment_versions={0: 1233, 1: 1234}, snapshot_version=1220,
-        merges=1234, merges_per_minute=30, last_merge=LastMerge(fragment=1, version=1234, learners=learners, seconds=0.123456, time=now),
-        quorum=16, effective_quorum=16, grace_seconds=1.23456, live_learners=learners, pending={p: learners[:8] for p in range(2)},
+        state=SyncerPhase.RUNNING,
+        run="shakespeare-gpt-20260101-120000",
+        version=1234,
+        fragment_versions={0: 1233, 1: 1234},
+        snapshot_version=1220,
+        merges=1234,
+        merges_per_minute=30,
+        last_merge=LastMerge(fragment=1, version=1234, learners=learners, seconds=0.123456, time=now),
+        quorum=16,
+        effective_quorum=16,
+        grace_seconds=1.23456,
+        live_learners=learners,
+        pending={p: learners[:8] for p in range(2)},
         reasons={p: "waiting for 8 of 16 learners (quorum 16)" for p in range(2)},
         evaluations=[Evaluation(version=4 * i, loss=2.345678, tokens=1234567, time=now) for i in range(50)],
-        storage={f"region-{r}": region_counters for r in range(4)}, home_storage=counters(("home", "listing")), refusals={f"region-{r}": Refusals() for r in range(4)}, started_at=now, time=now,
-    )  # fmt: skip
+        storage={f"region-{r}": region_counters for r in range(4)},
+        home_storage=counters(("home", "listing")),
+        refusals={f"region-{r}": Refusals() for r in range(4)},
+        started_at=now,
+        time=now,
+    )
     estimate = document_sizes.status_bytes(16, 4, 2, 50, samples, learner_id_bytes=10, region_name_bytes=8)
     assert len(seal(status, "global/syncer.json", secret)) == pytest.approx(estimate, rel=0.1)
     # a history sample's size, sealed
-    longer = beat.model_copy(update={"storage": region_counters.model_copy(update={"history": region_counters.history * 90})})
-    grown = len(seal(longer, "heartbeats/local-a-0.json", secret)) - len(seal(beat, "heartbeats/local-a-0.json", secret))
+    longer = beat.model_copy(
+        update={"storage": region_counters.model_copy(update={"history": region_counters.history * 90})}
+    )
+    grown = len(seal(longer, "heartbeats/local-a-0.json", secret)) - len(
+        seal(beat, "heartbeats/local-a-0.json", secret)
+    )
     assert grown / (89 * samples) == pytest.approx(document_sizes.COUNTERS_BYTES_PER_SAMPLE, rel=0.1)
 
 
@@ -218,9 +300,24 @@ def test_mistakes_are_one_line_errors():
 def test_default_prices_load():
     prices = load_prices()
     aws, gcp, azure = prices.providers.aws, prices.providers.gcp, prices.providers.azure
-    assert (aws.egress_inter_region_per_gb, aws.egress_internet_per_gb, aws.put_per_1000, aws.get_per_1000) == (0.02, 0.09, 0.005, 0.0004)
-    assert (gcp.egress_inter_region_per_gb, gcp.egress_internet_per_gb, gcp.put_per_1000, gcp.get_per_1000) == (0.02, 0.12, 0.005, 0.0004)
-    assert (azure.egress_inter_region_per_gb, azure.egress_internet_per_gb, azure.put_per_1000, azure.get_per_1000) == (0.02, 0.087, 0.0065, 0.0005)
+    assert (aws.egress_inter_region_per_gb, aws.egress_internet_per_gb, aws.put_per_1000, aws.get_per_1000) == (
+        0.02,
+        0.09,
+        0.005,
+        0.0004,
+    )
+    assert (gcp.egress_inter_region_per_gb, gcp.egress_internet_per_gb, gcp.put_per_1000, gcp.get_per_1000) == (
+        0.02,
+        0.12,
+        0.005,
+        0.0004,
+    )
+    assert (azure.egress_inter_region_per_gb, azure.egress_internet_per_gb, azure.put_per_1000, azure.get_per_1000) == (
+        0.02,
+        0.087,
+        0.0065,
+        0.0005,
+    )
     assert prices.looked_up.year >= 2024 and "remembered" in prices.note
 
 
@@ -229,7 +326,9 @@ def test_a_user_file_overrides_one_price(tmp_path):
     path.write_text("providers:\n  aws:\n    egress_internet_per_gb: 0.05\n")
     prices = load_prices(path)
     assert prices.providers.aws.egress_internet_per_gb == 0.05
-    assert prices.providers.aws.egress_inter_region_per_gb == 0.02 and prices.providers.gcp.egress_internet_per_gb == 0.12
+    assert (
+        prices.providers.aws.egress_inter_region_per_gb == 0.02 and prices.providers.gcp.egress_internet_per_gb == 0.12
+    )
 
 
 def test_a_bad_price_file_names_the_file_and_the_key(tmp_path):
@@ -238,7 +337,10 @@ def test_a_bad_price_file_names_the_file_and_the_key(tmp_path):
     with pytest.raises(ConfigError, match=rf"{path}: providers\.aws\.egress_internet_per_gb"):
         load_prices(path)
     path.write_text("providers:\n  gcp:\n    egres_internet_per_gb: 0.1\n")
-    with pytest.raises(ConfigError, match=rf"{path}: unknown key 'providers\.gcp\.egres_internet_per_gb'.*did you mean 'egress_internet_per_gb'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"{path}: unknown key 'providers\.gcp\.egres_internet_per_gb'.*did you mean 'egress_internet_per_gb'",
+    ):
         load_prices(path)
     path.write_text("providers: [")
     with pytest.raises(ConfigError, match=f"{path}: not valid YAML"):
@@ -246,9 +348,30 @@ def test_a_bad_price_file_names_the_file_and_the_key(tmp_path):
 
 
 def test_providers_and_what_bytes_and_requests_cost():
-    assert [provider_of(u) for u in ("s3://b/r", "gs://b", "gcs://b", "az://c", "abfs://c", "abfss://c", "file:///tmp/x", "memory://x", "/tmp")] == [
-        "aws", "gcp", "gcp", "azure", "azure", "azure", None, None, None,
-    ]  # fmt: skip
+    assert [
+        provider_of(u)
+        for u in (
+            "s3://b/r",
+            "gs://b",
+            "gcs://b",
+            "az://c",
+            "abfs://c",
+            "abfss://c",
+            "file:///tmp/x",
+            "memory://x",
+            "/tmp",
+        )
+    ] == [
+        "aws",
+        "gcp",
+        "gcp",
+        "azure",
+        "azure",
+        "azure",
+        None,
+        None,
+        None,
+    ]
     prices = load_prices()
     assert egress_dollars(prices, 10 * GB, "aws", "aws") == pytest.approx(0.2)  # another AWS region
     assert egress_dollars(prices, 10 * GB, "aws", "gcp") == pytest.approx(0.9)  # the internet
@@ -276,5 +399,9 @@ def test_a_two_cloud_plan_prices_its_links():
     link = next(link for link in plan.diloco.links if link.region == "aws-use1")
     # read by a syncer outside the cloud: internet egress; writes into the bucket are free
     assert by_region["aws-use1"].egress_dollars_per_hour == pytest.approx(3600 * link.down_bytes_per_second / GB * 0.09)
-    assert by_region["aws-use1"].request_dollars_per_hour == pytest.approx(3600 * (link.put_per_second * 0.005 + link.get_per_second * 0.0004) / 1000)
-    assert math.isclose(costs.diloco_dollars_per_hour, sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in costs.links))
+    assert by_region["aws-use1"].request_dollars_per_hour == pytest.approx(
+        3600 * (link.put_per_second * 0.005 + link.get_per_second * 0.0004) / 1000
+    )
+    assert math.isclose(
+        costs.diloco_dollars_per_hour, sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in costs.links)
+    )

@@ -33,7 +33,26 @@ from tests.runs import write_yaml
 
 runner = CliRunner()
 
-WORDS = ["the", "king", "crown", "naïve", "café", "über", "—", "sea", "1606", "storm", "🌊", "said", "to", "a", "of", "Ω", "fool", "night"]
+WORDS = [
+    "the",
+    "king",
+    "crown",
+    "naïve",
+    "café",
+    "über",
+    "—",
+    "sea",
+    "1606",
+    "storm",
+    "🌊",
+    "said",
+    "to",
+    "a",
+    "of",
+    "Ω",
+    "fool",
+    "night",
+]
 
 
 def make_documents(count: int, seed: int = 0) -> list[str]:
@@ -69,7 +88,9 @@ def assert_matches_index(index: DatasetIndex, files: dict[str, bytes]) -> None:
         assert hashlib.sha256(files[entry.name]).hexdigest() == entry.sha256, entry.name
 
 
-def decoded_documents(index: DatasetIndex, files: dict[str, bytes], tokenizer_json: bytes, heldout_fraction: float) -> list[str]:
+def decoded_documents(
+    index: DatasetIndex, files: dict[str, bytes], tokenizer_json: bytes, heldout_fraction: float
+) -> list[str]:
     """The corpus's documents in order, decoded from the training and held-out shards."""
     tokenizer = Tokenizer.from_str(tokenizer_json.decode())
     assert hashlib.sha256(tokenizer_json).hexdigest() == index.tokenizer_sha256
@@ -100,12 +121,24 @@ def check_dataset(directory: Path, documents: list[str], heldout_fraction: float
 def test_prepare_text_round_trips_through_the_trained_tokenizer(tmp_path):
     documents = make_documents(300)
     corpus = write_text_corpus(tmp_path / "corpus.txt", documents)
-    output = prepare(str(corpus), "-o", str(tmp_path / "out"), "--vocab-size", "300", "--shard-tokens", "3000", "--heldout-fraction", "0.05")
+    output = prepare(
+        str(corpus),
+        "-o",
+        str(tmp_path / "out"),
+        "--vocab-size",
+        "300",
+        "--shard-tokens",
+        "3000",
+        "--heldout-fraction",
+        "0.05",
+    )
     index = check_dataset(tmp_path / "out", documents, 0.05)
     assert index.format == "diloco-tokens/1" and index.dtype == "uint16" and index.vocab_size <= 300
     assert index.tokenizer == "tokenizer.json" and index.eos_token_id is not None
     assert len(index.train) > 3 and all(entry.tokens == 3000 for entry in index.train[:-1])
-    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(["index.json", "tokenizer.json", "heldout.bin", *(e.name for e in index.train)])
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == sorted(
+        ["index.json", "tokenizer.json", "heldout.bin", *(e.name for e in index.train)]
+    )
     assert f"index: {tmp_path / 'out' / 'index.json'}" in output
 
 
@@ -122,7 +155,17 @@ def test_prepare_json_lines_and_parquet_take_the_named_text_field(tmp_path, corp
 
         corpus = tmp_path / "corpus.parquet"
         pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), corpus, row_group_size=64)
-    prepare(str(corpus), "-o", str(tmp_path / "out"), "--text-field", "body", "--vocab-size", "320", "--shard-tokens", "2500")
+    prepare(
+        str(corpus),
+        "-o",
+        str(tmp_path / "out"),
+        "--text-field",
+        "body",
+        "--vocab-size",
+        "320",
+        "--shard-tokens",
+        "2500",
+    )
     check_dataset(tmp_path / "out", documents)
 
 
@@ -164,7 +207,14 @@ def test_an_interrupted_tokenizing_goes_on_without_redoing_a_finished_shard(tmp_
 
     # an uninterrupted run with the same tokenizer makes the very same shards
     clean = tmp_path / "clean"
-    prepare_dataset(PrepareRequest(corpus=corpus, locations=(Location(str(clean)),), tokenizer=str(output / "tokenizer.json"), shard_tokens=2000))
+    prepare_dataset(
+        PrepareRequest(
+            corpus=corpus,
+            locations=(Location(str(clean)),),
+            tokenizer=str(output / "tokenizer.json"),
+            shard_tokens=2000,
+        )
+    )
     assert read_dataset(clean)[0] == prepared.index
 
 
@@ -181,11 +231,27 @@ def test_prepare_to_s3_resumes_after_a_kill_mid_upload(tmp_path, s3):
     corpus = write_text_corpus(tmp_path / "corpus.txt", documents)
     bucket = s3.create_bucket("prepare-resume")
     work = tmp_path / "work"
-    command = ["prepare", str(corpus), "-o", f"{bucket}/shakespeare", "--vocab-size", "300", "--shard-tokens", "1500", "--work-dir", str(work)]
+    command = [
+        "prepare",
+        str(corpus),
+        "-o",
+        f"{bucket}/shakespeare",
+        "--vocab-size",
+        "300",
+        "--shard-tokens",
+        "1500",
+        "--work-dir",
+        str(work),
+    ]
     host, port = s3.endpoint_url.removeprefix("http://").split(":")
     with delay_proxy((host, int(port)), 0.05) as proxy:
         environment = {**os.environ, "AWS_ENDPOINT_URL": f"http://{proxy.host}:{proxy.port}"}
-        process = subprocess.Popen([sys.executable, "-m", "diloco_cli", *command], env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "diloco_cli", *command],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         uploaded: list[str] = []
         while len(uploaded) < 3:
@@ -207,7 +273,11 @@ def test_prepare_to_s3_resumes_after_a_kill_mid_upload(tmp_path, s3):
     assert skipped >= len(uploaded)
     in_bucket = bucket_files(s3, "prepare-resume/shakespeare")
     index = DatasetIndex.model_validate_json(in_bucket.pop("index.json"))
-    assert set(in_bucket) == {"tokenizer.json", "heldout.bin", *(entry.name for entry in index.train)}  # no records left
+    assert set(in_bucket) == {
+        "tokenizer.json",
+        "heldout.bin",
+        *(entry.name for entry in index.train),
+    }  # no records left
     assert_matches_index(index, in_bucket)
     assert decoded_documents(index, in_bucket, in_bucket["tokenizer.json"], 0.01) == documents
     assert not work.exists()  # the staging directory goes once every location is complete
@@ -223,15 +293,23 @@ def test_a_second_tokenizer_is_refused_in_the_same_output(tmp_path):
     again = prepare(corpus, "-o", str(tmp_path / "first"), "--vocab-size", "300")
     assert "already complete, nothing to do" in again
 
-    refused = runner.invoke(app, ["prepare", corpus, "-o", str(tmp_path / "first"), "--tokenizer", str(tmp_path / "second" / "tokenizer.json")])
+    refused = runner.invoke(
+        app,
+        ["prepare", corpus, "-o", str(tmp_path / "first"), "--tokenizer", str(tmp_path / "second" / "tokenizer.json")],
+    )
     assert refused.exit_code == 2
     message = refused.stderr.strip()
     assert message.count("\n") == 0 and message.startswith("error: ")
     assert "already holds a dataset made with another tokenizer" in message and "--overwrite" in message
     assert (tmp_path / "first" / "index.json").read_bytes() == index_before
 
-    prepare(corpus, "-o", str(tmp_path / "first"), "--tokenizer", str(tmp_path / "second" / "tokenizer.json"), "--overwrite")
-    assert check_dataset(tmp_path / "first", documents).tokenizer_sha256 == read_dataset(tmp_path / "second")[0].tokenizer_sha256
+    prepare(
+        corpus, "-o", str(tmp_path / "first"), "--tokenizer", str(tmp_path / "second" / "tokenizer.json"), "--overwrite"
+    )
+    assert (
+        check_dataset(tmp_path / "first", documents).tokenizer_sha256
+        == read_dataset(tmp_path / "second")[0].tokenizer_sha256
+    )
 
 
 def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
@@ -239,11 +317,32 @@ def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
     corpus = write_text_corpus(tmp_path / "plays.txt", documents)
     east, west = s3.create_bucket("data-east"), s3.create_bucket("data-west")
     options = {"endpoint_url": s3.endpoint_url}
-    regions = write_yaml(tmp_path / "regions.yaml", {"regions": [
-        {"name": "east", "bucket": f"{east}/runs", "storage_options": options},
-        {"name": "west", "bucket": west, "storage_options": options, "data_source": f"{west}/tokens/plays.json", "data_storage_options": options},
-    ]})  # fmt: skip
-    output = prepare(str(corpus), "--regions", str(regions), "--vocab-size", "300", "--shard-tokens", "2000", "--work-dir", str(tmp_path / "work"))
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {"name": "east", "bucket": f"{east}/runs", "storage_options": options},
+                {
+                    "name": "west",
+                    "bucket": west,
+                    "storage_options": options,
+                    "data_source": f"{west}/tokens/plays.json",
+                    "data_storage_options": options,
+                },
+            ]
+        },
+    )
+    output = prepare(
+        str(corpus),
+        "--regions",
+        str(regions),
+        "--vocab-size",
+        "300",
+        "--shard-tokens",
+        "2000",
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     east_index, west_index = f"{east}/runs/datasets/plays/index.json", f"{west}/tokens/plays.json"
     assert f"index: {east_index}" in output and f"index: {west_index}" in output
     east_files, west_files = bucket_files(s3, "data-east/runs/datasets/plays"), bucket_files(s3, "data-west/tokens")
@@ -252,7 +351,9 @@ def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
     assert set(s3.filesystem().ls("data-west")) == {"data-west/tokens"}  # nothing outside the region's data prefix
     batches = []
     for index_url in (east_index, west_index):
-        with TokenBatches(index_url, options, shard=1, num_shards=2, rank=0, world_size=1, chunk_bytes=4096, cache_bytes=65536) as stream:
+        with TokenBatches(
+            index_url, options, shard=1, num_shards=2, rank=0, world_size=1, chunk_bytes=4096, cache_bytes=65536
+        ) as stream:
             batches.append(stream.batch_at(7, 4, 32)[0])
     assert batches[0].equal(batches[1])
 
@@ -260,7 +361,12 @@ def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
 @pytest.mark.parametrize(
     ("corpus_name", "content", "arguments", "expected"),
     [
-        ("c.jsonl", '{"body": "x"}\n', ["--vocab-size", "300"], "has no text in 'text' (keys: body); name the key with --text-field"),
+        (
+            "c.jsonl",
+            '{"body": "x"}\n',
+            ["--vocab-size", "300"],
+            "has no text in 'text' (keys: body); name the key with --text-field",
+        ),
         ("c.parquet", "", ["--vocab-size", "300"], "needs pyarrow: pip install 'diloco-cli[parquet]'"),
         ("c.txt", "a\n\nb\n\nc", ["--vocab-size", "100"], "--vocab-size 100 is too small"),
         ("c.txt", "a\n\nb\n\nc", [], "give a tokenizer (--tokenizer tokenizer.json), or --vocab-size N"),

@@ -36,7 +36,10 @@ def diloco_commands() -> list[str]:
 def test_readme_shows_the_install_and_test_commands_that_ci_runs():
     blocks = "\n".join(code_blocks("bash"))
     ci = (README.parent / ".ci" / "run").read_text()
-    assert 'pip install "torch==2.13.*" -e ".[test]"' in blocks and 'pip install --quiet "torch==2.13.*" -e ".[test]"' in ci
+    assert (
+        'pip install "torch==2.13.*" -e ".[test]"' in blocks
+        and 'pip install --quiet "torch==2.13.*" -e ".[test]"' in ci
+    )
     assert "python -m pytest" in blocks and "\npython -m pytest\n" in ci
     assert diloco_commands()[0] == "diloco up"
 
@@ -44,7 +47,9 @@ def test_readme_shows_the_install_and_test_commands_that_ci_runs():
 def run(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     arguments = command.split()
     arguments = [a.strip('"') for a in re.findall(r'"[^"]*"|\S+', command)]
-    return subprocess.run([sys.executable, "-m", "diloco_cli", *arguments[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "diloco_cli", *arguments[1:]], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_every_readme_command_runs_as_written_on_the_default_job(tmp_path):
@@ -69,8 +74,14 @@ def test_every_readme_command_runs_as_written_on_the_default_job(tmp_path):
             wait_processes_gone(tmp_path / "runs", name)
     # the README's Python snippet loads the exported weights
     snippet = code_blocks("python")[0]
-    loaded = subprocess.run([sys.executable, "-c", snippet + "\nprint('loaded', sum(p.numel() for p in model.parameters()))"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ})
+    loaded = subprocess.run(
+        [sys.executable, "-c", snippet + "\nprint('loaded', sum(p.numel() for p in model.parameters()))"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert "loaded 842496" in loaded.stdout
     status = run(f"diloco status {name} --output json", tmp_path, timeout=60)

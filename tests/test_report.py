@@ -12,7 +12,16 @@ import time
 from tests.browser import open_page
 from tests.runs import TINY_RECIPE, deep_update, diloco, wait_finished, wait_for, write_yaml
 
-PAGE_IDS = ("table-links", "table-learners", "table-kinds", "table-compression", "table-data-parallel", "plot-bytes", "plot-loss-tokens", "plot-loss-time")
+PAGE_IDS = (
+    "table-links",
+    "table-learners",
+    "table-kinds",
+    "table-compression",
+    "table-data-parallel",
+    "plot-bytes",
+    "plot-loss-tokens",
+    "plot-loss-time",
+)
 
 
 def report_json(runs_dir, name) -> dict:
@@ -31,11 +40,27 @@ def check_page(path, report: dict) -> str:
 
 def in_terminal(command: str, columns: int = 150) -> str:
     session = f"diloco-report-{time.monotonic_ns()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(columns), "-y", "60", f"{command}; echo REPORT-ENDED; sleep 30"], check=True)
+    subprocess.run(
+        [
+            "tmux",
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            str(columns),
+            "-y",
+            "60",
+            f"{command}; echo REPORT-ENDED; sleep 30",
+        ],
+        check=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-e", "-S", "-", "-t", session], capture_output=True, text=True).stdout  # with what scrolled off
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-e", "-S", "-", "-t", session], capture_output=True, text=True
+            ).stdout  # with what scrolled off
             if "REPORT-ENDED" in screen:
                 return screen
             time.sleep(0.3)
@@ -47,9 +72,19 @@ def in_terminal(command: str, columns: int = 150) -> str:
 def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     runs_dir, name = tmp_path / "runs", "reported"
     recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 400}}))
-    regions = write_yaml(tmp_path / "regions.yaml", {"regions": [
-        {"name": region, "bucket": f"file://{tmp_path}/buckets/{region}", "hosts": [{"name": "local", "learners": 1}]} for region in ("local-a", "local-b")
-    ]})  # fmt: skip
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {
+                    "name": region,
+                    "bucket": f"file://{tmp_path}/buckets/{region}",
+                    "hosts": [{"name": "local", "learners": 1}],
+                }
+                for region in ("local-a", "local-b")
+            ]
+        },
+    )
     diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda status: status.version >= 3, 180, "version 3")
 
@@ -59,7 +94,9 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     assert set(links) == {("local-a", "local-a"), ("local-b", "local-b"), ("syncer", "local-a"), ("syncer", "local-b")}
     assert not links["local-a", "local-a"]["wan"] and links["syncer", "local-a"]["wan"]
     assert abs(sum(link["share"] for link in running["links"]) - 1) < 1e-9
-    assert running["wan_bytes"] == sum(link["bytes_up"] + link["bytes_down"] for link in running["links"] if link["wan"])
+    assert running["wan_bytes"] == sum(
+        link["bytes_up"] + link["bytes_down"] for link in running["links"] if link["wan"]
+    )
     piped = diloco("report", name, "--html", str(tmp_path / "running.html"), "--runs-dir", str(runs_dir)).stdout
     assert "per link" in piped and "syncer -> local-a" in piped and "\x1b[" not in piped
     assert "2 (M-1)/M x 2 bytes x parameters" in piped
@@ -81,5 +118,7 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     text = check_page(tmp_path / "finished.html", finished)
     assert "finished" in text
 
-    screen = in_terminal(f"{shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}")
+    screen = in_terminal(
+        f"{shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}"
+    )
     assert "\x1b[" in screen and "per link" in screen and "syncer -> local-b" in screen and "per kind" in screen

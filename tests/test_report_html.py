@@ -29,16 +29,32 @@ def history(rate_up: int, rate_down: int, samples: int = 12) -> list[tuple[float
 
 def link(source: str, bucket: str, up: int, down: int, share: float, cost: float) -> LinkRow:
     return LinkRow(
-        source=source, bucket=bucket, wan=source != bucket, requests=420, bytes_up=up, bytes_down=down, seconds=12.5,
-        megabytes_per_second=(up + down) / 12.5 / 1e6, share=share, cost_dollars=cost,
+        source=source,
+        bucket=bucket,
+        wan=source != bucket,
+        requests=420,
+        bytes_up=up,
+        bytes_down=down,
+        seconds=12.5,
+        megabytes_per_second=(up + down) / 12.5 / 1e6,
+        share=share,
+        cost_dollars=cost,
         history=history(up // 11, down // 11),
     )
 
 
 def learner(name: str, region: str) -> LearnerTraffic:
     return LearnerTraffic(
-        learner=name, region=region, tokens=1_200_000, delta_bytes_up=48_000_000, checkpoint_bytes_up=9_000_000,
-        other_bytes_up=120_000, bytes_down=51_000_000, requests=310, retries=2, failures=0,
+        learner=name,
+        region=region,
+        tokens=1_200_000,
+        delta_bytes_up=48_000_000,
+        checkpoint_bytes_up=9_000_000,
+        other_bytes_up=120_000,
+        bytes_down=51_000_000,
+        requests=310,
+        retries=2,
+        failures=0,
     )
 
 
@@ -52,7 +68,12 @@ def realistic(**changes) -> TrafficReport:
     ]
     wan = 260_000_000
     fields = dict(
-        run="demo-run", state="training", elapsed_seconds=330.0, tokens=4_800_000, learners_reporting=4, links=links,
+        run="demo-run",
+        state="training",
+        elapsed_seconds=330.0,
+        tokens=4_800_000,
+        learners_reporting=4,
+        links=links,
         learners=[learner(f"l{i}", region) for i, region in enumerate(("eu-west", "eu-west", "us-east", "us-east"))],
         kinds=[
             KindRow(kind="payload", requests=160, bytes_up=192_000_000, bytes_down=120_000_000, wan_bytes=120_000_000),
@@ -64,12 +85,24 @@ def realistic(**changes) -> TrafficReport:
             Compression(kind="update", bytes=120_000_000, raw_fp32_bytes=960_000_000),
         ],
         data_parallel=DataParallelComparison(
-            parameters=124_000_000, workers=4, tokens_per_step=32_768, steps=146.5, bytes_per_worker_step=372_000_000,
-            total_bytes=146.5 * 4 * 372_000_000, region_crossings=2, wan_bytes=146.5 * 2 * 372_000_000, diloco_wan_bytes=wan,
+            parameters=124_000_000,
+            workers=4,
+            tokens_per_step=32_768,
+            steps=146.5,
+            bytes_per_worker_step=372_000_000,
+            total_bytes=146.5 * 4 * 372_000_000,
+            region_crossings=2,
+            wan_bytes=146.5 * 2 * 372_000_000,
+            diloco_wan_bytes=wan,
         ),
-        evaluations=[Evaluation(version=v, loss=4.2 - 0.3 * v, tokens=600_000 * v, time=START + 40 * v) for v in range(1, 8)],
-        started_at=START, prices_looked_up="2025-06", cost_note=f"list prices looked up 2025-06 {NASTY}",
-        total_bytes=866_000_000, wan_bytes=wan,
+        evaluations=[
+            Evaluation(version=v, loss=4.2 - 0.3 * v, tokens=600_000 * v, time=START + 40 * v) for v in range(1, 8)
+        ],
+        started_at=START,
+        prices_looked_up="2025-06",
+        cost_note=f"list prices looked up 2025-06 {NASTY}",
+        total_bytes=866_000_000,
+        wan_bytes=wan,
     )
     return TrafficReport(**{**fields, **changes})
 
@@ -87,10 +120,21 @@ def test_the_page_opens_clean_in_a_browser_and_shows_every_table_and_plot(tmp_pa
     hidden = {name: element for name, element in result.elements.items() if not element.visible}
     assert not hidden, hidden
     for figure in (
-        "demo-run", "training", "5 min 30 s", "4.8M", "260.0 MB", "54.17 B",  # header: WAN bytes per token
-        "syncer-host -> eu-west", "eu-west (in region)", "l3", "heartbeat",
+        "demo-run",
+        "training",
+        "5 min 30 s",
+        "4.8M",
+        "260.0 MB",
+        "54.17 B",  # header: WAN bytes per token
+        "syncer-host -> eu-west",
+        "eu-west (in region)",
+        "l3",
+        "heartbeat",
         "8.0x",  # compression
-        f"{report.data_parallel.ratio:,.0f}x", report.data_parallel.formula, "2 of 4 ring hops", f"{report.data_parallel.wan_ratio:,.0f}x",
+        f"{report.data_parallel.ratio:,.0f}x",
+        report.data_parallel.formula,
+        "2 of 4 ring hops",
+        f"{report.data_parallel.wan_ratio:,.0f}x",
         "$12.62",  # total cost
         NASTY,  # shown as text, never run
     ):
@@ -110,7 +154,9 @@ def test_the_page_is_self_contained_and_escapes_every_string():
 
 
 def test_without_matplotlib_the_page_says_what_the_plots_need(monkeypatch):
-    for name in [name for name in sys.modules if name == "matplotlib" or name.startswith("matplotlib.")] + ["matplotlib"]:
+    for name in [name for name in sys.modules if name == "matplotlib" or name.startswith("matplotlib.")] + [
+        "matplotlib"
+    ]:
         monkeypatch.setitem(sys.modules, name, None)  # import matplotlib... raises ImportError
 
     html = render_html(realistic())
@@ -124,7 +170,15 @@ def test_a_run_that_has_reported_nothing_yet_still_renders():
     pytest.importorskip("matplotlib")
     html = render_html(
         realistic(
-            links=[], learners=[], kinds=[], compression=[], data_parallel=None, evaluations=[], tokens=0, wan_bytes=0, total_bytes=0,
+            links=[],
+            learners=[],
+            kinds=[],
+            compression=[],
+            data_parallel=None,
+            evaluations=[],
+            tokens=0,
+            wan_bytes=0,
+            total_bytes=0,
             elapsed_seconds=7200.0,
         )
     )

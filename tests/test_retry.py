@@ -5,8 +5,8 @@ import time
 import pytest
 
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.metering import StorageMeter
+from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.retry import RetryPolicy, call_with_retries, is_transient
 
 FAST = RetryPolicy(attempts=4, first_backoff_seconds=0.001, max_backoff_seconds=0.01)
@@ -38,7 +38,9 @@ def test_a_call_that_keeps_failing_ends_as_a_storage_error_naming_the_object():
     with pytest.raises(StorageError, match="reading s3://bucket/run/key failed after 4 tries: TimeoutError"):
         call_with_retries(call, FAST, meter, "reading s3://bucket/run/key")
     counters = meter.snapshot()
-    assert len(calls) == 4 and counters.retries == 3 and counters.failures == 1 and "TimeoutError" in counters.last_error
+    assert (
+        len(calls) == 4 and counters.retries == 3 and counters.failures == 1 and "TimeoutError" in counters.last_error
+    )
 
 
 def test_answers_are_not_retried():

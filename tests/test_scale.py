@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from diloco_cli.codec import RunSecret
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.types import LearnerId, RegionName
@@ -14,36 +15,57 @@ from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.scale import parse_change, plan_scale
 from diloco_cli.runtime.membership import ControlNotes
 from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
-from diloco_cli.codec import RunSecret
-from tests.runs import TINY_RECIPE, assert_every_token_accounted, deep_update, diloco, heartbeats, wait_finished, wait_for, write_yaml
+from tests.runs import (
+    TINY_RECIPE,
+    assert_every_token_accounted,
+    deep_update,
+    diloco,
+    heartbeats,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
 
 
 def _spec(tmp_path, quorum=None, learners=(("east", "h1"), ("east", "h2"), ("west", "h3"))) -> RunSpec:
-    recipe = Recipe.model_validate(deep_update(TINY_RECIPE, {"training": {"num_learners": len(learners)}, "sync": {"quorum": quorum}}))
+    recipe = Recipe.model_validate(
+        deep_update(TINY_RECIPE, {"training": {"num_learners": len(learners)}, "sync": {"quorum": quorum}})
+    )
     counts: dict[str, int] = {}
     placed = []
     for shard, (region, host) in enumerate(learners):
         index = counts[region] = counts.get(region, -1) + 1
         placed.append(LearnerSpec(id=LearnerId(f"{region}-{index}"), region=RegionName(region), host=host, shard=shard))
     regions = tuple(RegionSpec(name=RegionName(n), root=f"file://{tmp_path}/{n}") for n in ("east", "west"))
-    return RunSpec(run="r", created=0.0, recipe=recipe, learners=tuple(placed), regions=regions, syncer=SyncerSpec(host="local", home=f"file://{tmp_path}/home"))
+    return RunSpec(
+        run="r",
+        created=0.0,
+        recipe=recipe,
+        learners=tuple(placed),
+        regions=regions,
+        syncer=SyncerSpec(host="local", home=f"file://{tmp_path}/home"),
+    )
 
 
 def test_adding_places_new_learners_on_the_least_loaded_host_with_shards_after_everyone(tmp_path):
     spec = plan_scale(_spec(tmp_path), "east", +3, now=5.0)
     added = spec.learners[3:]
-    assert [(l.id, l.host, l.shard) for l in added] == [("east-2", "h1", 3), ("east-3", "h2", 4), ("east-4", "h1", 5)]
+    assert [(learner.id, learner.host, learner.shard) for learner in added] == [
+        ("east-2", "h1", 3),
+        ("east-3", "h2", 4),
+        ("east-4", "h1", 5),
+    ]
     assert spec.recipe.training.num_learners == 6 and spec.recipe.quorum == 6  # K left to M follows M
     assert spec.scaling[-1].added == ("east-2", "east-3", "east-4") and spec.scaling[-1].learners_after == 6
     # every active learner gets a slice of its own, in shard order
-    assert sorted(spec.data_partition(l.id) for l in spec.learners) == [(i, 6) for i in range(6)]
+    assert sorted(spec.data_partition(learner.id) for learner in spec.learners) == [(i, 6) for i in range(6)]
     assert _spec(tmp_path).data_partition("west-0") == (2, 3)  # before any scaling: (shard, M)
 
 
 def test_draining_marks_the_newest_learners_and_m_and_the_slices_follow(tmp_path):
     spec = plan_scale(_spec(tmp_path), "east", -1, now=5.0)
-    assert [l.id for l in spec.learners if l.drain] == ["east-1"]
-    assert [l.id for l in spec.active_learners] == ["east-0", "west-0"]
+    assert [learner.id for learner in spec.learners if learner.drain] == ["east-1"]
+    assert [learner.id for learner in spec.active_learners] == ["east-0", "west-0"]
     assert spec.recipe.training.num_learners == 2 and spec.data_partition("west-0") == (1, 2)
     again = plan_scale(spec, "east", +1, now=6.0)  # a drained learner's name is not reused
     assert again.learners[-1].id == "east-2" and len(again.scaling) == 2
@@ -74,7 +96,12 @@ def test_control_notes_carry_drain_and_slices_and_keep_resync_requests(tmp_path)
     notes.deliver()
     assert not notes.due
     west = buckets["west"].read_control(LearnerId("west-0"))
-    assert (west.resync_serial, west.drain, west.data_slice, west.data_slices) == (1, False, 1, 2)  # the resync request survives
+    assert (west.resync_serial, west.drain, west.data_slice, west.data_slices) == (
+        1,
+        False,
+        1,
+        2,
+    )  # the resync request survives
     drained = buckets["east"].read_control(LearnerId("east-1"))
     assert drained.drain and drained.data_slices is None
     fresh = ControlNotes(buckets, refused=lambda *args: None)  # a restarted syncer: nothing more to write
@@ -89,7 +116,10 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     run finishes with every token of every learner merged or accounted for."""
     runs_dir, name = tmp_path / "runs", "scaled"
     recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 900}}))
-    regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
+    regions = [
+        {"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]}
+        for n in ("east", "west")
+    ]
     regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
     diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "the first merges")
@@ -97,7 +127,8 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     added = diloco("scale", name, "--region", "east", "--learners", "+1", "--runs-dir", str(runs_dir)).stdout
     assert "added east-1 in region east; M is now 3 (K=3)" in added
     record = load_run(runs_dir, name)
-    assert [l.id for l in record.spec.learners] == ["east-0", "west-0", "east-1"] and record.spec.scaling[0].added == ("east-1",)
+    assert [learner.id for learner in record.spec.learners] == ["east-0", "west-0", "east-1"]
+    assert record.spec.scaling[0].added == ("east-1",)
     history_of = lambda: record.spec.home(record.secret()).history()  # noqa: E731
     deadline = time.monotonic() + 180
     while not any(m.learner == "east-1" for c in history_of() for m in c.merged):
@@ -107,7 +138,10 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     assert "the run now has M=3 learners, K=3; added east-1" in syncer_log
     new_log = (runs_dir / name / "logs" / "east-1.log").read_text()
     assert "installed fragment" in new_log and "resumed from checkpoint" not in new_log  # from the global weights
-    notes = {l.id: record.spec.bucket(l.region, record.secret()).read_control(l.id) for l in record.spec.learners}
+    notes = {
+        learner.id: record.spec.bucket(learner.region, record.secret()).read_control(learner.id)
+        for learner in record.spec.learners
+    }
     assert sorted((n.data_slice, n.data_slices) for n in notes.values()) == [(0, 3), (1, 3), (2, 3)]
     assert "training on slice 1 of 3" in (runs_dir / name / "logs" / "west-0.log").read_text()
     status = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
@@ -120,7 +154,9 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     assert beat.state.value == "finished" and beat.step < 900  # left early, its work delivered
     # its supervisor records the exit a moment after the last heartbeat: finished, never restarted
     deadline = time.monotonic() + 60
-    while (process := load_run(runs_dir, name).process_state("east-1"))["state"] == "running" and time.monotonic() < deadline:
+    while (process := load_run(runs_dir, name).process_state("east-1"))[
+        "state"
+    ] == "running" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert process["state"] == "finished" and process["restarts"] == 0, process
     listed = json.loads(diloco("runs", "--output", "json", "--runs-dir", str(runs_dir)).stdout)
@@ -128,7 +164,11 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
     assert "draining east-1" in (runs_dir / name / "logs" / "syncer.log").read_text()
 
     final = wait_finished(runs_dir, name, timeout=400)
-    assert {row.learner: row.state for row in final.learners} == {"east-0": "finished", "west-0": "finished", "east-1": "drained"}
+    assert {row.learner: row.state for row in final.learners} == {
+        "east-0": "finished",
+        "west-0": "finished",
+        "east-1": "drained",
+    }
     assert_every_token_accounted(runs_dir, name, heartbeats(runs_dir, name))
     assert len(load_run(runs_dir, name).spec.scaling) == 2
     refused = diloco("scale", name, "--region", "east", "--learners", "+1", "--runs-dir", str(runs_dir), check=False)
@@ -142,6 +182,7 @@ def test_dynamic_local_updates_reach_learners_through_their_notes_without_jitter
     notes = ControlNotes(buckets, refused=lambda *args: None)
     notes.follow_speeds(spec, {"east-0": 0.1, "east-1": 0.2, "west-0": 0.1})
     notes.deliver()
-    assert [buckets[l.region].read_control(l.id).sync_interval for l in spec.learners] == [None, 5, None]
+    intervals = [buckets[learner.region].read_control(learner.id).sync_interval for learner in spec.learners]
+    assert intervals == [None, 5, None]
     notes.follow_speeds(spec, {"east-0": 0.1, "east-1": 0.21, "west-0": 0.1})  # H_m 4: moved by 1 of H=10, written
     assert notes.due and notes.notes["east-1"].sync_interval == 4

@@ -24,7 +24,11 @@ def test_the_source_figures_hold_at_1_2m_chips():
     """At 1.2M chips and one year per chip: plain 27%, elastic 58%, DiLoCo M=8 88%
     (arXiv 2604.21428), each within 2 points."""
     constants = GoodputConstants()
-    for name, strategy in (("plain", Strategy("plain")), ("elastic", Strategy("elastic")), ("diloco M=8", Strategy("diloco", 8))):
+    for name, strategy in (
+        ("plain", Strategy("plain")),
+        ("elastic", Strategy("elastic")),
+        ("diloco M=8", Strategy("diloco", 8)),
+    ):
         cell = simulate_cell(1_200_000, strategy, constants, seed=0)
         assert cell.goodput == pytest.approx(SOURCE_GOODPUT[name], abs=0.02), name
         assert cell.goodput == pytest.approx(cell.closed_form_goodput, abs=0.01), name
@@ -55,7 +59,14 @@ def test_at_scale_diloco_beats_elastic_beats_plain(grid):
 def test_no_failures_leave_exactly_the_checkpoint_overhead():
     """90 s of training, then a 10 s checkpoint, for a day: 90% exactly; nothing else
     costs anything."""
-    quiet = GoodputConstants(mtbi_chip_hours=math.inf, spare_fraction=0, checkpoint_interval_seconds=90, checkpoint_seconds=10, horizon_days=1, replicas=1)
+    quiet = GoodputConstants(
+        mtbi_chip_hours=math.inf,
+        spare_fraction=0,
+        checkpoint_interval_seconds=90,
+        checkpoint_seconds=10,
+        horizon_days=1,
+        replicas=1,
+    )
     assert simulate_cell(6400, Strategy("plain"), quiet, seed=0).goodput == pytest.approx(0.9, rel=1e-12)
     assert simulate_cell(6400, Strategy("elastic"), quiet, seed=0).goodput == pytest.approx(1.0, rel=1e-12)
     assert simulate_cell(6400, Strategy("diloco", 4), quiet, seed=0).goodput == pytest.approx(1.0, rel=1e-12)
@@ -70,7 +81,13 @@ def test_a_restarting_job_matches_the_renewal_formula(groups, save):
     the groups' share of the cluster times tau over that."""
     slices, tau, restart = 100, 300.0, 60.0
     mtbi_seconds = 90 * 64 * 600.0  # 90 slices of 64 chips: one interruption every 600 s
-    cluster = Cluster(slices=slices, slice_chips=64, slice_failure_rate=64 / mtbi_seconds, repair_seconds=36.0, horizon_seconds=200 * 86400.0)
+    cluster = Cluster(
+        slices=slices,
+        slice_chips=64,
+        slice_failure_rate=64 / mtbi_seconds,
+        repair_seconds=36.0,
+        horizon_seconds=200 * 86400.0,
+    )
     outcome = simulate_restarting(cluster, groups, tau, save, restart, random.Random(7))
     expected = 0.0
     for size in groups:
@@ -88,7 +105,9 @@ def test_the_same_seed_gives_the_same_table_and_another_seed_another():
 
 def test_the_command_writes_json_with_every_constant_it_used(tmp_path):
     path = tmp_path / "goodput.json"
-    result = runner.invoke(app, ["simulate", "goodput", *SMALL, "--set", "mtbi_chip_hours=4380", "--seed", "5", "--output", str(path)])
+    result = runner.invoke(
+        app, ["simulate", "goodput", *SMALL, "--set", "mtbi_chip_hours=4380", "--seed", "5", "--output", str(path)]
+    )
     assert result.exit_code == 0, result.output
     assert "mtbi_chip_hours" in result.output and "4380" in result.output and "DiLoCo M=2" in result.output
     document = json.loads(path.read_text())
@@ -96,7 +115,11 @@ def test_the_command_writes_json_with_every_constant_it_used(tmp_path):
     assert set(document["constants"]) == set(GoodputConstants.model_fields)
     assert document["seed"] == 5 and document["strategies"] == ["plain", "elastic", "diloco M=2"]
     assert {cell["strategy"] for cell in document["cells"]} == set(document["strategies"])
-    printed = json.loads(runner.invoke(app, ["simulate", "goodput", *SMALL, "--set", "mtbi_chip_hours=4380", "--seed", "5", "-o", "json"]).output)
+    printed = json.loads(
+        runner.invoke(
+            app, ["simulate", "goodput", *SMALL, "--set", "mtbi_chip_hours=4380", "--seed", "5", "-o", "json"]
+        ).output
+    )
     assert printed == document
 
 
@@ -111,7 +134,9 @@ def test_mistakes_are_one_line_errors_that_say_what_is_allowed():
         (["--plot", "goodput.pdf"], "expected a file name ending in .png or .svg"),
     ):
         result = runner.invoke(app, ["simulate", "goodput", *arguments])
-        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and message in result.output, arguments
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and message in result.output, (
+            arguments
+        )
 
 
 def test_the_plot_is_drawn_or_says_how_to_get_matplotlib(tmp_path, monkeypatch):
@@ -121,7 +146,9 @@ def test_the_plot_is_drawn_or_says_how_to_get_matplotlib(tmp_path, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "matplotlib" else real(name, *rest))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *rest: None if name == "matplotlib" else real(name, *rest)
+    )
     missing = runner.invoke(app, ["simulate", "goodput", *SMALL, "--plot", str(tmp_path / "other.png")])
     assert missing.exit_code == 2 and "pip install 'diloco-cli[plots]'" in missing.output
 
@@ -130,6 +157,9 @@ def test_help_loads_neither_the_simulation_nor_matplotlib():
     import subprocess
     import sys
 
-    probe = "import sys, diloco_cli.cli.app; print(sorted(m for m in ('matplotlib', 'diloco_cli.simulate', 'torch') if m in sys.modules))"
+    probe = (
+        "import sys, diloco_cli.cli.app; "
+        "print(sorted(m for m in ('matplotlib', 'diloco_cli.simulate', 'torch') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

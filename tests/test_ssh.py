@@ -42,9 +42,19 @@ def host_venv(tmp_path_factory):
     with sshd_server(root / "sshd") as server:
         known_hosts = root / "known_hosts"
         known_hosts.write_text(server.known_hosts_line() + "\n")
-        host = HostConfig(name="installer", address=server.host, port=server.port, user=server.user, key_file=str(server.client_key_path),
-                          python=BASE_PYTHON, venv=venv, install=("torch==2.13.*",))
-        client = connect(SSHTarget("installer", server.host, server.port, server.user, str(server.client_key_path), str(known_hosts)))
+        host = HostConfig(
+            name="installer",
+            address=server.host,
+            port=server.port,
+            user=server.user,
+            key_file=str(server.client_key_path),
+            python=BASE_PYTHON,
+            venv=venv,
+            install=("torch==2.13.*",),
+        )
+        client = connect(
+            SSHTarget("installer", server.host, server.port, server.user, str(server.client_key_path), str(known_hosts))
+        )
         try:
             assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "installed"
             assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "up to date"
@@ -77,7 +87,10 @@ def sshd(tmp_path, name, **options):
 
 
 def regions_file(tmp_path, regions, known_hosts, timeout=10):
-    return write_yaml(tmp_path / "regions.yaml", {"regions": regions, "ssh": {"known_hosts": str(known_hosts), "connect_timeout": timeout}})
+    return write_yaml(
+        tmp_path / "regions.yaml",
+        {"regions": regions, "ssh": {"known_hosts": str(known_hosts), "connect_timeout": timeout}},
+    )
 
 
 def known_hosts_of(tmp_path, *servers):
@@ -112,17 +125,41 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         regions = regions_file(
             tmp_path,
             [
-                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [host_entry(one, "one", host_venv, tmp_path, learners=2)]},
-                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [host_entry(two, "two", host_venv, tmp_path, learners=2)]},
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [host_entry(one, "one", host_venv, tmp_path, learners=2)],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [host_entry(two, "two", host_venv, tmp_path, learners=2)],
+                },
             ],
             known_hosts,
         )
         # the default recipe (4 learners), shortened, with a narrower GPT of 2 layers
-        shorter = ["--set", "training.inner_steps=24", "--set", "sync.sync_interval=6", "--set", "training.heartbeat_seconds=0.5",
-                   "--set", "model.kwargs.num_layers=2", "--set", "model.kwargs.width=64", "--set", "model.kwargs.num_heads=2"]
-        started = diloco("up", "--regions", str(regions), "--name", "ssh-run", "--runs-dir", str(runs_dir), *shorter, timeout=900)
+        shorter = [
+            "--set",
+            "training.inner_steps=24",
+            "--set",
+            "sync.sync_interval=6",
+            "--set",
+            "training.heartbeat_seconds=0.5",
+            "--set",
+            "model.kwargs.num_layers=2",
+            "--set",
+            "model.kwargs.width=64",
+            "--set",
+            "model.kwargs.num_heads=2",
+        ]
+        started = diloco(
+            "up", "--regions", str(regions), "--name", "ssh-run", "--runs-dir", str(runs_dir), *shorter, timeout=900
+        )
         assert "preflight" in started.stdout and "first problem" in started.stdout
-        assert re.search(r"one: diloco (installed|up to date)", started.stdout) and "started run ssh-run" in started.stdout
+        assert (
+            re.search(r"one: diloco (installed|up to date)", started.stdout) and "started run ssh-run" in started.stdout
+        )
         # the secret reached the hosts over SSH only, readable by its owner alone
         secret_file = tmp_path / "work-one" / "ssh-run" / "secret"
         assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
@@ -150,8 +187,12 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         # syncer still merges everyone's sends, the restarted learner's included
         assert all(row.state == "finished" for row in rows.values()) and status.version >= 2
         assert secret not in diloco("status", "ssh-run", "-o", "json", "--runs-dir", str(runs_dir)).stdout
-        probed = json.loads(diloco("status", "ssh-run", "--probe", "-o", "json", "--runs-dir", str(runs_dir)).stdout)["probe"]
-        assert {row["process"]: (row["host"], row["ssh"], row["supervisor"]) for row in probed if row["host"] != "local"} == {
+        probed = json.loads(diloco("status", "ssh-run", "--probe", "-o", "json", "--runs-dir", str(runs_dir)).stdout)[
+            "probe"
+        ]
+        assert {
+            row["process"]: (row["host"], row["ssh"], row["supervisor"]) for row in probed if row["host"] != "local"
+        } == {
             "east-0": ("one", "ok", "finished"),
             "east-1": ("one", "ok", "finished"),
             "west-0": ("two", "ok", "finished"),
@@ -194,11 +235,17 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
             elif arguments[0] == "resume":
                 assert f"nothing of run {run_name} is down" in result.stdout
             elif arguments[0] == "scale":  # started over SSH on west's host, from the host's rewritten manifest
-                assert re.search(r"west-2\s+two\s+added", result.stdout) and "M is now 5" in result.stdout, result.stdout
+                assert re.search(r"west-2\s+two\s+added", result.stdout) and "M is now 5" in result.stdout, (
+                    result.stdout
+                )
                 log = tmp_path / "work-two" / run_name / "logs" / "west-2.log"
                 deadline = time.monotonic() + 180
-                while not (log.exists() and "installed fragment" in log.read_text()):  # it joined from the global weights
-                    assert time.monotonic() < deadline, f"west-2 did not join on host two: {log.read_text()[-2000:] if log.exists() else 'no log'}"
+                while not (
+                    log.exists() and "installed fragment" in log.read_text()
+                ):  # it joined from the global weights
+                    assert time.monotonic() < deadline, (
+                        f"west-2 did not join on host two: {log.read_text()[-2000:] if log.exists() else 'no log'}"
+                    )
                     time.sleep(1)
             elif arguments[0] == "down":
                 assert f"run {run_name} is down" in result.stdout
@@ -247,7 +294,9 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
         spaces = stack.enter_context(namespaces(["east", "west"]))
         regions, servers, stores = [], [], {}
         for label, space in spaces.items():
-            server = stack.enter_context(sshd(tmp_path, f"sshd-{label}", host=space.address, command_prefix=space.exec_prefix()))
+            server = stack.enter_context(
+                sshd(tmp_path, f"sshd-{label}", host=space.address, command_prefix=space.exec_prefix())
+            )
             store = stack.enter_context(moto_s3_server(host=space.address, command_prefix=space.exec_prefix()))
             bucket = store.create_bucket(f"diloco-{label}")
             servers.append(server)
@@ -262,7 +311,17 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
             )
         known_hosts = known_hosts_of(tmp_path, *servers)
         recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(SSH_RECIPE, {"training": {"inner_steps": 40}}))
-        diloco("up", str(recipe), "--regions", str(regions_file(tmp_path, regions, known_hosts)), "--name", "netns-run", "--runs-dir", str(runs_dir), timeout=900)
+        diloco(
+            "up",
+            str(recipe),
+            "--regions",
+            str(regions_file(tmp_path, regions, known_hosts)),
+            "--name",
+            "netns-run",
+            "--runs-dir",
+            str(runs_dir),
+            timeout=900,
+        )
         wait_finished(runs_dir, "netns-run", timeout=300)
         # each region's endpoint holds only its own learner's traffic
         for label in spaces:
@@ -282,8 +341,18 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
 
 
 def dry_run(tmp_path, regions, *extra):
-    return diloco("up", str(write_yaml(tmp_path / "recipe.yaml", SSH_RECIPE)), "--regions", str(regions), "--dry-run",
-                  "--runs-dir", str(tmp_path / "runs"), *extra, check=False, timeout=300)
+    return diloco(
+        "up",
+        str(write_yaml(tmp_path / "recipe.yaml", SSH_RECIPE)),
+        "--regions",
+        str(regions),
+        "--dry-run",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        *extra,
+        check=False,
+        timeout=300,
+    )
 
 
 def test_unknown_host_keys_are_refused_with_their_fingerprint_and_changed_keys_always(tmp_path, host_venv):
@@ -291,11 +360,21 @@ def test_unknown_host_keys_are_refused_with_their_fingerprint_and_changed_keys_a
         empty = tmp_path / "known_hosts"
         empty.write_text("")
         regions = regions_file(
-            tmp_path, [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2)]}], empty
+            tmp_path,
+            [
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/b",
+                    "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2)],
+                }
+            ],
+            empty,
         )
         refused = dry_run(tmp_path, regions)
         assert refused.returncode == 2
-        fingerprint = subprocess.run(["ssh-keygen", "-lf", "-"], input=server.known_hosts_line(), capture_output=True, text=True).stdout.split()[1]
+        fingerprint = subprocess.run(
+            ["ssh-keygen", "-lf", "-"], input=server.known_hosts_line(), capture_output=True, text=True
+        ).stdout.split()[1]
         assert f"offered an unknown ssh-ed25519 key {fingerprint}" in refused.stdout + refused.stderr
         assert "--accept-new-host-keys" in refused.stdout + refused.stderr
         accepted = dry_run(tmp_path, regions, "--accept-new-host-keys")
@@ -303,7 +382,9 @@ def test_unknown_host_keys_are_refused_with_their_fingerprint_and_changed_keys_a
         assert f"[{server.host}]:{server.port} ssh-ed25519" in empty.read_text()
         # a changed key is refused, even with --accept-new-host-keys
         with sshd(tmp_path, "impostor") as impostor:
-            line = impostor.known_hosts_line().replace(f"[{impostor.host}]:{impostor.port}", f"[{server.host}]:{server.port}")
+            line = impostor.known_hosts_line().replace(
+                f"[{impostor.host}]:{impostor.port}", f"[{server.host}]:{server.port}"
+            )
             empty.write_text(line + "\n")
             changed = dry_run(tmp_path, regions, "--accept-new-host-keys")
             assert changed.returncode == 2
@@ -317,7 +398,10 @@ def test_unreachable_hosts_and_hosts_without_torch_fail_preflight_by_name(tmp_pa
         bare = dict(host_entry(server, "bare", str(tmp_path / "bare-venv"), tmp_path), install=[])
         regions = regions_file(
             tmp_path,
-            [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [gone]}, {"name": "west", "bucket": f"file://{tmp_path}/c", "hosts": [bare]}],
+            [
+                {"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": [gone]},
+                {"name": "west", "bucket": f"file://{tmp_path}/c", "hosts": [bare]},
+            ],
             known_hosts,
             timeout=3,
         )
@@ -341,12 +425,29 @@ def test_a_wrong_bucket_is_caught_by_preflight_from_the_host_before_anything_sta
             monkeypatch.setenv(name, value)
         regions = regions_file(
             tmp_path,
-            [{"name": "east", "bucket": "s3://no-such-bucket", "storage_options": {"endpoint_url": store.endpoint_url},
-              "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2, env=env)]}],
+            [
+                {
+                    "name": "east",
+                    "bucket": "s3://no-such-bucket",
+                    "storage_options": {"endpoint_url": store.endpoint_url},
+                    "hosts": [host_entry(server, "one", host_venv, tmp_path, learners=2, env=env)],
+                }
+            ],
             known_hosts_of(tmp_path, server),
         )
         runs_dir = tmp_path / "runs"
-        result = diloco("up", str(write_yaml(tmp_path / "recipe.yaml", SSH_RECIPE)), "--regions", str(regions), "--runs-dir", str(runs_dir), "--set", "name=wrong", check=False, timeout=600)
+        result = diloco(
+            "up",
+            str(write_yaml(tmp_path / "recipe.yaml", SSH_RECIPE)),
+            "--regions",
+            str(regions),
+            "--runs-dir",
+            str(runs_dir),
+            "--set",
+            "name=wrong",
+            check=False,
+            timeout=600,
+        )
         assert result.returncode == 2
         assert "no-such-bucket" in result.stdout + result.stderr
         assert not runs_dir.exists() or not any(p for p in runs_dir.iterdir() if not p.name.startswith("."))
@@ -368,16 +469,27 @@ def test_the_chaos_driver_signals_a_learner_on_its_ssh_host(tmp_path):
         known_hosts = known_hosts_of(tmp_path, one)
         host = host_entry(one, "one", str(tmp_path / "venv"), tmp_path)
         spec = RunSpec(
-            run="chaotic", created=time.time(), recipe=Recipe.model_validate(deep_update(TINY_RECIPE, {"training": {"num_learners": 1}})),
+            run="chaotic",
+            created=time.time(),
+            recipe=Recipe.model_validate(deep_update(TINY_RECIPE, {"training": {"num_learners": 1}})),
             learners=(LearnerSpec(id="east-0", region="east", host="one", shard=0),),
             regions=(RegionSpec(name="east", root=f"file://{tmp_path}/buckets/east"),),
-            syncer=SyncerSpec(host="local", home=f"file://{tmp_path}/home"), chaos=parse_chaos("seed=1,kill-learner=1/min"),
-        )  # fmt: skip
+            syncer=SyncerSpec(host="local", home=f"file://{tmp_path}/home"),
+            chaos=parse_chaos("seed=1,kill-learner=1/min"),
+        )
         run_dir = tmp_path / "runs" / "chaotic"
         run_dir.mkdir(parents=True)
         (run_dir / "secret").write_text(RunSecret.generate().to_hex())
-        write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": "ssh", "processes": [],
-                                   "hosts": {"one": host}, "ssh": {"known_hosts": str(known_hosts)}})  # fmt: skip
+        write_run_record(
+            run_dir,
+            {
+                "spec": json.loads(spec.to_json()),
+                "launcher": "ssh",
+                "processes": [],
+                "hosts": {"one": host},
+                "ssh": {"known_hosts": str(known_hosts)},
+            },
+        )
         victim = subprocess.Popen(["sleep", "120"])  # the learner, as the host's supervisor recorded it
         state = tmp_path / "work-one" / "chaotic" / "processes" / "east-0.json"
         state.parent.mkdir(parents=True)

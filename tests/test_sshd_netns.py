@@ -80,9 +80,18 @@ def client(host, port, known_hosts, key_path, **kw):
     c = paramiko.SSHClient()
     c.load_host_keys(str(known_hosts))
     c.set_missing_host_key_policy(paramiko.RejectPolicy())
-    c.connect(host, port=port, username="root", key_filename=str(key_path),
-              look_for_keys=False, allow_agent=False, timeout=5, banner_timeout=5,
-              auth_timeout=5, **kw)
+    c.connect(
+        host,
+        port=port,
+        username="root",
+        key_filename=str(key_path),
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=5,
+        banner_timeout=5,
+        auth_timeout=5,
+        **kw,
+    )
     return c
 
 
@@ -92,24 +101,21 @@ def run(c, command):
 
 
 def start_listener(prefix, host, port, mode="hello"):
-    proc = subprocess.Popen([*prefix, *py(LISTEN, host, port, mode)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*prefix, *py(LISTEN, host, port, mode)], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
     assert line and line[0] == "ready", line
     return proc, int(line[1])
 
 
 def connect_from(prefix, host, port, timeout=1.0):
-    out = subprocess.run([*prefix, *py(CONNECT, host, port, timeout)],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run([*prefix, *py(CONNECT, host, port, timeout)], capture_output=True, text=True, timeout=30)
     return out.stdout.strip() or out.stderr
 
 
 def test_exec_sftp_and_host_key_checking(tmp_path):
     with sshd_server(tmp_path) as server:
         assert server.user == "root" and server.port != 22
-        assert server.known_hosts_line() == (
-            f"[127.0.0.1]:{server.port} {server.host_public_key}")
+        assert server.known_hosts_line() == (f"[127.0.0.1]:{server.port} {server.host_public_key}")
         known_hosts = tmp_path / "known_hosts"
         known_hosts.write_text(server.known_hosts_line() + "\n")
 
@@ -135,8 +141,7 @@ def test_exec_sftp_and_host_key_checking(tmp_path):
             client(server.host, server.port, empty, server.client_key_path)
         # Wrong host key for this [host]:port.
         wrong = tmp_path / "wrong_known_hosts"
-        client_pub = " ".join((server.client_key_path.parent / "client_ed25519.pub")
-                              .read_text().split()[:2])
+        client_pub = " ".join((server.client_key_path.parent / "client_ed25519.pub").read_text().split()[:2])
         wrong.write_text(f"[{server.host}]:{server.port} {client_pub}\n")
         with pytest.raises(paramiko.BadHostKeyException):
             client(server.host, server.port, wrong, server.client_key_path)
@@ -151,8 +156,7 @@ def test_no_process_left_after_exit(tmp_path):
         c = server.connect()
         # A session still running, and a daemon that escaped into its own session.
         c.exec_command("sleep 60")
-        assert run(c, "setsid nohup sleep 61 >/dev/null 2>&1 < /dev/null & echo started")[1] \
-            == "started\n"
+        assert run(c, "setsid nohup sleep 61 >/dev/null 2>&1 < /dev/null & echo started")[1] == "started\n"
         deadline = time.monotonic() + 5
         while True:
             tree = _descendants(server.process.pid)
@@ -184,8 +188,7 @@ def test_namespaces_sshd_and_isolation(tmp_path):
         assert one.address != two.address and one.gateway != two.gateway
         names = [one.name, two.name]
         veths = [one.root_veth, two.root_veth]
-        assert all(n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                       text=True).stdout for n in names)
+        assert all(n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout for n in names)
         # no DNS server is reachable from a namespace: its resolv.conf names none
         resolv = one.run(["cat", "/etc/resolv.conf"], capture_output=True, text=True).stdout
         assert "tests/netns.py" in resolv and "nameserver 127.0.0.1" in resolv
@@ -217,10 +220,8 @@ def test_namespaces_sshd_and_isolation(tmp_path):
         # A namespace reaches the root side of its own link.
         lsock = socket.create_server((one.gateway, 0))
         accepted = []
-        threading.Thread(target=lambda: accepted.append(lsock.accept()[0].sendall(b"root!")),
-                         daemon=True).start()
-        assert connect_from(one.exec_prefix(), one.gateway, lsock.getsockname()[1], 2) \
-            == "OK root!"
+        threading.Thread(target=lambda: accepted.append(lsock.accept()[0].sendall(b"root!")), daemon=True).start()
+        assert connect_from(one.exec_prefix(), one.gateway, lsock.getsockname()[1], 2) == "OK root!"
         lsock.close()
 
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -236,10 +237,8 @@ def test_shape_limits_both_directions():
     with namespaces(["shaped"]) as ns:
         link = ns["shaped"]
         shape(link, 8)  # 8 Mbit/s = 1 MB/s
-        root_q = subprocess.run(["tc", "qdisc", "show", "dev", link.root_veth],
-                                capture_output=True, text=True).stdout
-        ns_q = link.run(["tc", "qdisc", "show", "dev", link.ns_veth],
-                        capture_output=True, text=True).stdout
+        root_q = subprocess.run(["tc", "qdisc", "show", "dev", link.root_veth], capture_output=True, text=True).stdout
+        ns_q = link.run(["tc", "qdisc", "show", "dev", link.ns_veth], capture_output=True, text=True).stdout
         assert "tbf" in root_q and "8Mbit" in root_q, root_q
         assert "tbf" in ns_q and "8Mbit" in ns_q, ns_q
 
@@ -247,16 +246,16 @@ def test_shape_limits_both_directions():
         # Into the namespace (root side's egress).
         sink, port = start_listener(link.exec_prefix(), link.address, 0, "sink")
         try:
-            into = float(subprocess.run(py(SEND, link.address, port, n), capture_output=True,
-                                        text=True, check=True).stdout)
+            into = float(
+                subprocess.run(py(SEND, link.address, port, n), capture_output=True, text=True, check=True).stdout
+            )
         finally:
             sink.kill()
             sink.wait()
         # Out of the namespace (veth0's egress).
         sink, port = start_listener((), link.gateway, 0, "sink")
         try:
-            out = float(link.run(py(SEND, link.gateway, port, n), capture_output=True,
-                                 text=True, check=True).stdout)
+            out = float(link.run(py(SEND, link.gateway, port, n), capture_output=True, text=True, check=True).stdout)
         finally:
             sink.kill()
             sink.wait()

@@ -10,14 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
+from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
-from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerStatus
+from diloco_cli.store.metering import StorageCounters, Traffic
 from diloco_cli.views.run_state import collect_status
 from diloco_cli.views.status import LEGEND
-from diloco_cli.store.metering import StorageCounters, Traffic
 
 runner = CliRunner()
 
@@ -35,9 +35,28 @@ def beat(spec, learner, step, state="training", loss=2.5, secret=None):
     bucket = spec.bucket(region, secret or run_secret(spec))
     bucket.write_heartbeat(
         Heartbeat(
-            learner=learner, region=region, host="local", pid=1, state=state, step=step, total_steps=400, tokens=step * 2048, loss=loss,
-            step_seconds=0.5, base_versions={0: 3, 1: 4}, restarts=1 if learner == "local-b-1" else 0, epoch=1,
-            storage=StorageCounters(kinds={"payload": Traffic(bytes_up=1_500_000, bytes_down=300_000), "checkpoint": Traffic(bytes_up=9_000_000)}, retries=2), started_at=0.0, time=time.time(),
+            learner=learner,
+            region=region,
+            host="local",
+            pid=1,
+            state=state,
+            step=step,
+            total_steps=400,
+            tokens=step * 2048,
+            loss=loss,
+            step_seconds=0.5,
+            base_versions={0: 3, 1: 4},
+            restarts=1 if learner == "local-b-1" else 0,
+            epoch=1,
+            storage=StorageCounters(
+                kinds={
+                    "payload": Traffic(bytes_up=1_500_000, bytes_down=300_000),
+                    "checkpoint": Traffic(bytes_up=9_000_000),
+                },
+                retries=2,
+            ),
+            started_at=0.0,
+            time=time.time(),
         )
     )
 
@@ -52,13 +71,33 @@ def run_secret(spec):
 def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 more learners (2 arrived)"):
     now = time.time()
     status = SyncerStatus(
-        state=state, run=spec.run, version=7, fragment_versions={0: 6, 1: 7}, snapshot_version=0, merges=7, merges_per_minute=3,
+        state=state,
+        run=spec.run,
+        version=7,
+        fragment_versions={0: 6, 1: 7},
+        snapshot_version=0,
+        merges=7,
+        merges_per_minute=3,
         last_merge=LastMerge(fragment=1, version=7, learners=["local-a-0", "local-b-0"], seconds=0.2, time=now - 3),
-        quorum=4, effective_quorum=3, grace_seconds=1.8, live_learners=["local-a-0", "local-a-1", "local-b-0"],
+        quorum=4,
+        effective_quorum=3,
+        grace_seconds=1.8,
+        live_learners=["local-a-0", "local-a-1", "local-b-0"],
         reasons={0: reason, 1: "1 of K=3 arrived; waiting"},
-        evaluations=[Evaluation(version=0, loss=5.5, tokens=0, time=now), Evaluation(version=6, loss=2.71, tokens=400000, time=now)],
-        storage={"local-a": StorageCounters(kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=900_000)}), "local-b": StorageCounters(kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=800_000)}, retries=5)},
-        started_at=now - 100, time=now,
+        evaluations=[
+            Evaluation(version=0, loss=5.5, tokens=0, time=now),
+            Evaluation(version=6, loss=2.71, tokens=400000, time=now),
+        ],
+        storage={
+            "local-a": StorageCounters(
+                kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=900_000)}
+            ),
+            "local-b": StorageCounters(
+                kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=800_000)}, retries=5
+            ),
+        },
+        started_at=now - 100,
+        time=now,
     )
     for bucket in spec.buckets(run_secret(spec)):
         bucket.write_syncer_status(status)
@@ -76,10 +115,21 @@ def test_json_output_carries_every_documented_field(tmp_path):
     assert status["state"] == "running" and status["version"] == 7 and status["heldout_loss"] == 2.71
     assert status["tokens"] == 4 * 120 * 2048
     row = status["learners"][3]
-    assert row["learner"] == "local-b-1" and row["restarts"] == 1 and row["staleness"] == 4 and row["steps_per_second"] == 2.0
+    assert (
+        row["learner"] == "local-b-1"
+        and row["restarts"] == 1
+        and row["staleness"] == 4
+        and row["steps_per_second"] == 2.0
+    )
     assert status["syncer"]["reasons"]["0"].startswith("grace window: 1.8 s left")
-    assert {r["region"]: r["learners_up"] for r in status["regions"]} == {"local-a": 3_000_000, "local-b": 3_000_000}  # checkpoints apart
-    assert {r["region"]: r["checkpoints_up"] for r in status["regions"]} == {"local-a": 18_000_000, "local-b": 18_000_000}
+    assert {r["region"]: r["learners_up"] for r in status["regions"]} == {
+        "local-a": 3_000_000,
+        "local-b": 3_000_000,
+    }  # checkpoints apart
+    assert {r["region"]: r["checkpoints_up"] for r in status["regions"]} == {
+        "local-a": 18_000_000,
+        "local-b": 18_000_000,
+    }
     for field in ("last_seen_seconds", "base_version", "bytes_down"):
         assert field in row
 
@@ -88,7 +138,12 @@ def test_piped_output_is_plain_text(tmp_path):
     runs_dir, spec = make_run(tmp_path)
     beat(spec, "local-a-0", 50)
     syncer_status(spec)
-    result = subprocess.run([sys.executable, "-m", "diloco_cli", "status", "viewed", "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", "status", "viewed", "--runs-dir", str(runs_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "\x1b[" not in result.stdout  # no terminal escapes when piped
     assert "run viewed  running  version 7" in result.stdout
@@ -108,9 +163,13 @@ def test_live_view_in_a_real_terminal_updates_and_ends_with_the_run(tmp_path, co
         beat(spec, learner, 10)
     syncer_status(spec)
     session = f"diloco-status-{time.monotonic_ns()}"
-    command = f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli status viewed --watch --runs-dir {shlex.quote(str(runs_dir))}; echo VIEW-ENDED; sleep 30"
+    command = (
+        f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli status viewed --watch "
+        f"--runs-dir {shlex.quote(str(runs_dir))}; echo VIEW-ENDED; sleep 30"
+    )
     assert tmux("new-session", "-d", "-s", session, "-x", str(columns), "-y", "40", command).returncode == 0
     try:
+
         def screen():
             return tmux("capture-pane", "-p", "-t", session).stdout
 
@@ -151,14 +210,23 @@ def test_refusals_retries_and_what_is_down_are_shown_with_what_to_run(tmp_path):
     runs_dir, spec = make_run(tmp_path)
     beat(spec, "local-a-0", 120)
     refusals = Refusals()
-    refusals.record("update", "global/updates/0000000006-000.dlc", "tag mismatch: the payload was altered or forged", time.time() - 5)
+    refusals.record(
+        "update",
+        "global/updates/0000000006-000.dlc",
+        "tag mismatch: the payload was altered or forged",
+        time.time() - 5,
+    )
     bucket = spec.bucket("local-a", run_secret(spec))
     bucket.write_heartbeat(bucket.read_heartbeat("local-a-0").model_copy(update={"refusals": refusals}))
     # a heartbeat forged with another run's key is refused by status too
-    spec.bucket("local-b", RunSecret(bytes(32))).write_heartbeat(bucket.read_heartbeat("local-a-0").model_copy(update={"learner": "local-b-0", "region": "local-b"}))
+    spec.bucket("local-b", RunSecret(bytes(32))).write_heartbeat(
+        bucket.read_heartbeat("local-a-0").model_copy(update={"learner": "local-b-0", "region": "local-b"})
+    )
     syncer_status(spec)
     # the syncer's supervisor gave up (its process is long gone)
-    (runs_dir / "viewed" / "processes" / "syncer.json").write_text(json.dumps({"state": "failed", "exit_code": 1, "restarts": 9, "supervisor_pid": 999999999}))
+    (runs_dir / "viewed" / "processes" / "syncer.json").write_text(
+        json.dumps({"state": "failed", "exit_code": 1, "restarts": 9, "supervisor_pid": 999999999})
+    )
     record = json.loads((runs_dir / "viewed" / "run.json").read_text())
     record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
     (runs_dir / "viewed" / "run.json").write_text(json.dumps(record))
@@ -170,8 +238,15 @@ def test_refusals_retries_and_what_is_down_are_shown_with_what_to_run(tmp_path):
     assert regions["local-a"]["latest_refusal"]["key"] == "global/updates/0000000006-000.dlc"
     assert regions["local-b"]["refusals"] == {"heartbeat": 1} and regions["local-b"]["retries"] == 5
     assert regions["local-a"]["retries"] == 2
-    assert any("syncer is down: its supervisor gave up" in p and "diloco resume viewed" in p for p in status["problems"]), status["problems"]
-    text = subprocess.run([sys.executable, "-m", "diloco_cli", "status", "viewed", "--runs-dir", str(runs_dir)], capture_output=True, text=True, timeout=120)
+    assert any(
+        "syncer is down: its supervisor gave up" in p and "diloco resume viewed" in p for p in status["problems"]
+    ), status["problems"]
+    text = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", "status", "viewed", "--runs-dir", str(runs_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "! syncer is down: its supervisor gave up" in text.stdout
     assert "refused in local-a: 1 update; latest update global/updates/0000000006-000.dlc" in text.stdout
     assert "tag mismatch" in text.stdout
@@ -182,4 +257,7 @@ def test_a_silent_syncer_is_reported_with_what_to_run(tmp_path):
     syncer_status(spec)
     status = collect_status(spec, run_secret(spec), now=time.time() + 120)
     assert status.state == "syncer not reporting" and status.syncer.state == "not reporting"
-    assert status.problems == ["the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it (`diloco status viewed --probe` asks its host)"]
+    assert status.problems == [
+        "the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it "
+        "(`diloco status viewed --probe` asks its host)"
+    ]

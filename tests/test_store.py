@@ -55,12 +55,22 @@ def test_a_killed_local_write_leaves_nothing_readable(tmp_path):
 
 def test_payload_markers_are_authenticated(root, secret):
     bucket = RegionBucket("r", root, None, secret)
-    key = bucket.send_payload(LearnerId("m0"), FragmentIndex(1), 7, b"data", {"base_version": 3, "c_steps": 5, "c_tokens": 640})
+    key = bucket.send_payload(
+        LearnerId("m0"), FragmentIndex(1), 7, b"data", {"base_version": 3, "c_steps": 5, "c_tokens": 640}
+    )
     record = bucket.payload_record(key)
-    assert (record.learner, record.fragment, record.sequence, record.base_version, record.c_tokens) == ("m0", 1, 7, 3, 640)
+    assert (record.learner, record.fragment, record.sequence, record.base_version, record.c_tokens) == (
+        "m0",
+        1,
+        7,
+        3,
+        640,
+    )
     # a marker written without the run's secret is refused
     forged = RegionBucket("r", root, None, RunSecret(bytes(32)))
-    forged_key = forged.send_payload(LearnerId("m1"), FragmentIndex(0), 1, b"data", {"base_version": 0, "c_steps": 1, "c_tokens": 1})
+    forged_key = forged.send_payload(
+        LearnerId("m1"), FragmentIndex(0), 1, b"data", {"base_version": 0, "c_steps": 1, "c_tokens": 1}
+    )
     with pytest.raises(PayloadError):
         bucket.payload_record(forged_key)
     # a genuine marker copied next to another payload is refused too
@@ -81,7 +91,18 @@ def test_learner_epochs_are_sealed_per_learner(root, secret):
 
 
 def beat(learner="m0", **changes):
-    values = dict(learner=learner, region="r", host="local", pid=1, state=LearnerState.TRAINING, step=5, total_steps=10, tokens=640, started_at=0.0, time=1.0)
+    values = dict(
+        learner=learner,
+        region="r",
+        host="local",
+        pid=1,
+        state=LearnerState.TRAINING,
+        step=5,
+        total_steps=10,
+        tokens=640,
+        started_at=0.0,
+        time=1.0,
+    )
     return Heartbeat(**{**values, **changes})
 
 
@@ -118,7 +139,12 @@ def test_head_lists_the_updates_a_reader_misses():
         version=Version(9),
         fragment_versions={FragmentIndex(0): Version(8), FragmentIndex(1): Version(9)},
         snapshot_version=Version(6),
-        recent=((Version(4), FragmentIndex(0)), (Version(5), FragmentIndex(1)), (Version(8), FragmentIndex(0)), (Version(9), FragmentIndex(1))),
+        recent=(
+            (Version(4), FragmentIndex(0)),
+            (Version(5), FragmentIndex(1)),
+            (Version(8), FragmentIndex(0)),
+            (Version(9), FragmentIndex(1)),
+        ),
         recent_from=Version(3),
     )
     assert head.updates_after(FragmentIndex(0), Version(4)) == [8]

@@ -34,7 +34,9 @@ class Harness:
             "sync": {"quorum": 1, "snapshot_every": 3, "window_versions": 8, "evaluate_every": 2},
         }
         recipe = Recipe.model_validate(deep_update(TINY_RECIPE, changes))
-        regions = RegionsFile.model_validate({"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]})
+        regions = RegionsFile.model_validate(
+            {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
+        )
         self.spec = plan_run(recipe, regions, "tampered", tmp_path)
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
@@ -65,12 +67,16 @@ class Harness:
         for _ in range(20):
             self.syncer._turn()
             time.sleep(0.02)
-            if not self.syncer.observed and not any(r.pending or r.merging for r in self.syncer.decisions.rounds.values()):
+            if not self.syncer.observed and not any(
+                r.pending or r.merging for r in self.syncer.decisions.rounds.values()
+            ):
                 return
 
     def poll(self, learner):
         """One poll, installed: the fragments installed."""
-        bases = {p: Version(-1) if p in learner.needs_snapshot else v for p, v in learner.fragments.base_version.items()}
+        bases = {
+            p: Version(-1) if p in learner.needs_snapshot else v for p, v in learner.fragments.base_version.items()
+        }
         return learner._apply_poll(learner._poll(bases, learner.newest_head, learner.resync_seen))
 
     def assert_bases_equal_the_syncers(self, learner):
@@ -133,12 +139,16 @@ def test_forged_replayed_and_reordered_objects_are_refused_counted_and_shown(har
     harness.merge()  # the syncer's head is authentic again, two versions of each fragment on
     head = harness.bucket.read_head()
     fragment = FragmentIndex(1)
-    newest, earlier = sorted((v for v, p in head.recent if p == fragment and v > reader.fragments.base_version[p]), reverse=True)[:2]
+    newest, earlier = sorted(
+        (v for v, p in head.recent if p == fragment and v > reader.fragments.base_version[p]), reverse=True
+    )[:2]
     good = harness.bucket.store.get(update_key(newest, fragment))
     harness.bucket.store.put(update_key(newest, fragment), harness.bucket.store.get(update_key(earlier, fragment)))
     installed = harness.poll(reader)
     assert fragment not in installed
-    assert reader.refusals.counts["update"] >= 1 and f"not {earlier} to {newest}" in str([n.reason for n in reader.refusals.recent])
+    assert reader.refusals.counts["update"] >= 1 and f"not {earlier} to {newest}" in str(
+        [n.reason for n in reader.refusals.recent]
+    )
     # once the object is whole again, the reader catches up, bit for bit
     harness.bucket.store.put(update_key(newest, fragment), good)
     harness.poll(reader)

@@ -45,7 +45,9 @@ def write_shards(directory: Path, seed: int = 0) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def golden_batch(tokens: np.ndarray, start: int, end: int, step: int, batch_size: int, sequence_length: int) -> np.ndarray:
+def golden_batch(
+    tokens: np.ndarray, start: int, end: int, step: int, batch_size: int, sequence_length: int
+) -> np.ndarray:
     """Step ``step``'s windows of ``tokens[start:end]``, one by one: window ``w`` is
     ``sequence_length + 1`` tokens from ``w * sequence_length``, ``w`` modulo the windows that fit."""
     part = tokens[start:end]
@@ -57,18 +59,43 @@ def golden_batch(tokens: np.ndarray, start: int, end: int, step: int, batch_size
     return np.stack(rows).astype(np.int64)
 
 
-def stream(directory: Path, shard: int = 0, num_shards: int = 1, rank: int = 0, world_size: int = 1, chunk_bytes: int = 600, cache_bytes: int = 4800, **options) -> TokenBatches:
-    return TokenBatches(str(directory / "index.json"), options, shard=shard, num_shards=num_shards, rank=rank, world_size=world_size, chunk_bytes=chunk_bytes, cache_bytes=cache_bytes)
+def stream(
+    directory: Path,
+    shard: int = 0,
+    num_shards: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    chunk_bytes: int = 600,
+    cache_bytes: int = 4800,
+    **options,
+) -> TokenBatches:
+    return TokenBatches(
+        str(directory / "index.json"),
+        options,
+        shard=shard,
+        num_shards=num_shards,
+        rank=rank,
+        world_size=world_size,
+        chunk_bytes=chunk_bytes,
+        cache_bytes=cache_bytes,
+    )
 
 
 @pytest.fixture
 def dataset(tmp_path):
     tokens = write_shards(tmp_path / "data")
-    index_existing(Location(str(tmp_path / "data")), dtype="uint16", vocab_size=1 << 16, train=["train-0.bin", "train-1.bin", "train-2.bin"])
+    index_existing(
+        Location(str(tmp_path / "data")),
+        dtype="uint16",
+        vocab_size=1 << 16,
+        train=["train-0.bin", "train-1.bin", "train-2.bin"],
+    )
     return tmp_path / "data", tokens
 
 
-@pytest.mark.parametrize(("shard", "num_shards", "rank", "world_size"), [(0, 1, 0, 1), (1, 3, 0, 1), (1, 2, 1, 2), (2, 3, 1, 3)])
+@pytest.mark.parametrize(
+    ("shard", "num_shards", "rank", "world_size"), [(0, 1, 0, 1), (1, 3, 0, 1), (1, 2, 1, 2), (2, 3, 1, 3)]
+)
 def test_batches_are_the_windows_of_the_concatenated_tokens(dataset, shard, num_shards, rank, world_size):
     """Every step, across file boundaries (tokens 1000 and 3500) and chunk boundaries (300
     tokens), around the end of the range (several epochs), and again at arbitrary steps
@@ -87,16 +114,24 @@ def test_batches_are_the_windows_of_the_concatenated_tokens(dataset, shard, num_
             expected = golden_batch(tokens, start, end, step, batch_size, sequence_length)
             assert inputs.dtype == targets.dtype == torch.int64
             assert inputs.shape == targets.shape == (batch_size, sequence_length)
-            assert np.array_equal(inputs.numpy(), expected[:, :-1]) and np.array_equal(targets.numpy(), expected[:, 1:]), step
+            assert np.array_equal(inputs.numpy(), expected[:, :-1]) and np.array_equal(
+                targets.numpy(), expected[:, 1:]
+            ), step
     with stream(directory, shard, num_shards, rank, world_size) as resumed:
         for step in (2 * steps_per_epoch + 1, 5, 1000):
             inputs, _ = resumed.batch_at(step, batch_size, sequence_length)
-            assert np.array_equal(inputs.numpy(), golden_batch(tokens, start, end, step, batch_size, sequence_length)[:, :-1])
+            assert np.array_equal(
+                inputs.numpy(), golden_batch(tokens, start, end, step, batch_size, sequence_length)[:, :-1]
+            )
 
 
 @given(total=st.integers(1, 10**12), num_shards=st.integers(1, 64), world_size=st.integers(1, 16))
 def test_ranges_of_learners_and_ranks_are_disjoint_and_cover_every_training_token(total, num_shards, world_size):
-    ranges = [process_range(total, shard, num_shards, rank, world_size) for shard in range(num_shards) for rank in range(world_size)]
+    ranges = [
+        process_range(total, shard, num_shards, rank, world_size)
+        for shard in range(num_shards)
+        for rank in range(world_size)
+    ]
     assert ranges[0].start == 0 and ranges[-1].end == total
     assert all(before.end == after.start for before, after in zip(ranges, ranges[1:]))
     assert all(len(part) >= 0 for part in ranges) and max(map(len, ranges)) - min(map(len, ranges)) <= 2
@@ -124,16 +159,29 @@ def test_nanogpt_shards_are_indexed_where_they_are_and_streamed(tmp_path):
     train = rng.integers(0, 50257, 5000, dtype=np.uint16)
     train.tofile(tmp_path / "train.bin")
     rng.integers(0, 50257, 300, dtype=np.uint16).tofile(tmp_path / "val.bin")
-    result = CliRunner().invoke(app, ["prepare", "--existing", str(tmp_path), "--dtype", "uint16", "--vocab-size", "50257"])
+    result = CliRunner().invoke(
+        app, ["prepare", "--existing", str(tmp_path), "--dtype", "uint16", "--vocab-size", "50257"]
+    )
     assert result.exit_code == 0, result.output
     assert f"index: {tmp_path}/index.json" in result.stdout
-    with TokenBatches(f"file://{tmp_path}/index.json", {}, shard=1, num_shards=2, rank=0, world_size=1, chunk_bytes=1 << 20, cache_bytes=4 << 20) as batches:
+    with TokenBatches(
+        f"file://{tmp_path}/index.json",
+        {},
+        shard=1,
+        num_shards=2,
+        rank=0,
+        world_size=1,
+        chunk_bytes=1 << 20,
+        cache_bytes=4 << 20,
+    ) as batches:
         assert batches.index.tokenizer is None and batches.tokenizer_sha256 == "unknown" and batches.vocab_size == 50257
         inputs, targets = batches.batch_at(4, 8, 64)
     expected = golden_batch(train, 2500, 5000, 4, 8, 64)
     assert np.array_equal(inputs.numpy(), expected[:, :-1]) and np.array_equal(targets.numpy(), expected[:, 1:])
 
-    wrong = CliRunner().invoke(app, ["prepare", "--existing", str(tmp_path), "--dtype", "uint16", "--vocab-size", "1000", "--overwrite"])
+    wrong = CliRunner().invoke(
+        app, ["prepare", "--existing", str(tmp_path), "--dtype", "uint16", "--vocab-size", "1000", "--overwrite"]
+    )
     assert wrong.exit_code == 2 and "not below --vocab-size 1000; is --dtype or --vocab-size right?" in wrong.stderr
 
 
@@ -141,7 +189,10 @@ def test_a_shard_shorter_than_its_index_says_is_reported(dataset):
     directory, _ = dataset
     with open(directory / "train-2.bin", "r+b") as handle:
         handle.truncate(100)
-    with stream(directory) as batches, pytest.raises(DatasetError, match="train-2.bin .* ends before token .*make it again"):
+    with (
+        stream(directory) as batches,
+        pytest.raises(DatasetError, match="train-2.bin .* ends before token .*make it again"),
+    ):
         for step in range(100):
             batches.batch_at(step, 4, 40)
 
@@ -152,13 +203,24 @@ def test_read_ahead_hides_the_latency_of_a_slow_bucket(tmp_path, s3):
     delay, batch_size, sequence_length = 0.1, 8, 64
     bucket = s3.create_bucket("slow-tokens")
     tokens = np.random.default_rng(4).integers(0, 50000, 200_000, dtype=np.uint16)
-    s3.filesystem().pipe({"slow-tokens/ds/train.bin": tokens[:150_000].tobytes(), "slow-tokens/ds/val.bin": tokens[150_000:].tobytes()})
+    s3.filesystem().pipe(
+        {"slow-tokens/ds/train.bin": tokens[:150_000].tobytes(), "slow-tokens/ds/val.bin": tokens[150_000:].tobytes()}
+    )
     index_existing(Location(f"{bucket}/ds", {"endpoint_url": s3.endpoint_url}), dtype="uint16", vocab_size=50000)
     chunk_bytes = 2 * batch_size * sequence_length * 2  # a new chunk every second step
     host, port = s3.endpoint_url.removeprefix("http://").split(":")
     with delay_proxy((host, int(port)), delay) as proxy:
         options = {"endpoint_url": f"http://{proxy.host}:{proxy.port}"}
-        with TokenBatches(f"{bucket}/ds/index.json", options, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=chunk_bytes, cache_bytes=16 * chunk_bytes) as batches:
+        with TokenBatches(
+            f"{bucket}/ds/index.json",
+            options,
+            shard=0,
+            num_shards=1,
+            rank=0,
+            world_size=1,
+            chunk_bytes=chunk_bytes,
+            cache_bytes=16 * chunk_bytes,
+        ) as batches:
             started = time.perf_counter()
             batches.batch_at(0, batch_size, sequence_length)
             cold = time.perf_counter() - started
@@ -168,7 +230,9 @@ def test_read_ahead_hides_the_latency_of_a_slow_bucket(tmp_path, s3):
                 started = time.perf_counter()
                 inputs, _ = batches.batch_at(step, batch_size, sequence_length)
                 warm.append(time.perf_counter() - started)
-                assert np.array_equal(inputs.numpy(), golden_batch(tokens, 0, 150_000, step, batch_size, sequence_length)[:, :-1])
+                assert np.array_equal(
+                    inputs.numpy(), golden_batch(tokens, 0, 150_000, step, batch_size, sequence_length)[:, :-1]
+                )
             started = time.perf_counter()
             batches.batch_at(500, batch_size, sequence_length)  # a resume far ahead: nothing read yet
             seek = time.perf_counter() - started
@@ -198,7 +262,9 @@ MEMORY_CHILD = textwrap.dedent(
     except MemoryError:
         pass
     batch_size, sequence_length = 64, 1024
-    with TokenBatches(index, {}, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=4 << 20, cache_bytes=32 << 20) as batches:
+    with TokenBatches(
+        index, {}, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=4 << 20, cache_bytes=32 << 20
+    ) as batches:
         steps = (len(batches.range) - 1) // sequence_length // batch_size
         total = 0
         for step in range(steps):
@@ -221,11 +287,17 @@ def test_streaming_a_range_larger_than_the_memory_limit(tmp_path):
     count = 1536 * 65521
     np.arange(1000, dtype=np.uint16).tofile(directory / "val.bin")
     index_existing(Location(str(directory)), dtype="uint16", vocab_size=65521)
-    environment = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # glibc would reserve 64 MB of address space per reading thread
+    environment = {
+        **os.environ,
+        "MALLOC_ARENA_MAX": "2",
+    }  # glibc would reserve 64 MB of address space per reading thread
     result = subprocess.run(
         [sys.executable, "-c", MEMORY_CHILD, str(directory / "index.json"), str(2 * count), str(128 << 20)],
-        capture_output=True, text=True, env=environment, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     steps, total = map(int, result.stdout.split())
     used = steps * 64 * 1024  # the inputs of every window the steps took: tokens [0, used)

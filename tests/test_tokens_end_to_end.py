@@ -8,7 +8,16 @@ import pytest
 import torch
 
 from diloco_cli.training.data import builtin_corpus
-from tests.runs import TINY_RECIPE, assert_bases_are_the_syncers, assert_every_token_accounted, deep_update, diloco, heartbeats, wait_finished, write_yaml
+from tests.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    deep_update,
+    diloco,
+    heartbeats,
+    wait_finished,
+    write_yaml,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +26,18 @@ def test_a_transformers_model_trains_on_prepared_tokens_and_exports_for_hugging_
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(builtin_corpus("shakespeare"))
     dataset = tmp_path / "dataset"
-    diloco("prepare", str(corpus), "-o", str(dataset), "--vocab-size", "512", "--shard-tokens", "200000", "--heldout-fraction", "0.05")
+    diloco(
+        "prepare",
+        str(corpus),
+        "-o",
+        str(dataset),
+        "--vocab-size",
+        "512",
+        "--shard-tokens",
+        "200000",
+        "--heldout-fraction",
+        "0.05",
+    )
     index = json.loads((dataset / "index.json").read_text())
     assert index["vocab_size"] == 512 and index["tokenizer"] == "tokenizer.json" and len(index["train"]) > 2
 
@@ -31,8 +51,20 @@ def test_a_transformers_model_trains_on_prepared_tokens_and_exports_for_hugging_
             "training": {"inner_steps": 60, "learning_rate": 0.003},
         },
     )
-    regions = [{"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]} for n in ("east", "west")]
-    diloco("up", str(write_yaml(tmp_path / "recipe.yaml", recipe)), "--regions", str(write_yaml(tmp_path / "regions.yaml", {"regions": regions})), "--name", name, "--runs-dir", str(runs_dir))
+    regions = [
+        {"name": n, "bucket": f"file://{tmp_path}/buckets/{n}", "hosts": [{"name": "local", "learners": 1}]}
+        for n in ("east", "west")
+    ]
+    diloco(
+        "up",
+        str(write_yaml(tmp_path / "recipe.yaml", recipe)),
+        "--regions",
+        str(write_yaml(tmp_path / "regions.yaml", {"regions": regions})),
+        "--name",
+        name,
+        "--runs-dir",
+        str(runs_dir),
+    )
     wait_finished(runs_dir, name)
     assert_every_token_accounted(runs_dir, name, heartbeats(runs_dir, name))
     assert_bases_are_the_syncers(runs_dir, name)

@@ -81,8 +81,7 @@ def py(code: str, *args: object) -> list[str]:
 
 @pytest.fixture(scope="module")
 def wan():
-    with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=RATE_MBIT,
-                      latency_ms=LATENCY_MS) as wan:
+    with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=RATE_MBIT, latency_ms=LATENCY_MS) as wan:
         yield wan
 
 
@@ -91,8 +90,9 @@ def transfer_seconds(sender, receiver, address: str, n: int) -> float:
     sink = subprocess.Popen([*receiver.exec_prefix(), *py(SINK)], stdout=subprocess.PIPE, text=True)
     try:
         port = int(sink.stdout.readline())
-        out = subprocess.run([*sender.exec_prefix(), *py(SEND, address, port, n)],
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            [*sender.exec_prefix(), *py(SEND, address, port, n)], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
         return float(out)
     finally:
         sink.kill()
@@ -110,8 +110,9 @@ def test_shaped_links_limit_throughput(wan):
     for place in (syncer, east):  # tbf on both ends of each link
         ends = [(place.exec_prefix(), place.wan_veth), (place.router_exec_prefix(), place.router_veth)]
         for prefix, dev in ends:
-            qdisc = subprocess.run([*prefix, "tc", "qdisc", "show", "dev", dev],
-                                   capture_output=True, text=True, check=True).stdout
+            qdisc = subprocess.run(
+                [*prefix, "tc", "qdisc", "show", "dev", dev], capture_output=True, text=True, check=True
+            ).stdout
             assert "tbf" in qdisc and "8Mbit" in qdisc, qdisc
 
 
@@ -126,16 +127,19 @@ def test_places_reach_each_other_only_through_the_router(wan):
     for place in (east, west):
         forward = place.run(["cat", "/proc/sys/net/ipv4/ip_forward"], capture_output=True, text=True)
         assert forward.stdout.strip() == "0"
-    assert wan.router.run(["cat", "/proc/sys/net/ipv4/ip_forward"], capture_output=True,
-                          text=True).stdout.strip() == "1"
+    assert (
+        wan.router.run(["cat", "/proc/sys/net/ipv4/ip_forward"], capture_output=True, text=True).stdout.strip() == "1"
+    )
 
 
 def test_proxy_adds_latency(wan):
     east = wan.regions["east"]
     through_proxy = float(wan.python("syncer", ROUND_TRIPS, east.remote_url, 5))
     direct = float(wan.python("syncer", ROUND_TRIPS, f"http://{east.place.wan_address}:9000", 5))
-    print(f"S3 list-buckets from syncer: {through_proxy * 1000:.1f} ms through the proxy, "
-          f"{direct * 1000:.1f} ms to moto over the same links")
+    print(
+        f"S3 list-buckets from syncer: {through_proxy * 1000:.1f} ms through the proxy, "
+        f"{direct * 1000:.1f} ms to moto over the same links"
+    )
     assert through_proxy >= 2 * LATENCY_MS / 1000
     assert through_proxy < 2 * LATENCY_MS / 1000 + 0.5
     assert direct < LATENCY_MS / 1000  # the latency is the proxy's, not the links'
@@ -150,8 +154,10 @@ def test_proxy_counts_the_bytes_it_passes(wan):
     after = east.counters()
     up = after["bytes_to_upstream"] - before["bytes_to_upstream"]
     down = after["bytes_to_client"] - before["bytes_to_client"]
-    print(f"PUT of {n} bytes west -> east: {seconds:.2f} s ({n * 8 / seconds / 1e6:.2f} Mbit/s), "
-          f"{up} bytes up, {down} down")
+    print(
+        f"PUT of {n} bytes west -> east: {seconds:.2f} s ({n * 8 / seconds / 1e6:.2f} Mbit/s), "
+        f"{up} bytes up, {down} down"
+    )
     assert n <= up <= n + 4096
     assert 0 < down <= 4096
     assert after["connections"] - before["connections"] == 1
@@ -166,8 +172,11 @@ def test_s3fs_through_the_remote_endpoint(wan):
     data = bytes(range(256)) * 1000
     # The same object, from inside east (local URL), from the root namespace through the
     # router and from the root namespace's direct link.
-    local = wan.python("east", "import s3fs, sys; fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1]);"
-                       "print(fs.size('fromwest/a/b.bin'))", east.local_url)
+    local = wan.python(
+        "east",
+        "import s3fs, sys; fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1]);print(fs.size('fromwest/a/b.bin'))",
+        east.local_url,
+    )
     assert int(local) == len(data)
     assert east.store("remote").filesystem().cat("fromwest/a/b.bin") == data
     assert east.store("setup").filesystem().cat("fromwest/a/b.bin") == data
@@ -192,14 +201,16 @@ def test_delay_proxy_in_process_keeps_order_and_counts():
             sock.sendall(b"ping")
             assert sock.recv(4) == b"ping"
             assert time.monotonic() - start >= 0.06
-            threading.Thread(target=lambda: (sock.sendall(payload), sock.shutdown(socket.SHUT_WR)),
-                             daemon=True).start()
+            threading.Thread(target=lambda: (sock.sendall(payload), sock.shutdown(socket.SHUT_WR)), daemon=True).start()
             received = bytearray()
             while data := sock.recv(1 << 16):
                 received += data
         assert bytes(received) == payload
-        assert proxy.counts.as_dict() == {"bytes_to_upstream": len(payload) + 4,
-                                          "bytes_to_client": len(payload) + 4, "connections": 1}
+        assert proxy.counts.as_dict() == {
+            "bytes_to_upstream": len(payload) + 4,
+            "bytes_to_client": len(payload) + 4,
+            "connections": 1,
+        }
     server.close()
 
 
@@ -207,8 +218,9 @@ def test_everything_stops_when_the_body_raises():
     with pytest.raises(KeyError):
         with emulated_wan(["solo"], extra_places=[], rate_mbit=None, latency_ms=1) as wan:
             names = [wan["solo"].name, wan.router.name]
-            pids = subprocess.run(["ip", "netns", "pids", names[0]], capture_output=True,
-                                  text=True, check=True).stdout.split()
+            pids = subprocess.run(
+                ["ip", "netns", "pids", names[0]], capture_output=True, text=True, check=True
+            ).stdout.split()
             assert len(pids) == 2  # moto and the proxy
             stats = wan.regions["solo"].stats_path
             raise KeyError("boom")
@@ -220,8 +232,9 @@ def test_everything_stops_when_the_body_raises():
 
 def test_per_place_rates_and_reshaping():
     def qdisc(prefix: list[str], dev: str) -> str:
-        return subprocess.run([*prefix, "tc", "qdisc", "show", "dev", dev], capture_output=True,
-                              text=True, check=True).stdout
+        return subprocess.run(
+            [*prefix, "tc", "qdisc", "show", "dev", dev], capture_output=True, text=True, check=True
+        ).stdout
 
     with routed_namespaces(["a", "b", "c"], 8, rates={"b": 4, "c": None}) as net:
         assert net.rates == {"a": 8, "b": 4, "c": None}

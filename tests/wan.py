@@ -148,13 +148,20 @@ class Wan:
         """Where other places reach place ``label``."""
         return self.net[label].wan_address
 
-    def python(self, label: str, code: str, *args: object, env: Mapping[str, str] | None = None,
-               timeout: float = 60.0) -> str:
+    def python(
+        self, label: str, code: str, *args: object, env: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> str:
         """Run ``python -c code args`` (this interpreter) inside place ``label``, with
         :data:`S3_ENV` and ``env`` on top of ours; return its stdout, raise if it fails."""
         argv = [*self.net[label].exec_prefix(), sys.executable, "-c", code, *map(str, args)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
-                              env={**os.environ, **S3_ENV, **(env or {})})
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO_ROOT,
+            env={**os.environ, **S3_ENV, **(env or {})},
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"python in {label} exited with {proc.returncode}:\n{proc.stderr}")
         return proc.stdout
@@ -214,19 +221,23 @@ def _wait_ready(proc: subprocess.Popen, log: IO[bytes], ready) -> None:
     while not ready():
         if proc.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n"
-                               f"{log.read().decode(errors='replace')}")
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{proc.args} not ready after {_STARTUP_TIMEOUT_S}s")
         time.sleep(0.02)
 
 
 @contextlib.contextmanager
-def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequence[str] = ("syncer",),
-                 rate_mbit: float | None = 100.0, latency_ms: float = 40.0, *,
-                 rates: Mapping[str, float | None] | None = None,
-                 latencies: Mapping[str, float] | None = None,
-                 hostnames: bool = False) -> Iterator[Wan]:
+def emulated_wan(
+    regions: Sequence[str] = ("east", "west"),
+    extra_places: Sequence[str] = ("syncer",),
+    rate_mbit: float | None = 100.0,
+    latency_ms: float = 40.0,
+    *,
+    rates: Mapping[str, float | None] | None = None,
+    latencies: Mapping[str, float] | None = None,
+    hostnames: bool = False,
+) -> Iterator[Wan]:
     """Regions with S3 and extra places, joined by shaped links; see the module's docstring.
 
     ``rate_mbit``: each place's link rate (None: unshaped), ``rates``: per place instead.
@@ -247,8 +258,11 @@ def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequen
             place = net[name]
             delay = latencies.get(name, latency_ms)
             moto_log = stack.enter_context(open(tmp / f"{name}-moto.log", "w+b"))
-            moto = _start(stack, [*place.exec_prefix(), sys.executable, "-m", "moto.server",
-                                  "-H", "0.0.0.0", "-p", str(MOTO_PORT)], moto_log)
+            moto = _start(
+                stack,
+                [*place.exec_prefix(), sys.executable, "-m", "moto.server", "-H", "0.0.0.0", "-p", str(MOTO_PORT)],
+                moto_log,
+            )
             region = Region(
                 name=name,
                 place=place,
@@ -265,14 +279,33 @@ def emulated_wan(regions: Sequence[str] = ("east", "west"), extra_places: Sequen
                 listeners.append(("127.0.0.1", 0.0, region.local_stats_path, "local-proxy"))
             for listen, proxy_delay, stats, kind in listeners:
                 proxy_log = stack.enter_context(open(tmp / f"{name}-{kind}.log", "w+b"))
-                proxies.append((_start(stack, [*place.exec_prefix(), sys.executable, "-m", "tests.delay_proxy",
-                                               "--listen", f"{listen}:{PROXY_PORT}",
-                                               "--upstream", f"127.0.0.1:{MOTO_PORT}",
-                                               "--delay-ms", str(proxy_delay), "--stats", str(stats)], proxy_log),
-                                proxy_log, stats))
+                proxies.append(
+                    (
+                        _start(
+                            stack,
+                            [
+                                *place.exec_prefix(),
+                                sys.executable,
+                                "-m",
+                                "tests.delay_proxy",
+                                "--listen",
+                                f"{listen}:{PROXY_PORT}",
+                                "--upstream",
+                                f"127.0.0.1:{MOTO_PORT}",
+                                "--delay-ms",
+                                str(proxy_delay),
+                                "--stats",
+                                str(stats),
+                            ],
+                            proxy_log,
+                        ),
+                        proxy_log,
+                        stats,
+                    )
+                )
             starting.append((region, moto, moto_log, proxies))
         for region, moto, moto_log, proxies in starting:  # all start at once: ~1 s in all
-            _wait_ready(moto, moto_log, lambda: _answers(f"{region.setup_url}/moto-api/"))
+            _wait_ready(moto, moto_log, lambda region=region: _answers(f"{region.setup_url}/moto-api/"))
             for proxy, proxy_log, stats in proxies:
                 _wait_ready(proxy, proxy_log, stats.exists)
         yield Wan(net, {region.name: region for region, *_ in starting}, hosts_files)

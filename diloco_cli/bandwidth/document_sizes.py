@@ -74,7 +74,15 @@ def heartbeat_bytes(num_fragments: int, samples: float) -> float:
     return HEARTBEAT_BYTES + HEARTBEAT_BYTES_PER_FRAGMENT * num_fragments + counters_bytes(LEARNER_KINDS, samples)
 
 
-def status_bytes(num_learners: int, num_regions: int, num_fragments: int, evaluations: float, samples: float, learner_id_bytes: float = 10.0, region_name_bytes: float = 8.0) -> float:
+def status_bytes(
+    num_learners: int,
+    num_regions: int,
+    num_fragments: int,
+    evaluations: float,
+    samples: float,
+    learner_id_bytes: float = 10.0,
+    region_name_bytes: float = 8.0,
+) -> float:
     """The sealed syncer status::
 
         807 + 2 M (L + 4)                       last merge's and live learners' names

@@ -55,7 +55,9 @@ def _device(recipe: Recipe) -> str:
     return recipe.training.device
 
 
-def measure_step_seconds(recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS) -> tuple[float, str]:
+def measure_step_seconds(
+    recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS
+) -> tuple[float, str]:
     """The compute time of one inner step of the recipe's model on its batch (random
     bytes), on the recipe's device: AdamW, loss, backward, clipping, as a learner does.
     Returns (seconds, device)."""
@@ -74,7 +76,12 @@ def measure_step_seconds(recipe: Recipe, warm_steps: int = WARM_STEPS, timed_ste
         plain = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
         groups = [{"params": decayed, "weight_decay": training.weight_decay}, {"params": plain, "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=training.learning_rate, betas=training.betas)
-        windows = torch.randint(0, 256, (training.batch_size, recipe.data.sequence_length + 1), generator=torch.Generator().manual_seed(training.seed))
+        windows = torch.randint(
+            0,
+            256,
+            (training.batch_size, recipe.data.sequence_length + 1),
+            generator=torch.Generator().manual_seed(training.seed),
+        )
         inputs, targets = windows[:, :-1].to(device), windows[:, 1:].to(device)
 
         def step() -> None:
@@ -115,7 +122,10 @@ def model_fragments(recipe: Recipe, num_fragments: int) -> list[TensorShapes]:
     torch.manual_seed(recipe.training.seed)
     model = recipe.model.build()
     shapes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
-    return [[(name, shapes[name]) for name in fragment.parameter_names] for fragment in fragments_of_model(model, num_fragments)]
+    return [
+        [(name, shapes[name]) for name in fragment.parameter_names]
+        for fragment in fragments_of_model(model, num_fragments)
+    ]
 
 
 def even_fragments(parameters: int, num_fragments: int) -> list[TensorShapes]:
@@ -241,7 +251,11 @@ class Sizer:
 
         generator = self._generator()
         if numel <= EXACT_VALUES:
-            return len(encode_payload(((name, _random(shape, generator, 0.02)) for name, shape in tensors), spec, self.secret, meta))
+            return len(
+                encode_payload(
+                    ((name, _random(shape, generator, 0.02)) for name, shape in tensors), spec, self.secret, meta
+                )
+            )
         sample = encode_payload([("sample", _random((SAMPLE_VALUES,), generator, 0.02))], spec, self.secret, meta)
         return round(len(sample) * numel / SAMPLE_VALUES) + 80 * len(tensors)
 

@@ -308,7 +308,9 @@ def ring_region_crossings(learners_per_region: Iterable[int]) -> int:
     return regions if regions > 1 else 0
 
 
-def ring_allreduce_seconds(bytes_per_step: float, workers: int, rate_bytes_per_second: float, latency_seconds: float) -> float:
+def ring_allreduce_seconds(
+    bytes_per_step: float, workers: int, rate_bytes_per_second: float, latency_seconds: float
+) -> float:
     """One ring all-reduce: ``bytes_per_step / rate + 2 (W - 1) x latency`` (every one of
     the 2(W-1) steps waits for its neighbour's chunk)."""
     if workers <= 1:
@@ -333,8 +335,24 @@ def _turn_interval(seconds: float, poll_seconds: float) -> float:
     return max(1, math.ceil(seconds / poll_seconds - 1e-9)) * poll_seconds
 
 
-def _flow(kind: str, direction: Literal["up", "down"], bytes_per_second: float, put: float = 0.0, get: float = 0.0, delete: float = 0.0, polling: bool = False) -> Flow:
-    return Flow(kind=kind, direction=direction, bytes_per_second=bytes_per_second, put_per_second=put, get_per_second=get, delete_per_second=delete, polling=polling)
+def _flow(
+    kind: str,
+    direction: Literal["up", "down"],
+    bytes_per_second: float,
+    put: float = 0.0,
+    get: float = 0.0,
+    delete: float = 0.0,
+    polling: bool = False,
+) -> Flow:
+    return Flow(
+        kind=kind,
+        direction=direction,
+        bytes_per_second=bytes_per_second,
+        put_per_second=put,
+        get_per_second=get,
+        delete_per_second=delete,
+        polling=polling,
+    )
 
 
 def link_flows(shape: RunShape, link: Link, period: float, head: float, status: float, beat: float) -> tuple[Flow, ...]:
@@ -354,7 +372,9 @@ def link_flows(shape: RunShape, link: Link, period: float, head: float, status: 
     poll = listing_bytes(waiting, payload_key)
     # the whole run, for leftovers: manifest, head, status, per learner its heartbeat,
     # epoch, checkpoints and waiting payloads, the updates (1.5 S on average) and snapshots
-    run_keys = 3 + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * PAYLOADS_WAITING_PER_LEARNER) + 2 * 1.5 * S + 2 * SNAPSHOTS_KEPT
+    run_keys = (
+        3 + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * PAYLOADS_WAITING_PER_LEARNER) + 2 * 1.5 * S + 2 * SNAPSHOTS_KEPT
+    )
     sweep_every = max(1.0, s.leftover_seconds / SWEEP_FRACTION)
     sweep = listing_bytes(run_keys, prefix + 40) / sweep_every
     # garbage collection after each snapshot: list global/updates (up to 2S with markers)
@@ -367,10 +387,18 @@ def link_flows(shape: RunShape, link: Link, period: float, head: float, status: 
         _flow("marker", "down", sends * s.payload_marker_bytes, get=sends),
         _flow("heartbeat", "down", beats * beat, get=beats),
         _flow("listing", "down", poll / s.poll_seconds, put=listing_requests(waiting) / s.poll_seconds, polling=True),
-        _flow("listing", "down", sweep + snapshots * gc_list, put=listing_requests(run_keys) / sweep_every + snapshots * gc_requests, delete=snapshots * (2 * S + 2)),
+        _flow(
+            "listing",
+            "down",
+            sweep + snapshots * gc_list,
+            put=listing_requests(run_keys) / sweep_every + snapshots * gc_requests,
+            delete=snapshots * (2 * S + 2),
+        ),
         # publish_update and write_snapshot first check that the marker is not there (a HEAD)
         _flow("update", "up", merges * update, put=merges, get=merges),
-        _flow("marker", "up", merges * s.update_marker_bytes + snapshots * s.snapshot_marker_bytes, put=merges + snapshots),
+        _flow(
+            "marker", "up", merges * s.update_marker_bytes + snapshots * s.snapshot_marker_bytes, put=merges + snapshots
+        ),
         _flow("snapshot", "up", snapshots * s.snapshot_bytes, put=snapshots, get=snapshots),
         _flow("head", "up", merges * head, put=merges),
         _flow("status", "up", status / status_every, put=1 / status_every),
@@ -390,7 +418,18 @@ def link_traffic(shape: RunShape, link: Link, period: float, head: float, status
     up = sum(f.bytes_per_second for f in flows if f.direction == "up")
     down = sum(f.bytes_per_second for f in flows if f.direction == "down")
     polling = [f for f in flows if f.polling]
-    one_poll = _seconds(tuple(f.model_copy(update={"bytes_per_second": f.bytes_per_second * shape.poll_seconds, "put_per_second": f.put_per_second * shape.poll_seconds}) for f in polling), link)
+    one_poll = _seconds(
+        tuple(
+            f.model_copy(
+                update={
+                    "bytes_per_second": f.bytes_per_second * shape.poll_seconds,
+                    "put_per_second": f.put_per_second * shape.poll_seconds,
+                }
+            )
+            for f in polling
+        ),
+        link,
+    )
     return LinkTraffic(
         region=link.region,
         learners=link.learners,
@@ -432,7 +471,9 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     samples = history_samples(s.inner_steps * period)
     versions = M / K * P * s.inner_steps / s.sync_interval
     head = head_bytes(P, 1.5 * s.snapshot_every)
-    status = status_bytes(M, len(s.links), P, versions / s.evaluate_every / 2, samples, s.learner_id_bytes, s.region_name_bytes)
+    status = status_bytes(
+        M, len(s.links), P, versions / s.evaluate_every / 2, samples, s.learner_id_bytes, s.region_name_bytes
+    )
     beat = heartbeat_bytes(P, samples)
     links = tuple(link_traffic(s, link, period, head, status, beat) for link in s.links)
     # the syncer calls every region at once (runtime.fanout): the slowest region sets its pace
@@ -495,7 +536,9 @@ def smallest_sync_interval(shape: RunShape, target: float, largest: int) -> DiLo
     return best
 
 
-def predict_data_parallel(parameters: int, links: tuple[Link, ...], step_seconds: float, tokens_per_step: int, bytes_per_value: int = 2) -> DataParallelPrediction:
+def predict_data_parallel(
+    parameters: int, links: tuple[Link, ...], step_seconds: float, tokens_per_step: int, bytes_per_value: int = 2
+) -> DataParallelPrediction:
     """Synchronous data-parallel training with one worker per learner on the same links::
 
         bytes_per_step = 2 (W-1)/W x bytes_per_value x N      (per worker, each way)

@@ -27,7 +27,14 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from diloco_cli.bandwidth.measure import Sizer, _numel, _spec_with, even_fragments, measure_step_seconds, model_fragments
+from diloco_cli.bandwidth.measure import (
+    Sizer,
+    _numel,
+    _spec_with,
+    even_fragments,
+    measure_step_seconds,
+    model_fragments,
+)
 from diloco_cli.bandwidth.model import (
     CodecCost,
     DataParallelPrediction,
@@ -162,7 +169,9 @@ class _Region(BaseModel):
     key_prefix_bytes: int
 
 
-def _layout(recipe: Recipe, regions: RegionsFile | None, num_learners: int | None, num_regions: int | None, run: str) -> tuple[list[_Region], str | None, str | None]:
+def _layout(
+    recipe: Recipe, regions: RegionsFile | None, num_learners: int | None, num_regions: int | None, run: str
+) -> tuple[list[_Region], str | None, str | None]:
     """The regions with their learners, and the syncer's (region, provider)."""
     if regions is None:
         learners = num_learners or recipe.training.num_learners
@@ -177,10 +186,20 @@ def _layout(recipe: Recipe, regions: RegionsFile | None, num_learners: int | Non
             for index in range(count):
                 share = learners // count + (index < learners % count)
                 name = f"region-{index}"
-                found.append(_Region(name=name, learners=share, learner_ids=tuple(f"{name}-{n}" for n in range(share)), bucket=None, key_prefix_bytes=len(f"runs/{run}/")))
+                found.append(
+                    _Region(
+                        name=name,
+                        learners=share,
+                        learner_ids=tuple(f"{name}-{n}" for n in range(share)),
+                        bucket=None,
+                        key_prefix_bytes=len(f"runs/{run}/"),
+                    )
+                )
             return found, None, None
     elif num_learners is not None and num_learners != regions.num_learners:
-        raise ConfigError(f"the region file places {regions.num_learners} learners; leave M to it (it was asked for {num_learners})")
+        raise ConfigError(
+            f"the region file places {regions.num_learners} learners; leave M to it (it was asked for {num_learners})"
+        )
     placements = regions.learner_placements()
     found = []
     for region in regions.regions:
@@ -188,7 +207,15 @@ def _layout(recipe: Recipe, regions: RegionsFile | None, num_learners: int | Non
         root = region.run_root(run, "runs")
         path = root.split("://", 1)[1] if "://" in root else root
         within = path.split("/", 1)[1] if "/" in path else ""  # the key prefix after the bucket's name
-        found.append(_Region(name=region.name, learners=len(ids), learner_ids=ids, bucket=region.bucket, key_prefix_bytes=len(within) + 1))
+        found.append(
+            _Region(
+                name=region.name,
+                learners=len(ids),
+                learner_ids=ids,
+                bucket=region.bucket,
+                key_prefix_bytes=len(within) + 1,
+            )
+        )
     syncer_region = regions.syncer_region()
     if syncer_region is not None:
         syncer_provider = provider_of(regions.region(syncer_region).bucket)
@@ -208,7 +235,14 @@ def _per_region(value: float, by_region: Mapping[str, float] | None, names: list
 # ----------------------------------------------------------------------------- plan
 
 
-def _recipe_with(recipe: Recipe, num_learners: int | None, sync_interval: int | None, num_fragments: int | None, learner_codec: str | None, update_codec: str | None) -> Recipe:
+def _recipe_with(
+    recipe: Recipe,
+    num_learners: int | None,
+    sync_interval: int | None,
+    num_fragments: int | None,
+    learner_codec: str | None,
+    update_codec: str | None,
+) -> Recipe:
     data = recipe.model_dump(mode="json")
     if num_learners is not None:
         data["training"]["num_learners"] = num_learners
@@ -272,7 +306,12 @@ def build_plan(
     rates = _per_region(link_mbit, region_link_mbit, names, "a link rate")
     latencies = _per_region(latency_ms, region_latency_ms, names, "a latency")
     links = tuple(
-        Link(region=r.name, learners=r.learners, rate_mbit=None if r.name == syncer_region else rates[r.name], latency_ms=0.0 if r.name == syncer_region else latencies[r.name])
+        Link(
+            region=r.name,
+            learners=r.learners,
+            rate_mbit=None if r.name == syncer_region else rates[r.name],
+            latency_ms=0.0 if r.name == syncer_region else latencies[r.name],
+        )
         for r in layout
     )
     M, P = sum(r.learners for r in layout), sync.num_fragments
@@ -299,15 +338,43 @@ def build_plan(
     sizer = Sizer(seed=training.seed)
     learner_id = max((ids for r in layout for ids in r.learner_ids), key=len, default="learner-0")
     version = M // K * P * training.inner_steps // sync.sync_interval + 1
-    upload_meta = {"learner": learner_id, "step": training.inner_steps, "loss": 1.2345678901234567, "sent_at": 1.7e9 + 0.123456, "fragment": P - 1, "base_version": version, "c_steps": sync.sync_interval, "c_tokens": sync.sync_interval * tokens_per_step}
-    update_meta = {"fragment": P - 1, "version": version, "merged": [learner_id] * K, "time": 1.7e9 + 0.123456, "previous_version": version - P}
+    upload_meta = {
+        "learner": learner_id,
+        "step": training.inner_steps,
+        "loss": 1.2345678901234567,
+        "sent_at": 1.7e9 + 0.123456,
+        "fragment": P - 1,
+        "base_version": version,
+        "c_steps": sync.sync_interval,
+        "c_tokens": sync.sync_interval * tokens_per_step,
+    }
+    update_meta = {
+        "fragment": P - 1,
+        "version": version,
+        "merged": [learner_id] * K,
+        "time": 1.7e9 + 0.123456,
+        "previous_version": version - P,
+    }
     uploads, updates = {}, {}
     for codec in dict.fromkeys((*CODECS, sync.learner_codec.codec.value, sync.update_codec.codec.value)):
-        for kind, spec, meta, found in (("upload", sync.learner_codec, upload_meta, uploads), ("update", sync.update_codec, update_meta, updates)):
+        for kind, spec, meta, found in (
+            ("upload", sync.learner_codec, upload_meta, uploads),
+            ("update", sync.update_codec, update_meta, updates),
+        ):
             measured = [sizer.measure(kind, fragment, _spec_with(spec, codec), meta) for fragment in fragments]
-            found[codec] = CodecCost(codec=codec, bytes=tuple(b for b, _ in measured), seconds=tuple(s for _, s in measured))
+            found[codec] = CodecCost(
+                codec=codec, bytes=tuple(b for b, _ in measured), seconds=tuple(s for _, s in measured)
+            )
     upload_codec, publish_codec = sync.learner_codec.codec.value, sync.update_codec.codec.value
-    payload_marker = sizer.marker_bytes({**{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")}, "learner": learner_id, "fragment": P - 1, "sequence": 1_000_000 * 9 + version, "bytes": max(uploads[upload_codec].bytes)})
+    payload_marker = sizer.marker_bytes(
+        {
+            **{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")},
+            "learner": learner_id,
+            "fragment": P - 1,
+            "sequence": 1_000_000 * 9 + version,
+            "bytes": max(uploads[upload_codec].bytes),
+        }
+    )
     shape = RunShape(
         links=links,
         quorum=K,
@@ -320,7 +387,9 @@ def build_plan(
         updates=updates[publish_codec],
         payload_marker_bytes=payload_marker,
         update_marker_bytes=sizer.marker_bytes({"version": version, "fragment": P - 1}),
-        snapshot_bytes=sizer.snapshot_bytes(fragments, {"version": version, "fragment_versions": {str(p): version - p for p in range(P)}}),
+        snapshot_bytes=sizer.snapshot_bytes(
+            fragments, {"version": version, "fragment_versions": {str(p): version - p for p in range(P)}}
+        ),
         snapshot_marker_bytes=sizer.marker_bytes({"version": version}),
         checkpoint_seconds=sizer.checkpoint_seconds(total),
         checkpoint_every_steps=training.checkpoint_every_steps,
@@ -355,13 +424,17 @@ def build_plan(
         time_to_budget_seconds=budget / diloco.useful_tokens_per_second,
         data_parallel=data_parallel,
         data_parallel_time_to_budget_seconds=budget / data_parallel.tokens_per_second,
-        bytes_ratio=data_parallel.wan_bytes_per_token / diloco.wan_bytes_per_token if diloco.wan_bytes_per_token else math.inf,
+        bytes_ratio=data_parallel.wan_bytes_per_token / diloco.wan_bytes_per_token
+        if diloco.wan_bytes_per_token
+        else math.inf,
         suggestion=suggestion,
         costs=costs,
     )
 
 
-def _suggest(shape: RunShape, uploads: dict[str, CodecCost], updates: dict[str, CodecCost], target: float) -> Suggestion:
+def _suggest(
+    shape: RunShape, uploads: dict[str, CodecCost], updates: dict[str, CodecCost], target: float
+) -> Suggestion:
     """The smallest H reaching ``target`` with any codecs weighed; at that H the recipe's
     codecs when they reach it too, else the lightest that do."""
     recipe_pair = (shape.uploads.codec, shape.updates.codec)
@@ -373,17 +446,33 @@ def _suggest(shape: RunShape, uploads: dict[str, CodecCost], updates: dict[str, 
         best = smallest_sync_interval(candidate, target, largest)
         if best is None:
             share = predict(candidate.model_copy(update={"sync_interval": largest})).compute_share
-            options.append(CodecOption(upload_codec=upload, update_codec=update, sync_interval=None, compute_share=share))
+            options.append(
+                CodecOption(upload_codec=upload, update_codec=update, sync_interval=None, compute_share=share)
+            )
         else:
-            options.append(CodecOption(upload_codec=upload, update_codec=update, sync_interval=best.sync_interval, compute_share=best.compute_share))
+            options.append(
+                CodecOption(
+                    upload_codec=upload,
+                    update_codec=update,
+                    sync_interval=best.sync_interval,
+                    compute_share=best.compute_share,
+                )
+            )
             found[(upload, update)] = (best.sync_interval, candidate)
     if not found:
         lightest = (CODECS[-1], CODECS[-1])
         option = next(o for o in options if (o.upload_codec, o.update_codec) == lightest)
         return Suggestion(
-            target_compute_share=target, reached=False, sync_interval=largest, upload_codec=lightest[0], update_codec=lightest[1],
-            compute_share=option.compute_share, half_interval=None, half_interval_compute_share=None, options=tuple(options),
-        )  # fmt: skip
+            target_compute_share=target,
+            reached=False,
+            sync_interval=largest,
+            upload_codec=lightest[0],
+            update_codec=lightest[1],
+            compute_share=option.compute_share,
+            half_interval=None,
+            half_interval_compute_share=None,
+            options=tuple(options),
+        )
     interval = min(h for h, _ in found.values())
     at_best = [pair for pair, (h, _) in found.items() if h == interval]
     weight = lambda pair: sum(uploads[pair[0]].bytes) + sum(updates[pair[1]].bytes)  # noqa: E731
@@ -393,12 +482,27 @@ def _suggest(shape: RunShape, uploads: dict[str, CodecCost], updates: dict[str, 
     half = interval // 2 if interval > 1 else None
     half_share = predict(candidate.model_copy(update={"sync_interval": half})).compute_share if half else None
     return Suggestion(
-        target_compute_share=target, reached=True, sync_interval=interval, upload_codec=chosen[0], update_codec=chosen[1],
-        compute_share=share, half_interval=half, half_interval_compute_share=half_share, options=tuple(options),
-    )  # fmt: skip
+        target_compute_share=target,
+        reached=True,
+        sync_interval=interval,
+        upload_codec=chosen[0],
+        update_codec=chosen[1],
+        compute_share=share,
+        half_interval=half,
+        half_interval_compute_share=half_share,
+        options=tuple(options),
+    )
 
 
-def _costs(prices: PriceTable | None, layout: list[_Region], syncer_region: str | None, syncer_provider: str | None, diloco: DiLoCoPrediction, data_parallel: DataParallelPrediction, budget: int) -> Costs | None:
+def _costs(
+    prices: PriceTable | None,
+    layout: list[_Region],
+    syncer_region: str | None,
+    syncer_provider: str | None,
+    diloco: DiLoCoPrediction,
+    data_parallel: DataParallelPrediction,
+    budget: int,
+) -> Costs | None:
     providers = {r.name: provider_of(r.bucket) for r in layout}
     if not any(providers.values()) and syncer_provider is None:
         return None
@@ -406,16 +510,29 @@ def _costs(prices: PriceTable | None, layout: list[_Region], syncer_region: str 
     links = []
     for link in diloco.links:
         provider, same = providers[link.region], link.region == syncer_region
-        egress = egress_dollars(prices, link.down_bytes_per_second, provider, syncer_provider, same) + egress_dollars(prices, link.up_bytes_per_second, syncer_provider, provider, same)
+        egress = egress_dollars(prices, link.down_bytes_per_second, provider, syncer_provider, same) + egress_dollars(
+            prices, link.up_bytes_per_second, syncer_provider, provider, same
+        )
         requests = request_dollars(prices, provider, link.put_per_second, link.get_per_second)
-        links.append(LinkCost(region=link.region, provider=provider, egress_dollars_per_hour=3600 * egress, request_dollars_per_hour=3600 * requests))
+        links.append(
+            LinkCost(
+                region=link.region,
+                provider=provider,
+                egress_dollars_per_hour=3600 * egress,
+                request_dollars_per_hour=3600 * requests,
+            )
+        )
     per_hour = sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in links)
     # data-parallel: each worker sends bytes_per_step to the next one around the ring
     ring = [r.name for r in layout for _ in range(r.learners)]
-    per_step = sum(
-        egress_dollars(prices, data_parallel.bytes_per_step, providers[here], providers[there], here == there)
-        for here, there in zip(ring, ring[1:] + ring[:1])
-    ) if len(ring) > 1 else 0.0  # fmt: skip
+    per_step = (
+        sum(
+            egress_dollars(prices, data_parallel.bytes_per_step, providers[here], providers[there], here == there)
+            for here, there in zip(ring, ring[1:] + ring[:1])
+        )
+        if len(ring) > 1
+        else 0.0
+    )
     dp_per_hour = 3600 * per_step / data_parallel.step_seconds
     return Costs(
         looked_up=prices.looked_up.isoformat(),

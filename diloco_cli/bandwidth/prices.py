@@ -106,7 +106,9 @@ def provider_of(url: str | None) -> str | None:
     return PROVIDERS.get(url.split("://", 1)[0].lower())
 
 
-def egress_dollars(prices: PriceTable, num_bytes: float, source: str | None, reader: str | None, same_region: bool = False) -> float:
+def egress_dollars(
+    prices: PriceTable, num_bytes: float, source: str | None, reader: str | None, same_region: bool = False
+) -> float:
     """What ``num_bytes`` leaving a place of provider ``source`` for a reader of provider
     ``reader`` cost: nothing when the source is not a cloud or the reader is in the same
     region; the inter-region rate when the reader is in another region of the same

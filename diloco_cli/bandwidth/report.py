@@ -172,7 +172,12 @@ class TrafficReport(BaseModel):
 
 
 def build_report(
-    spec: RunSpec, heartbeats: Mapping[str, Heartbeat], syncer: SyncerStatus | None, prices: PriceTable | None, state: str, now: float
+    spec: RunSpec,
+    heartbeats: Mapping[str, Heartbeat],
+    syncer: SyncerStatus | None,
+    prices: PriceTable | None,
+    state: str,
+    now: float,
 ) -> TrafficReport:
     """The report of a run from its processes' latest reports (without ``prices``, every
     cost is 0: ``diloco status`` shows bytes only)."""
@@ -180,7 +185,9 @@ def build_report(
     region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
     for beat in heartbeats.values():
         region_counts.setdefault(beat.region, []).append(beat.storage)
-    sources: list[tuple[str, str, list[StorageCounters]]] = [(name, name, counts) for name, counts in region_counts.items() if counts]
+    sources: list[tuple[str, str, list[StorageCounters]]] = [
+        (name, name, counts) for name, counts in region_counts.items() if counts
+    ]
     if syncer is not None:
         sources += [(place, name, [counts]) for name, counts in syncer.storage.items()]
     provider = {region.name: provider_of(region.root) for region in spec.regions}
@@ -205,7 +212,9 @@ def build_report(
         cost_note=(
             f"list prices looked up {prices.looked_up} ({_prices_note(place)}); "
             "override with --prices FILE (see docs/bandwidth.md)"
-        ) if prices else "not priced",
+        )
+        if prices
+        else "not priced",
         total_bytes=total_bytes,
         wan_bytes=wan_bytes,
     )
@@ -213,7 +222,10 @@ def build_report(
 
 def _prices_note(place: str) -> str:
     if place == SYNCER_PLACE:
-        return "the syncer's own place is billed as internet egress; set syncer.region in the region file if it runs in a region"
+        return (
+            "the syncer's own place is billed as internet egress; "
+            "set syncer.region in the region file if it runs in a region"
+        )
     return f"the syncer runs in region {place}"
 
 
@@ -222,7 +234,12 @@ def _moved(traffic: Traffic) -> int:
 
 
 def _link(
-    source: str, bucket: str, counts: list[StorageCounters], total_bytes: int, prices: PriceTable | None, provider: Mapping[str, str | None]
+    source: str,
+    bucket: str,
+    counts: list[StorageCounters],
+    total_bytes: int,
+    prices: PriceTable | None,
+    provider: Mapping[str, str | None],
 ) -> LinkRow:
     total = Traffic()
     for c in counts:
@@ -299,7 +316,15 @@ def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRo
                     total = total.plus(c.kinds[kind])
                     wan += _moved(c.kinds[kind]) if source != bucket else 0
         if total.requests:
-            rows.append(KindRow(kind=kind, requests=total.requests, bytes_up=total.bytes_up, bytes_down=total.bytes_down, wan_bytes=wan))
+            rows.append(
+                KindRow(
+                    kind=kind,
+                    requests=total.requests,
+                    bytes_up=total.bytes_up,
+                    bytes_down=total.bytes_down,
+                    wan_bytes=wan,
+                )
+            )
     return rows
 
 
@@ -308,13 +333,19 @@ def _compression(heartbeats: Iterable[Heartbeat], syncer: SyncerStatus | None) -
     written: dict[str, Traffic] = {kind: Traffic() for kind in DELTA_KINDS}
     for beat in heartbeats:
         written["payload"] = written["payload"].plus(beat.storage.kinds.get("payload", Traffic()))
-    for counts in (syncer.storage.values() if syncer else []):
+    for counts in syncer.storage.values() if syncer else []:
         for kind in ("update", "snapshot"):
             written[kind] = written[kind].plus(counts.kinds.get(kind, Traffic()))
-    return [Compression(kind=kind, bytes=t.bytes_up, raw_fp32_bytes=t.raw_bytes) for kind, t in written.items() if t.bytes_up]
+    return [
+        Compression(kind=kind, bytes=t.bytes_up, raw_fp32_bytes=t.raw_bytes)
+        for kind, t in written.items()
+        if t.bytes_up
+    ]
 
 
-def _data_parallel(spec: RunSpec, syncer: SyncerStatus | None, tokens: int, wan_bytes: int) -> DataParallelComparison | None:
+def _data_parallel(
+    spec: RunSpec, syncer: SyncerStatus | None, tokens: int, wan_bytes: int
+) -> DataParallelComparison | None:
     if syncer is None or not syncer.parameters:
         return None
     recipe = spec.recipe

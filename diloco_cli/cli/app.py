@@ -8,7 +8,16 @@ import sys
 import typer
 
 from diloco_cli import __version__
-from diloco_cli.cli import internal, live_commands, model_commands, plan_command, prepare_command, report_command, runs_commands, simulate_command
+from diloco_cli.cli import (
+    internal,
+    live_commands,
+    model_commands,
+    plan_command,
+    prepare_command,
+    report_command,
+    runs_commands,
+    simulate_command,
+)
 
 app = typer.Typer(
     name="diloco",
@@ -27,11 +36,15 @@ def _print_version(value: bool) -> None:
 @app.callback(invoke_without_command=True)
 def root(
     context: typer.Context,
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
 ) -> None:
     """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).
 
-    M learners train on their own and never wait for one another; every H steps each writes a small, compressed, authenticated delta to its own region's bucket; a CPU syncer merges whatever K of the M have arrived and publishes new global weights back to every region.
+    M learners train on their own and never wait for one another; every H steps each writes a small, compressed,
+    authenticated delta to its own region's bucket; a CPU syncer merges whatever K of the M have arrived and publishes
+    new global weights back to every region.
     """
     if context.invoked_subcommand is None:  # bare `diloco`: what it can do, and success
         typer.echo(context.get_help())

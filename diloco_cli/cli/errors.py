@@ -8,7 +8,6 @@ from typing import TypeVar
 
 import typer
 
-
 Function = TypeVar("Function", bound=Callable)
 EXIT_USER_ERROR = 2
 

@@ -15,12 +15,23 @@ from diloco_cli.cli.runs_commands import RUNS_DIR
 def scale(
     run: str = typer.Argument(..., help="The running run to scale."),
     region: str = typer.Option(..., "--region", help="The region whose learners change."),
-    learners: str = typer.Option(..., "--learners", metavar="+N|-N", help="+N starts N more learners on the region's hosts; -N drains N of them (the newest first)."),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="After -N, wait until the drained learners stopped and everything they trained is merged."),
+    learners: str = typer.Option(
+        ...,
+        "--learners",
+        metavar="+N|-N",
+        help="+N starts N more learners on the region's hosts; -N drains N of them (the newest first).",
+    ),
+    wait: bool = typer.Option(
+        True,
+        "--wait/--no-wait",
+        help="After -N, wait until the drained learners stopped and everything they trained is merged.",
+    ),
     timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="How long to wait for a drain."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Change how many learners a running run has. New learners start from the newest global weights; drained ones send what they trained before they stop. The syncer's M follows, the data is shared out anew, and the run's record keeps each change."""
+    """Change how many learners a running run has. New learners start from the newest global weights; drained ones
+    send what they trained before they stop. The syncer's M follows, the data is shared out anew, and the run's
+    record keeps each change."""
     from diloco_cli.launch.runs import load_run
     from diloco_cli.launch.scale import parse_change, scale_run, wait_for_drain
 
@@ -31,13 +42,18 @@ def scale(
     verb = f"added {', '.join(last.added)}" if last.added else f"draining {', '.join(last.drained)}"
     typer.echo(f"run {record.name}: {verb} in region {region}; M is now {last.learners_after} (K={spec.recipe.quorum})")
     if last.drained and wait:
-        typer.echo(f"waiting (up to {timeout:.0f} s) for the drained learners to stop with their work merged; Ctrl-C stops waiting, not the drain")
+        typer.echo(
+            f"waiting (up to {timeout:.0f} s) for the drained learners to stop with their work merged; "
+            "Ctrl-C stops waiting, not the drain"
+        )
         outcomes = wait_for_drain(record, last.drained, timeout, emit=typer.echo)
         unfinished = [o for o in outcomes if o.merged < o.tokens or o.tokens == 0]
         if unfinished:
             typer.echo(
                 "error: after {:.0f} s, not drained yet: {}; `diloco status {}` shows them".format(
-                    timeout, ", ".join(f"{o.learner} ({o.merged:,} of {o.tokens:,} tokens merged)" for o in unfinished), record.name
+                    timeout,
+                    ", ".join(f"{o.learner} ({o.merged:,} of {o.tokens:,} tokens merged)" for o in unfinished),
+                    record.name,
                 ),
                 err=True,
             )
@@ -47,17 +63,32 @@ def scale(
 @reported
 def chaos(
     run: str = typer.Argument(..., help="The running run."),
-    plan: str = typer.Argument(..., metavar="SPEC", help="What to inject, e.g. 'seed=1,kill-learner=0.5/min,outage=local-b@30s+20s' (times count from now; docs/resilience.md)."),
+    plan: str = typer.Argument(
+        ...,
+        metavar="SPEC",
+        help=(
+            "What to inject, e.g. 'seed=1,kill-learner=0.5/min,outage=local-b@30s+20s' "
+            "(times count from now; docs/resilience.md)."
+        ),
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Inject faults into a running run from now on, as `up --chaos` does from the start: kill and pause learners and the syncer, take a region's storage down for a while. The new plan replaces the run's earlier one; `status` shows every event."""
+    """Inject faults into a running run from now on, as `up --chaos` does from the start: kill and pause learners
+    and the syncer, take a region's storage down for a while. The new plan replaces the run's earlier one; `status`
+    shows every event."""
     from diloco_cli.launch.chaos import chaos_run
     from diloco_cli.launch.runs import load_run
 
     record = load_run(runs_dir, run)
     given = chaos_run(record, plan, emit=typer.echo)
-    outages = ", ".join(f"{o.region} from {o.start_seconds:.0f} s for {o.duration_seconds:.0f} s" for o in given.outages)
-    typer.echo(f"run {record.name}: chaos plan given" + (f"; outages: {outages} from now" if outages else "") + f"; `diloco status {record.name}` shows the events")
+    outages = ", ".join(
+        f"{o.region} from {o.start_seconds:.0f} s for {o.duration_seconds:.0f} s" for o in given.outages
+    )
+    typer.echo(
+        f"run {record.name}: chaos plan given"
+        + (f"; outages: {outages} from now" if outages else "")
+        + f"; `diloco status {record.name}` shows the events"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,9 @@ class ExportFormat(str, Enum):
 @reported
 def export(
     run: str = typer.Argument(..., help="The run."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write: a .safetensors file, or a directory for --format hf."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Where to write: a .safetensors file, or a directory for --format hf."
+    ),
     export_format: ExportFormat = typer.Option(
         ExportFormat.SAFETENSORS,
         "--format",
@@ -36,7 +38,9 @@ def export(
     record = load_run(runs_dir, run)
     exporter = export_hugging_face if export_format is ExportFormat.HF else export_safetensors
     head = exporter(record.spec, record.secret(), output, region)
-    typer.echo(f"wrote {output}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})")
+    typer.echo(
+        f"wrote {output}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})"
+    )
 
 
 @reported

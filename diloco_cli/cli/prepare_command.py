@@ -36,9 +36,22 @@ class Bars:
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
         self.bars = Progress(*columns, console=Console(stderr=True))
         self.task = None
 
@@ -105,33 +118,124 @@ def dataset_name(corpus: str) -> str:
 
 @reported
 def prepare(
-    corpus: str | None = typer.Argument(None, help="The corpus: a local path or fsspec URL of a file, or a glob of files (plain text, JSON lines or Parquet; .gz/.zst read as such).", show_default=False),
-    output: str | None = typer.Option(None, "--output", "-o", metavar="URL", help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix)."),
-    regions: Path | None = typer.Option(None, "--regions", "-r", help="Region file: one copy in each region's bucket instead of --output (a region's data_source when it names an index, else <bucket>/datasets/NAME/)."),
-    name: str | None = typer.Option(None, "--name", help="The dataset's name in <bucket>/datasets/NAME/ with --regions [default: the corpus's file name]."),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", metavar="FILE", help="A Hugging Face tokenizer.json to tokenize with (copied beside the shards)."),
-    vocab_size: int | None = typer.Option(None, "--vocab-size", metavar="N", min=1, help="Without --tokenizer: train a byte-level BPE of N tokens on the corpus. With --existing: every token id is below N."),
-    corpus_format: CorpusFormat = typer.Option(CorpusFormat.AUTO, "--format", help="The corpus's format; auto: by each file's name (.jsonl, .parquet, else text)."),
-    text_field: str = typer.Option("text", "--text-field", metavar="NAME", help="JSON lines: the key of the text; Parquet: the text column."),
-    separator: str = typer.Option("\n\n", "--separator", metavar="TEXT", help="Plain text: what separates two documents.", show_default="a blank line"),
-    eos_token: str = typer.Option("<|endoftext|>", "--eos-token", metavar="TOKEN", help="The end-of-document token written after every document."),
-    shard_tokens: int = typer.Option(10_000_000, "--shard-tokens", metavar="N", min=1, help="Tokens per training shard."),
-    heldout_fraction: float = typer.Option(0.01, "--heldout-fraction", metavar="F", help="The fraction of documents held out for evaluation (at least one document)."),
-    work_dir: Path | None = typer.Option(None, "--work-dir", metavar="DIR", help="Where to stage shards bound for buckets [default: ~/.cache/diloco/prepare/...; the output itself when it is local]."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the dataset the output already holds (else one of another tokenizer is refused, and one of this tokenizer is resumed)."),
-    existing: str | None = typer.Option(None, "--existing", metavar="DIR", help="Index the token shards already in DIR (nanoGPT's train.bin and val.bin) instead of making them; needs --dtype and --vocab-size."),
+    corpus: str | None = typer.Argument(
+        None,
+        help=(
+            "The corpus: a local path or fsspec URL of a file, or a glob of files "
+            "(plain text, JSON lines or Parquet; .gz/.zst read as such)."
+        ),
+        show_default=False,
+    ),
+    output: str | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="URL",
+        help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix).",
+    ),
+    regions: Path | None = typer.Option(
+        None,
+        "--regions",
+        "-r",
+        help=(
+            "Region file: one copy in each region's bucket instead of --output "
+            "(a region's data_source when it names an index, else <bucket>/datasets/NAME/)."
+        ),
+    ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="The dataset's name in <bucket>/datasets/NAME/ with --regions [default: the corpus's file name].",
+    ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        metavar="FILE",
+        help="A Hugging Face tokenizer.json to tokenize with (copied beside the shards).",
+    ),
+    vocab_size: int | None = typer.Option(
+        None,
+        "--vocab-size",
+        metavar="N",
+        min=1,
+        help=(
+            "Without --tokenizer: train a byte-level BPE of N tokens on the corpus. "
+            "With --existing: every token id is below N."
+        ),
+    ),
+    corpus_format: CorpusFormat = typer.Option(
+        CorpusFormat.AUTO,
+        "--format",
+        help="The corpus's format; auto: by each file's name (.jsonl, .parquet, else text).",
+    ),
+    text_field: str = typer.Option(
+        "text", "--text-field", metavar="NAME", help="JSON lines: the key of the text; Parquet: the text column."
+    ),
+    separator: str = typer.Option(
+        "\n\n",
+        "--separator",
+        metavar="TEXT",
+        help="Plain text: what separates two documents.",
+        show_default="a blank line",
+    ),
+    eos_token: str = typer.Option(
+        "<|endoftext|>", "--eos-token", metavar="TOKEN", help="The end-of-document token written after every document."
+    ),
+    shard_tokens: int = typer.Option(
+        10_000_000, "--shard-tokens", metavar="N", min=1, help="Tokens per training shard."
+    ),
+    heldout_fraction: float = typer.Option(
+        0.01,
+        "--heldout-fraction",
+        metavar="F",
+        help="The fraction of documents held out for evaluation (at least one document).",
+    ),
+    work_dir: Path | None = typer.Option(
+        None,
+        "--work-dir",
+        metavar="DIR",
+        help=(
+            "Where to stage shards bound for buckets "
+            "[default: ~/.cache/diloco/prepare/...; the output itself when it is local]."
+        ),
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help=(
+            "Replace the dataset the output already holds "
+            "(else one of another tokenizer is refused, and one of this tokenizer is resumed)."
+        ),
+    ),
+    existing: str | None = typer.Option(
+        None,
+        "--existing",
+        metavar="DIR",
+        help=(
+            "Index the token shards already in DIR (nanoGPT's train.bin and val.bin) instead of making them; "
+            "needs --dtype and --vocab-size."
+        ),
+    ),
     dtype: TokenType | None = typer.Option(None, "--dtype", help="With --existing: the shards' token type."),
     heldout: str = typer.Option("val.bin", "--heldout", metavar="FILE", help="With --existing: the held-out shard."),
-    train: list[str] = typer.Option([], "--train", metavar="FILE", help="With --existing: a training shard, in order (repeatable) [default: every *.bin but --heldout, by name]."),
+    train: list[str] = typer.Option(
+        [],
+        "--train",
+        metavar="FILE",
+        help="With --existing: a training shard, in order (repeatable) [default: every *.bin but --heldout, by name].",
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket; resumes after an interruption."""
+    """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket;
+    resumes after an interruption."""
     from diloco_cli.config.errors import ConfigError
 
     display = Bars() if sys.stderr.isatty() else Lines()
     if existing is not None:
         if corpus is not None or output is not None or regions is not None:
-            raise ConfigError("--existing DIR indexes shards where they are: give no corpus, --output or --regions with it")
+            raise ConfigError(
+                "--existing DIR indexes shards where they are: give no corpus, --output or --regions with it"
+            )
         if dtype is None or vocab_size is None:
             raise ConfigError("--existing needs --dtype (uint16 or uint32) and --vocab-size N")
         with display:
@@ -167,16 +271,37 @@ def prepare(
     typer.echo(render_prepared(prepared))
 
 
-def _index_existing(directory: str, dtype: str, vocab_size: int, heldout: str, train: list[str], tokenizer: str | None, eos_token: str, overwrite: bool, display: Progress) -> None:
+def _index_existing(
+    directory: str,
+    dtype: str,
+    vocab_size: int,
+    heldout: str,
+    train: list[str],
+    tokenizer: str | None,
+    eos_token: str,
+    overwrite: bool,
+    display: Progress,
+) -> None:
     from diloco_cli.datasets.existing import index_existing
     from diloco_cli.datasets.storage import Location
 
     location = Location(directory)
     index = index_existing(
-        location, dtype=dtype, vocab_size=vocab_size, heldout=heldout, train=train, tokenizer=tokenizer,
-        eos_token=eos_token, overwrite=overwrite, retry=storage_retry(), progress=display,
-    )  # fmt: skip
-    typer.echo(f"indexed {index.train_tokens:,} training tokens in {len(index.train)} shards and {index.heldout.tokens:,} held-out tokens ({index.dtype}, vocab {index.vocab_size:,})")
+        location,
+        dtype=dtype,
+        vocab_size=vocab_size,
+        heldout=heldout,
+        train=train,
+        tokenizer=tokenizer,
+        eos_token=eos_token,
+        overwrite=overwrite,
+        retry=storage_retry(),
+        progress=display,
+    )
+    typer.echo(
+        f"indexed {index.train_tokens:,} training tokens in {len(index.train)} shards and "
+        f"{index.heldout.tokens:,} held-out tokens ({index.dtype}, vocab {index.vocab_size:,})"
+    )
     typer.echo(f"index: {location.index_url}")
 
 
@@ -187,12 +312,15 @@ def render_prepared(prepared: Prepared) -> str:
         return "\n".join(lines)
     index = prepared.index
     lines = [
-        f"{index.train_tokens:,} training tokens in {len(index.train)} shards and {index.heldout.tokens:,} held-out tokens "
+        f"{index.train_tokens:,} training tokens in {len(index.train)} shards and "
+        f"{index.heldout.tokens:,} held-out tokens "
         f"({index.dtype}, vocab {index.vocab_size:,}, tokenizer sha256 {index.tokenizer_sha256[:12]})",
         f"shards: {prepared.shards_made} made, {prepared.shards_reused} kept from an earlier run; "
         f"uploads: {prepared.uploads_skipped} files already in place",
     ]
-    lines += [f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls]
+    lines += [
+        f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls
+    ]
     return "\n".join(lines)
 
 

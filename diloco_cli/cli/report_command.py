@@ -20,13 +20,24 @@ formula); evaluations[]."""
 @reported
 def report(
     run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
-    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Tables (plain text when piped), or " + REPORT_JSON_HELP),
-    html: Path | None = typer.Option(None, "--html", help="Also write one self-contained HTML page with the tables and plots to this file."),
-    prices: Path | None = typer.Option(None, "--prices", help="A YAML price table replacing the built-in list prices (see docs/bandwidth.md)."),
-    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (documents shown unverified)."),
+    output: Output = typer.Option(
+        Output.TEXT, "--output", "-o", help="Tables (plain text when piped), or " + REPORT_JSON_HELP
+    ),
+    html: Path | None = typer.Option(
+        None, "--html", help="Also write one self-contained HTML page with the tables and plots to this file."
+    ),
+    prices: Path | None = typer.Option(
+        None, "--prices", help="A YAML price table replacing the built-in list prices (see docs/bandwidth.md)."
+    ),
+    manifest: str | None = typer.Option(
+        None,
+        "--manifest",
+        help="Read the run from a bucket's manifest.json URL instead of ./runs (documents shown unverified).",
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Where a run's bytes went: per link (WAN or in-region), per learner and per kind; compression; what synchronous data-parallel would have moved; estimated cost. Works on a running run too."""
+    """Where a run's bytes went: per link (WAN or in-region), per learner and per kind; compression; what synchronous
+    data-parallel would have moved; estimated cost. Works on a running run too."""
     from diloco_cli.bandwidth.prices import load_prices
     from diloco_cli.views.report import collect_report, show_report
 

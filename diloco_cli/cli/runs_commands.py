@@ -10,6 +10,7 @@ import typer
 
 from diloco_cli.cli.errors import reported
 
+
 class Output(str, Enum):
     TEXT = "text"
     JSON = "json"
@@ -20,14 +21,37 @@ RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where local run record
 
 @reported
 def up(
-    recipe: Path | None = typer.Argument(None, help="Recipe file (recipes/*.yaml); default: the built-in default recipe.", show_default=False),
-    regions: Path | None = typer.Option(None, "--regions", "-r", help="Region file (regions/*.yaml); default: two local regions of two learners."),
+    recipe: Path | None = typer.Argument(
+        None, help="Recipe file (recipes/*.yaml); default: the built-in default recipe.", show_default=False
+    ),
+    regions: Path | None = typer.Option(
+        None, "--regions", "-r", help="Region file (regions/*.yaml); default: two local regions of two learners."
+    ),
     name: str | None = typer.Option(None, "--name", help="Run name (default: <recipe name>-<date>-<time>)."),
-    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable)."),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."),
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable).",
+    ),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Run preflight and print the resolved plan; start nothing."),
-    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused."),
-    chaos: str | None = typer.Option(None, "--chaos", metavar="SPEC", help="Inject faults reproducibly, e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/chaos.md)."),
+    accept_new_host_keys: bool = typer.Option(
+        False,
+        "--accept-new-host-keys",
+        help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused.",
+    ),
+    chaos: str | None = typer.Option(
+        None,
+        "--chaos",
+        metavar="SPEC",
+        help=(
+            "Inject faults reproducibly, "
+            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/chaos.md)."
+        ),
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
@@ -36,7 +60,18 @@ def up(
     from diloco_cli.views.preflight import render_preflight
 
     show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
-    result = launch(recipe, regions, overrides, name, runs_dir, dry_run, accept_new_host_keys, emit=typer.echo, show_preflight=show_preflight, chaos=chaos)
+    result = launch(
+        recipe,
+        regions,
+        overrides,
+        name,
+        runs_dir,
+        dry_run,
+        accept_new_host_keys,
+        emit=typer.echo,
+        show_preflight=show_preflight,
+        chaos=chaos,
+    )
     if dry_run:
         typer.echo(render_plan(result.spec))
         return
@@ -55,8 +90,8 @@ def down(
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
-    from diloco_cli.launch.runs import load_run
     from diloco_cli.launch.operations import stop_run
+    from diloco_cli.launch.runs import load_run
 
     record = load_run(runs_dir, run)
     outcome = stop_run(record, timeout)
@@ -70,14 +105,18 @@ def resume(
     run: str = typer.Argument(..., help="The run to resume."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Start again whatever of a run is down (a process whose supervisor gave up or is gone), here and on SSH hosts, from the run's durable state: learners from their checkpoints, the syncer from its commits."""
+    """Start again whatever of a run is down (a process whose supervisor gave up or is gone), here and on SSH hosts,
+    from the run's durable state: learners from their checkpoints, the syncer from its commits."""
     from diloco_cli.launch.operations import resume_run
     from diloco_cli.launch.runs import load_run
 
     record = load_run(runs_dir, run)
     started = resume_run(record, emit=typer.echo)
     if started:
-        typer.echo(f"run {record.name} resumed: {', '.join(started)} started again; `diloco status {record.name} --watch` follows it")
+        typer.echo(
+            f"run {record.name} resumed: {', '.join(started)} started again; "
+            f"`diloco status {record.name} --watch` follows it"
+        )
     else:
         typer.echo(f"nothing of run {record.name} is down: every process is running or finished")
 
@@ -85,17 +124,27 @@ def resume(
 @reported
 def rm(
     names: list[str] = typer.Argument(None, help="The runs to remove.", show_default=False),
-    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS", help="Also remove every finished or stopped run created more than DAYS days ago."),
+    older_than: float | None = typer.Option(
+        None,
+        "--older-than",
+        metavar="DAYS",
+        help="Also remove every finished or stopped run created more than DAYS days ago.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Remove runs for good: their record and logs here, their objects in every region's bucket, the syncer's home, their folders on SSH hosts. A running run is refused."""
+    """Remove runs for good: their record and logs here, their objects in every region's bucket, the syncer's home,
+    their folders on SSH hosts. A running run is refused."""
     from diloco_cli.config.errors import ConfigError
     from diloco_cli.launch.removal import plan_removal, remove_run, runs_to_prune
     from diloco_cli.launch.runs import load_run
 
     records = [load_run(runs_dir, name) for name in names or []]
-    records += [r for r in (runs_to_prune(runs_dir.resolve(), older_than) if older_than is not None else []) if r.name not in (names or [])]
+    records += [
+        r
+        for r in (runs_to_prune(runs_dir.resolve(), older_than) if older_than is not None else [])
+        if r.name not in (names or [])
+    ]
     if not records:
         raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
     for record in records:
@@ -124,7 +173,9 @@ def runs(
 def logs(
     run: str = typer.Argument(..., help="The run."),
     process: str | None = typer.Argument(None, help="A learner id or 'syncer' (default: all, one after another)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the process is done (or Ctrl-C)."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing new lines until the process is done (or Ctrl-C)."
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Print a learner's or the syncer's log, here or over SSH."""
@@ -157,8 +208,21 @@ def status(
     run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
     output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON. " + STATUS_JSON_HELP),
-    manifest: str | None = typer.Option(None, "--manifest", help="Read the run from a bucket's manifest.json URL instead of ./runs (any machine that can read the buckets; documents are then shown unverified)."),
-    probe: bool = typer.Option(False, "--probe", help="Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."),
+    manifest: str | None = typer.Option(
+        None,
+        "--manifest",
+        help=(
+            "Read the run from a bucket's manifest.json URL instead of ./runs "
+            "(any machine that can read the buckets; documents are then shown unverified)."
+        ),
+    ),
+    probe: bool = typer.Option(
+        False,
+        "--probe",
+        help=(
+            "Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."
+        ),
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Show a run: global version, loss, every learner, the syncer, storage per region, and what is down."""

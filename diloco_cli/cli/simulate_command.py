@@ -28,14 +28,36 @@ simulate_app = typer.Typer(
 
 @reported
 def goodput(
-    chips: list[str] = typer.Option([], "--chips", "-n", metavar="N", help="Cluster size in chips, e.g. 150k or 1.2M (repeatable) [default: 150k 300k 600k 1.2M 2.4M]."),
-    learners: list[int] = typer.Option([], "--learners", "-m", metavar="M", help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16]."),
-    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a constant, e.g. --set mtbi_chip_hours=4380 (repeatable; every key is printed with the table)."),
-    seed: int = typer.Option(0, "--seed", metavar="SEED", help="Seed of every replica's random stream: the same seed, the same table."),
+    chips: list[str] = typer.Option(
+        [],
+        "--chips",
+        "-n",
+        metavar="N",
+        help="Cluster size in chips, e.g. 150k or 1.2M (repeatable) [default: 150k 300k 600k 1.2M 2.4M].",
+    ),
+    learners: list[int] = typer.Option(
+        [], "--learners", "-m", metavar="M", help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16]."
+    ),
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a constant, e.g. --set mtbi_chip_hours=4380 (repeatable; every key is printed with the table).",
+    ),
+    seed: int = typer.Option(
+        0, "--seed", metavar="SEED", help="Seed of every replica's random stream: the same seed, the same table."
+    ),
     output: str = typer.Option("text", "--output", "-o", metavar="FORMAT", help=OUTPUT_HELP),
-    plot: Path | None = typer.Option(None, "--plot", metavar="FILE", help="Also draw goodput and uptime against cluster size into FILE.png or FILE.svg (needs matplotlib)."),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE",
+        help="Also draw goodput and uptime against cluster size into FILE.png or FILE.svg (needs matplotlib).",
+    ),
 ) -> None:
-    """Goodput and uptime of plain data-parallel, elastic data-parallel and Decoupled DiLoCo with M learners on clusters of 150k to 2.4M chips whose chips each fail about once a year: an event-driven simulation, calibrated to the source's figures at 1.2M chips."""
+    """Goodput and uptime of plain data-parallel, elastic data-parallel and Decoupled DiLoCo with M learners on
+    clusters of 150k to 2.4M chips whose chips each fail about once a year: an event-driven simulation, calibrated to
+    the source's figures at 1.2M chips."""
     import importlib.util
 
     from diloco_cli.config.errors import ConfigError
@@ -113,10 +135,19 @@ def build_view(grid, plain: bool = False):
         table.add_row(*row)
     parts: list = [Text(title), table]
     if grid.calibration:
-        compared = ", ".join(f"{_strategy_label(point.strategy)} {_percent(point.simulated)}% (source {100 * point.source:g}%)" for point in grid.calibration)
+        compared = ", ".join(
+            f"{_strategy_label(point.strategy)} {_percent(point.simulated)}% (source {100 * point.source:g}%)"
+            for point in grid.calibration
+        )
         parts.append(Text(f"at 1.2M chips: {compared}"))
     fields = type(constants).model_fields
-    described = Table(box=None, title="constants (override with --set KEY=VALUE; docs/goodput.md)", title_justify="left", show_header=False, pad_edge=False)
+    described = Table(
+        box=None,
+        title="constants (override with --set KEY=VALUE; docs/goodput.md)",
+        title_justify="left",
+        show_header=False,
+        pad_edge=False,
+    )
     described.add_column("key", no_wrap=True)
     described.add_column("value", justify="right", no_wrap=True)
     described.add_column("meaning")
@@ -158,11 +189,15 @@ def draw_plot(grid, path: Path) -> None:
     goodput_axes, uptime_axes = figure.subplots(1, 2, sharex=True)
     for name in grid.strategies:
         cells = [grid.cell(chips, name) for chips in grid.chips]
-        line = goodput_axes.plot(grid.chips, [cell.goodput for cell in cells], marker="o", label=_strategy_label(name))[0]
+        line = goodput_axes.plot(grid.chips, [cell.goodput for cell in cells], marker="o", label=_strategy_label(name))[
+            0
+        ]
         uptime_axes.plot(grid.chips, [cell.uptime for cell in cells], marker="o", color=line.get_color())
         for point in grid.calibration:
             if point.strategy == name:
-                goodput_axes.plot([1_200_000], [point.source], marker="x", markersize=10, color=line.get_color(), linestyle="none")
+                goodput_axes.plot(
+                    [1_200_000], [point.source], marker="x", markersize=10, color=line.get_color(), linestyle="none"
+                )
     for axes, label in ((goodput_axes, "goodput (x: the source at 1.2M chips)"), (uptime_axes, "uptime")):
         axes.set_xscale("log")
         axes.set_xticks(grid.chips)

@@ -35,6 +35,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'diloco_cli.codec' has no attribute {name!r}")
 
+
 __all__ = [
     "Codec",
     "CodecSpec",

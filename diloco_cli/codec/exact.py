@@ -48,7 +48,11 @@ class ExactPublisher:
 
     def carry_tensors(self) -> dict[str, torch.Tensor]:
         """The carried errors keyed ``"<fragment>/<tensor name>"`` (for persistence)."""
-        return {f"{fragment}/{name}": carry for fragment, carries in sorted(self._carries.items()) for name, carry in carries.items()}
+        return {
+            f"{fragment}/{name}": carry
+            for fragment, carries in sorted(self._carries.items())
+            for name, carry in carries.items()
+        }
 
     def load_carry_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self._carries = {}

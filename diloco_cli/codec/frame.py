@@ -100,8 +100,7 @@ class PayloadHeader(BaseModel):
     def section_sizes(self) -> list[int]:
         """Byte size of each tensor's section in the uncompressed body."""
         return [
-            section_layout(self.codec.codec, entry.numel, self.codec.block_size).total_bytes
-            for entry in self.tensors
+            section_layout(self.codec.codec, entry.numel, self.codec.block_size).total_bytes for entry in self.tensors
         ]
 
 
@@ -184,7 +183,9 @@ def encode_payload(
     return b"".join((prefix, header, body, tag.digest()))
 
 
-def _verified_parts(data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits) -> tuple[PayloadHeader, memoryview]:
+def _verified_parts(
+    data: bytes | memoryview, secret: RunSecret, limits: PayloadLimits
+) -> tuple[PayloadHeader, memoryview]:
     view = memoryview(data)
     if len(view) < PREFIX.size:
         if bytes(view[:4]) != MAGIC[: len(view)]:
@@ -303,7 +304,9 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"body does not decompress: {error}") from None
     except MemoryError:  # the output is allocated whole, at the size the header declares
-        raise PayloadTooLarge(f"the body declares {header.raw_body_bytes} bytes, more than this machine can allocate") from None
+        raise PayloadTooLarge(
+            f"the body declares {header.raw_body_bytes} bytes, more than this machine can allocate"
+        ) from None
     if len(raw) != header.raw_body_bytes:
         raise CorruptPayload("decompressed body size differs from the header")
     return np.frombuffer(raw, dtype=np.uint8)
@@ -323,7 +326,9 @@ def _decode_targets(header: PayloadHeader, into: Mapping[str, torch.Tensor] | No
         if target is None:
             raise CorruptPayload(f"the payload holds tensor {entry.name!r}, which the receiver does not have")
         if tuple(target.shape) != entry.shape:
-            raise CorruptPayload(f"tensor {entry.name!r} has shape {entry.shape} in the payload, {tuple(target.shape)} here")
+            raise CorruptPayload(
+                f"tensor {entry.name!r} has shape {entry.shape} in the payload, {tuple(target.shape)} here"
+            )
         if target.dtype != torch.float32 or target.device.type != "cpu" or not target.is_contiguous():
             raise ValueError(f"decoding into {entry.name!r} needs a contiguous fp32 CPU tensor")
         targets[entry.name] = target

@@ -41,7 +41,11 @@ def _load_kernels() -> ctypes.CDLL | None:
             try:
                 library = ctypes.CDLL(str(candidate))
             except OSError as error:  # built for another platform: the torch path serves
-                warnings.warn(f"diloco's codec kernels {candidate} cannot be loaded ({error}); using the torch path", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"diloco's codec kernels {candidate} cannot be loaded ({error}); using the torch path",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 return None
             pointer, size = ctypes.c_void_p, ctypes.c_int64
             for name in ("diloco_quantize_int8", "diloco_quantize_int4"):

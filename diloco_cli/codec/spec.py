@@ -24,7 +24,5 @@ class CodecSpec(BaseModel):
     @model_validator(mode="after")
     def _block_fits_codec(self) -> CodecSpec:
         if self.codec is Codec.INT4 and (self.block_size % 2 or self.block_size > MAX_INT4_BLOCK):
-            raise ValueError(
-                f"int4 needs an even block_size of at most {MAX_INT4_BLOCK}, got {self.block_size}"
-            )
+            raise ValueError(f"int4 needs an even block_size of at most {MAX_INT4_BLOCK}, got {self.block_size}")
         return self

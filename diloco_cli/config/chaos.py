@@ -71,7 +71,10 @@ class ChaosPlan(BaseModel):
 
     @property
     def has_process_faults(self) -> bool:
-        return any(rate > 0 for rate in (self.kill_learner_per_minute, self.kill_syncer_per_minute, self.stop_learner_per_minute))
+        return any(
+            rate > 0
+            for rate in (self.kill_learner_per_minute, self.kill_syncer_per_minute, self.stop_learner_per_minute)
+        )
 
     def outage_windows(self, regions: list[str]) -> list[Outage]:
         """Every outage of the run: the given ones and the random ones, by start."""
@@ -79,7 +82,13 @@ class ChaosPlan(BaseModel):
         if self.outage_per_minute > 0 and regions:
             generator = random.Random(f"{self.seed}/outages")
             for start in poisson_times(generator, self.outage_per_minute):
-                drawn.append(Outage(region=generator.choice(sorted(regions)), start_seconds=start, duration_seconds=self.outage_seconds))
+                drawn.append(
+                    Outage(
+                        region=generator.choice(sorted(regions)),
+                        start_seconds=start,
+                        duration_seconds=self.outage_seconds,
+                    )
+                )
         return sorted([*self.outages, *drawn], key=lambda outage: outage.start_seconds)
 
 
@@ -109,7 +118,14 @@ def process_events(plan: ChaosPlan, learners: list[str], horizon: float = HORIZO
     ):
         if rate > 0:
             for at in poisson_times(generator, rate, horizon):
-                events.append(ProcessEvent(at_seconds=at, action=action, target=pick(), seconds=plan.stop_seconds if action == "stop" else None))
+                events.append(
+                    ProcessEvent(
+                        at_seconds=at,
+                        action=action,
+                        target=pick(),
+                        seconds=plan.stop_seconds if action == "stop" else None,
+                    )
+                )
     return sorted(events, key=lambda event: event.at_seconds)
 
 
@@ -165,8 +181,15 @@ def parse_chaos(text: str) -> ChaosPlan:
         else:
             match = OUTAGE.match(value)
             if not match:
-                raise ConfigError(f"--chaos {item!r}: an outage is REGION@START+DURATION[:fail|:hang], like local-b@60s+30s")
+                raise ConfigError(
+                    f"--chaos {item!r}: an outage is REGION@START+DURATION[:fail|:hang], like local-b@60s+30s"
+                )
             fields["outages"].append(
-                Outage(region=match["region"], start_seconds=_seconds(match["start"], item), duration_seconds=_seconds(match["duration"], item), mode=match["mode"] or "fail")
+                Outage(
+                    region=match["region"],
+                    start_seconds=_seconds(match["start"], item),
+                    duration_seconds=_seconds(match["duration"], item),
+                    mode=match["mode"] or "fail",
+                )
             )
     return ChaosPlan(**fields)

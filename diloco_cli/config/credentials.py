@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 CREDENTIAL_KEYS = frozenset(
-    {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "session_token", "client_secret"}
+    {
+        "key",
+        "secret",
+        "token",
+        "password",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "session_token",
+        "client_secret",
+    }
 )
 """Storage options that would put a credential into a file that travels with the run."""
 

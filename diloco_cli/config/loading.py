@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import difflib
 import typing
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -110,7 +109,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_model(model: type[Model], path: Path | None, overrides: Sequence[str] = (), default_name: str = "defaults") -> Model:
+def load_model(
+    model: type[Model], path: Path | None, overrides: Sequence[str] = (), default_name: str = "defaults"
+) -> Model:
     """Validate a YAML file (or the defaults when ``path`` is None) plus overrides."""
     data = read_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides)

@@ -27,7 +27,9 @@ class ModelConfig(BaseModel):
     factory: str = "diloco_cli.models.gpt:byte_gpt"
     """Import path ``module:callable`` of a function or class that returns the model."""
 
-    kwargs: dict[str, Any] = Field(default_factory=lambda: {"num_layers": 4, "width": 128, "num_heads": 4, "context": 128})
+    kwargs: dict[str, Any] = Field(
+        default_factory=lambda: {"num_layers": 4, "width": 128, "num_heads": 4, "context": 128}
+    )
     """Keyword arguments passed to the factory."""
 
     @model_validator(mode="after")

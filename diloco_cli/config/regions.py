@@ -82,12 +82,14 @@ class HostConfig(BaseModel):
         secrets = sorted(
             name
             for name in self.env
-            if any(word in name.upper() for word in SECRET_ENVIRONMENT) and not name.upper().endswith(("_FILE", "_PATH"))
+            if any(word in name.upper() for word in SECRET_ENVIRONMENT)
+            and not name.upper().endswith(("_FILE", "_PATH"))
         )
         if secrets:
             raise ValueError(
                 f"env of host {self.name!r} sets {', '.join(secrets)}: secrets stay on the host "
-                "(its ~/.aws/credentials, an instance role); point at them instead (AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE)"
+                "(its ~/.aws/credentials, an instance role); "
+                "point at them instead (AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE)"
             )
         return self
 

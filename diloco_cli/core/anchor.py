@@ -31,8 +31,7 @@ class BaseOutsideWindow(Exception):
         self.oldest_anchorable = oldest_anchorable
         self.newest = newest
         super().__init__(
-            f"base version {base_version} cannot be anchored: the window covers versions "
-            f"{oldest_anchorable}..{newest}"
+            f"base version {base_version} cannot be anchored: the window covers versions {oldest_anchorable}..{newest}"
         )
 
 
@@ -79,7 +78,9 @@ class UpdateWindow:
     def can_anchor(self, base_version: Version) -> bool:
         return self._oldest_anchorable <= base_version <= self._newest
 
-    def drifts(self, base_versions: Iterable[Version], shapes: Mapping[str, tuple[int, ...]]) -> Iterator[tuple[Version, dict[str, torch.Tensor]]]:
+    def drifts(
+        self, base_versions: Iterable[Version], shapes: Mapping[str, tuple[int, ...]]
+    ) -> Iterator[tuple[Version, dict[str, torch.Tensor]]]:
         """Yield ``(b, Theta_now - Theta^b)`` for each distinct base, newest base first.
 
         The drift is built incrementally (each kept update is loaded at most once), and
@@ -98,6 +99,8 @@ class UpdateWindow:
             yield base, drift
 
 
-def anchored_outer_gradient(delta: Mapping[str, torch.Tensor], drift: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def anchored_outer_gradient(
+    delta: Mapping[str, torch.Tensor], drift: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """``Delta_m = (Theta_now - Theta^b) + delta_m`` for each tensor of a fragment."""
     return {name: drift[name] + tensor for name, tensor in delta.items()}

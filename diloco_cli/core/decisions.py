@@ -276,12 +276,16 @@ def _observe(state: DecisionState, observation: Observation, now: float, actions
         if observation.step_seconds is not None:
             step_seconds = _ema(step_seconds, observation.step_seconds, weight)
         since = previous.state_since if previous and previous.state == observation.state else now
-        return _seen(state, observation.learner, now, step_seconds=step_seconds, state=observation.state, state_since=since)
+        return _seen(
+            state, observation.learner, now, step_seconds=step_seconds, state=observation.state, state_since=since
+        )
     if isinstance(observation, MergeFinished):
         current = state.round(observation.fragment)
         merged = current.merging.arrivals if current.merging else ()
         sequences = {**state.merged_sequence, **{(a.learner, a.fragment): a.sequence for a in merged}}
-        updated = replace(current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=None)
+        updated = replace(
+            current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=None
+        )
         return replace(
             state,
             rounds={**state.rounds, observation.fragment: updated},
@@ -291,7 +295,9 @@ def _observe(state: DecisionState, observation: Observation, now: float, actions
     if isinstance(observation, MergeAborted):
         current = state.round(observation.fragment)
         aborted = current.merging
-        restored = replace(current, merging=None, superseded=current.superseded + (aborted.superseded if aborted else ()))
+        restored = replace(
+            current, merging=None, superseded=current.superseded + (aborted.superseded if aborted else ())
+        )
         state = replace(state, rounds={**state.rounds, observation.fragment: restored})
         for arrival in aborted.arrivals if aborted else ():
             state = _observe_arrival(state, arrival, now, actions)
@@ -312,11 +318,16 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
     merged = state.merged_sequence.get((learner, fragment), -1)
     if arrival.sequence <= merged:
         actions.append(
-            Discard(arrival, f"{learner}'s send #{arrival.sequence} of fragment {fragment} is older than #{merged}, already merged")
+            Discard(
+                arrival,
+                f"{learner}'s send #{arrival.sequence} of fragment {fragment} is older than #{merged}, already merged",
+            )
         )
         return state
     if not current.oldest_anchorable <= arrival.base_version <= current.version:
-        where = "older than the window" if arrival.base_version < current.oldest_anchorable else "newer than the syncer's"
+        where = (
+            "older than the window" if arrival.base_version < current.oldest_anchorable else "newer than the syncer's"
+        )
         actions.append(
             Resync(
                 learner,
@@ -332,7 +343,10 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
         superseded, newest = current.superseded + (arrival,), pending
     else:
         others = [old for old in pending if old.base_version != arrival.base_version]
-        superseded, newest = current.superseded + tuple(same_base), tuple(sorted([*others, arrival], key=lambda a: a.sequence))
+        superseded, newest = (
+            current.superseded + tuple(same_base),
+            tuple(sorted([*others, arrival], key=lambda a: a.sequence)),
+        )
     opened_at = current.opened_at if current.opened_at is not None else now
     updated = replace(current, pending={**current.pending, learner: newest}, superseded=superseded, opened_at=opened_at)
     return replace(state, rounds={**state.rounds, fragment: updated})
@@ -365,13 +379,16 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
         actions.append(
             Wait(
                 fragment,
-                f"grace window: {deadline - now:.1f} s left for {_plural(missing, 'more learner')} ({len(arrived)} arrived)",
+                f"grace window: {deadline - now:.1f} s left for {_plural(missing, 'more learner')} "
+                f"({len(arrived)} arrived)",
                 until=deadline,
             )
         )
         return replace(state, rounds={**state.rounds, fragment: current})
     why = "every live learner arrived" if not missing else "the grace window ended"
-    arrivals = tuple(sorted((a for group in current.pending.values() for a in group), key=lambda a: (a.learner, a.sequence)))
+    arrivals = tuple(
+        sorted((a for group in current.pending.values() for a in group), key=lambda a: (a.learner, a.sequence))
+    )
     merge = Merge(fragment, arrivals, current.superseded, f"merging {_plural(len(arrived), 'learner')}: {why}")
     actions.append(merge)
     fresh = FragmentRound(version=current.version, oldest_anchorable=current.oldest_anchorable, merging=merge)

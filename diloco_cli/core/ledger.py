@@ -62,6 +62,12 @@ class Ledger:
     @classmethod
     def from_json(cls, document: Mapping) -> Ledger:
         return cls(
-            merged={(LearnerId(learner), FragmentIndex(int(fragment))): int(sequence) for learner, fragment, sequence in document["merged"]},
-            retired={key: PayloadId(key, LearnerId(learner), FragmentIndex(int(fragment)), int(sequence)) for key, learner, fragment, sequence in document["retired"]},
+            merged={
+                (LearnerId(learner), FragmentIndex(int(fragment))): int(sequence)
+                for learner, fragment, sequence in document["merged"]
+            },
+            retired={
+                key: PayloadId(key, LearnerId(learner), FragmentIndex(int(fragment)), int(sequence))
+                for key, learner, fragment, sequence in document["retired"]
+            },
         )

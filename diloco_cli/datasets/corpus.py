@@ -29,7 +29,13 @@ from diloco_cli.datasets.storage import open_filesystem
 
 CorpusFormat = Literal["auto", "text", "jsonl", "parquet"]
 
-SUFFIX_FORMATS: dict[str, CorpusFormat] = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+SUFFIX_FORMATS: dict[str, CorpusFormat] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 TEXT_BLOCK_CHARACTERS = 4 << 20
 PARQUET_BATCH_ROWS = 1024
@@ -68,7 +74,9 @@ class Corpus:
         paths = sorted(filesystem.glob(path)) if any(c in path for c in "*?[") else [path]
         files = [path for path in paths if filesystem.isfile(path)]
         if not files:
-            raise DatasetError(f"corpus {self.url}: no such file; give a file or a glob of files (local or an fsspec URL)")
+            raise DatasetError(
+                f"corpus {self.url}: no such file; give a file or a glob of files (local or an fsspec URL)"
+            )
         return files
 
     def format_of(self, path: str) -> CorpusFormat:
@@ -112,11 +120,16 @@ class Corpus:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
-                    raise DatasetError(f"corpus file {path} line {number} is not JSON ({error}); give --format text for plain text") from None
+                    raise DatasetError(
+                        f"corpus file {path} line {number} is not JSON ({error}); give --format text for plain text"
+                    ) from None
                 text = record.get(self.text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     keys = ", ".join(record) if isinstance(record, dict) else "none: not an object"
-                    raise DatasetError(f"corpus file {path} line {number} has no text in {self.text_field!r} (keys: {keys}); name the key with --text-field")
+                    raise DatasetError(
+                        f"corpus file {path} line {number} has no text in {self.text_field!r} (keys: {keys}); "
+                        "name the key with --text-field"
+                    )
                 if text:
                     yield text
 
@@ -124,12 +137,17 @@ class Corpus:
         try:
             import pyarrow.parquet as parquet
         except ImportError:
-            raise DatasetError(f"corpus file {path} is Parquet, which needs pyarrow: pip install 'diloco-cli[parquet]'") from None
+            raise DatasetError(
+                f"corpus file {path} is Parquet, which needs pyarrow: pip install 'diloco-cli[parquet]'"
+            ) from None
         filesystem, _ = self._opened
         with filesystem.open(path, "rb") as handle:
             table = parquet.ParquetFile(handle)
             columns = table.schema_arrow.names
             if self.text_field not in columns:
-                raise DatasetError(f"corpus file {path} has no column {self.text_field!r} (columns: {', '.join(columns)}); name the text column with --text-field")
+                raise DatasetError(
+                    f"corpus file {path} has no column {self.text_field!r} (columns: {', '.join(columns)}); "
+                    "name the text column with --text-field"
+                )
             for batch in table.iter_batches(columns=[self.text_field], batch_size=PARQUET_BATCH_ROWS):
                 yield from (text for text in batch.column(0).to_pylist() if text)

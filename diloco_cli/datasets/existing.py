@@ -13,13 +13,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from diloco_cli.datasets.index import ITEM_BYTES, TOKENIZER_NAME, UNKNOWN_TOKENIZER, DatasetError, DatasetIndex, Dtype, ShardEntry
+from diloco_cli.datasets.index import (
+    ITEM_BYTES,
+    TOKENIZER_NAME,
+    UNKNOWN_TOKENIZER,
+    DatasetError,
+    DatasetIndex,
+    Dtype,
+    ShardEntry,
+)
 from diloco_cli.datasets.prepare import is_complete_with
 from diloco_cli.datasets.progress import Progress, Silent
 from diloco_cli.datasets.storage import Location, Retry, call_once, join, remove_if_present, size_if_present
-from diloco_cli.store.filesystem import write_whole
 from diloco_cli.datasets.tokenizer import EOS_TOKEN, load_tokenizer
 from diloco_cli.datasets.upload import write_index
+from diloco_cli.store.filesystem import write_whole
 
 READ_BLOCK_BYTES = 16 << 20
 
@@ -31,23 +39,32 @@ def shard_size(location: Location, name: str, dtype: Dtype, retry: Retry) -> int
     if size is None:
         raise DatasetError(f"{location.url}/{name} does not exist; name the shards with --train and --heldout")
     if size == 0 or size % ITEM_BYTES[dtype]:
-        raise DatasetError(f"{location.url}/{name} has {size} bytes, not a whole number of {dtype} tokens; is --dtype right?")
+        raise DatasetError(
+            f"{location.url}/{name} has {size} bytes, not a whole number of {dtype} tokens; is --dtype right?"
+        )
     return size
 
 
-def hashed_shard(location: Location, name: str, size: int, dtype: Dtype, vocab_size: int, retry: Retry, progress: Progress) -> ShardEntry:
+def hashed_shard(
+    location: Location, name: str, size: int, dtype: Dtype, vocab_size: int, retry: Retry, progress: Progress
+) -> ShardEntry:
     """The index entry of shard ``name``, read once: its hash, and every token checked
     to be below ``vocab_size``."""
     filesystem, root = location.open()
     path = join(root, name)
     digest, largest = hashlib.sha256(), 0
     for start in range(0, size, READ_BLOCK_BYTES):
-        block = retry(lambda start=start: filesystem.cat_file(path, start=start, end=min(size, start + READ_BLOCK_BYTES)))
+        block = retry(
+            lambda start=start: filesystem.cat_file(path, start=start, end=min(size, start + READ_BLOCK_BYTES))
+        )
         digest.update(block)
         largest = max(largest, int(np.frombuffer(block, dtype=np.dtype(dtype).newbyteorder("<")).max()))
         progress.advance(len(block))
     if largest >= vocab_size:
-        raise DatasetError(f"{location.url}/{name} holds token id {largest}, not below --vocab-size {vocab_size}; is --dtype or --vocab-size right?")
+        raise DatasetError(
+            f"{location.url}/{name} holds token id {largest}, not below --vocab-size {vocab_size}; "
+            "is --dtype or --vocab-size right?"
+        )
     progress.done(name, reused=False)
     return ShardEntry(name=name, tokens=size // ITEM_BYTES[dtype], sha256=digest.hexdigest())
 
@@ -72,7 +89,10 @@ def index_existing(
     ``overwrite`` replaces an index there (made with another tokenizer); the shards stay."""
     loaded = load_tokenizer(tokenizer, {}, eos_token) if tokenizer is not None else None
     if loaded is not None and loaded.vocab_size > vocab_size:
-        raise DatasetError(f"tokenizer {tokenizer} has {loaded.vocab_size} tokens, more than --vocab-size {vocab_size}; give --vocab-size {loaded.vocab_size} (or more)")
+        raise DatasetError(
+            f"tokenizer {tokenizer} has {loaded.vocab_size} tokens, more than --vocab-size {vocab_size}; "
+            f"give --vocab-size {loaded.vocab_size} (or more)"
+        )
     tokenizer_sha256 = loaded.sha256 if loaded is not None else UNKNOWN_TOKENIZER
     filesystem, root = location.open()
     if overwrite:  # only the index: the shards are the ones to index
@@ -82,7 +102,9 @@ def index_existing(
         found = sorted(posixpath.basename(path) for path in retry(lambda: filesystem.glob(join(root, "*.bin"))))
         train = [name for name in found if name != heldout]
         if not train:
-            raise DatasetError(f"{location.url} has no training shards (*.bin besides {heldout}); name them with --train")
+            raise DatasetError(
+                f"{location.url} has no training shards (*.bin besides {heldout}); name them with --train"
+            )
     if heldout in train:
         raise DatasetError(f"--heldout {heldout} is also a training shard; a held-out shard is never trained on")
     sizes = {name: shard_size(location, name, dtype, retry) for name in [*train, heldout]}

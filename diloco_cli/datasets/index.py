@@ -33,7 +33,6 @@ Dtype = Literal["uint16", "uint32"]
 ITEM_BYTES: dict[str, int] = {"uint16": 2, "uint32": 4}
 
 
-
 def _inside_the_directory(name: str) -> str:
     if ".." in name.split("/"):
         raise ValueError(f"{name!r} leaves the index's directory")
@@ -132,9 +131,14 @@ def parse_document(model: type[BaseModel], data: bytes, url: str, what_to_do: st
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep, a number too long
-        raise DatasetError(f"{url} is not JSON we can read ({type(error).__name__}: {str(error)[:200]}); {what_to_do}") from None
+        raise DatasetError(
+            f"{url} is not JSON we can read ({type(error).__name__}: {str(error)[:200]}); {what_to_do}"
+        ) from None
     if isinstance(document, dict) and document.get("format", FORMAT) != FORMAT:
-        raise DatasetError(f"{url} has format {document['format']!r}, this diloco reads {FORMAT!r}; use the diloco that wrote it, or {what_to_do}")
+        raise DatasetError(
+            f"{url} has format {document['format']!r}, this diloco reads {FORMAT!r}; "
+            f"use the diloco that wrote it, or {what_to_do}"
+        )
     try:
         return model.model_validate(document)
     except ValidationError as error:

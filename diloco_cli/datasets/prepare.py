@@ -20,11 +20,31 @@ from pathlib import Path
 
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.datasets.corpus import Corpus
-from diloco_cli.datasets.index import TOKENIZER_NAME, DatasetError, DatasetIndex, ShardEntry, dtype_for_vocabulary, parse_index
+from diloco_cli.datasets.index import (
+    TOKENIZER_NAME,
+    DatasetError,
+    DatasetIndex,
+    ShardEntry,
+    dtype_for_vocabulary,
+    parse_index,
+)
 from diloco_cli.datasets.progress import Progress, Silent, counted
-from diloco_cli.datasets.shards import PARTIAL_SUFFIX, PROGRESS_NAME, ProgressRecord, TokenizeSettings, read_progress, tokenize_corpus
+from diloco_cli.datasets.shards import (
+    PARTIAL_SUFFIX,
+    PROGRESS_NAME,
+    ProgressRecord,
+    TokenizeSettings,
+    read_progress,
+    tokenize_corpus,
+)
 from diloco_cli.datasets.storage import Location, Retry, call_once, join, read_if_present, remove_if_present
-from diloco_cli.datasets.tokenizer import EOS_TOKEN, TRAINING_SAMPLE_BYTES, DatasetTokenizer, load_tokenizer, train_tokenizer
+from diloco_cli.datasets.tokenizer import (
+    EOS_TOKEN,
+    TRAINING_SAMPLE_BYTES,
+    DatasetTokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
 from diloco_cli.datasets.upload import UPLOADS_NAME, StoredFile, read_uploads, upload_dataset, write_index
 
 WORK_ROOT = Path("~/.cache/diloco/prepare")
@@ -174,10 +194,15 @@ def obtain_tokenizer(request: PrepareRequest, progress: Progress) -> DatasetToke
     if (earlier := staged_tokenizer(request.staging, request.eos_token)) is not None:
         return earlier
     if request.vocab_size is None:
-        raise DatasetError("give a tokenizer (--tokenizer tokenizer.json), or --vocab-size N to train a byte-level BPE on the corpus")
+        raise DatasetError(
+            "give a tokenizer (--tokenizer tokenizer.json), or --vocab-size N to train a byte-level BPE on the corpus"
+        )
     files = request.corpus.files()
     total = request.corpus.total_bytes(files)
-    progress.begin(f"training a tokenizer of {request.vocab_size} tokens", None if total is None else min(total, TRAINING_SAMPLE_BYTES))
+    progress.begin(
+        f"training a tokenizer of {request.vocab_size} tokens",
+        None if total is None else min(total, TRAINING_SAMPLE_BYTES),
+    )
     return train_tokenizer(counted(request.corpus.documents(files), progress), request.vocab_size, request.eos_token)
 
 

@@ -86,7 +86,8 @@ def windows_per_epoch(range_tokens: int, sequence_length: int) -> int:
     if windows < 1:
         raise DatasetError(
             f"this process's range of {range_tokens} training tokens is shorter than one sequence of "
-            f"{sequence_length + 1}; train with fewer learners or processes, a shorter data.sequence_length, or more data"
+            f"{sequence_length + 1}; "
+            "train with fewer learners or processes, a shorter data.sequence_length, or more data"
         )
     return windows
 

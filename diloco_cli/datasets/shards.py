@@ -27,11 +27,11 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from diloco_cli.datasets.corpus import Corpus, CorpusFormat
-from diloco_cli.datasets.index import FORMAT, FROZEN, Dtype, DatasetError, ShardEntry, parse_document
+from diloco_cli.datasets.index import FORMAT, FROZEN, DatasetError, Dtype, ShardEntry, parse_document
 from diloco_cli.datasets.progress import Progress, counted
 from diloco_cli.datasets.storage import file_sha256
-from diloco_cli.store.filesystem import write_whole
 from diloco_cli.datasets.tokenizer import DatasetTokenizer
+from diloco_cli.store.filesystem import write_whole
 
 PROGRESS_NAME = "progress.json"
 HELDOUT_NAME = "heldout.bin"
@@ -121,7 +121,9 @@ def read_progress(staging: Path) -> ProgressRecord | None:
     path = staging / PROGRESS_NAME
     if not path.exists():
         return None
-    return parse_document(ProgressRecord, path.read_bytes(), str(path), "remove it (or give --overwrite) to start again")
+    return parse_document(
+        ProgressRecord, path.read_bytes(), str(path), "remove it (or give --overwrite) to start again"
+    )
 
 
 def save_progress(staging: Path, record: ProgressRecord) -> None:
@@ -208,7 +210,9 @@ class Tokenized:
     reused: int
 
 
-def encoded_documents(corpus: Corpus, files: list[str], tokenizer: DatasetTokenizer, start: int, progress: Progress) -> Iterator[tuple[int, list[int]]]:
+def encoded_documents(
+    corpus: Corpus, files: list[str], tokenizer: DatasetTokenizer, start: int, progress: Progress
+) -> Iterator[tuple[int, list[int]]]:
     """``(number, token ids)`` of every document from number ``start`` on, in batches
     through the tokenizer; earlier documents are read (and reported) but not encoded."""
     batch: list[str] = []
@@ -241,13 +245,18 @@ def resumable(record: ProgressRecord, staging: Path) -> ProgressRecord:
     return record
 
 
-def tokenize_corpus(corpus: Corpus, tokenizer: DatasetTokenizer, settings: TokenizeSettings, staging: Path, progress: Progress) -> Tokenized:
+def tokenize_corpus(
+    corpus: Corpus, tokenizer: DatasetTokenizer, settings: TokenizeSettings, staging: Path, progress: Progress
+) -> Tokenized:
     """Tokenize ``corpus`` into ``staging`` (training shards, ``heldout.bin``), going on
     from the progress record there when it has the same settings."""
     staging.mkdir(parents=True, exist_ok=True)
     earlier = read_progress(staging)
     if earlier is not None and earlier.settings != settings:
-        raise DatasetError(f"{staging} holds shards of another corpus or other settings; give the same options as before, or --overwrite to start again")
+        raise DatasetError(
+            f"{staging} holds shards of another corpus or other settings; "
+            "give the same options as before, or --overwrite to start again"
+        )
     record = verified(earlier, staging) if earlier is not None else ProgressRecord(settings=settings)
     if record.heldout is None:
         record = resumable(record, staging)
@@ -275,7 +284,10 @@ def tokenize_corpus(corpus: Corpus, tokenizer: DatasetTokenizer, settings: Token
                 writer.write(tokens, number, skipped, heldout_tokens)
         writer.finish()
     if not writer.record.train:
-        raise DatasetError(f"corpus {corpus.url} leaves no training tokens: all of its documents are held out; give a larger corpus or a smaller --heldout-fraction")
+        raise DatasetError(
+            f"corpus {corpus.url} leaves no training tokens: all of its documents are held out; "
+            "give a larger corpus or a smaller --heldout-fraction"
+        )
     os.replace(staging / (HELDOUT_NAME + PARTIAL_SUFFIX), staging / HELDOUT_NAME)
     heldout_shard = ShardEntry(name=HELDOUT_NAME, tokens=heldout_tokens, sha256=file_sha256(staging / HELDOUT_NAME))
     record = writer.record.model_copy(update={"heldout": heldout_shard})

@@ -46,7 +46,8 @@ class ShardReader:
         data = self.retry(lambda: self.filesystem.cat_file(path, start=start * item, end=end * item))
         if len(data) != (end - start) * item:
             raise DatasetError(
-                f"shard {name} beside {self.location.index_url} ends before token {end}, where its index says it holds more; "
+                f"shard {name} beside {self.location.index_url} ends before token {end}, "
+                "where its index says it holds more; "
                 "the dataset is damaged or was changed after `diloco prepare`: make it again"
             )
         return np.frombuffer(data, dtype=self.dtype)
@@ -137,17 +138,24 @@ class TokenBatches:
         inner step ``step`` (from 0): windows ``step * batch_size`` onwards of this
         process's range, wrapping around at its end (see :mod:`~diloco_cli.datasets.ranges`)."""
         windows = windows_per_epoch(len(self.range), sequence_length)
-        spans = [(first * sequence_length, (first + count) * sequence_length + 1) for first, count in window_runs(step, batch_size, windows)]
+        spans = [
+            (first * sequence_length, (first + count) * sequence_length + 1)
+            for first, count in window_runs(step, batch_size, windows)
+        ]
         needed = [chunk for start, end in spans for chunk in self._chunks_of(start, end)]
         if len(set(needed)) > self._cache.capacity:
             raise DatasetError(
-                f"a batch of {batch_size} x {sequence_length + 1} tokens spans {len(set(needed))} chunks, more than the "
+                f"a batch of {batch_size} x {sequence_length + 1} tokens spans {len(set(needed))} chunks, "
+                "more than the "
                 f"{self._cache.capacity} the cache holds; raise data.cache_megabytes"
             )
         chunks_in_use = windows * sequence_length // self._chunk_tokens + 1  # up to the last token any window reads
         read_ahead = [(needed[-1] + ahead) % chunks_in_use for ahead in range(1, READ_AHEAD_CHUNKS + 1)]
         self._cache.hold(needed + read_ahead)
-        rows = [np.lib.stride_tricks.sliding_window_view(self._tokens(start, end), sequence_length + 1)[::sequence_length] for start, end in spans]
+        rows = [
+            np.lib.stride_tricks.sliding_window_view(self._tokens(start, end), sequence_length + 1)[::sequence_length]
+            for start, end in spans
+        ]
         tokens = torch.from_numpy(np.concatenate(rows).astype(np.int64))
         return tokens[:, :-1], tokens[:, 1:]
 
@@ -162,7 +170,9 @@ class TokenBatches:
         self.close()
 
 
-def heldout_tokens(index_url: str, storage_options: dict[str, Any], max_tokens: int, read_retry: ReadRetry | None = None) -> torch.Tensor:
+def heldout_tokens(
+    index_url: str, storage_options: dict[str, Any], max_tokens: int, read_retry: ReadRetry | None = None
+) -> torch.Tensor:
     """The first ``max_tokens`` tokens (or all, if fewer) of the dataset's held-out shard,
     as int64, to evaluate the global model on."""
     reader = ShardReader(index_url, storage_options, read_retry)

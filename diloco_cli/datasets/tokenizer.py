@@ -46,10 +46,16 @@ class DatasetTokenizer:
         try:
             tokenizer = Tokenizer.from_str(content.decode())
         except Exception as error:  # tokenizers raises a bare Exception for any bad file
-            raise DatasetError(f"{source} is not a Hugging Face tokenizer.json ({error}); give the tokenizer.json of a `tokenizers` tokenizer") from None
+            raise DatasetError(
+                f"{source} is not a Hugging Face tokenizer.json ({error}); "
+                "give the tokenizer.json of a `tokenizers` tokenizer"
+            ) from None
         eos_token_id = tokenizer.token_to_id(eos_token)
         if eos_token_id is None:
-            raise DatasetError(f"tokenizer {source} has no token {eos_token!r}; name its end-of-document token with --eos-token (e.g. '</s>')")
+            raise DatasetError(
+                f"tokenizer {source} has no token {eos_token!r}; "
+                "name its end-of-document token with --eos-token (e.g. '</s>')"
+            )
         return cls(tokenizer, content, eos_token_id)
 
     @property
@@ -71,7 +77,9 @@ def load_tokenizer(url: str, storage_options: dict[str, Any], eos_token: str) ->
         with fsspec.open(url, "rb", **storage_options) as handle:
             content = handle.read()
     except FileNotFoundError:
-        raise DatasetError(f"tokenizer {url} does not exist; give the path of a tokenizer.json, or --vocab-size N to train one") from None
+        raise DatasetError(
+            f"tokenizer {url} does not exist; give the path of a tokenizer.json, or --vocab-size N to train one"
+        ) from None
     return DatasetTokenizer.from_json(content, url, eos_token)
 
 
@@ -91,8 +99,17 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, eos_token: str = 
     from tokenizers import ByteLevelBPETokenizer
 
     if vocab_size < BYTE_TOKENS + 1:
-        raise DatasetError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {BYTE_TOKENS + 1} tokens (the 256 bytes and {eos_token})")
+        raise DatasetError(
+            f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {BYTE_TOKENS + 1} tokens "
+            f"(the 256 bytes and {eos_token})"
+        )
     trained = ByteLevelBPETokenizer()
-    trained.train_from_iterator(sample_of(documents, TRAINING_SAMPLE_BYTES), vocab_size=vocab_size, min_frequency=2, special_tokens=[eos_token], show_progress=False)
+    trained.train_from_iterator(
+        sample_of(documents, TRAINING_SAMPLE_BYTES),
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[eos_token],
+        show_progress=False,
+    )
     content = trained.to_str(pretty=True).encode()
     return DatasetTokenizer.from_json(content, "the trained tokenizer", eos_token)

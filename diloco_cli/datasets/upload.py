@@ -48,15 +48,23 @@ def read_uploads(location: Location, retry: Retry) -> UploadRecord | None:
     data = read_if_present(filesystem, join(root, UPLOADS_NAME), retry)
     if data is None:
         return None
-    return parse_document(UploadRecord, data, f"{location.url}/{UPLOADS_NAME}", "remove it (or give --overwrite) to upload again")
+    return parse_document(
+        UploadRecord, data, f"{location.url}/{UPLOADS_NAME}", "remove it (or give --overwrite) to upload again"
+    )
 
 
-def upload_dataset(staging: Path, files: list[StoredFile], index: DatasetIndex, location: Location, retry: Retry, progress: Progress) -> int:
+def upload_dataset(
+    staging: Path, files: list[StoredFile], index: DatasetIndex, location: Location, retry: Retry, progress: Progress
+) -> int:
     """Copy ``files`` from ``staging`` to ``location`` (each retried by ``retry``), then
     write ``index``; returns how many files an earlier run had already copied."""
     filesystem, root = location.open()
     earlier = read_uploads(location, retry)
-    arrived = {file.name: file for file in earlier.files} if earlier and earlier.tokenizer_sha256 == index.tokenizer_sha256 else {}
+    arrived = (
+        {file.name: file for file in earlier.files}
+        if earlier and earlier.tokenizer_sha256 == index.tokenizer_sha256
+        else {}
+    )
     progress.begin(f"uploading to {location.url}", sum(file.size for file in files))
     skipped = 0
     for file in files:
@@ -69,7 +77,11 @@ def upload_dataset(staging: Path, files: list[StoredFile], index: DatasetIndex, 
         retry(lambda local=str(staging / file.name), remote=remote: filesystem.put_file(local, remote))
         arrived[file.name] = file
         record = UploadRecord(tokenizer_sha256=index.tokenizer_sha256, files=tuple(arrived.values()))
-        retry(lambda data=record.model_dump_json(indent=2).encode(): write_whole(filesystem, join(root, UPLOADS_NAME), data))
+        retry(
+            lambda data=record.model_dump_json(indent=2).encode(): write_whole(
+                filesystem, join(root, UPLOADS_NAME), data
+            )
+        )
         progress.advance(file.size)
         progress.done(f"{location.url}/{file.name}", reused=False)
     write_index(location, index, retry)

@@ -43,8 +43,8 @@ with open(venv + ".lock", "w") as lock:
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "2", "--timeout", "30",
-                    "--upgrade", requirement, *extra], check=True)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries", "2",
+                    "--timeout", "30", "--upgrade", requirement, *extra], check=True)
     kernels = subprocess.run([python, "-m", "diloco_cli.codec.build"], capture_output=True, text=True)
     print(kernels.stdout.strip() or kernels.stderr.strip()[-300:])
     with open(mark, "w") as handle:
@@ -75,7 +75,11 @@ def project_root() -> Path | None:
 def source_files(root: Path) -> list[Path]:
     """What a wheel is built from: the project's files, no build products."""
     files = [root / "pyproject.toml", root / "setup.py", root / "README.md"]
-    return files + sorted(p for p in (root / "diloco_cli").rglob("*") if p.is_file() and p.suffix not in (".pyc", ".so") and "__pycache__" not in p.parts)
+    return files + sorted(
+        p
+        for p in (root / "diloco_cli").rglob("*")
+        if p.is_file() and p.suffix not in (".pyc", ".so") and "__pycache__" not in p.parts
+    )
 
 
 def source_hash(root: Path) -> str:
@@ -101,7 +105,18 @@ def build_distribution(cache_dir: Path) -> Distribution:
                 copy = Path(clean) / path.relative_to(root)
                 copy.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, copy)
-            command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(target), clean]
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--quiet",
+                "-w",
+                str(target),
+                clean,
+            ]
             environment = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH, "DILOCO_PURE_WHEEL": "1"}
             result = subprocess.run(command, capture_output=True, text=True, env=environment)
         if result.returncode != 0:
@@ -116,7 +131,9 @@ def installed_hash(client: paramiko.SSHClient, host: HostConfig) -> str | None:
     return result.stdout.strip() or None
 
 
-def bootstrap_host(client: paramiko.SSHClient, host: HostConfig, distribution: Distribution, extras: list[str], progress=None) -> str:
+def bootstrap_host(
+    client: paramiko.SSHClient, host: HostConfig, distribution: Distribution, extras: list[str], progress=None
+) -> str:
     """Create or refresh the host's environment with this distribution; returns what it did."""
     if installed_hash(client, host) == distribution.source_hash:
         return "up to date"
@@ -129,9 +146,15 @@ def bootstrap_host(client: paramiko.SSHClient, host: HostConfig, distribution: D
     if extras:
         requirement += f"[{','.join(sorted(extras))}]"
     arguments = [venv, distribution.source_hash, requirement, *host.install]
-    result = run(client, f"{shlex.quote(host.python)} -c {shlex.quote(INSTALL)} " + " ".join(shlex.quote(a) for a in arguments), timeout=3600)
+    result = run(
+        client,
+        f"{shlex.quote(host.python)} -c {shlex.quote(INSTALL)} " + " ".join(shlex.quote(a) for a in arguments),
+        timeout=3600,
+    )
     if result.code != 0:
-        raise SSHError(f"host {host.name}: installing diloco into {venv} failed:\n{(result.stderr or result.stdout)[-2000:]}")
+        raise SSHError(
+            f"host {host.name}: installing diloco into {venv} failed:\n{(result.stderr or result.stdout)[-2000:]}"
+        )
     if result.stdout.strip().endswith("up to date"):
         return "up to date"
     compiled = "kernels compiled" in result.stdout

@@ -54,7 +54,10 @@ class ChaosDriver:
         """Inject every fault that falls due until the run is over; returns 0."""
         origin = self.spec.created + self.plan.begins_at_seconds
         now = time.time() - origin
-        queue = [(event.at_seconds, index, event) for index, event in enumerate(process_events(self.plan, [learner.id for learner in self.spec.learners]))]
+        queue = [
+            (event.at_seconds, index, event)
+            for index, event in enumerate(process_events(self.plan, [learner.id for learner in self.spec.learners]))
+        ]
         queue = [item for item in queue if item[0] >= now]  # a restarted driver does not replay the past
         heapq.heapify(queue)
         while queue and not self._run_over():
@@ -66,13 +69,23 @@ class ChaosDriver:
             heapq.heappop(queue)
             self._apply(event)
             if event.action == "stop" and event.seconds:
-                heapq.heappush(queue, (at + event.seconds, -index - 1, ProcessEvent(at_seconds=at + event.seconds, action="continue", target=event.target)))
+                heapq.heappush(
+                    queue,
+                    (
+                        at + event.seconds,
+                        -index - 1,
+                        ProcessEvent(at_seconds=at + event.seconds, action="continue", target=event.target),
+                    ),
+                )
         return 0
 
     def _apply(self, event: ProcessEvent) -> None:
         outcome = self._signal(event.target, SIGNALS[event.action])
         log.info("%s %s: %s", event.action, event.target, outcome)
-        self.log.events = [*self.log.events, ChaosEvent(time=time.time(), action=event.action, target=event.target, outcome=outcome)][-CHAOS_EVENTS_KEPT:]
+        self.log.events = [
+            *self.log.events,
+            ChaosEvent(time=time.time(), action=event.action, target=event.target, outcome=outcome),
+        ][-CHAOS_EVENTS_KEPT:]
         self.log.count += 1
         for bucket in self.buckets:
             try:

@@ -15,14 +15,40 @@ CHAOS_PROCESS = "chaos"
 
 
 def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> list[str]:
-    arguments = ["-m", "diloco_cli", "_learner", "--manifest", str(manifest), "--learner", learner.id, "--secret-file", str(secret_path)]
+    arguments = [
+        "-m",
+        "diloco_cli",
+        "_learner",
+        "--manifest",
+        str(manifest),
+        "--learner",
+        learner.id,
+        "--secret-file",
+        str(secret_path),
+    ]
     if learner.processes > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={learner.processes}", *arguments]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={learner.processes}",
+            *arguments,
+        ]
     return [sys.executable, *arguments]
 
 
 def syncer_command(manifest: Path, secret_path: Path) -> list[str]:
-    return [sys.executable, "-m", "diloco_cli", "_syncer", "--manifest", str(manifest), "--secret-file", str(secret_path)]
+    return [
+        sys.executable,
+        "-m",
+        "diloco_cli",
+        "_syncer",
+        "--manifest",
+        str(manifest),
+        "--secret-file",
+        str(secret_path),
+    ]
 
 
 def start_chaos_driver(run_dir: Path) -> ProcessRecord:
@@ -40,9 +66,15 @@ def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     records = []
     if with_syncer:
-        records.append(start_supervised("syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"}))
+        records.append(
+            start_supervised(
+                "syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"}
+            )
+        )
     for learner in learners:
-        records.append(start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env))
+        records.append(
+            start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env)
+        )
     return records
 
 

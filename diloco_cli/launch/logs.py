@@ -51,12 +51,12 @@ def _local_logs(record: RunRecord, names: list[str], follow: bool, several: bool
             if not path.exists():
                 yield "(no output yet)\n"
                 continue
-            handles[name] = open(path, "rb")  # noqa: SIM115 - kept open while following
+            handles[name] = open(path, "rb")
             yield handles[name].read().decode(errors="replace")
         while follow and any(_running(record, name) for name in names):
             for name in names:
                 if name not in handles and record.log_path(name).exists():
-                    handles[name] = open(record.log_path(name), "rb")  # noqa: SIM115
+                    handles[name] = open(record.log_path(name), "rb")
                 for line in handles[name].readlines() if name in handles else []:
                     yield (f"{name}: " if several else "") + line.decode(errors="replace")
             time.sleep(POLL_SECONDS)

@@ -4,7 +4,6 @@ them, probe their supervisors, restart what is down (their logs: launch/logs.py)
 from __future__ import annotations
 
 from collections import defaultdict
-
 from dataclasses import asdict
 
 from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver, start_local, stop_local
@@ -89,7 +88,11 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     learner comes back after it finished.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
-    if any(name not in ("syncer", CHAOS_PROCESS) for name in down) and "syncer" not in down and not rows.get("syncer", {}).get("supervisor_alive"):
+    if (
+        any(name not in ("syncer", CHAOS_PROCESS) for name in down)
+        and "syncer" not in down
+        and not rows.get("syncer", {}).get("supervisor_alive")
+    ):
         down.append("syncer")  # it finished without them: it must merge what they send
     return start_processes(record, down, "started again", emit)
 
@@ -109,7 +112,14 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
         if CHAOS_PROCESS in local:
             started.append(start_chaos_driver(record.directory))
     for host_name in sorted({placement[name] for name in names} - {"local"}):
-        from diloco_cli.launch.remote import command_for, connect_recorded_host, learner_arguments, remote_paths, start_remote_process, syncer_arguments
+        from diloco_cli.launch.remote import (
+            command_for,
+            connect_recorded_host,
+            learner_arguments,
+            remote_paths,
+            start_remote_process,
+            syncer_arguments,
+        )
         from diloco_cli.launch.ssh import run as run_over_ssh
 
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
@@ -121,11 +131,17 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
             for name in (n for n in names if placement[n] == host_name):
                 if name == "syncer":
                     command = command_for(paths, syncer_arguments(paths), 1)
-                    started.append(start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"}))
+                    started.append(
+                        start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"})
+                    )
                 else:
                     learner = spec.learner(name)
                     command = command_for(paths, learner_arguments(paths, learner), learner.processes)
-                    started.append(start_remote_process(client, host, paths, name, "learner", command, {"OMP_NUM_THREADS": str(threads)}))
+                    started.append(
+                        start_remote_process(
+                            client, host, paths, name, "learner", command, {"OMP_NUM_THREADS": str(threads)}
+                        )
+                    )
         finally:
             client.close()
     for process in started:

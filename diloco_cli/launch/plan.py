@@ -21,9 +21,9 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
 from diloco_cli.launch.runs import write_run_record
-from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
+from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
 from diloco_cli.training.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -53,9 +53,17 @@ def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sou
         )
     hosts = {host.name for region in regions.regions for host in region.hosts}
     if regions.syncer.host != "local" and regions.syncer.host not in hosts:
-        raise ConfigError(f"{sources.regions}: syncer.host {regions.syncer.host!r} is not 'local' nor a host of any region")
+        raise ConfigError(
+            f"{sources.regions}: syncer.host {regions.syncer.host!r} is not 'local' nor a host of any region"
+        )
     learners = tuple(
-        LearnerSpec(id=learner, region=RegionName(region.name), host=host.name, shard=index, processes=host.processes_per_learner)
+        LearnerSpec(
+            id=learner,
+            region=RegionName(region.name),
+            host=host.name,
+            shard=index,
+            processes=host.processes_per_learner,
+        )
         for index, (learner, region, host) in enumerate(placements)
     )
     unknown = sorted(set(recipe.training.learner_speeds) - {learner.id for learner in learners})
@@ -75,7 +83,12 @@ def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sou
         for region in regions.regions
     )
     home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)
-    syncer = SyncerSpec(host=regions.syncer.host, home=absolute_url(home), storage_options=regions.syncer.storage_options, region=regions.syncer_region())
+    syncer = SyncerSpec(
+        host=regions.syncer.host,
+        home=absolute_url(home),
+        storage_options=regions.syncer.storage_options,
+        region=regions.syncer_region(),
+    )
     return RunSpec(run=run, created=time.time(), recipe=recipe, learners=learners, regions=region_specs, syncer=syncer)
 
 
@@ -84,7 +97,9 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
     source = recipe.data.source
     if source.startswith(BUILTIN_PREFIX):
         if source[len(BUILTIN_PREFIX) :] not in BUILTIN_CORPORA:
-            raise ConfigError(f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)")
+            raise ConfigError(
+                f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)"
+            )
         return
     try:
         filesystem, path = open_filesystem(source, recipe.data.storage_options)
@@ -92,7 +107,10 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
     except StorageError as error:
         raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
     if not exists:
-        raise ConfigError(f"{sources.recipe}: data.source {source!r}: no such file; point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare")
+        raise ConfigError(
+            f"{sources.recipe}: data.source {source!r}: no such file; "
+            "point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare"
+        )
 
 
 def resolve_entry_point(recipe: Recipe, sources: Sources = Sources()) -> Recipe:
@@ -103,7 +121,9 @@ def resolve_entry_point(recipe: Recipe, sources: Sources = Sources()) -> Recipe:
         return recipe
     path = Path(script).expanduser().absolute()
     if not path.is_file():
-        raise ConfigError(f"{sources.recipe}: training.entry_point {script!r}: no such file (the path is relative to {Path.cwd()})")
+        raise ConfigError(
+            f"{sources.recipe}: training.entry_point {script!r}: no such file (the path is relative to {Path.cwd()})"
+        )
     return recipe.model_copy(update={"training": recipe.training.model_copy(update={"entry_point": str(path)})})
 
 
@@ -112,7 +132,9 @@ def with_chaos(spec: RunSpec, plan: ChaosPlan) -> RunSpec:
     regions = [region.name for region in spec.regions]
     unknown = sorted({outage.region for outage in plan.outages} - set(regions))
     if unknown:
-        raise ConfigError(f"--chaos: outage of {', '.join(unknown)}, not a region of this run (its regions: {', '.join(regions)})")
+        raise ConfigError(
+            f"--chaos: outage of {', '.join(unknown)}, not a region of this run (its regions: {', '.join(regions)})"
+        )
     return spec.model_copy(update={"chaos": plan})
 
 
@@ -134,7 +156,8 @@ def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[
     run_dir = runs_dir / spec.run
     if run_dir.exists():
         raise ConfigError(
-            f"run {spec.run} already exists in {runs_dir}; pick another --name, or `diloco resume {spec.run}` to restart what of it is down"
+            f"run {spec.run} already exists in {runs_dir}; "
+            f"pick another --name, or `diloco resume {spec.run}` to restart what of it is down"
         )
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "processes").mkdir()

@@ -26,7 +26,8 @@ import json, os, shutil, subprocess, sys, sysconfig, time
 venv, work = (os.path.expanduser(a) for a in sys.argv[1:3])
 def torch_in(python):
     try:
-        out = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=120)
     except OSError as error:
         return None, str(error)
     return (out.stdout.strip(), None) if out.returncode == 0 else (None, (out.stderr.strip().splitlines() or ["?"])[-1])
@@ -36,7 +37,8 @@ while not os.path.exists(existing):
 venv_python = os.path.join(venv, "bin", "python")
 has_venv = os.path.exists(venv_python)
 torch_version, torch_error = torch_in(venv_python if has_venv else sys.executable)
-print(json.dumps({"python": sys.version.split()[0], "version_info": list(sys.version_info[:2]), "platform": sysconfig.get_platform(),
+print(json.dumps({"python": sys.version.split()[0], "version_info": list(sys.version_info[:2]),
+    "platform": sysconfig.get_platform(),
     "cores": os.cpu_count(), "disk_free": shutil.disk_usage(existing).free, "venv": has_venv,
     "torch": torch_version, "torch_error": torch_error, "home": os.path.expanduser("~"),
     "compiler": shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None}))
@@ -80,13 +82,24 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
     report.checks["ssh"] = "ok"
     client = report.client
     started = time.time()
-    facts = run(client, f"{shlex.quote(host.python)} -c {shlex.quote(FACTS)} {shlex.quote(host.venv)} {shlex.quote(host.work_dir)}", timeout=180)
+    facts = run(
+        client,
+        f"{shlex.quote(host.python)} -c {shlex.quote(FACTS)} {shlex.quote(host.venv)} {shlex.quote(host.work_dir)}",
+        timeout=180,
+    )
     if facts.code != 0:
-        report.fail("python", f"host {host.name}: {host.python} does not run: {(facts.stderr or facts.stdout).strip()[-300:]}; set python: in the region file")
+        report.fail(
+            "python",
+            f"host {host.name}: {host.python} does not run: {(facts.stderr or facts.stdout).strip()[-300:]}; "
+            "set python: in the region file",
+        )
         return report
     report.facts = json.loads(facts.stdout.strip().splitlines()[-1])
     if tuple(report.facts["version_info"]) < (3, 10):
-        report.fail("python", f"host {host.name}: Python {report.facts['python']} is too old; diloco needs 3.10 or newer (set python:)")
+        report.fail(
+            "python",
+            f"host {host.name}: Python {report.facts['python']} is too old; diloco needs 3.10 or newer (set python:)",
+        )
     else:  # what `up` ships is py3-none-any: any Python >= 3.10 on any platform installs it
         compiled = "" if report.facts["compiler"] else ", no C compiler: the codec's slower torch path"
         report.checks["python"] = f"{report.facts['python']} {report.facts['platform']}{compiled}"
@@ -97,12 +110,17 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
     else:
         report.fail(
             "torch",
-            f"host {host.name}: torch is not usable ({report.facts['torch_error']}); install the torch build you use there, "
+            f"host {host.name}: torch is not usable ({report.facts['torch_error']}); "
+            "install the torch build you use there, "
             "or add it to the host's install list (e.g. install: ['torch==2.13.*'])",
         )
     free = report.facts["disk_free"]
     if free < MIN_FREE_DISK:
-        report.fail("disk", f"host {host.name}: only {free / 2**30:.1f} GiB free under {host.work_dir}; diloco wants {MIN_FREE_DISK >> 30} GiB")
+        report.fail(
+            "disk",
+            f"host {host.name}: only {free / 2**30:.1f} GiB free under {host.work_dir}; "
+            f"diloco wants {MIN_FREE_DISK >> 30} GiB",
+        )
     else:
         report.checks["disk"] = f"{free / 2**30:.0f} GiB"
     before = time.time()
@@ -110,7 +128,11 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
     skew = remote - (before + time.time()) / 2
     report.facts["clock_skew"] = skew
     if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
-        report.fail("clock", f"host {host.name}: clock is {skew:+.1f} s off; sync it (chrony or ntp): liveness and status ages depend on it")
+        report.fail(
+            "clock",
+            f"host {host.name}: clock is {skew:+.1f} s off; "
+            "sync it (chrony or ntp): liveness and status ages depend on it",
+        )
     else:
         report.checks["clock"] = f"{skew:+.2f} s"
     del started
@@ -126,7 +148,9 @@ def preflight(regions: RegionsFile, accept_new_host_keys: bool) -> list[HostRepo
         return list(pool.map(lambda host: check_host(host, regions, accept_new_host_keys), hosts))
 
 
-def probe_buckets_from_hosts(reports: list[HostReport], roots: dict[str, tuple[str, dict]], venvs: dict[str, str]) -> None:
+def probe_buckets_from_hosts(
+    reports: list[HostReport], roots: dict[str, tuple[str, dict]], venvs: dict[str, str]
+) -> None:
     """From each host, write, read and delete a probe object in each of its regions' buckets."""
 
     def probe(report: HostReport) -> None:
@@ -134,7 +158,8 @@ def probe_buckets_from_hosts(reports: list[HostReport], roots: dict[str, tuple[s
         for region in report.regions:
             root, options = roots[region]
             command = (
-                f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in host.env.items())} {shlex.quote(venvs[host.name])}/bin/python -m diloco_cli _probe "
+                f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in host.env.items())} "
+                f"{shlex.quote(venvs[host.name])}/bin/python -m diloco_cli _probe "
                 f"--url {shlex.quote(root)} --storage-options {shlex.quote(json.dumps(options))}"
             )
             result = run(report.client, command.strip(), timeout=120)

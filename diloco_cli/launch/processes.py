@@ -28,7 +28,13 @@ def start_supervised(name: str, kind: str, command: list[str], run_dir: Path, en
     supervisor = [sys.executable, "-m", "diloco_cli.launch.supervisor", str(log_path), str(state_path), "--", *command]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            supervisor, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True, cwd=run_dir
+            supervisor,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+            cwd=run_dir,
         )
     return ProcessRecord(name=name, kind=kind, pid=process.pid)
 
@@ -49,7 +55,9 @@ def belongs_to(pid: int, run_dir: Path) -> bool:
             arguments = cmdline.read().split(b"\0")
     except FileNotFoundError:
         return False
-    return b"diloco_cli.launch.supervisor" in arguments and any(str(run_dir).encode() in argument for argument in arguments)
+    return b"diloco_cli.launch.supervisor" in arguments and any(
+        str(run_dir).encode() in argument for argument in arguments
+    )
 
 
 def group_members(pgid: int) -> list[int]:
@@ -104,7 +112,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m diloco_cli.launch.processes stop RUN_DIR TIMEOUT NAME=PID...", file=sys.stderr)
         return 2
     run_dir, timeout = Path(argv[1]), float(argv[2])
-    records = [ProcessRecord(name=name, kind="", pid=int(pid)) for name, _, pid in (item.partition("=") for item in argv[3:])]
+    records = [
+        ProcessRecord(name=name, kind="", pid=int(pid)) for name, _, pid in (item.partition("=") for item in argv[3:])
+    ]
     print(json.dumps(stop_supervised(records, run_dir, timeout)))
     return 0
 

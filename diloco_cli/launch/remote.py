@@ -53,22 +53,57 @@ def install_run_files(client: paramiko.SSHClient, paths: RemotePaths, spec: RunS
 
 def command_for(paths: RemotePaths, arguments: list[str], processes: int) -> list[str]:
     if processes > 1:
-        return [paths.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "diloco_cli", *arguments]
+        return [
+            paths.python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={processes}",
+            "-m",
+            "diloco_cli",
+            *arguments,
+        ]
     return [paths.python, "-m", "diloco_cli", *arguments]
 
 
 def learner_arguments(paths: RemotePaths, learner: LearnerSpec) -> list[str]:
-    return ["_learner", "--manifest", f"{paths.run_dir}/run.json", "--learner", learner.id, "--secret-file", f"{paths.run_dir}/secret"]
+    return [
+        "_learner",
+        "--manifest",
+        f"{paths.run_dir}/run.json",
+        "--learner",
+        learner.id,
+        "--secret-file",
+        f"{paths.run_dir}/secret",
+    ]
 
 
 def syncer_arguments(paths: RemotePaths) -> list[str]:
     return ["_syncer", "--manifest", f"{paths.run_dir}/run.json", "--secret-file", f"{paths.run_dir}/secret"]
 
 
-def start_remote_process(client: paramiko.SSHClient, host: HostConfig, paths: RemotePaths, name: str, kind: str, command: list[str], env: dict[str, str]) -> ProcessRecord:
+def start_remote_process(
+    client: paramiko.SSHClient,
+    host: HostConfig,
+    paths: RemotePaths,
+    name: str,
+    kind: str,
+    command: list[str],
+    env: dict[str, str],
+) -> ProcessRecord:
     """Start one supervised process detached from the SSH session; returns its supervisor."""
-    variables = " ".join(f"{key}={shlex.quote(value)}" for key, value in {**env, **host.env, "PYTHONUNBUFFERED": "1"}.items())
-    supervisor = [paths.python, "-m", "diloco_cli.launch.supervisor", paths.log(name), paths.state(name), "--", *command]
+    variables = " ".join(
+        f"{key}={shlex.quote(value)}" for key, value in {**env, **host.env, "PYTHONUNBUFFERED": "1"}.items()
+    )
+    supervisor = [
+        paths.python,
+        "-m",
+        "diloco_cli.launch.supervisor",
+        paths.log(name),
+        paths.state(name),
+        "--",
+        *command,
+    ]
     # Only the supervisor goes to the background (in a subshell with every stream
     # redirected), so the SSH command returns at once and the session can end.
     script = (
@@ -89,10 +124,17 @@ def start_remote_process(client: paramiko.SSHClient, host: HostConfig, paths: Re
     raise SSHError(f"host {host.name}: {name} did not start within 30 s; its log ends:\n{log}")
 
 
-def stop_remote(client: paramiko.SSHClient, paths: RemotePaths, records: list[ProcessRecord], timeout: float) -> dict[str, str]:
+def stop_remote(
+    client: paramiko.SSHClient, paths: RemotePaths, records: list[ProcessRecord], timeout: float
+) -> dict[str, str]:
     """SIGTERM, then SIGKILL after ``timeout``, on the host (the local launcher's code)."""
     pids = " ".join(f"{shlex.quote(r.name)}={r.pid}" for r in records)
-    result = run(client, f"{shlex.quote(paths.python)} -m diloco_cli.launch.processes stop {shlex.quote(paths.run_dir)} {timeout} {pids}", timeout=timeout + 60)
+    result = run(
+        client,
+        f"{shlex.quote(paths.python)} -m diloco_cli.launch.processes stop "
+        f"{shlex.quote(paths.run_dir)} {timeout} {pids}",
+        timeout=timeout + 60,
+    )
     if result.code != 0:
         raise SSHError(f"stopping processes failed: {result.stderr.strip()[-500:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -100,7 +142,10 @@ def stop_remote(client: paramiko.SSHClient, paths: RemotePaths, records: list[Pr
 
 def supervisor_states(client: paramiko.SSHClient, paths: RemotePaths) -> dict[str, dict]:
     """Each supervised process's recorded state on the host."""
-    script = f"for f in {shlex.quote(paths.run_dir)}/processes/*.json; do [ -f \"$f\" ] && printf '%s\\t' \"$(basename \"$f\" .json)\" && cat \"$f\" && echo; done"
+    script = (
+        f"for f in {shlex.quote(paths.run_dir)}/processes/*.json; do "
+        '[ -f "$f" ] && printf \'%s\\t\' "$(basename "$f" .json)" && cat "$f" && echo; done'
+    )
     states = {}
     for line in run(client, script).stdout.splitlines():
         name, _, document = line.partition("\t")
@@ -108,7 +153,13 @@ def supervisor_states(client: paramiko.SSHClient, paths: RemotePaths) -> dict[st
             states[name] = json.loads(document)
         except ValueError:
             continue
-    alive = run(client, " ; ".join(f"kill -0 {int(s['supervisor_pid'])} 2>/dev/null && echo {shlex.quote(n)}" for n, s in states.items()) or "true").stdout.split()
+    alive = run(
+        client,
+        " ; ".join(
+            f"kill -0 {int(s['supervisor_pid'])} 2>/dev/null && echo {shlex.quote(n)}" for n, s in states.items()
+        )
+        or "true",
+    ).stdout.split()
     for name, state in states.items():
         state["supervisor_alive"] = name in alive
     return states
@@ -121,5 +172,13 @@ def connect_recorded_host(record_hosts: dict, ssh_settings: dict, name: str) -> 
 
     host = HostConfig.model_validate(record_hosts[name])
     settings = SSHSettings.model_validate(ssh_settings or {})
-    target = SSHTarget(host.name, host.address or host.name, host.port, host.user, host.key_file, settings.known_hosts, settings.connect_timeout)
+    target = SSHTarget(
+        host.name,
+        host.address or host.name,
+        host.port,
+        host.user,
+        host.key_file,
+        settings.known_hosts,
+        settings.connect_timeout,
+    )
     return connect(target), host

@@ -33,17 +33,30 @@ class Removal:
 
     @property
     def places(self) -> list[str]:
-        return [self.directory, *(url for url, _ in self.stores), *(f"host {name}: the run's folder" for name in self.hosts)]
+        return [
+            self.directory,
+            *(url for url, _ in self.stores),
+            *(f"host {name}: the run's folder" for name in self.hosts),
+        ]
 
 
 def runs_to_prune(runs_dir, older_than_days: float) -> list[RunRecord]:
     """Runs that finished (or were stopped) more than ``older_than_days`` ago."""
     cutoff = time.time() - older_than_days * 86400
-    return [record for record in list_runs(runs_dir) if record.created < cutoff and summarize_run(record).state in ("finished", "stopped")]
+    return [
+        record
+        for record in list_runs(runs_dir)
+        if record.created < cutoff and summarize_run(record).state in ("finished", "stopped")
+    ]
 
 
 def plan_removal(record: RunRecord) -> Removal:
-    if any(process.get("host", "local") == "local" and is_running(process["pid"]) and belongs_to(process["pid"], record.directory) for process in record.processes):
+    if any(
+        process.get("host", "local") == "local"
+        and is_running(process["pid"])
+        and belongs_to(process["pid"], record.directory)
+        for process in record.processes
+    ):
         raise ConfigError(f"run {record.name} is running here; stop it first with `diloco down {record.name}`")
     spec = record.spec
     removal = Removal(record.name, str(record.directory), hosts=sorted(record.hosts))
@@ -66,13 +79,13 @@ def remove_run(record: RunRecord, removal: Removal) -> Removal:
     for url, options in removal.stores:
         try:
             ObjectStore(url, options).remove_everything()
-        except Exception as error:  # noqa: BLE001 - one unreachable place must not stop the rest
+        except Exception as error:
             removal.skipped.append(f"{url}: {type(error).__name__}: {error}")
             failed = True
     for host_name in removal.hosts:
         try:
             _remove_on_host(record, host_name)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             removal.skipped.append(f"host {host_name}: {type(error).__name__}: {error}")
             failed = True
     if not failed:

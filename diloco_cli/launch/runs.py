@@ -69,7 +69,11 @@ class RunRecord:
         """Which host each process of the run runs on ("local" for this machine)."""
         spec = self.document["spec"]
         chaos = {"chaos": "local"} if spec.get("chaos") else {}  # the driver runs where `up` ran
-        return {"syncer": spec["syncer"]["host"], **chaos, **{learner["id"]: learner["host"] for learner in spec["learners"]}}
+        return {
+            "syncer": spec["syncer"]["host"],
+            **chaos,
+            **{learner["id"]: learner["host"] for learner in spec["learners"]},
+        }
 
     @property
     def secret_path(self) -> Path:
@@ -167,7 +171,14 @@ def _summary(record: RunRecord, state: str) -> RunSummary:
     hosts = tuple(dict.fromkeys(process.get("host", "local") for process in record.processes))
     spec = record.document["spec"]
     regions = tuple(region["name"] for region in spec["regions"])
-    return RunSummary(record.name, record.created, sum(1 for learner in spec["learners"] if not learner.get("drain")), regions, hosts, state)
+    return RunSummary(
+        record.name,
+        record.created,
+        sum(1 for learner in spec["learners"] if not learner.get("drain")),
+        regions,
+        hosts,
+        state,
+    )
 
 
 def _syncer_state(spec: RunSpec) -> str:
@@ -177,8 +188,10 @@ def _syncer_state(spec: RunSpec) -> str:
 
     region = spec.regions[0]
     try:
-        status = RegionBucket(region.name, region.root, region.storage_options, None, RetryPolicy(attempts=1)).read_syncer_status()
-    except Exception:  # noqa: BLE001 - an unreachable bucket only makes the state unknown
+        status = RegionBucket(
+            region.name, region.root, region.storage_options, None, RetryPolicy(attempts=1)
+        ).read_syncer_status()
+    except Exception:
         return "unknown"
     if status is None:
         return "starting"

@@ -41,7 +41,9 @@ def parse_change(text: str) -> int:
     except ValueError:
         change = 0
     if change == 0 or text.strip()[:1] not in "+-":
-        raise ConfigError(f"--learners {text!r}: give a signed count, +N to add learners or -N to drain them (e.g. +2, -1)")
+        raise ConfigError(
+            f"--learners {text!r}: give a signed count, +N to add learners or -N to drain them (e.g. +2, -1)"
+        )
     return change
 
 
@@ -58,28 +60,52 @@ def plan_scale(spec: RunSpec, region: str, change: int, now: float) -> RunSpec:
         learners, drained = spec.learners + added, ()
     else:
         if -change > len(active):
-            raise ConfigError(f"region {region} has {len(active)} active learner(s) ({', '.join(l.id for l in active) or 'none'}); cannot drain {-change}")
-        drained = tuple(learner.id for learner in sorted(active, key=lambda l: l.shard, reverse=True)[:-change])
-        learners = tuple(learner.model_copy(update={"drain": True}) if learner.id in drained else learner for learner in spec.learners)
+            raise ConfigError(
+                f"region {region} has {len(active)} active learner(s) "
+                f"({', '.join(learner.id for learner in active) or 'none'}); cannot drain {-change}"
+            )
+        drained = tuple(
+            learner.id for learner in sorted(active, key=lambda learner: learner.shard, reverse=True)[:-change]
+        )
+        learners = tuple(
+            learner.model_copy(update={"drain": True}) if learner.id in drained else learner
+            for learner in spec.learners
+        )
         added = ()
     remaining = sum(1 for learner in learners if not learner.drain)
     if remaining == 0:
-        raise ConfigError(f"draining {', '.join(drained)} would leave run {spec.run} without learners; stop it with `diloco down {spec.run}`")
+        raise ConfigError(
+            f"draining {', '.join(drained)} would leave run {spec.run} without learners; "
+            f"stop it with `diloco down {spec.run}`"
+        )
     document = spec.recipe.model_dump(mode="json")
     document["training"]["num_learners"] = remaining
     try:
         recipe = Recipe.model_validate(document)
     except ValidationError as error:
-        raise ConfigError(f"run {spec.run} with M={remaining} learners: {error.errors()[0]['msg'].removeprefix('Value error, ')}; lower sync.quorum first") from None
-    change_record = ScaleChange(time=now, region=RegionName(region), added=tuple(l.id for l in added), drained=drained, learners_after=remaining)
+        raise ConfigError(
+            f"run {spec.run} with M={remaining} learners: {error.errors()[0]['msg'].removeprefix('Value error, ')}; "
+            "lower sync.quorum first"
+        ) from None
+    change_record = ScaleChange(
+        time=now,
+        region=RegionName(region),
+        added=tuple(learner.id for learner in added),
+        drained=drained,
+        learners_after=remaining,
+    )
     return spec.model_copy(update={"learners": learners, "recipe": recipe, "scaling": spec.scaling + (change_record,)})
 
 
-def _new_learners(spec: RunSpec, region: RegionName, in_region: list[LearnerSpec], count: int) -> tuple[LearnerSpec, ...]:
+def _new_learners(
+    spec: RunSpec, region: RegionName, in_region: list[LearnerSpec], count: int
+) -> tuple[LearnerSpec, ...]:
     """``count`` learners for the region's hosts, fewest learners first, named on from
     the region's (``<region>-<n>``), with shard numbers after every learner's."""
     if not in_region:
-        raise ConfigError(f"region {region} never had a host with learners in this run; nothing says where to start them")
+        raise ConfigError(
+            f"region {region} never had a host with learners in this run; nothing says where to start them"
+        )
     hosts = Counter(learner.host for learner in in_region if not learner.drain)
     for learner in in_region:
         hosts.setdefault(learner.host, 0)
@@ -92,7 +118,11 @@ def _new_learners(spec: RunSpec, region: RegionName, in_region: list[LearnerSpec
             index += 1
         host = min(hosts, key=lambda name: (hosts[name], name))
         hosts[host] += 1
-        added.append(LearnerSpec(id=LearnerId(f"{region}-{index}"), region=region, host=host, shard=shard, processes=processes[host]))
+        added.append(
+            LearnerSpec(
+                id=LearnerId(f"{region}-{index}"), region=region, host=host, shard=shard, processes=processes[host]
+            )
+        )
         taken.add(added[-1].id)
         shard += 1
     return tuple(added)
@@ -121,7 +151,13 @@ def scale_run(record: RunRecord, region: str, change: int, emit: Emit = lambda l
     return spec
 
 
-def wait_for_drain(record: RunRecord, learners: tuple[LearnerId, ...], timeout: float, emit: Emit = lambda line: None, look_seconds: float = 2.0) -> list[DrainOutcome]:
+def wait_for_drain(
+    record: RunRecord,
+    learners: tuple[LearnerId, ...],
+    timeout: float,
+    emit: Emit = lambda line: None,
+    look_seconds: float = 2.0,
+) -> list[DrainOutcome]:
     """Wait until each drained learner has stopped and everything it trained is merged
     (or ``timeout`` passes); returns how far each got."""
     spec, secret = record.spec, record.secret()

@@ -9,7 +9,6 @@ always refused.  Connections time out, and the error names the host.
 from __future__ import annotations
 
 import shlex
-import socket
 import stat
 import time
 from dataclasses import dataclass
@@ -49,9 +48,11 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if not self.accept_new:
             raise SSHError(
-                f"host {self.target.name} ({self.target.where}) offered an unknown {key.get_name()} key {key.fingerprint}; "
+                f"host {self.target.name} ({self.target.where}) offered an unknown {key.get_name()} key "
+                f"{key.fingerprint}; "
                 f"if that is its key, run again with --accept-new-host-keys (adds it to {self.target.known_hosts}), "
-                f"or add it yourself: ssh-keyscan -p {self.target.port} {self.target.address} >> {self.target.known_hosts}"
+                f"or add it yourself: ssh-keyscan -p {self.target.port} {self.target.address} "
+                f">> {self.target.known_hosts}"
             )
         client.get_host_keys().add(hostname, key.get_name(), key)
         path = Path(self.target.known_hosts).expanduser()
@@ -88,12 +89,16 @@ def connect(target: SSHTarget, accept_new_host_keys: bool = False) -> paramiko.S
         ) from None
     except paramiko.AuthenticationException as error:
         client.close()
-        raise SSHError(f"host {target.name} ({target.where}): authentication failed ({error}); check user and key_file") from None
-    except (OSError, socket.timeout, paramiko.SSHException) as error:
+        raise SSHError(
+            f"host {target.name} ({target.where}): authentication failed ({error}); check user and key_file"
+        ) from None
+    except (TimeoutError, OSError, paramiko.SSHException) as error:
         client.close()
         if isinstance(error, SSHError):
             raise
-        raise SSHError(f"host {target.name} ({target.where}) is unreachable within {target.connect_timeout:g} s: {error}") from None
+        raise SSHError(
+            f"host {target.name} ({target.where}) is unreachable within {target.connect_timeout:g} s: {error}"
+        ) from None
     return client
 
 
@@ -135,7 +140,7 @@ def run(client: paramiko.SSHClient, command: str, timeout: float = 600.0) -> Com
 def expand_home(client: paramiko.SSHClient, path: str) -> str:
     """``~`` on the remote host (SFTP does not expand it)."""
     if path.startswith("~"):
-        home = run(client, "printf %s \"$HOME\"").stdout
+        home = run(client, 'printf %s "$HOME"').stdout
         return home + path[1:]
     return path
 

@@ -23,14 +23,15 @@ HEALTHY_SECONDS = 60.0
 """A child that ran this long resets the count of consecutive crashes."""
 
 
-
 def _write_state(path: Path, **state: Any) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps({**state, "supervisor_pid": os.getpid(), "time": time.time()}))
     os.replace(temporary, path)
 
 
-def supervise(command: list[str], log_path: Path, state_path: Path, max_crashes: int = 10, max_backoff: float = 30.0) -> int:
+def supervise(
+    command: list[str], log_path: Path, state_path: Path, max_crashes: int = 10, max_backoff: float = 30.0
+) -> int:
     stopping = False
     child: subprocess.Popen | None = None
 
@@ -45,6 +46,7 @@ def supervise(command: list[str], log_path: Path, state_path: Path, max_crashes:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     restarts = crashes = 0
     with open(log_path, "ab", buffering=0) as log:
+
         def note(message: str) -> None:
             log.write(f"[supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n".encode())
 

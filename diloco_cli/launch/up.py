@@ -27,12 +27,19 @@ from diloco_cli.launch.plan import (
     with_chaos,
     write_manifests,
 )
-from diloco_cli.launch.runs import write_run_record
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
-from diloco_cli.launch.remote import command_for, install_run_files, learner_arguments, remote_paths, start_remote_process, syncer_arguments
-from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.launch.remote import (
+    command_for,
+    install_run_files,
+    learner_arguments,
+    remote_paths,
+    start_remote_process,
+    syncer_arguments,
+)
+from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.filesystem import protocol_of
+from diloco_cli.store.run_spec import RunSpec
 
 Emit = Callable[[str], None]
 """Receives a line of progress to show."""
@@ -53,7 +60,12 @@ class Launch:
 
 
 def resolve(
-    recipe_path: Path | None, regions_path: Path | None, overrides: list[str], name: str | None, runs_dir: Path, chaos: str | None = None
+    recipe_path: Path | None,
+    regions_path: Path | None,
+    overrides: list[str],
+    name: str | None,
+    runs_dir: Path,
+    chaos: str | None = None,
 ) -> tuple[RunSpec, RegionsFile, Sources]:
     """The run as it would start: configuration loaded, validated and placed."""
     sources = Sources(
@@ -137,7 +149,9 @@ def launch(
                 report.client.close()
 
 
-def _install_everywhere(reports: list[HostReport], spec: RunSpec, runs_dir: Path, emit: Emit, show_preflight: ShowPreflight) -> None:
+def _install_everywhere(
+    reports: list[HostReport], spec: RunSpec, runs_dir: Path, emit: Emit, show_preflight: ShowPreflight
+) -> None:
     """Build (once), copy and install the project on every host, then probe each host's
     buckets from the host itself."""
     distribution = build_distribution(runs_dir / ".wheels")
@@ -171,11 +185,21 @@ def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit
         threads = spec.recipe.training.threads_per_learner or max(1, int(report.facts.get("cores", 1)) // processes)
         env = {"OMP_NUM_THREADS": str(threads)}
         if spec.syncer.host == host.name:
-            records.append(start_remote_process(client, host, paths, "syncer", "syncer", command_for(paths, syncer_arguments(paths), 1), {"OMP_NUM_THREADS": "1"}))
+            records.append(
+                start_remote_process(
+                    client,
+                    host,
+                    paths,
+                    "syncer",
+                    "syncer",
+                    command_for(paths, syncer_arguments(paths), 1),
+                    {"OMP_NUM_THREADS": "1"},
+                )
+            )
         for learner in learners:
             command = command_for(paths, learner_arguments(paths, learner), learner.processes)
             records.append(start_remote_process(client, host, paths, learner.id, "learner", command, env))
-        emit(f"  {host.name}: started {', '.join(l.id for l in learners) or 'the syncer'}")
+        emit(f"  {host.name}: started {', '.join(learner.id for learner in learners) or 'the syncer'}")
     return records
 
 
@@ -185,7 +209,7 @@ def check_started(records: list[ProcessRecord], run_dir: Path, grace_seconds: fl
     time.sleep(grace_seconds)
     dead = []
     for record in records:
-        state = (run_dir / "processes" / f"{record.name}.json")
+        state = run_dir / "processes" / f"{record.name}.json"
         finished = state.exists() and json.loads(state.read_text()).get("state") == "finished"
         if not finished and not is_running(record.pid):
             dead.append(record)

@@ -51,7 +51,14 @@ class Block(nn.Module):
 class ByteGPT(nn.Module):
     """A decoder-only transformer over bytes; ``forward(tokens)`` returns logits."""
 
-    def __init__(self, num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128, vocabulary_size: int = VOCABULARY_SIZE) -> None:
+    def __init__(
+        self,
+        num_layers: int = 4,
+        width: int = 128,
+        num_heads: int = 4,
+        context: int = 128,
+        vocabulary_size: int = VOCABULARY_SIZE,
+    ) -> None:
         super().__init__()
         self.context = context
         self.token_embedding = nn.Embedding(vocabulary_size, width)
@@ -85,6 +92,14 @@ class ByteGPT(nn.Module):
         return self.head(self.final_norm(x))
 
 
-def byte_gpt(num_layers: int = 4, width: int = 128, num_heads: int = 4, context: int = 128, vocabulary_size: int = VOCABULARY_SIZE) -> ByteGPT:
+def byte_gpt(
+    num_layers: int = 4,
+    width: int = 128,
+    num_heads: int = 4,
+    context: int = 128,
+    vocabulary_size: int = VOCABULARY_SIZE,
+) -> ByteGPT:
     """The factory that recipes name as ``diloco_cli.models.gpt:byte_gpt``."""
-    return ByteGPT(num_layers=num_layers, width=width, num_heads=num_heads, context=context, vocabulary_size=vocabulary_size)
+    return ByteGPT(
+        num_layers=num_layers, width=width, num_heads=num_heads, context=context, vocabulary_size=vocabulary_size
+    )

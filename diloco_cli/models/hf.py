@@ -63,7 +63,10 @@ def causal_lm(config: str | Mapping[str, Any], **overrides: Any) -> PreTrainedMo
     if model_type not in known_types:
         close = difflib.get_close_matches(model_type, known_types, n=3)
         suggestion = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-        raise ConfigError(f"model.kwargs.config: transformers {transformers.__version__} knows no model_type {model_type!r}{suggestion}")
+        raise ConfigError(
+            f"model.kwargs.config: transformers {transformers.__version__} "
+            f"knows no model_type {model_type!r}{suggestion}"
+        )
     for dtype_key in ("dtype", "torch_dtype"):  # fp32 weights; training.precision picks the compute
         settings.pop(dtype_key, None)
     model_config = transformers.AutoConfig.for_model(model_type, **settings)
@@ -77,7 +80,9 @@ def config_settings(config: str | Mapping[str, Any]) -> dict[str, Any]:
     if config.startswith(BUILTIN_PREFIX):
         name = config.removeprefix(BUILTIN_PREFIX)
         if name not in builtin_config_names():
-            raise ConfigError(f"model.kwargs.config: no built-in config {name!r} (built in: {', '.join(builtin_config_names())})")
+            raise ConfigError(
+                f"model.kwargs.config: no built-in config {name!r} (built in: {', '.join(builtin_config_names())})"
+            )
         path = BUILTIN_CONFIGS / f"{name}.json"
     else:
         path = Path(config)

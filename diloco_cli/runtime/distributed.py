@@ -106,7 +106,9 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def prepare_model(model: torch.nn.Module, device: torch.device, group: ProcessGroup, parallelism: str, compile: bool) -> torch.nn.Module:
+def prepare_model(
+    model: torch.nn.Module, device: torch.device, group: ProcessGroup, parallelism: str, compile: bool
+) -> torch.nn.Module:
     """The module the training loop calls (``inner_step``'s ``model``).
 
     One process: the model itself.  ``ddp``: DDP around it.  ``fsdp``: the model sharded
@@ -124,7 +126,9 @@ def prepare_model(model: torch.nn.Module, device: torch.device, group: ProcessGr
     if not group.distributed:
         prepared = model
     elif parallelism == "ddp":
-        prepared = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        prepared = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     elif parallelism == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -205,7 +209,9 @@ def full_parameters(model: torch.nn.Module, names: Iterable[str], group: Process
 
 
 @torch.no_grad()
-def install_parameters(model: torch.nn.Module, values: Mapping[str, torch.Tensor] | None, names: Iterable[str], group: ProcessGroup) -> None:
+def install_parameters(
+    model: torch.nn.Module, values: Mapping[str, torch.Tensor] | None, names: Iterable[str], group: ProcessGroup
+) -> None:
     """Rank 0's ``values`` (full tensors, e.g. CPU fp32) become these parameters on every
     rank, bit for bit: each rank copies in its own shard (FSDP2) or the whole tensor.
     Only rank 0 passes ``values``; the copy is in place, so the optimizer keeps its
@@ -216,7 +222,9 @@ def install_parameters(model: torch.nn.Module, values: Mapping[str, torch.Tensor
         parameter.copy_(_from_storage_rank(values[name] if group.is_storage_rank else None, parameter, group))
 
 
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: ProcessGroup) -> dict[str, dict[str, torch.Tensor]]:
+def full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: ProcessGroup
+) -> dict[str, dict[str, torch.Tensor]]:
     """AdamW's state for checkpoints, per parameter name: ``step`` (a CPU scalar tensor)
     and ``exp_avg``, ``exp_avg_sq`` as full CPU fp32 tensors, on rank 0 (``{}`` elsewhere).
 
@@ -234,7 +242,10 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 @torch.no_grad()
 def load_full_optimizer_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Mapping[str, Any]] | None, group: ProcessGroup
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: Mapping[str, Mapping[str, Any]] | None,
+    group: ProcessGroup,
 ) -> None:
     """The inverse of :func:`full_optimizer_state`: rank 0's ``state`` (``step`` a number
     or a scalar tensor, the buffers full tensors) becomes every rank's AdamW state, each
@@ -243,7 +254,11 @@ def load_full_optimizer_state(
     named = list(_sharded_parameters(model, group).items())
     device = named[0][1].device
     # Which parameters have state, and their step counts: only rank 0 knows them.
-    steps = [int(state[name]["step"]) if name in state else -1 for name, _ in named] if group.is_storage_rank else [0] * len(named)
+    steps = (
+        [int(state[name]["step"]) if name in state else -1 for name, _ in named]
+        if group.is_storage_rank
+        else [0] * len(named)
+    )
     steps = broadcast_control(group, steps, device)
     settings = {parameter: options for options in optimizer.param_groups for parameter in options["params"]}
     for (name, parameter), step in zip(named, steps):

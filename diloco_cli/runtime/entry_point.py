@@ -32,7 +32,9 @@ def run_entry_point(spec: RunSpec, manifest: str, learner: str, secret_file: str
     script = str(spec.recipe.training.entry_point)
     path = Path(script)
     if not path.is_file():
-        raise FileNotFoundError(f"training.entry_point {script!r}: no such file on this host (the path must exist on every learner host)")
+        raise FileNotFoundError(
+            f"training.entry_point {script!r}: no such file on this host (the path must exist on every learner host)"
+        )
     shard, num_shards = spec.data_partition(learner)
     os.environ.update(
         {

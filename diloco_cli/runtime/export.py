@@ -115,7 +115,10 @@ def dataset_tokenizer_json(data: DataConfig) -> str | None:
     filesystem, root = location.open()
     content = filesystem.cat_file(f"{root}/{index.tokenizer}")
     if index.tokenizer_sha256 != UNKNOWN_TOKENIZER and hashlib.sha256(content).hexdigest() != index.tokenizer_sha256:
-        raise DatasetError(f"{location.url}/{index.tokenizer} does not match the tokenizer_sha256 of {location.index_url}; prepare the dataset again")
+        raise DatasetError(
+            f"{location.url}/{index.tokenizer} does not match the tokenizer_sha256 of {location.index_url}; "
+            "prepare the dataset again"
+        )
     return content.decode("utf-8")
 
 
@@ -126,7 +129,9 @@ def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
         return None
     tokenizer_json = dataset_tokenizer_json(data)
     if tokenizer_json is None:
-        raise ConfigError(f"the token dataset {data.source} names no tokenizer, so a prompt cannot be turned into its tokens")
+        raise ConfigError(
+            f"the token dataset {data.source} names no tokenizer, so a prompt cannot be turned into its tokens"
+        )
     return Tokenizer.from_str(tokenizer_json)
 
 

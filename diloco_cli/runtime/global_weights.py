@@ -30,7 +30,12 @@ from diloco_cli.store.documents import Head
 from diloco_cli.store.region import SNAPSHOT_SPEC, RegionBucket, snapshot_key, update_key
 
 
-def encode_snapshot(parameters: Mapping[str, torch.Tensor], secret: RunSecret, version: Version, fragment_versions: Mapping[FragmentIndex, Version]) -> bytes:
+def encode_snapshot(
+    parameters: Mapping[str, torch.Tensor],
+    secret: RunSecret,
+    version: Version,
+    fragment_versions: Mapping[FragmentIndex, Version],
+) -> bytes:
     meta = {"version": version, "fragment_versions": {str(p): v for p, v in fragment_versions.items()}}
     return encode_payload(parameters.items(), SNAPSHOT_SPEC, secret, meta)
 
@@ -98,17 +103,23 @@ class GlobalReader:
                     after = head.updates_after(fragment, snapshot_version) or []
                     updates = self._chain(fragment, fragment_versions.get(fragment, Version(0)), after, target)
                     names = self.fragments[fragment].parameter_names
-                    fetched.fragments.append(FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest))
+                    fetched.fragments.append(
+                        FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest)
+                    )
                     break
                 except (PayloadError, FileNotFoundError) as error:
                     if getattr(error, "key", None) not in refused:  # a snapshot fails once for every fragment
-                        fetched.refusals.append(_refusal(error, "snapshot" if isinstance(error, SnapshotRefused) else "update"))
+                        fetched.refusals.append(
+                            _refusal(error, "snapshot" if isinstance(error, SnapshotRefused) else "update")
+                        )
                         refused.add(getattr(error, "key", None))
         return fetched
 
     def _snapshot_versions(self, head: Head) -> list[Version]:
         """The head's snapshot first, then any older one the head's updates still cover."""
-        older = sorted((v for v in self.bucket.snapshot_versions() if head.recent_from <= v < head.snapshot_version), reverse=True)
+        older = sorted(
+            (v for v in self.bucket.snapshot_versions() if head.recent_from <= v < head.snapshot_version), reverse=True
+        )
         return [head.snapshot_version, *older]
 
     def _snapshot(self, version: Version, cache: dict) -> tuple[dict[str, torch.Tensor], dict[FragmentIndex, Version]]:
@@ -118,7 +129,9 @@ class GlobalReader:
                 decoded = decode_payload(self.bucket.read_snapshot(version), self._secret)
                 if decoded.meta.get("version") != version:
                     raise CorruptPayload(f"it holds version {decoded.meta.get('version')}")
-                versions = {FragmentIndex(int(p)): Version(int(v)) for p, v in decoded.meta["fragment_versions"].items()}
+                versions = {
+                    FragmentIndex(int(p)): Version(int(v)) for p, v in decoded.meta["fragment_versions"].items()
+                }
                 cache[version] = (decoded.tensors, versions)
             except (PayloadError, FileNotFoundError, KeyError, ValueError) as error:
                 cache[version] = SnapshotRefused(key, error)
@@ -126,7 +139,9 @@ class GlobalReader:
             raise cache[version]
         return cache[version]
 
-    def _chain(self, fragment: FragmentIndex, base: Version, versions: list[Version], target: Version) -> list[tuple[Version, bytes]]:
+    def _chain(
+        self, fragment: FragmentIndex, base: Version, versions: list[Version], target: Version
+    ) -> list[tuple[Version, bytes]]:
         """The update payloads of ``versions``, verified to lead from ``base`` to ``target``
         one after another: each made for the fragment's previous version, in order."""
         updates, previous = [], base
@@ -139,11 +154,20 @@ class GlobalReader:
                 raise UpdateRefused(key, error) from None
             found = (meta.get("fragment"), meta.get("version"), meta.get("previous_version"))
             if found != (fragment, version, previous):
-                raise UpdateRefused(key, CorruptPayload(f"it is the update of fragment {found[0]} from version {found[2]} to {found[1]}, not {previous} to {version}"))
+                raise UpdateRefused(
+                    key,
+                    CorruptPayload(
+                        f"it is the update of fragment {found[0]} from version {found[2]} to {found[1]}, "
+                        f"not {previous} to {version}"
+                    ),
+                )
             updates.append((version, payload))
             previous = version
         if previous != target:
-            raise UpdateRefused(update_key(target, fragment), CorruptPayload(f"the head lists updates up to version {previous}, not to {target}"))
+            raise UpdateRefused(
+                update_key(target, fragment),
+                CorruptPayload(f"the head lists updates up to version {previous}, not to {target}"),
+            )
         return updates
 
 
@@ -163,7 +187,9 @@ def _refusal(error: Exception, kind: str) -> Refusal:
     return Refusal(kind, getattr(error, "key", "?"), str(error))
 
 
-def apply_fetch(fetch: FragmentFetch, names: tuple[str, ...], base: Mapping[str, torch.Tensor] | None, secret: RunSecret) -> dict[str, torch.Tensor]:
+def apply_fetch(
+    fetch: FragmentFetch, names: tuple[str, ...], base: Mapping[str, torch.Tensor] | None, secret: RunSecret
+) -> dict[str, torch.Tensor]:
     """The fragment's tensors at ``fetch.version``: the start (or a copy of ``base``) plus
     every update, checked against the head's digest.  Raises CorruptPayload when the
     result is not what the syncer holds (nothing of ``base`` is changed)."""
@@ -178,7 +204,9 @@ def apply_fetch(fetch: FragmentFetch, names: tuple[str, ...], base: Mapping[str,
     return tensors
 
 
-def latest_weights(bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]) -> tuple[dict[str, torch.Tensor], Head]:
+def latest_weights(
+    bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]
+) -> tuple[dict[str, torch.Tensor], Head]:
     """The newest global weights of every parameter, reconstructed exactly (for export)."""
     reader = GlobalReader(bucket, secret, fragments)
     head = reader.head()

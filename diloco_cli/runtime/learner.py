@@ -22,8 +22,8 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import LearnerId
 from diloco_cli.runtime.distributed import choose_device, join_process_group, leave_process_group, prepare_model
 from diloco_cli.runtime.learner_data import LearnerData, open_learner_data
-from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.learner_sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
+from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer, resolve_loss
 
@@ -35,7 +35,9 @@ log = logging.getLogger("diloco.learner")
 class Learner:
     """One learner process (one rank of it under torchrun) running the built-in loop."""
 
-    def __init__(self, spec: RunSpec, learner: LearnerId, secret: RunSecret, manifest: ManifestWatch | None = None) -> None:
+    def __init__(
+        self, spec: RunSpec, learner: LearnerId, secret: RunSecret, manifest: ManifestWatch | None = None
+    ) -> None:
         self.spec = spec
         self.manifest = manifest
         self.recipe = spec.recipe
@@ -56,15 +58,31 @@ class Learner:
         self.model = self.recipe.model.build().to(self.device)
         self.trained_model = prepare_model(self.model, self.device, self.group, training.parallelism, training.compile)
         self.optimizer = make_inner_optimizer(self.model, training.learning_rate, training.weight_decay, training.betas)
-        self.schedule = InnerSchedule(training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction)
+        self.schedule = InnerSchedule(
+            training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction
+        )
         self.loss_fn = resolve_loss(training.loss)
         if training.batch_size % self.group.world_size:
-            raise ValueError(f"training.batch_size {training.batch_size} must divide among {self.group.world_size} processes")
+            raise ValueError(
+                f"training.batch_size {training.batch_size} must divide among {self.group.world_size} processes"
+            )
         self.rank_batch = training.batch_size // self.group.world_size
         self.data_partition = self.spec.data_partition(self.me.id)
-        self.data: LearnerData = open_learner_data(self.spec, self.me, self.group.rank, self.group.world_size, self.data_partition)
+        self.data: LearnerData = open_learner_data(
+            self.spec, self.me, self.group.rank, self.group.world_size, self.data_partition
+        )
         self.tokens_per_step = training.batch_size * self.recipe.data.sequence_length
-        self.sync = LearnerSync(self.spec, self.me.id, self.secret, self.model, self.optimizer, self.group, self.tokens_per_step, self.data, self.manifest)
+        self.sync = LearnerSync(
+            self.spec,
+            self.me.id,
+            self.secret,
+            self.model,
+            self.optimizer,
+            self.group,
+            self.tokens_per_step,
+            self.data,
+            self.manifest,
+        )
 
     def run(self) -> int:
         self._setup()

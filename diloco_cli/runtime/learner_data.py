@@ -104,7 +104,9 @@ def data_source(spec: RunSpec, learner: LearnerSpec) -> tuple[str, dict]:
     return spec.recipe.data.source, spec.recipe.data.storage_options
 
 
-def open_learner_data(spec: RunSpec, learner: LearnerSpec, rank: int, world_size: int, partition: tuple[int, int] | None = None) -> LearnerData:
+def open_learner_data(
+    spec: RunSpec, learner: LearnerSpec, rank: int, world_size: int, partition: tuple[int, int] | None = None
+) -> LearnerData:
     """The batches of process ``rank`` of ``world_size`` of this learner, from slice
     ``partition`` = (index, count) of the data (default: the learner's at start)."""
     data, seed = spec.recipe.data, spec.recipe.training.seed
@@ -125,7 +127,9 @@ def open_learner_data(spec: RunSpec, learner: LearnerSpec, rank: int, world_size
             read_retry=retried_reads(spec.recipe.storage, source),
         )
         return TokenWindows(batches, data.sequence_length)
-    text = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length).shard(shard, num_shards)
+    text = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length).shard(
+        shard, num_shards
+    )
     rank_size = len(text) // world_size
     return TextWindows(text[rank * rank_size : (rank + 1) * rank_size], data.sequence_length, seed, shard, rank)
 
@@ -137,7 +141,11 @@ def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:
         from diloco_cli.datasets.stream import heldout_tokens
 
         wanted = recipe.sync.evaluation_batches * batch_size * data.sequence_length + 1
-        tokens = heldout_tokens(data.source, data.storage_options, wanted, read_retry=retried_reads(recipe.storage, data.source))
+        tokens = heldout_tokens(
+            data.source, data.storage_options, wanted, read_retry=retried_reads(recipe.storage, data.source)
+        )
     else:
-        tokens = TextSplit.of(load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length).heldout
+        tokens = TextSplit.of(
+            load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length
+        ).heldout
     return evaluation_batches(tokens, batch_size, data.sequence_length, recipe.sync.evaluation_batches)

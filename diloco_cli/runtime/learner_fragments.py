@@ -40,12 +40,16 @@ from diloco_cli.core.types import FragmentIndex, Version
 class LearnerFragments:
     """Bases, versions, counters and residuals of every fragment of one learner."""
 
-    def __init__(self, fragments: tuple[Fragment, ...], shapes: Mapping[str, torch.Size], keep_unsent: bool = False) -> None:
+    def __init__(
+        self, fragments: tuple[Fragment, ...], shapes: Mapping[str, torch.Size], keep_unsent: bool = False
+    ) -> None:
         self.fragments = fragments
         self.base = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()}
         self.keep_unsent = keep_unsent
-        self.origin = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()} if keep_unsent else {}
+        self.origin = (
+            {name: torch.zeros(shape, dtype=torch.float32) for name, shape in shapes.items()} if keep_unsent else {}
+        )
         """theta at each fragment's last send, or its base since the last install (only
         with ``keep_unsent``: a third copy of the model on the CPU)."""
         self.base_version = {fragment.index: Version(-1) for fragment in fragments}
@@ -75,9 +79,19 @@ class LearnerFragments:
 
     def _deltas(self, fragment: FragmentIndex, theta: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names(fragment):
-            yield name, self.base[name] - theta[name].detach().to(device="cpu", dtype=torch.float32) + self.residual[name]
+            yield (
+                name,
+                self.base[name] - theta[name].detach().to(device="cpu", dtype=torch.float32) + self.residual[name],
+            )
 
-    def encode_delta(self, fragment: FragmentIndex, theta: Mapping[str, torch.Tensor], spec: CodecSpec, secret: RunSecret, meta: Mapping[str, Any]) -> bytes:
+    def encode_delta(
+        self,
+        fragment: FragmentIndex,
+        theta: Mapping[str, torch.Tensor],
+        spec: CodecSpec,
+        secret: RunSecret,
+        meta: Mapping[str, Any],
+    ) -> bytes:
         """The payload of ``base - theta + e`` for one fragment (``theta``: the full values
         of its parameters now, always differenced in fp32); ``e`` becomes the new error."""
         full_meta = {
@@ -96,7 +110,13 @@ class LearnerFragments:
         return payload
 
     @torch.no_grad()
-    def install(self, fragment: FragmentIndex, version: Version, values: Mapping[str, torch.Tensor] | None = None, keep_unsent: bool | None = None) -> bool:
+    def install(
+        self,
+        fragment: FragmentIndex,
+        version: Version,
+        values: Mapping[str, torch.Tensor] | None = None,
+        keep_unsent: bool | None = None,
+    ) -> bool:
         """Make ``values`` (or the base as it is) the fragment's base at ``version``.
         Returns whether the unsent work is kept: then the caller installs
         :meth:`with_unsent` of theta[p]; else theta[p] becomes the base, the counters
@@ -125,7 +145,9 @@ class LearnerFragments:
         origin moves to the base, since the work carried over is unsent again."""
         values = {}
         for name in names:
-            values[name] = self.base[name] + (theta[name].detach().to(device="cpu", dtype=torch.float32) - self.origin[name])
+            values[name] = self.base[name] + (
+                theta[name].detach().to(device="cpu", dtype=torch.float32) - self.origin[name]
+            )
             self.origin[name].copy_(self.base[name])
         return values
 

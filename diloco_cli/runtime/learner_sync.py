@@ -43,7 +43,7 @@ from diloco_cli.runtime.distributed import (
 from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, apply_fetch
 from diloco_cli.runtime.learner_fragments import LearnerFragments
 from diloco_cli.runtime.membership import ManifestWatch
-from diloco_cli.runtime.outbox import LatestUpload, OutgoingPayload, Outbox
+from diloco_cli.runtime.outbox import LatestUpload, Outbox, OutgoingPayload
 from diloco_cli.store.documents import ControlNote, Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
@@ -223,14 +223,25 @@ class LearnerSync:
             checkpoint = self._newest_checkpoint()
             if checkpoint is None:
                 self._wait_for_global_weights()
-        step, from_checkpoint = broadcast_control(self.group, [self.progress.step, int(checkpoint is not None)], self._device)
+        step, from_checkpoint = broadcast_control(
+            self.group, [self.progress.step, int(checkpoint is not None)], self._device
+        )
         self.progress.step = step
         self.resumed_at_the_end = step >= self.total_steps
         if from_checkpoint:
-            install_parameters(self.model, checkpoint.parameters if checkpoint else None, self.parameter_names, self.group)
-            load_full_optimizer_state(self.model, self.optimizer, checkpoint.optimizer_state if checkpoint else None, self.group)
+            install_parameters(
+                self.model, checkpoint.parameters if checkpoint else None, self.parameter_names, self.group
+            )
+            load_full_optimizer_state(
+                self.model, self.optimizer, checkpoint.optimizer_state if checkpoint else None, self.group
+            )
         else:
-            install_parameters(self.model, self.fragments.base if self.group.is_storage_rank else None, self.parameter_names, self.group)
+            install_parameters(
+                self.model,
+                self.fragments.base if self.group.is_storage_rank else None,
+                self.parameter_names,
+                self.group,
+            )
         if self.data_position is not None:
             self.data_position.restore(checkpoint.meta.get("data") if checkpoint else None, step)
         self.progress.training_since = time.time()
@@ -278,7 +289,9 @@ class LearnerSync:
 
     # --------------------------------------------------------------------- the loop
 
-    def after_step(self, loss: float | None = None, compute_seconds: float | None = None, tokens: int | None = None) -> None:
+    def after_step(
+        self, loss: float | None = None, compute_seconds: float | None = None, tokens: int | None = None
+    ) -> None:
         """After one inner optimizer step, on every process: count it, send the fragments
         now due, install a finished poll (only then start the next one), report."""
         p = self.progress
@@ -288,7 +301,9 @@ class LearnerSync:
         if compute_seconds is not None:
             p.compute_seconds += compute_seconds
             w = STEP_TIME_SMOOTHING
-            p.step_seconds = compute_seconds if p.step_seconds is None else (1 - w) * p.step_seconds + w * compute_seconds
+            p.step_seconds = (
+                compute_seconds if p.step_seconds is None else (1 - w) * p.step_seconds + w * compute_seconds
+            )
         storage = self.group.is_storage_rank
         if storage:
             self.fragments.count_step(tokens if tokens is not None else self.tokens_per_step)
@@ -355,7 +370,14 @@ class LearnerSync:
         base_version, c_steps, c_tokens = f.base_version[fragment], f.c_steps[fragment], f.c_tokens[fragment]
         payload = f.encode_delta(fragment, theta, self.recipe.sync.learner_codec, self.secret, meta)
         self.progress.sends += 1
-        marker = {"step": meta["step"], "loss": meta["loss"], "sent_at": meta["sent_at"], "base_version": base_version, "c_steps": c_steps, "c_tokens": c_tokens}
+        marker = {
+            "step": meta["step"],
+            "loss": meta["loss"],
+            "sent_at": meta["sent_at"],
+            "base_version": base_version,
+            "c_steps": c_steps,
+            "c_tokens": c_tokens,
+        }
         self.outbox.put(OutgoingPayload(fragment, sequence, base_version, f.install_serial[fragment], payload, marker))
 
     def _poll(self, bases: dict[FragmentIndex, Version], newest_head: Version, resync_seen: int) -> Poll:
@@ -371,7 +393,13 @@ class LearnerSync:
         if head is None:
             return poll
         if head.version < newest_head:
-            poll.refusals.append(Refusal("head", "global/head.json", f"version {head.version} is older than version {newest_head} seen before: a replayed head"))
+            poll.refusals.append(
+                Refusal(
+                    "head",
+                    "global/head.json",
+                    f"version {head.version} is older than version {newest_head} seen before: a replayed head",
+                )
+            )
             return poll
         try:
             control = self.bucket.read_control(self.me.id)
@@ -429,7 +457,9 @@ class LearnerSync:
                 self._refused("install", f"fragment {fetch.fragment} version {fetch.version}", str(error))
                 self.needs_snapshot.add(fetch.fragment)
                 continue
-            installed[fetch.fragment] = self.fragments.install(fetch.fragment, fetch.version, values, keep_unsent=False if poll.resync_serial is not None else None)
+            installed[fetch.fragment] = self.fragments.install(
+                fetch.fragment, fetch.version, values, keep_unsent=False if poll.resync_serial is not None else None
+            )
             self.needs_snapshot.discard(fetch.fragment)
             log.info("installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version)
         self.newest_head = max(self.newest_head, poll.fetched.head.version)
@@ -445,7 +475,11 @@ class LearnerSync:
             self.drain_requested = True
         interval = note.sync_interval or self.recipe.sync.sync_interval
         if interval != self.sync_interval:
-            log.info("sending every %d steps now (dynamic local updates; the recipe's H is %d)", interval, self.recipe.sync.sync_interval)
+            log.info(
+                "sending every %d steps now (dynamic local updates; the recipe's H is %d)",
+                interval,
+                self.recipe.sync.sync_interval,
+            )
             self.sync_interval = interval
         partition = (note.data_slice, note.data_slices) if note.data_slices and note.data_slice is not None else None
         if partition is not None and partition != self.partition:
@@ -456,20 +490,30 @@ class LearnerSync:
         """Every process: the storage rank applies and checks a finished poll, then the
         new bases overwrite the parameters of every process (and the stop flag travels)."""
         installed = self._apply_poll(poll) if poll is not None else {}
-        mask = [0 if p not in installed else KEEP if installed[p] else OVERWRITE for p in range(len(self.fragment_list))]
+        mask = [
+            0 if p not in installed else KEEP if installed[p] else OVERWRITE for p in range(len(self.fragment_list))
+        ]
         partition = self.partition or (-1, 0)
-        control = broadcast_control(self.group, [int(self.stop_requested), int(self.drain_requested), self.sync_interval, *partition, *mask], self._device)
+        control = broadcast_control(
+            self.group,
+            [int(self.stop_requested), int(self.drain_requested), self.sync_interval, *partition, *mask],
+            self._device,
+        )
         self.stop_requested, self.drain_requested, self.sync_interval = bool(control[0]), bool(control[1]), control[2]
         self.partition = (control[3], control[4]) if control[4] else None
         how_installed = control[5:]
-        overwritten = [n for p, how in enumerate(how_installed) if how == OVERWRITE for n in self.fragment_list[p].parameter_names]
+        overwritten = [
+            n for p, how in enumerate(how_installed) if how == OVERWRITE for n in self.fragment_list[p].parameter_names
+        ]
         kept = [n for p, how in enumerate(how_installed) if how == KEEP for n in self.fragment_list[p].parameter_names]
         storage = self.group.is_storage_rank
         if overwritten:
             install_parameters(self.model, self.fragments.base if storage else None, overwritten, self.group)
         if kept:  # the global version plus the work not sent yet
             theta = full_parameters(self.model, kept, self.group)
-            install_parameters(self.model, self.fragments.with_unsent(kept, theta) if storage else None, kept, self.group)
+            install_parameters(
+                self.model, self.fragments.with_unsent(kept, theta) if storage else None, kept, self.group
+            )
 
     def _checkpoint(self) -> None:
         """Every process: gather parameters and AdamW state; the storage rank writes them."""
@@ -531,14 +575,21 @@ class LearnerSync:
             mask = [0] * len(self.fragment_list)
             if self.group.is_storage_rank:
                 f = self.fragments
-                mask = [int(f.c_tokens[p] > f.sent_tokens[p] or (self.resumed_at_the_end and f.c_steps[p] > 0)) for p in f.c_steps]
+                mask = [
+                    int(f.c_tokens[p] > f.sent_tokens[p] or (self.resumed_at_the_end and f.c_steps[p] > 0))
+                    for p in f.c_steps
+                ]
             for fragment, due in enumerate(broadcast_control(self.group, mask, self._device)):
                 if due:
                     self._send(FragmentIndex(fragment))
             self._checkpoint()
         if self.group.is_storage_rank:
             code = self._deliver(finished, code)
-        log.info("%s at step %d", "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered", self.progress.step)
+        log.info(
+            "%s at step %d",
+            "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered",
+            self.progress.step,
+        )
         return code
 
     def _deliver(self, finished: bool, code: int) -> int:
@@ -549,8 +600,11 @@ class LearnerSync:
         if finished and not (payloads_delivered and checkpoint_written):
             log.error(
                 "after %.0f s, %d payloads are not delivered and the final checkpoint is %s; exiting so that the "
-                "supervisor restarts this learner and it sends them again", patience, self.outbox.waiting, "written" if checkpoint_written else "not written",
-            )  # fmt: skip
+                "supervisor restarts this learner and it sends them again",
+                patience,
+                self.outbox.waiting,
+                "written" if checkpoint_written else "not written",
+            )
             state, code = LearnerState.FAILED, EXIT_UNDELIVERED
         try:
             self._heartbeat(state, wait=patience)

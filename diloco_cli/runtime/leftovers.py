@@ -21,7 +21,11 @@ from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, U
 log = logging.getLogger("diloco.syncer")
 
 MARKED = (PAYLOAD_KEY, CHECKPOINT_KEY, UPDATE_KEY, SNAPSHOT_KEY)
-DOCUMENTS = (re.compile(r"^heartbeats/[^/]+\.json$"), re.compile(r"^control/[^/]+\.(json|epoch)$"), re.compile(r"^global/(head|syncer)\.json$"))
+DOCUMENTS = (
+    re.compile(r"^heartbeats/[^/]+\.json$"),
+    re.compile(r"^control/[^/]+\.(json|epoch)$"),
+    re.compile(r"^global/(head|syncer)\.json$"),
+)
 OWNED_PREFIXES = ("payloads/", "checkpoints/", "global/", "heartbeats/", "control/")
 """Where only diloco writes: anything else under these prefixes is a leftover."""
 DELETE_BATCH = 1_000
@@ -75,4 +79,10 @@ class LeftoverSweeper:
             oldest = max(now - self.first_seen.pop(key) for key in batch)
             self.removed += len(batch)
             shown = ", ".join(batch[:3]) + (f" and {len(batch) - 3} more" if len(batch) > 3 else "")
-            log.info("removed %d leftover(s) from %s (there for up to %.0f s): %s", len(batch), self.store.root, oldest, shown)
+            log.info(
+                "removed %d leftover(s) from %s (there for up to %.0f s): %s",
+                len(batch),
+                self.store.root,
+                oldest,
+                shown,
+            )

@@ -110,7 +110,9 @@ class ControlNotes:
             try:
                 self.buckets[region].write_control(learner, self.notes[learner])
             except StorageError as error:
-                log.warning("could not write the note to %s in region %s (tried again later): %s", learner, region, error)
+                log.warning(
+                    "could not write the note to %s in region %s (tried again later): %s", learner, region, error
+                )
                 continue
             del self.due[learner]
 
@@ -146,4 +148,3 @@ class ControlNotes:
                 wanted["data_slice"], wanted["data_slices"] = spec.data_partition(learner.id)
             if any(getattr(note, key) != value for key, value in wanted.items()):
                 self.update(learner.id, learner.region, deliver_now=False, **wanted)
-

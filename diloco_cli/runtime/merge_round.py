@@ -87,7 +87,12 @@ def merge_round(
     del outer_gradient
     for name, tensor in update.items():
         tensor.sub_(parameters[name])  # Theta_new - Theta, in place
-    round_meta = {"fragment": fragment, "version": version, "merged": [a.learner for a in result.merged], **(meta or {})}
+    round_meta = {
+        "fragment": fragment,
+        "version": version,
+        "merged": [a.learner for a in result.merged],
+        **(meta or {}),
+    }
     result.payload = publisher.encode_update(fragment, update, round_meta)
     del update
     apply_update(parameters, result.payload, secret)

@@ -112,7 +112,13 @@ class Outbox(_UploadThread):
                         self.superseded += 1
                     else:
                         self._queue.appendleft(item)  # still the oldest: it goes first
-                    log.warning("payload #%d of fragment %d not delivered (%s); trying again in %.0f s", item.sequence, item.fragment, error, self.retry_pause)
+                    log.warning(
+                        "payload #%d of fragment %d not delivered (%s); trying again in %.0f s",
+                        item.sequence,
+                        item.fragment,
+                        error,
+                        self.retry_pause,
+                    )
                     self._pause()
                 continue
             with self._changed:

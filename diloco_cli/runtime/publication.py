@@ -1,8 +1,9 @@
 """Publishing the global weights to every region, and keeping what was published whole.
 
 One upload per region and merge (the WAN cost), a full snapshot every S versions, then
-the head; every region at once (:mod:`diloco_cli.runtime.fanout`).  A region whose bucket cannot be written is *behind*: the merge is already
-committed, so nothing is lost, and the region is caught up (missing updates, the
+the head; every region at once (:mod:`diloco_cli.runtime.fanout`).  A region whose
+bucket cannot be written is *behind*: the merge is already committed, so nothing is
+lost, and the region is caught up (missing updates, the
 snapshot, the head) on a later turn of the syncer's loop.  When a learner reports a
 published object it refused (a damaged update or snapshot, a head that does not
 verify), the syncer checks the object and rewrites it from its own commits; published
@@ -38,7 +39,9 @@ class Publication:
         self.repairs = 0
         self._handled: set[tuple[str, str, float]] = set()
 
-    def publish(self, version: Version, fragment: FragmentIndex, payload: bytes, snapshot: bytes | None, head: Head) -> None:
+    def publish(
+        self, version: Version, fragment: FragmentIndex, payload: bytes, snapshot: bytes | None, head: Head
+    ) -> None:
         """The update (and snapshot) to every region that is not behind, then its head."""
 
         def publish_to(name: str) -> StorageError | None:
@@ -78,7 +81,9 @@ class Publication:
                 self.behind.add(name)
                 log.warning("region %s is still behind (%s)", name, error)
 
-    def repair(self, region: str, note: RefusalNote, learner: str, head: Head, fresh_snapshot: Callable[[], None]) -> None:
+    def repair(
+        self, region: str, note: RefusalNote, learner: str, head: Head, fresh_snapshot: Callable[[], None]
+    ) -> None:
         """Check a published object a learner of ``region`` refused; rewrite it if it is
         damaged or missing.  A damaged snapshot cannot be rebuilt at its own version,
         so ``fresh_snapshot`` publishes one of the present to every region instead."""
@@ -102,7 +107,9 @@ class Publication:
             elif match := SNAPSHOT_KEY.match(note.key):
                 version = Version(int(match["version"]))
                 data = _read_or_none(lambda: bucket.read_snapshot(version))
-                if version == head.snapshot_version and (data is None or _refused(lambda: read_header(data, self.secret))):
+                if version == head.snapshot_version and (
+                    data is None or _refused(lambda: read_header(data, self.secret))
+                ):
                     fresh_snapshot()
                     self._repaired(region, note.key)
         except (StorageError, FileNotFoundError) as error:

@@ -44,7 +44,9 @@ class Reachability:
         """A call to the region failed after its retries (or a probe failed)."""
         outage = self.down.get(region)
         if outage is None:
-            self.down[region] = Outage(since=now, probe_at=now + FIRST_PROBE_SECONDS, backoff=FIRST_PROBE_SECONDS, reason=reason)
+            self.down[region] = Outage(
+                since=now, probe_at=now + FIRST_PROBE_SECONDS, backoff=FIRST_PROBE_SECONDS, reason=reason
+            )
             self.outages_seen += 1
             return
         outage.backoff = min(2 * outage.backoff, LONGEST_PROBE_SECONDS)

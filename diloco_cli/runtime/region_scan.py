@@ -30,7 +30,11 @@ def qualified(region: str, key: str) -> str:
 
 def payload_id(name: str) -> PayloadId | None:
     match = PAYLOAD_KEY.match(name.split(":", 1)[1])
-    return PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])) if match else None
+    return (
+        PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"]))
+        if match
+        else None
+    )
 
 
 @dataclass

@@ -17,8 +17,8 @@ import logging
 import signal
 import time
 from collections import deque
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -39,14 +39,14 @@ from diloco_cli.runtime.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.publication import Publication
 from diloco_cli.runtime.reachability import Reachability
 from diloco_cli.runtime.region_scan import RegionScan, payload_id, qualified, scan_region
-from diloco_cli.store.retry import RetryPolicy
-from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload
+from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
+from diloco_cli.store.retry import RetryPolicy
+from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.training.inner import evaluate, resolve_loss
 
 log = logging.getLogger("diloco.syncer")
@@ -60,7 +60,9 @@ HOME = "home"
 
 
 class Syncer:
-    def __init__(self, spec: RunSpec, secret: RunSecret, clock=time.monotonic, manifest: ManifestWatch | None = None) -> None:
+    def __init__(
+        self, spec: RunSpec, secret: RunSecret, clock=time.monotonic, manifest: ManifestWatch | None = None
+    ) -> None:
         self.spec = spec
         self.manifest = manifest
         """The run's manifest, followed for learners added or drained (``diloco scale``)."""
@@ -86,7 +88,12 @@ class Syncer:
         self.given_up: dict[LearnerId, str] = {}
         self.finished = False
         self.started_at = time.time()
-        self._last = {"beats": float("-inf"), "status": float("-inf"), "catch_up": float("-inf"), "sweep": float("-inf")}
+        self._last = {
+            "beats": float("-inf"),
+            "status": float("-inf"),
+            "catch_up": float("-inf"),
+            "sweep": float("-inf"),
+        }
         """When each periodic task of the loop last ran (syncer clock)."""
 
     # ----------------------------------------------------------------------- setup
@@ -101,7 +108,16 @@ class Syncer:
         publisher = ExactPublisher(recipe.sync.update_codec, self.secret)
         self.heldout = heldout_batches(recipe)
         self.loss_fn = resolve_loss(recipe.training.loss)
-        self.state: SyncerState = restore_state(self.home, self.secret, self.fragments, initial, optimizer, publisher, recipe.sync.window_versions, self._evaluate)
+        self.state: SyncerState = restore_state(
+            self.home,
+            self.secret,
+            self.fragments,
+            initial,
+            optimizer,
+            publisher,
+            recipe.sync.window_versions,
+            self._evaluate,
+        )
         self.digests = {f.index: self.state.digest(f.index) for f in self.fragments}
         policy = decisions.DecisionPolicy(
             num_learners=len(self.spec.active_learners),
@@ -113,7 +129,10 @@ class Syncer:
             liveness_timeout_seconds=recipe.sync.liveness_timeout_seconds,
             give_up_seconds=recipe.sync.give_up_seconds,
         )
-        versions = {f.index: (self.state.fragment_versions[f.index], self.state.windows[f.index].oldest_anchorable) for f in self.fragments}
+        versions = {
+            f.index: (self.state.fragment_versions[f.index], self.state.windows[f.index].oldest_anchorable)
+            for f in self.fragments
+        }
         fresh = decisions.initial_state(policy, self.clock(), versions)
         self.decisions = decisions.DecisionState(
             policy=policy,
@@ -129,7 +148,9 @@ class Syncer:
         self.sweepers = {name: LeftoverSweeper(bucket.store, after) for name, bucket in self.buckets.items()}
         self.sweepers[HOME] = LeftoverSweeper(self.home.store, after, only_partial=True)
         self.reachability = Reachability()
-        self.probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
+        self.probes = {
+            name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets
+        }
         """Each region's bucket with a single try per call: how an unreachable region is probed."""
         self._continue_counts()
         self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
@@ -145,7 +166,9 @@ class Syncer:
             try:
                 status = bucket.read_syncer_status()
             except (StorageError, PayloadError) as error:
-                log.warning("the syncer's last status in region %s cannot be read (%s); its counts start again", name, error)
+                log.warning(
+                    "the syncer's last status in region %s cannot be read (%s); its counts start again", name, error
+                )
                 continue
             if status is not None and (newest is None or status.time > newest.time):
                 newest = status
@@ -189,18 +212,24 @@ class Syncer:
         """What every region's bucket shows now: its bytes read in every region at once,
         then taken in here, region by region."""
         observations, self.pending_observations = self.pending_observations, []
+
         def scan(region: str) -> RegionScan:
             learners = [spec.id for spec in self.spec.learners if spec.region == region] if read_heartbeats else []
             bucket = self.probes[region] if self.reachability.is_down(region) else self.buckets[region]
             return scan_region(
-                bucket, learners,
+                bucket,
+                learners,
                 known=lambda name: name in self.observed or name in self.retiring,
                 consumed=lambda name: self.state.ledger.consumed(payload_id(name)),
                 delete_consumed=self.recipe.sync.delete_consumed_payloads,
-            )  # fmt: skip
+            )
 
         now = self.clock()
-        regions = [name for name in self.buckets if not self.reachability.is_down(name) or self.reachability.due_for_probe(name, now)]
+        regions = [
+            name
+            for name in self.buckets
+            if not self.reachability.is_down(name) or self.reachability.due_for_probe(name, now)
+        ]
         scans = self.fanout.each(scan, regions)
         for scan in scans:
             if self._unreachable(scan):
@@ -214,7 +243,9 @@ class Syncer:
         probe reaches it, and is caught up (everything published meanwhile) after."""
         if scan.unreachable is not None:
             if not self.reachability.is_down(scan.region):
-                log.warning("region %s is unreachable: skipping it until a probe reaches it (%s)", scan.region, scan.unreachable)
+                log.warning(
+                    "region %s is unreachable: skipping it until a probe reaches it (%s)", scan.region, scan.unreachable
+                )
             self.reachability.failed(scan.region, scan.unreachable, self.clock())
             self.publication.behind.add(scan.region)
             return True
@@ -237,7 +268,15 @@ class Syncer:
             self.observed[name] = record
             if record.key in scan.payloads:
                 self.prefetched[name] = scan.payloads[record.key]
-            arrival = decisions.Arrival(record.learner, record.fragment, record.base_version, record.c_steps, record.c_tokens, record.sequence, name)
+            arrival = decisions.Arrival(
+                record.learner,
+                record.fragment,
+                record.base_version,
+                record.c_steps,
+                record.c_tokens,
+                record.sequence,
+                name,
+            )
             found.append(decisions.ArrivalSeen(arrival))
         return found
 
@@ -277,7 +316,10 @@ class Syncer:
 
         names = [arrival.key for arrival in action.arrivals]
         missing = [name for name in names if name not in self.prefetched]
-        blobs = {**dict(zip(missing, self.fanout.each(read, missing))), **{name: self.prefetched[name] for name in names if name in self.prefetched}}
+        blobs = {
+            **dict(zip(missing, self.fanout.each(read, missing))),
+            **{name: self.prefetched[name] for name in names if name in self.prefetched},
+        }
         for blob in blobs.values():
             if isinstance(blob, StorageError):
                 log.warning("merge of fragment %d postponed: %s", action.fragment, blob)
@@ -296,15 +338,25 @@ class Syncer:
             for arrival in action.superseded:
                 self._retire(payload_id(arrival.key))
             oldest = state.windows[fragment].oldest_anchorable
-            self.pending_observations.append(decisions.MergeFinished(fragment, state.fragment_versions[fragment], oldest, self.clock() - started))
+            self.pending_observations.append(
+                decisions.MergeFinished(fragment, state.fragment_versions[fragment], oldest, self.clock() - started)
+            )
             log.info("fragment %d: nothing to merge, every arrival was refused", fragment)
             return
         version, previous_version = Version(state.version + 1), state.fragment_versions[fragment]
         inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key])) for a in arrivals]
         result = merge_round(
-            fragment, version, inputs, state.fragment_theta(fragment), state.windows[fragment], state.optimizer, state.publisher, self.secret,
-            mean_names=self.fragments[fragment].embedding_names, meta={"time": time.time(), "previous_version": previous_version},
-        )  # fmt: skip
+            fragment,
+            version,
+            inputs,
+            state.fragment_theta(fragment),
+            state.windows[fragment],
+            state.optimizer,
+            state.publisher,
+            self.secret,
+            mean_names=self.fragments[fragment].embedding_names,
+            meta={"time": time.time(), "previous_version": previous_version},
+        )
         merged = [a for a, r in zip(arrivals, inputs) if r in result.merged]
         for bad, error in result.rejected:
             arrival = arrivals[inputs.index(bad)]
@@ -321,8 +373,21 @@ class Syncer:
             version=version,
             fragment=fragment,
             previous_version=previous_version,
-            merged=tuple(MergedPayload(key=a.key, learner=a.learner, sequence=a.sequence, base_version=a.base_version, c_steps=a.c_steps, c_tokens=a.c_tokens) for a in merged),
-            retired=tuple(RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence) for p in self.retiring.values()),
+            merged=tuple(
+                MergedPayload(
+                    key=a.key,
+                    learner=a.learner,
+                    sequence=a.sequence,
+                    base_version=a.base_version,
+                    c_steps=a.c_steps,
+                    c_tokens=a.c_tokens,
+                )
+                for a in merged
+            ),
+            retired=tuple(
+                RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence)
+                for p in self.retiring.values()
+            ),
             digest=state.digest(fragment),
             time=time.time(),
             seconds=merge_seconds,
@@ -346,11 +411,27 @@ class Syncer:
             self.fanout.each(self._delete_payload, consumed)
         seconds = self.clock() - started - evaluation_seconds
         self.merge_times.append(time.time())
-        self.last_merge = LastMerge(fragment=fragment, version=version, learners=sorted({a.learner for a in merged}), seconds=seconds, time=time.time())
-        self.pending_observations.append(decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds))
-        log.info("version %d: fragment %d from %s in %.2f s", version, fragment, ", ".join(self.last_merge.learners) or "nobody", seconds)
+        self.last_merge = LastMerge(
+            fragment=fragment,
+            version=version,
+            learners=sorted({a.learner for a in merged}),
+            seconds=seconds,
+            time=time.time(),
+        )
+        self.pending_observations.append(
+            decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds)
+        )
+        log.info(
+            "version %d: fragment %d from %s in %.2f s",
+            version,
+            fragment,
+            ", ".join(self.last_merge.learners) or "nobody",
+            seconds,
+        )
 
-    def _announced(self, arrivals: tuple[decisions.Arrival, ...], blobs: dict[str, bytes | None]) -> list[decisions.Arrival]:
+    def _announced(
+        self, arrivals: tuple[decisions.Arrival, ...], blobs: dict[str, bytes | None]
+    ) -> list[decisions.Arrival]:
         """The arrivals whose bytes are the payload their marker announced; the others
         are refused and retired before anything is merged."""
         kept = []
@@ -416,8 +497,13 @@ class Syncer:
             drained_before = {s.id for s in self.spec.learners if s.drain}
             draining = sorted(s.id for s in spec.learners if s.drain and s.id not in drained_before)
             self.spec = spec
-            log.info("the run now has M=%d learners, K=%d%s%s", policy.num_learners, policy.quorum,
-                     f"; added {', '.join(added)}" if added else "", f"; draining {', '.join(draining)}" if draining else "")  # fmt: skip
+            log.info(
+                "the run now has M=%d learners, K=%d%s%s",
+                policy.num_learners,
+                policy.quorum,
+                f"; added {', '.join(added)}" if added else "",
+                f"; draining {', '.join(draining)}" if draining else "",
+            )
         down = set(self.reachability.down)
         self.notes.follow(self.spec, skip=down)
         if self.recipe.sync.dynamic_local_updates:
@@ -456,7 +542,10 @@ class Syncer:
             evaluations=self.state.evaluations,
             parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
             place=self.spec.syncer.place,
-            storage={name: self.storage_before.get(name, StorageCounters()).plus(bucket.store.meter.snapshot()) for name, bucket in self.buckets.items()},
+            storage={
+                name: self.storage_before.get(name, StorageCounters()).plus(bucket.store.meter.snapshot())
+                for name, bucket in self.buckets.items()
+            },
             home_storage=self.home_storage_before.plus(self.home.store.meter.snapshot()),
             refusals=self.refusals,
             repairs=self.publication.repairs,
@@ -489,7 +578,11 @@ class Syncer:
         """Every learner finished or was given up, and nothing is left to merge."""
         end = decisions.run_end(self.decisions, [spec.id for spec in self.spec.learners], now)
         self.given_up = dict(end.given_up)
-        idle = not self.observed and not self.pending_observations and not any(r.pending or r.merging for r in self.decisions.rounds.values())
+        idle = (
+            not self.observed
+            and not self.pending_observations
+            and not any(r.pending or r.merging for r in self.decisions.rounds.values())
+        )
         return end.over and idle
 
     def run(self) -> int:
@@ -510,7 +603,9 @@ class Syncer:
     def _turn(self) -> float:
         """One turn of the loop: observe, decide, act, upkeep; returns when to wake."""
         now = self.clock()
-        read_beats = now - self._last["beats"] >= min(self.recipe.sync.status_seconds, self.recipe.training.heartbeat_seconds)
+        read_beats = now - self._last["beats"] >= min(
+            self.recipe.sync.status_seconds, self.recipe.training.heartbeat_seconds
+        )
         if read_beats:
             self._last["beats"] = now
         self.decisions, actions = decisions.step(self.decisions, self._observe(read_beats), now)
@@ -562,7 +657,9 @@ class Syncer:
         self.publication.catch_up(set(self.buckets), self._head(), self._snapshot_payload)
         self._sweep(self.clock(), all_of_them=True)  # every learner is done: nothing is in flight
         self._write_status(SyncerPhase.FINISHED, self.clock())
-        without = f" without {', '.join(f'{m} ({why})' for m, why in sorted(self.given_up.items()))}" if self.given_up else ""
+        without = (
+            f" without {', '.join(f'{m} ({why})' for m, why in sorted(self.given_up.items()))}" if self.given_up else ""
+        )
         log.info("finished at version %d%s", self.state.version, without)
 
 
@@ -579,7 +676,10 @@ def _check_announced(record: PayloadRecord, blob: bytes | None, secret: RunSecre
     meta = read_header(blob, secret).meta
     differing = [field for field in SAME_SEND if meta.get(field) != record.meta.get(field)]
     if differing:
-        raise CorruptPayload(f"{record.key} holds another send than its marker announced ({', '.join(differing)} differ): replayed or moved")
+        raise CorruptPayload(
+            f"{record.key} holds another send than its marker announced ({', '.join(differing)} differ): "
+            "replayed or moved"
+        )
 
 
 def _loader(blob: bytes):

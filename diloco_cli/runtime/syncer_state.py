@@ -114,7 +114,9 @@ def encode_fragment_state(state: SyncerState, fragment: FragmentIndex, secret: R
     momentum = state.optimizer.state_tensors()
     carries = state.publisher.carry_tensors()
     tensors = [(f"theta/{name}", state.theta[name]) for name in names]
-    tensors += [(f"momentum/{name}", momentum[f"{fragment}/{name}"]) for name in names if f"{fragment}/{name}" in momentum]
+    tensors += [
+        (f"momentum/{name}", momentum[f"{fragment}/{name}"]) for name in names if f"{fragment}/{name}" in momentum
+    ]
     tensors += [(f"carry/{name}", carries[f"{fragment}/{name}"]) for name in names if f"{fragment}/{name}" in carries]
     return encode_payload(tensors, STATE_SPEC, secret, {"fragment": fragment})
 
@@ -136,7 +138,9 @@ def restore_state(
     if initial is None:
         theta = {name: tensor.detach().to(torch.float32).clone() for name, tensor in initial_theta.items()}
         evaluation = evaluate(theta, Version(0))
-        home.write_initial(encode_payload(theta.items(), INITIAL_SPEC, secret, {"version": 0, "evaluation": evaluation.model_dump()}))
+        home.write_initial(
+            encode_payload(theta.items(), INITIAL_SPEC, secret, {"version": 0, "evaluation": evaluation.model_dump()})
+        )
     else:
         decoded = decode_payload(initial, secret)
         theta, evaluation = decoded.tensors, Evaluation.model_validate(decoded.meta["evaluation"])
@@ -181,7 +185,14 @@ def restore_state(
     return state
 
 
-def commit_merge(home: SyncerHome, state: SyncerState, secret: RunSecret, record: CommitRecord, update: bytes, keep_updates_after: Version) -> None:
+def commit_merge(
+    home: SyncerHome,
+    state: SyncerState,
+    secret: RunSecret,
+    record: CommitRecord,
+    update: bytes,
+    keep_updates_after: Version,
+) -> None:
     """Make a merged version durable, then drop what no restart needs.
 
     The merge round has already advanced ``state``'s tensors (Theta, momentum, carry,
@@ -193,11 +204,12 @@ def commit_merge(home: SyncerHome, state: SyncerState, secret: RunSecret, record
     state._absorb(record)
     if previous:
         home.delete_state(previous)
-    needed = {v for window in state.windows.values() for v in window.versions} | {v for v, _ in state.index if v > keep_updates_after}
+    needed = {v for window in state.windows.values() for v in window.versions} | {
+        v for v, _ in state.index if v > keep_updates_after
+    }
     for version in sorted(state.update_files - needed):
         home.delete_update(version)
     state.update_files &= needed
     state._trim_index(keep_updates_after)
     if record.version % CHECKPOINT_EVERY == 0:
         home.write_checkpoint(state.checkpoint())
-

@@ -26,7 +26,9 @@ def daly_interval(save_seconds: float, mean_time_between_failures: float) -> flo
     if save_seconds >= 2 * mean_time_between_failures:
         return mean_time_between_failures
     ratio = save_seconds / (2 * mean_time_between_failures)
-    return math.sqrt(2 * save_seconds * mean_time_between_failures) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_seconds
+    return (
+        math.sqrt(2 * save_seconds * mean_time_between_failures) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_seconds
+    )
 
 
 def restart_goodput(rate: float, interval: float, save: float, restart: float) -> float:

@@ -11,7 +11,13 @@ from pydantic import BaseModel, ConfigDict
 
 from diloco_cli.simulate.analytic import daly_interval, elastic_uptime, restart_goodput
 from diloco_cli.simulate.cluster import Cluster, Outcome
-from diloco_cli.simulate.constants import CALIBRATION_CHIPS, DEFAULT_CHIPS, DEFAULT_LEARNERS, SOURCE_GOODPUT, GoodputConstants
+from diloco_cli.simulate.constants import (
+    CALIBRATION_CHIPS,
+    DEFAULT_CHIPS,
+    DEFAULT_LEARNERS,
+    SOURCE_GOODPUT,
+    GoodputConstants,
+)
 from diloco_cli.simulate.elastic import simulate_elastic
 from diloco_cli.simulate.restarting import simulate_restarting, split_evenly
 
@@ -90,8 +96,12 @@ def simulate_once(chips: int, strategy: Strategy, constants: GoodputConstants, r
     groups = _groups(cluster, strategy, constants, chips)
     if strategy.kind == "plain":
         interval = _checkpoint_interval(cluster, groups[0], constants)
-        return simulate_restarting(cluster, groups, interval, constants.checkpoint_seconds, constants.restart_seconds, rng)
-    return simulate_restarting(cluster, groups, constants.send_interval_seconds, 0.0, constants.learner_restart_seconds, rng)
+        return simulate_restarting(
+            cluster, groups, interval, constants.checkpoint_seconds, constants.restart_seconds, rng
+        )
+    return simulate_restarting(
+        cluster, groups, constants.send_interval_seconds, 0.0, constants.learner_restart_seconds, rng
+    )
 
 
 def simulate_cell(chips: int, strategy: Strategy, constants: GoodputConstants, seed: int) -> Cell:
@@ -131,7 +141,14 @@ def simulate_grid(
         for cell in cells
         if cell.chips == CALIBRATION_CHIPS and cell.strategy == name
     ]
-    return GoodputGrid(constants=constants, seed=seed, chips=list(chips), strategies=[s.name for s in strategies], cells=cells, calibration=calibration)
+    return GoodputGrid(
+        constants=constants,
+        seed=seed,
+        chips=list(chips),
+        strategies=[s.name for s in strategies],
+        cells=cells,
+        calibration=calibration,
+    )
 
 
 def check_grid(constants: GoodputConstants, chips: Sequence[int], learners: Sequence[int]) -> None:
@@ -153,12 +170,18 @@ def closed_form_goodput(chips: int, strategy: Strategy, constants: GoodputConsta
     cluster = Cluster.of(chips, constants)
     rate = cluster.slice_failure_rate
     if strategy.kind == "elastic":
-        in_repair = rate * cluster.repair_seconds / (1 + rate * cluster.repair_seconds)  # each slice: up ~Exp, then a repair
+        in_repair = (
+            rate * cluster.repair_seconds / (1 + rate * cluster.repair_seconds)
+        )  # each slice: up ~Exp, then a repair
         changes = 2 * cluster.slices * (1 - in_repair) * rate  # a failure and, later, its repair
         return (1 - in_repair) * elastic_uptime(changes, constants.reconfigure_seconds)
     groups = _groups(cluster, strategy, constants, chips)
     interval = _save_interval(cluster, strategy, constants, chips)
-    save, restart = (constants.checkpoint_seconds, constants.restart_seconds) if strategy.kind == "plain" else (0.0, constants.learner_restart_seconds)
+    save, restart = (
+        (constants.checkpoint_seconds, constants.restart_seconds)
+        if strategy.kind == "plain"
+        else (0.0, constants.learner_restart_seconds)
+    )
     return sum(size / cluster.slices * restart_goodput(size * rate, interval, save, restart) for size in groups)
 
 
@@ -172,11 +195,13 @@ def _groups(cluster: Cluster, strategy: Strategy, constants: GoodputConstants, c
 def _checkpoint_interval(cluster: Cluster, job_slices: int, constants: GoodputConstants) -> float:
     if constants.checkpoint_interval_seconds is not None:
         return constants.checkpoint_interval_seconds
-    return daly_interval(constants.checkpoint_seconds, 1 / (job_slices * cluster.slice_failure_rate) if cluster.slice_failure_rate else float("inf"))
+    return daly_interval(
+        constants.checkpoint_seconds,
+        1 / (job_slices * cluster.slice_failure_rate) if cluster.slice_failure_rate else float("inf"),
+    )
 
 
 def _save_interval(cluster: Cluster, strategy: Strategy, constants: GoodputConstants, chips: int) -> float | None:
     if strategy.kind == "plain":
         return _checkpoint_interval(cluster, _groups(cluster, strategy, constants, chips)[0], constants)
     return constants.send_interval_seconds if strategy.kind == "diloco" else None
-

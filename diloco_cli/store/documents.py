@@ -75,7 +75,9 @@ def unseal(data: bytes, key: str, model: type[DocumentType], secret: RunSecret |
     except (ValueError, TypeError, KeyError, RecursionError) as error:  # json.loads: RecursionError on deep nesting
         raise DamagedDocument(f"{key} is not a sealed diloco document ({type(error).__name__}: {error})") from None
     # compare_digest raises TypeError on a non-ASCII str: such a tag is simply wrong
-    if secret is not None and not (isinstance(tag, str) and tag.isascii() and hmac.compare_digest(tag, _tag(key, canonical, secret))):
+    if secret is not None and not (
+        isinstance(tag, str) and tag.isascii() and hmac.compare_digest(tag, _tag(key, canonical, secret))
+    ):
         raise ForgedDocument(f"{key}: tag mismatch, the document was damaged, forged or moved from another key")
     try:
         return model.model_validate(body)

@@ -30,7 +30,13 @@ class OutageWindow:
 class StorageFaults:
     """The outage windows of one region's bucket, checked before every call."""
 
-    def __init__(self, region: str, windows: tuple[OutageWindow, ...], clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        region: str,
+        windows: tuple[OutageWindow, ...],
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.region, self.windows = region, windows
         self._clock, self._sleep = clock, sleep
 
@@ -41,7 +47,11 @@ class StorageFaults:
             return None
         origin = started_at + plan.begins_at_seconds
         windows = tuple(
-            OutageWindow(origin + outage.start_seconds, origin + outage.start_seconds + outage.duration_seconds, outage.mode == "hang")
+            OutageWindow(
+                origin + outage.start_seconds,
+                origin + outage.start_seconds + outage.duration_seconds,
+                outage.mode == "hang",
+            )
             for outage in plan.outage_windows(regions)
             if outage.region == region
         )
@@ -58,4 +68,7 @@ class StorageFaults:
             return
         if window.hang:
             self._sleep(max(0.0, min(window.end - self._clock(), LONGEST_HANG_SECONDS)))
-        raise ConnectionError(f"chaos: the storage of region {self.region} is down until {time.strftime('%H:%M:%S', time.localtime(window.end))} ({what})")
+        raise ConnectionError(
+            f"chaos: the storage of region {self.region} is down until "
+            f"{time.strftime('%H:%M:%S', time.localtime(window.end))} ({what})"
+        )

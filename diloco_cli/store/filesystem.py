@@ -52,13 +52,18 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         try:
             __import__(module)
         except ImportError:
-            raise StorageError(f"{url}: the {protocol}:// backend needs {module}; pip install 'diloco-cli[{extra}]'") from None
+            raise StorageError(
+                f"{url}: the {protocol}:// backend needs {module}; pip install 'diloco-cli[{extra}]'"
+            ) from None
     options = {"skip_instance_cache": True, "use_listings_cache": False, **(storage_options or {})}
     if protocol == "file":
         options = {"auto_mkdir": True, **(storage_options or {})}
     if OPTIONAL_BACKENDS.get(protocol, ("",))[0] == "s3fs":
         # one attempt per call in botocore (diloco's retry policy decides the rest)
-        options["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}, **options.get("config_kwargs", {})}
+        options["config_kwargs"] = {
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            **options.get("config_kwargs", {}),
+        }
     try:
         filesystem, path = fsspec.core.url_to_fs(absolute_url(url), **options)
     except (ValueError, ImportError) as error:

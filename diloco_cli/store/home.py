@@ -157,7 +157,9 @@ class SyncerHome:
                 try:
                     found.append(CommitRecord.model_validate(self._meta(key)))
                 except (PayloadError, ValueError) as error:
-                    raise HomeDamaged(f"{self.store.root}/{key} cannot be read ({error}); restore the syncer's home from a backup") from None
+                    raise HomeDamaged(
+                        f"{self.store.root}/{key} cannot be read ({error}); restore the syncer's home from a backup"
+                    ) from None
         return found
 
     def read_update(self, version: Version) -> bytes:
@@ -179,16 +181,25 @@ class SyncerHome:
         """Write a ledger checkpoint, then archive and drop what the previous one made
         redundant: the records through it go into one history object, and older
         checkpoints go (the previous one stays, in case the newest cannot be read)."""
-        self.store.put(f"ledger/{checkpoint.version:010d}.dlc", self._frame(checkpoint.model_dump(mode="json"), RECORD_SPEC))
+        self.store.put(
+            f"ledger/{checkpoint.version:010d}.dlc", self._frame(checkpoint.model_dump(mode="json"), RECORD_SPEC)
+        )
         versions = self.checkpoint_versions()
         if len(versions) < 2:
             return
         previous = versions[-2]
-        stale = [key for key in self.store.list("commits") if (m := COMMIT_MARKER.match(key)) and int(m["version"]) <= previous]
+        stale = [
+            key
+            for key in self.store.list("commits")
+            if (m := COMMIT_MARKER.match(key)) and int(m["version"]) <= previous
+        ]
         records = [CommitRecord.model_validate(self._meta(key)) for key in stale]
         if records:
             first, last = records[0].version, records[-1].version
-            self.store.put(f"history/{first:010d}-{last:010d}.dlc", self._frame(History(records=tuple(records)).model_dump(mode="json"), RECORD_SPEC))
+            self.store.put(
+                f"history/{first:010d}-{last:010d}.dlc",
+                self._frame(History(records=tuple(records)).model_dump(mode="json"), RECORD_SPEC),
+            )
         for key in stale:
             self.store.delete(key)
         for version in versions[:-2]:

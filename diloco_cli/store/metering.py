@@ -19,7 +19,21 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-KINDS = ("payload", "update", "snapshot", "checkpoint", "marker", "head", "status", "heartbeat", "control", "listing", "manifest", "home", "other")
+KINDS = (
+    "payload",
+    "update",
+    "snapshot",
+    "checkpoint",
+    "marker",
+    "head",
+    "status",
+    "heartbeat",
+    "control",
+    "listing",
+    "manifest",
+    "home",
+    "other",
+)
 """The kinds of storage traffic, in the order reports show them."""
 
 LISTING_BYTES_PER_REQUEST = 300
@@ -112,9 +126,15 @@ class StorageCounters(BaseModel):
         """The sum of two counts: ``self`` from before a restart, ``other`` since (the
         latest error wins; the history continues from ``self``'s totals)."""
         newer = other if (other.last_error_time or 0) >= (self.last_error_time or 0) else self
-        kinds = {kind: self.kinds.get(kind, Traffic()).plus(other.kinds.get(kind, Traffic())) for kind in KINDS if kind in self.kinds or kind in other.kinds}
+        kinds = {
+            kind: self.kinds.get(kind, Traffic()).plus(other.kinds.get(kind, Traffic()))
+            for kind in KINDS
+            if kind in self.kinds or kind in other.kinds
+        }
         before = self.total
-        history = self.history + [(when, before.bytes_up + up, before.bytes_down + down) for when, up, down in other.history]
+        history = self.history + [
+            (when, before.bytes_up + up, before.bytes_down + down) for when, up, down in other.history
+        ]
         return StorageCounters(
             kinds=kinds,
             retries=self.retries + other.retries,
@@ -157,7 +177,17 @@ class StorageMeter:
                 counters.history = thinned([*counters.history, (round(now, 1), total.bytes_up, total.bytes_down)])
             return counters.model_copy(deep=True)
 
-    def count(self, kind: str, *, requests: int = 0, op: str = "read", up: int = 0, down: int = 0, seconds: float = 0.0, raw: int = 0) -> None:
+    def count(
+        self,
+        kind: str,
+        *,
+        requests: int = 0,
+        op: str = "read",
+        up: int = 0,
+        down: int = 0,
+        seconds: float = 0.0,
+        raw: int = 0,
+    ) -> None:
         """Add to ``kind``'s counts; ``op`` (``read``, ``write``, ``list``, ``delete``)
         classes the requests for pricing."""
         with self._lock:

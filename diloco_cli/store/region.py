@@ -109,7 +109,13 @@ class RegionBucket:
     """The run's objects in one region's bucket."""
 
     def __init__(
-        self, name: str, root: str, storage_options: dict[str, Any] | None, secret: RunSecret | None, retry: RetryPolicy | None = None, faults: StorageFaults | None = None
+        self,
+        name: str,
+        root: str,
+        storage_options: dict[str, Any] | None,
+        secret: RunSecret | None,
+        retry: RetryPolicy | None = None,
+        faults: StorageFaults | None = None,
     ) -> None:
         self.name = name
         self.store = ObjectStore(root, storage_options, retry, kind_of_key, faults)
@@ -138,7 +144,9 @@ class RegionBucket:
 
     # -------------------------------------------------------------- learner payloads
 
-    def send_payload(self, learner: LearnerId, fragment: FragmentIndex, sequence: int, payload: bytes, meta: dict[str, Any]) -> str:
+    def send_payload(
+        self, learner: LearnerId, fragment: FragmentIndex, sequence: int, payload: bytes, meta: dict[str, Any]
+    ) -> str:
         """Upload a learner's payload, then its marker carrying ``meta``."""
         key = payload_key(learner, fragment, sequence)
         marker_meta = {**meta, "learner": learner, "fragment": fragment, "sequence": sequence, "bytes": len(payload)}
@@ -237,7 +245,9 @@ class RegionBucket:
         key = update_key(version, fragment)
         if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version, "fragment": fragment}), 4 * declared_values(payload))
+        self.store.put_marked(
+            key, payload, self._marker({"version": version, "fragment": fragment}), 4 * declared_values(payload)
+        )
         return True
 
     def read_update(self, version: Version, fragment: FragmentIndex) -> bytes:
@@ -264,7 +274,11 @@ class RegionBucket:
         return self.store.get(snapshot_key(version))
 
     def snapshot_versions(self) -> list[Version]:
-        return [Version(int(m["version"])) for key in self.store.list_marked("global/snapshots") if (m := SNAPSHOT_KEY.match(key))]
+        return [
+            Version(int(m["version"]))
+            for key in self.store.list_marked("global/snapshots")
+            if (m := SNAPSHOT_KEY.match(key))
+        ]
 
     def delete_snapshot(self, version: Version) -> None:
         self.store.delete_marked(snapshot_key(version))

@@ -43,7 +43,12 @@ def is_transient(error: BaseException) -> bool:
 
 
 def call_with_retries(
-    call: Callable[[], Result], policy: RetryPolicy, meter: StorageMeter, what: str, kind: str = "other", op: str = "read"
+    call: Callable[[], Result],
+    policy: RetryPolicy,
+    meter: StorageMeter,
+    what: str,
+    kind: str = "other",
+    op: str = "read",
 ) -> Result:
     """Run ``call`` under ``policy``; ``what`` names the operation and object in messages,
     ``kind`` and ``op`` how each try is counted in ``meter`` (a request and its seconds).
@@ -62,7 +67,15 @@ def call_with_retries(
         meter.retried()
         error = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("%s failed (%s: %s); try %d of %d in %.1f s", what, type(error).__name__, error, state.attempt_number + 1, policy.attempts, wait)
+        log.warning(
+            "%s failed (%s: %s); try %d of %d in %.1f s",
+            what,
+            type(error).__name__,
+            error,
+            state.attempt_number + 1,
+            policy.attempts,
+            wait,
+        )
 
     retrying = Retrying(
         stop=stop_after_attempt(policy.attempts),
@@ -75,7 +88,9 @@ def call_with_retries(
         return retrying(counted)
     except PermissionError as error:
         meter.failed(error)
-        raise StorageError(f"{what}: access denied ({error}); check the credentials in the environment and the bucket's permissions") from error
+        raise StorageError(
+            f"{what}: access denied ({error}); check the credentials in the environment and the bucket's permissions"
+        ) from error
     except Exception as error:
         if not is_transient(error):
             raise

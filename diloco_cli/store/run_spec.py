@@ -130,10 +130,14 @@ class RunSpec(BaseModel):
                 return spec
         raise KeyError(f"region {name!r} is not part of run {self.run}")
 
-    def bucket(self, region: RegionName | str, secret: RunSecret | None, retry: RetryPolicy | None = None) -> RegionBucket:
+    def bucket(
+        self, region: RegionName | str, secret: RunSecret | None, retry: RetryPolicy | None = None
+    ) -> RegionBucket:
         """A region's bucket, its calls retried as the recipe says (or as ``retry`` says)."""
         spec = self.region(region)
-        return RegionBucket(spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, self.faults_of(spec.name))
+        return RegionBucket(
+            spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, self.faults_of(spec.name)
+        )
 
     def faults_of(self, region: RegionName | str) -> StorageFaults | None:
         """The storage outages the chaos plan gives ``region`` (None: none)."""
@@ -157,15 +161,21 @@ def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> Ru
         with filesystem.open(path, "rb") as handle:
             document = json.load(handle)
     except FileNotFoundError:
-        raise ManifestError(f"{url}: no such manifest; a run's is <bucket>/<run>/manifest.json (or runs/<run>/run.json here)") from None
+        raise ManifestError(
+            f"{url}: no such manifest; a run's is <bucket>/<run>/manifest.json (or runs/<run>/run.json here)"
+        ) from None
     except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested too deep
-        raise ManifestError(f"{url}: cannot be read as a run manifest: {type(error).__name__}: {str(error)[:200]}") from None
+        raise ManifestError(
+            f"{url}: cannot be read as a run manifest: {type(error).__name__}: {str(error)[:200]}"
+        ) from None
     if isinstance(document, dict) and "spec" in document:  # a local run record wraps the spec
         document = document["spec"]
     try:
         return RunSpec.model_validate(document)
     except ValidationError as error:
-        raise ManifestError(f"{url} is not a manifest of this diloco ({__version__}): {error.errors()[0]['msg']}") from None
+        raise ManifestError(
+            f"{url} is not a manifest of this diloco ({__version__}): {error.errors()[0]['msg']}"
+        ) from None
 
 
 def read_secret(path: str) -> RunSecret:

@@ -53,7 +53,9 @@ class TextSplit:
         return self.train[index * size : (index + 1) * size]
 
 
-def random_batch(tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(
+    tokens: torch.Tensor, batch_size: int, context: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch_size`` random windows of ``context`` bytes and their next-byte targets."""
     if len(tokens) <= context + 1:
         raise DataError(f"a shard of {len(tokens)} bytes is too small for a context of {context}")
@@ -63,7 +65,9 @@ def random_batch(tokens: torch.Tensor, batch_size: int, context: int, generator:
     return windows[:, :-1], windows[:, 1:]
 
 
-def evaluation_batches(tokens: torch.Tensor, batch_size: int, context: int, max_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def evaluation_batches(
+    tokens: torch.Tensor, batch_size: int, context: int, max_batches: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed, evenly spaced windows over held-out text: the same every evaluation."""
     count = min(max_batches * batch_size, (len(tokens) - 1) // context)
     stride = (len(tokens) - context - 1) // max(1, count - 1) if count > 1 else 0

@@ -45,7 +45,9 @@ class InnerSchedule:
         return self.peak_learning_rate * (self.final_fraction + (1 - self.final_fraction) * cosine)
 
 
-def make_inner_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+def make_inner_optimizer(
+    model: torch.nn.Module, learning_rate: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases, norms or embeddings' 1-D).
 
     Under FSDP2 build it after the model is sharded, so that it holds the sharded
@@ -117,7 +119,9 @@ def _gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
         yield
 
 
-def _micro_batches(inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _micro_batches(
+    inputs: torch.Tensor, targets: torch.Tensor, micro_batch_size: int | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The batch cut into equal micro-batches along its first dimension (the whole batch
     for None or a size not below the batch)."""
     batch_size = inputs.shape[0]

@@ -22,12 +22,15 @@ from diloco_cli.views.format import human_bytes, human_count, human_duration
 from diloco_cli.views.run_state import read_buckets, run_state
 
 LINK_LEGEND = (
-    "up: written into the bucket; down: read from it (listings estimated); MB/s: bytes over the time calls were in flight; "
+    "up: written into the bucket; down: read from it (listings estimated); "
+    "MB/s: bytes over the time calls were in flight; "
     "share: of every byte the run moved; WAN: the bytes crossed a link between places"
 )
 
 
-def collect_report(spec: RunSpec, secret: RunSecret | None, prices: PriceTable, now: float | None = None) -> TrafficReport:
+def collect_report(
+    spec: RunSpec, secret: RunSecret | None, prices: PriceTable, now: float | None = None
+) -> TrafficReport:
     """The report of a run, finished or running, from its buckets."""
     now = time.time() if now is None else now
     read = read_buckets(spec, secret, now)
@@ -51,36 +54,64 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
         f"  {report.state}  elapsed {human_duration(report.elapsed_seconds)}  tokens {human_count(report.tokens)}"
         f"  across links {human_bytes(report.wan_bytes)}"
         + (f" ({per_token:,.2f} B/token)" if per_token is not None else "")
-        + f"  in regions {human_bytes(report.total_bytes - report.wan_bytes)}  est. cost {_dollars(report.cost_dollars)}"
+        + f"  in regions {human_bytes(report.total_bytes - report.wan_bytes)}"
+        f"  est. cost {_dollars(report.cost_dollars)}"
     )
     links = _table("per link", table_box, ("link", "WAN", "up", "down", "requests", "MB/s", "share", "cost"))
     for link in report.links:
         links.add_row(
-            link.name, "yes" if link.wan else "no", human_bytes(link.bytes_up), human_bytes(link.bytes_down),
-            human_count(link.requests), _rate(link.megabytes_per_second), f"{link.share:.1%}", _dollars(link.cost_dollars),
-        )  # fmt: skip
-    learners = _table("per learner", table_box, ("learner", "tokens", "deltas up", "checkpoints up", "other up", "down", "requests", "retried"))
+            link.name,
+            "yes" if link.wan else "no",
+            human_bytes(link.bytes_up),
+            human_bytes(link.bytes_down),
+            human_count(link.requests),
+            _rate(link.megabytes_per_second),
+            f"{link.share:.1%}",
+            _dollars(link.cost_dollars),
+        )
+    learners = _table(
+        "per learner",
+        table_box,
+        ("learner", "tokens", "deltas up", "checkpoints up", "other up", "down", "requests", "retried"),
+    )
     for row in report.learners:
         learners.add_row(
-            row.learner, human_count(row.tokens), human_bytes(row.delta_bytes_up), human_bytes(row.checkpoint_bytes_up),
-            human_bytes(row.other_bytes_up), human_bytes(row.bytes_down), human_count(row.requests),
+            row.learner,
+            human_count(row.tokens),
+            human_bytes(row.delta_bytes_up),
+            human_bytes(row.checkpoint_bytes_up),
+            human_bytes(row.other_bytes_up),
+            human_bytes(row.bytes_down),
+            human_count(row.requests),
             str(row.retries) + (f" ({row.failures} failed)" if row.failures else ""),
-        )  # fmt: skip
+        )
     kinds = _table("per kind", table_box, ("kind", "requests", "up", "down", "across links"))
     for row in report.kinds:
-        kinds.add_row(row.kind, human_count(row.requests), human_bytes(row.bytes_up), human_bytes(row.bytes_down), human_bytes(row.wan_bytes))
+        kinds.add_row(
+            row.kind,
+            human_count(row.requests),
+            human_bytes(row.bytes_up),
+            human_bytes(row.bytes_down),
+            human_bytes(row.wan_bytes),
+        )
     lines = []
     for c in report.compression:
         ratio = f"{c.ratio:.1f}x" if c.ratio else "-"
-        lines.append(f"compression of {c.kind}s: {human_bytes(c.bytes)} written for {human_bytes(c.raw_fp32_bytes)} of fp32 tensors ({ratio})")
+        lines.append(
+            f"compression of {c.kind}s: {human_bytes(c.bytes)} written for {human_bytes(c.raw_fp32_bytes)} "
+            f"of fp32 tensors ({ratio})"
+        )
     dp = report.data_parallel
     if dp is not None:
         ratio = f"{dp.ratio:,.0f}x what this run moved across links" if dp.ratio else "nothing crossed a link yet"
         lines += [
-            f"synchronous data-parallel for the same {human_count(report.tokens)} tokens: {dp.steps:,.0f} steps of {human_count(dp.tokens_per_step)} tokens "
-            f"on {dp.workers} workers, {human_bytes(dp.bytes_per_worker_step)} per worker per step, {human_bytes(dp.total_bytes)} in all ({ratio})",
+            f"synchronous data-parallel for the same {human_count(report.tokens)} tokens: "
+            f"{dp.steps:,.0f} steps of {human_count(dp.tokens_per_step)} tokens "
+            f"on {dp.workers} workers, {human_bytes(dp.bytes_per_worker_step)} per worker per step, "
+            f"{human_bytes(dp.total_bytes)} in all ({ratio})",
             f"  {dp.formula} ({human_count(dp.parameters)} parameters)",
-            f"  of it between regions ({dp.region_crossings} of the ring's {dp.workers} hops): {human_bytes(dp.wan_bytes)}"
+            f"  of it between regions ({dp.region_crossings} of the ring's {dp.workers} hops): "
+            f"{human_bytes(dp.wan_bytes)}"
             + (f" ({dp.wan_ratio:,.0f}x what this run moved across links)" if dp.wan_ratio else ""),
         ]
     else:
@@ -92,7 +123,11 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
 def _table(title: str, table_box: box.Box, columns: tuple[str, ...]) -> Table:
     table = Table(box=table_box, title=title, title_justify="left", show_edge=False)
     for column in columns:
-        table.add_column(column, justify="left" if column in ("link", "learner", "kind", "WAN") else "right", no_wrap=column != "link")
+        table.add_column(
+            column,
+            justify="left" if column in ("link", "learner", "kind", "WAN") else "right",
+            no_wrap=column != "link",
+        )
     return table
 
 

@@ -21,7 +21,8 @@ STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 72em;
        padding: 0 1em; color: #1b1f24; background: #fff; }
 h1 { font-size: 1.5em; margin-bottom: .3em; } h2 { font-size: 1.15em; margin-top: 1.8em; }
-.facts { display: flex; flex-wrap: wrap; gap: .6em 2.2em; margin: 0; padding: .8em 1em; background: #f3f5f7; border-radius: 6px; }
+.facts { display: flex; flex-wrap: wrap; gap: .6em 2.2em; margin: 0; padding: .8em 1em; background: #f3f5f7;
+         border-radius: 6px; }
 .facts div { display: flex; flex-direction: column; } .facts dt { font-size: .8em; color: #57606a; }
 .facts dd { margin: 0; font-weight: 600; font-variant-numeric: tabular-nums; }
 table { border-collapse: collapse; margin: .4em 0; font-variant-numeric: tabular-nums; }
@@ -42,14 +43,14 @@ def render_html(report: TrafficReport) -> str:
         "<h2>Plots</h2>",
         _plots(report),
         *_tables(report),
-        '<h2>Cost</h2>',
+        "<h2>Cost</h2>",
         f'<p id="cost-note" class="note">{escape(report.cost_note)}</p>',
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # Loads nothing, runs nothing: a browser refuses any request the page would make.
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">\n'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
         f"<title>diloco report: {escape(report.run)}</title>\n<style>{STYLE}</style>\n</head>\n"
         "<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
     )
@@ -95,28 +96,89 @@ def _table(table_id: str, title: str, header: Sequence[str], rows: Iterable[Sequ
     lines = ["<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows]
     if not lines:
         lines = [f'<tr><td class="empty" colspan="{len(header)}">{escape(empty)}</td></tr>']
-    return f'<h2>{escape(title)}</h2>\n<table id="{table_id}">\n{head}<tbody>\n' + "\n".join(lines) + "\n</tbody>\n</table>"
+    return (
+        f'<h2>{escape(title)}</h2>\n<table id="{table_id}">\n{head}<tbody>\n'
+        + "\n".join(lines)
+        + "\n</tbody>\n</table>"
+    )
 
 
 def _tables(report: TrafficReport) -> list[str]:
     links = [
-        (link.name, "WAN" if link.wan else "in region", human_bytes(link.bytes_up), human_bytes(link.bytes_down), f"{link.requests:,}",
-         "-" if link.megabytes_per_second is None else f"{link.megabytes_per_second:,.1f} MB/s", f"{link.share:.1%}", _dollars(link.cost_dollars))
+        (
+            link.name,
+            "WAN" if link.wan else "in region",
+            human_bytes(link.bytes_up),
+            human_bytes(link.bytes_down),
+            f"{link.requests:,}",
+            "-" if link.megabytes_per_second is None else f"{link.megabytes_per_second:,.1f} MB/s",
+            f"{link.share:.1%}",
+            _dollars(link.cost_dollars),
+        )
         for link in report.links
     ]
     learners = [
-        (row.learner, row.region, human_count(row.tokens), human_bytes(row.delta_bytes_up), human_bytes(row.checkpoint_bytes_up),
-         human_bytes(row.other_bytes_up), human_bytes(row.bytes_down), f"{row.requests:,}", row.retries, row.failures)
+        (
+            row.learner,
+            row.region,
+            human_count(row.tokens),
+            human_bytes(row.delta_bytes_up),
+            human_bytes(row.checkpoint_bytes_up),
+            human_bytes(row.other_bytes_up),
+            human_bytes(row.bytes_down),
+            f"{row.requests:,}",
+            row.retries,
+            row.failures,
+        )
         for row in report.learners
     ]
-    kinds = [(k.kind, f"{k.requests:,}", human_bytes(k.bytes_up), human_bytes(k.bytes_down), human_bytes(k.wan_bytes)) for k in report.kinds]
-    compression = [(c.kind, human_bytes(c.bytes), human_bytes(c.raw_fp32_bytes), _ratio(c.ratio)) for c in report.compression]
+    kinds = [
+        (k.kind, f"{k.requests:,}", human_bytes(k.bytes_up), human_bytes(k.bytes_down), human_bytes(k.wan_bytes))
+        for k in report.kinds
+    ]
+    compression = [
+        (c.kind, human_bytes(c.bytes), human_bytes(c.raw_fp32_bytes), _ratio(c.ratio)) for c in report.compression
+    ]
     return [
-        _table("table-links", "Links", ("link", "", "up", "down", "requests", "rate", "share", "cost"), links, "no traffic reported yet"),
-        _table("table-learners", "Learners", ("learner", "region", "tokens", "deltas up", "checkpoints up", "other up", "down", "requests",
-                                              "retries", "failures"), learners, "no learner has reported yet"),
-        _table("table-kinds", "By kind", ("kind", "requests", "up", "down", "across links"), kinds, "no traffic reported yet"),
-        _table("table-compression", "Compression", ("kind", "written", "fp32 size", "smaller by"), compression, "no tensors written yet"),
+        _table(
+            "table-links",
+            "Links",
+            ("link", "", "up", "down", "requests", "rate", "share", "cost"),
+            links,
+            "no traffic reported yet",
+        ),
+        _table(
+            "table-learners",
+            "Learners",
+            (
+                "learner",
+                "region",
+                "tokens",
+                "deltas up",
+                "checkpoints up",
+                "other up",
+                "down",
+                "requests",
+                "retries",
+                "failures",
+            ),
+            learners,
+            "no learner has reported yet",
+        ),
+        _table(
+            "table-kinds",
+            "By kind",
+            ("kind", "requests", "up", "down", "across links"),
+            kinds,
+            "no traffic reported yet",
+        ),
+        _table(
+            "table-compression",
+            "Compression",
+            ("kind", "written", "fp32 size", "smaller by"),
+            compression,
+            "no tensors written yet",
+        ),
         _data_parallel(report),
     ]
 
@@ -125,7 +187,9 @@ def _data_parallel(report: TrafficReport) -> str:
     dp = report.data_parallel
     title = "Against synchronous data-parallel"
     if dp is None:
-        return _table("table-data-parallel", title, ("", ""), [], "not yet: the syncer has not reported the model's size")
+        return _table(
+            "table-data-parallel", title, ("", ""), [], "not yet: the syncer has not reported the model's size"
+        )
     rows = [
         ("parameters", human_count(dp.parameters)),
         ("workers (M)", dp.workers),
@@ -138,7 +202,10 @@ def _data_parallel(report: TrafficReport) -> str:
         (f"of it between regions ({dp.region_crossings} of {dp.workers} ring hops)", human_bytes(dp.wan_bytes)),
         ("ratio between regions", _ratio(dp.wan_ratio)),
     ]
-    return _table("table-data-parallel", title, ("", ""), rows, "") + f'\n<p class="note">formula: <code>{escape(dp.formula)}</code></p>'
+    return (
+        _table("table-data-parallel", title, ("", ""), rows, "")
+        + f'\n<p class="note">formula: <code>{escape(dp.formula)}</code></p>'
+    )
 
 
 # ---------------------------------------------------------------------------- plots
@@ -154,8 +221,15 @@ def _plots(report: TrafficReport) -> str:
     except ImportError:
         return f'<p id="plots-missing" class="note">{escape(PLOTS_MISSING)}</p>'
 
-    def figure(plot_id: str, title: str, xlabel: str, ylabel: str, lines: list[tuple[str, list[float], list[float]]], empty: str,
-               counts: bool = False) -> str:
+    def figure(
+        plot_id: str,
+        title: str,
+        xlabel: str,
+        ylabel: str,
+        lines: list[tuple[str, list[float], list[float]]],
+        empty: str,
+        counts: bool = False,
+    ) -> str:
         fig = Figure(figsize=(6.4, 3.6), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.add_subplot()
@@ -173,14 +247,20 @@ def _plots(report: TrafficReport) -> str:
         with rc_context({"svg.fonttype": "none"}):  # text as text: no glyph outlines, no fonts to load
             fig.savefig(buffer, format="svg", metadata={"Date": None})
         svg = buffer.getvalue()
-        svg = svg[svg.index("<svg"):]  # no XML prolog, no DOCTYPE
+        svg = svg[svg.index("<svg") :]  # no XML prolog, no DOCTYPE
         svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.DOTALL)
         return f'<figure id="{plot_id}" aria-label="{escape(title)}">{svg}</figure>'
 
     start = report.started_at
-    unit, per = _time_unit(max([report.elapsed_seconds] + [when - start for link in report.links for when, _, _ in link.history]))
+    unit, per = _time_unit(
+        max([report.elapsed_seconds] + [when - start for link in report.links for when, _, _ in link.history])
+    )
     traffic = [
-        (link.name, [(when - start) / per for when, _, _ in link.history], [(up + down) / 1e6 for _, up, down in link.history])
+        (
+            link.name,
+            [(when - start) / per for when, _, _ in link.history],
+            [(up + down) / 1e6 for _, up, down in link.history],
+        )
         for link in report.links
     ]
     evaluations = sorted(report.evaluations, key=lambda e: (e.tokens, e.time))
@@ -189,7 +269,15 @@ def _plots(report: TrafficReport) -> str:
     since = f"{unit} since start"
     figures = [
         figure("plot-bytes", "Bytes moved per link", since, "cumulative MB", traffic, "no traffic history yet"),
-        figure("plot-loss-tokens", "Held-out loss against tokens", "tokens", "held-out loss", by_tokens, "no evaluation yet", counts=True),
+        figure(
+            "plot-loss-tokens",
+            "Held-out loss against tokens",
+            "tokens",
+            "held-out loss",
+            by_tokens,
+            "no evaluation yet",
+            counts=True,
+        ),
         figure("plot-loss-time", "Held-out loss against time", since, "held-out loss", by_time, "no evaluation yet"),
     ]
     return '<div class="plots">' + "\n".join(figures) + "</div>"

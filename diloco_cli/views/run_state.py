@@ -14,12 +14,12 @@ from typing import Any
 
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
-from diloco_cli.store.run_spec import LearnerSpec, RunSpec
-from diloco_cli.views.format import ago, plural
 from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
 from diloco_cli.store.metering import StorageCounters
+from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
+from diloco_cli.store.run_spec import LearnerSpec, RunSpec
+from diloco_cli.views.format import ago, plural
 
 SYNCER_SILENT_SECONDS = 30.0
 """A syncer status older than this is reported as not reporting."""
@@ -167,7 +167,9 @@ def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: fl
         refused.record("head", HEAD_KEY, str(error), now)
 
 
-def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: list[dict] | None = None, now: float | None = None) -> RunStatus:
+def collect_status(
+    spec: RunSpec, secret: RunSecret | None = None, processes: list[dict] | None = None, now: float | None = None
+) -> RunStatus:
     """The run as its buckets show it; ``processes`` (from the run's supervisors, when
     the caller can ask them) adds what is down and what to run about it."""
     now = time.time() if now is None else now
@@ -200,7 +202,9 @@ def collect_status(spec: RunSpec, secret: RunSecret | None = None, processes: li
         version=version,
         tokens=sum(row.tokens for row in rows),
         heldout_loss=evaluations[-1]["loss"] if evaluations else None,
-        elapsed_seconds=(syncer.time if syncer else now) - spec.created if state in ("finished", "stopped") else now - spec.created,
+        elapsed_seconds=(syncer.time if syncer else now) - spec.created
+        if state in ("finished", "stopped")
+        else now - spec.created,
         learners=rows,
         syncer=_syncer_summary(syncer, silent, now),
         regions=list(regions.values()),
@@ -248,7 +252,10 @@ def scaling_line(spec: RunSpec, now: float) -> str:
         who = f"added {', '.join(change.added)}" if change.added else f"draining {', '.join(change.drained)}"
         changes.append(f"{count:+d} in {change.region} {ago(now - change.time)} ({who})")
     earlier = f"{len(spec.scaling) - 3} earlier; " if len(spec.scaling) > 3 else ""
-    return f"scaled: M={len(spec.active_learners)} after {plural(len(spec.scaling), 'change')}: {earlier}{'; '.join(changes)}"
+    return (
+        f"scaled: M={len(spec.active_learners)} after {plural(len(spec.scaling), 'change')}: "
+        f"{earlier}{'; '.join(changes)}"
+    )
 
 
 def _learner_state(placed: LearnerSpec, beat: Heartbeat | None) -> str:
@@ -327,10 +334,13 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
     if status.state == "syncer not reporting" and "syncer" not in down:
         ago = status.syncer.last_report_seconds or 0
         hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
-        found.append(f"the syncer has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}")
+        found.append(
+            f"the syncer has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}"
+        )
     for region, why in sorted(status.syncer.unreachable.items()):
         found.append(
-            f"region {region} is unreachable from the syncer ({why}); it merges the other regions meanwhile and catches "
+            f"region {region} is unreachable from the syncer ({why}); "
+            "it merges the other regions meanwhile and catches "
             f"{region} up when a probe reaches it; its learners keep training and keep their unsent payloads"
         )
     for learner, why in sorted(status.syncer.given_up.items()):
@@ -342,5 +352,9 @@ def chaos_line(log: ChaosLog | None, now: float) -> str:
     """``chaos: 7 faults injected; latest: kill west-0 12 s ago, stop east-1 40 s ago``."""
     if log is None or not log.count:
         return "chaos: no process fault injected yet (storage outages show as unreachable regions)"
-    latest = ", ".join(f"{event.action} {event.target} {now - event.time:.0f} s ago" + ("" if event.outcome == "done" else f" ({event.outcome})") for event in reversed(log.events[-3:]))
+    latest = ", ".join(
+        f"{event.action} {event.target} {now - event.time:.0f} s ago"
+        + ("" if event.outcome == "done" else f" ({event.outcome})")
+        for event in reversed(log.events[-3:])
+    )
     return f"chaos: {log.count} process faults injected; latest: {latest}"

@@ -21,6 +21,8 @@ def render_runs(summaries: list[RunSummary], runs_dir: Path, output: str) -> str
     lines = [f"{'RUN':<{width}}  {'CREATED':<19}  {'STATE':<9} {'LEARNERS':>8}  WHERE"]
     for summary in summaries:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(summary.created))
-        where = ", ".join(summary.regions) + ("" if summary.hosts == ("local",) else f" (hosts: {', '.join(summary.hosts)})")
+        where = ", ".join(summary.regions) + (
+            "" if summary.hosts == ("local",) else f" (hosts: {', '.join(summary.hosts)})"
+        )
         lines.append(f"{summary.name:<{width}}  {created:<19}  {summary.state:<9} {summary.learners:>8}  {where}")
     return "\n".join(lines)

@@ -19,7 +19,15 @@ from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
 from diloco_cli.views.run_state import RunStatus, collect_status
 
-STATE_STYLE = {"training": "green", "finished": "cyan", "drained": "cyan", "draining": "yellow", "waiting": "yellow", "stopped": "yellow", "failed": "bold red"}
+STATE_STYLE = {
+    "training": "green",
+    "finished": "cyan",
+    "drained": "cyan",
+    "draining": "yellow",
+    "waiting": "yellow",
+    "stopped": "yellow",
+    "failed": "bold red",
+}
 FINAL_STATES = ("finished", "stopped")
 LEARNER_COLUMNS = (
     ("learner", "left"),
@@ -35,8 +43,14 @@ LEARNER_COLUMNS = (
 """Steps per second, base version (+ staleness in versions), time since the last
 heartbeat, restarts.  Region and host share a column ("where"; the host only when it is
 not this machine), so the table fits an 80-column terminal."""
-STORAGE_LEGEND = "storage per region: bytes each way (learners' checkpoints apart); retried: calls tried again; refused: objects damaged or forged"
-LEGEND = "st/s: steps per second; base: the global version a learner holds, +versions behind; seen: since its last heartbeat; rst: restarts"
+STORAGE_LEGEND = (
+    "storage per region: bytes each way (learners' checkpoints apart); retried: calls tried again; "
+    "refused: objects damaged or forged"
+)
+LEGEND = (
+    "st/s: steps per second; base: the global version a learner holds, +versions behind; "
+    "seen: since its last heartbeat; rst: restarts"
+)
 
 
 def _loss(value: float | None) -> str:
@@ -54,7 +68,9 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     )
     learners = Table(box=table_box, show_edge=False, pad_edge=False)
     for column, justify in LEARNER_COLUMNS:
-        learners.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis" if column in ("learner", "where") else "fold")
+        learners.add_column(
+            column, justify=justify, no_wrap=True, overflow="ellipsis" if column in ("learner", "where") else "fold"
+        )
     for row in status.learners:
         where = row.region if row.host == "local" else f"{row.region}/{row.host}"
         base = "-" if row.base_version is None else f"{row.base_version} +{row.staleness}"
@@ -72,32 +88,71 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     legend = Text(LEGEND, style="dim")  # its own line, wrapped to the terminal, not to the table
     syncer = status.syncer
     merge = syncer.last_merge
-    merged = f"version {merge['version']} (fragment {merge['fragment']}, {plural(len(merge['learners']), 'learner')}) {ago(syncer.last_merge_seconds_ago)}" if merge else "none yet"
+    merged = (
+        f"version {merge['version']} (fragment {merge['fragment']}, {plural(len(merge['learners']), 'learner')}) "
+        f"{ago(syncer.last_merge_seconds_ago)}"
+        if merge
+        else "none yet"
+    )
     grace = "-" if syncer.grace_seconds is None else f"{syncer.grace_seconds:.1f} s"
-    quorum = "-" if syncer.quorum is None else f"K={syncer.quorum}" + (
-        f", lowered to {syncer.effective_quorum} while only {len(syncer.live_learners)} live"
-        if syncer.effective_quorum not in (None, syncer.quorum) and status.state not in FINAL_STATES else ""
-    )  # fmt: skip
-    state = syncer.state if syncer.state != "not reporting" else f"not reporting (last report {ago(syncer.last_report_seconds)})"
+    quorum = (
+        "-"
+        if syncer.quorum is None
+        else f"K={syncer.quorum}"
+        + (
+            f", lowered to {syncer.effective_quorum} while only {len(syncer.live_learners)} live"
+            if syncer.effective_quorum not in (None, syncer.quorum) and status.state not in FINAL_STATES
+            else ""
+        )
+    )
+    state = (
+        syncer.state
+        if syncer.state != "not reporting"
+        else f"not reporting (last report {ago(syncer.last_report_seconds)})"
+    )
     lines = [
-        f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
+        f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; "
+        f"quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
     ]
     if syncer.repairs or syncer.leftovers_removed:
-        lines.append(f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers")
+        lines.append(
+            f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers"
+        )
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
     regions = Table(box=table_box, show_edge=False, collapse_padding=True, pad_edge=False)  # 80 columns hold it
-    for column in ("region", "learners\nup", "learners\ndown", "checkpoints", "syncer\nup", "syncer\ndown", "retried", "refused"):
+    for column in (
+        "region",
+        "learners\nup",
+        "learners\ndown",
+        "checkpoints",
+        "syncer\nup",
+        "syncer\ndown",
+        "retried",
+        "refused",
+    ):
         regions.add_column(column, justify="left" if column == "region" else "right", no_wrap=True)
     refusal_lines = []
     for region in status.regions:
         refused = sum(region.refusals.values())
         failed = f" ({region.failures} failed)" if region.failures else ""
-        regions.add_row(region.region, human_bytes(region.learners_up), human_bytes(region.learners_down), human_bytes(region.checkpoints_up), human_bytes(region.syncer_up), human_bytes(region.syncer_down), f"{region.retries}{failed}", str(refused))
+        regions.add_row(
+            region.region,
+            human_bytes(region.learners_up),
+            human_bytes(region.learners_down),
+            human_bytes(region.checkpoints_up),
+            human_bytes(region.syncer_up),
+            human_bytes(region.syncer_down),
+            f"{region.retries}{failed}",
+            str(refused),
+        )
         if region.latest_refusal is not None:
             note = region.latest_refusal
             kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(region.refusals.items()))
-            refusal_lines.append(f"refused in {region.region}: {kinds}; latest {note['kind']} {note['key']} {ago(time.time() - note['time'])}: {note['reason']}")
+            refusal_lines.append(
+                f"refused in {region.region}: {kinds}; latest {note['kind']} {note['key']} "
+                f"{ago(time.time() - note['time'])}: {note['reason']}"
+            )
     parts = [run]
     if status.problems:
         parts.append(Text("\n".join(f"! {problem}" for problem in status.problems), style="bold red"))
@@ -133,7 +188,15 @@ def render_json(status: RunStatus, probe: list[dict] | None = None) -> str:
     return json.dumps(document, indent=2)
 
 
-def show_status(spec: RunSpec, output: str, watch: bool, interval: float = 2.0, secret: RunSecret | None = None, processes: Callable[[], list[dict]] | None = None, probed: bool = False) -> None:
+def show_status(
+    spec: RunSpec,
+    output: str,
+    watch: bool,
+    interval: float = 2.0,
+    secret: RunSecret | None = None,
+    processes: Callable[[], list[dict]] | None = None,
+    probed: bool = False,
+) -> None:
     """Print once, or keep the view up until the run ends (Ctrl-C detaches).
     ``processes`` asks the run's supervisors (at every refresh); with ``probed`` their
     rows are shown too."""
