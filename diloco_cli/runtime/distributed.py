@@ -75,15 +75,6 @@ def broadcast_control(group: ProcessGroup, values: list[int], device: torch.devi
     return tensor.tolist()
 
 
-@torch.no_grad()
-def broadcast_parameters(group: ProcessGroup, parameters: list[torch.Tensor]) -> None:
-    """Rank 0's values of these parameters on every rank (whole parameters: DDP only;
-    :func:`install_parameters` serves every layout)."""
-    if group.distributed:
-        for parameter in parameters:
-            dist.broadcast(parameter.data, src=0)
-
-
 def leave_process_group(group: ProcessGroup) -> None:
     if group.distributed and dist.is_initialized():
         dist.destroy_process_group()

@@ -47,7 +47,7 @@ from diloco_cli.runtime.outbox import LatestUpload, Outbox, OutgoingPayload
 from diloco_cli.store.documents import ControlNote, Heartbeat, LearnerState, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import PAYLOAD_KEY
+from diloco_cli.store.region import PAYLOAD_KEY, SEQUENCE_PER_EPOCH
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.learner")
@@ -57,7 +57,6 @@ OVERWRITE, KEEP = 1, 2
 EXIT_FINISHED = 0
 EXIT_UNDELIVERED = 75
 EXIT_STOPPED = 143
-SEQUENCE_PER_EPOCH = 1_000_000
 LOG_EVERY_STEPS = 50
 DELIVERY_SECONDS_AT_FINISH = 600.0
 """How long a finished learner keeps trying to deliver its last payloads."""

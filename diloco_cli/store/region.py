@@ -34,6 +34,9 @@ from diloco_cli.store.retry import RetryPolicy
 MARKER_SPEC = CodecSpec(zstd_level=0)
 SNAPSHOT_SPEC = CodecSpec(codec="fp32", zstd_level=1)
 """Snapshots are the global weights exactly: fp32, lightly compressed."""
+SEQUENCE_PER_EPOCH = 1_000_000
+"""A learner numbers its sends ``epoch * SEQUENCE_PER_EPOCH + n``, its epoch counting its
+starts, so that a restarted learner's sequence numbers never repeat an earlier start's."""
 PAYLOAD_KEY = re.compile(r"^payloads/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
 UPDATE_KEY = re.compile(r"^global/updates/(?P<version>\d{10})-(?P<fragment>\d{3})\.dlc$")
 SNAPSHOT_KEY = re.compile(r"^global/snapshots/(?P<version>\d{10})\.dlc$")
