@@ -29,8 +29,8 @@ from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.runtime.merge_round import RoundInput, merge_round
-from diloco_cli.runtime.syncer_state import SyncerState, commit_merge, restore_state
+from diloco_cli.runtime.syncer.merge_round import RoundInput, merge_round
+from diloco_cli.runtime.syncer.state import SyncerState, commit_merge, restore_state
 from diloco_cli.store.documents import Evaluation
 from diloco_cli.store.home import CommitRecord, MergedPayload, SyncerHome
 

@@ -87,7 +87,7 @@ def child(directory: Path, megabytes: int, learners: int, secret_hex: str, naive
     from diloco_cli.core.anchor import UpdateWindow
     from diloco_cli.core.outer import NesterovOuterOptimizer
     from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-    from diloco_cli.runtime.merge_round import RoundInput, merge_round
+    from diloco_cli.runtime.syncer.merge_round import RoundInput, merge_round
 
     torch.set_num_threads(1)
     secret = RunSecret.from_hex(secret_hex)

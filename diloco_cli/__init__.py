@@ -4,7 +4,7 @@ An implementation of Decoupled DiLoCo (Google DeepMind, "Decoupled DiLoCo for Re
 Distributed Pre-training", arXiv 2604.21428).
 
 ``diloco_cli.join(model, optimizer, tokens_per_step=...)`` makes your own training loop
-a learner of a run (see :mod:`diloco_cli.own_loop`); it is imported on first use, so that
+a learner of a run (see :mod:`diloco_cli.runtime.learner.own_loop`); it is imported on first use, so that
 the command line starts without torch.
 """
 
@@ -16,7 +16,7 @@ __all__ = ["join"]
 
 def __getattr__(name: str) -> Any:
     if name == "join":
-        from diloco_cli.own_loop import join
+        from diloco_cli.runtime.learner.own_loop import join
 
         return join
     raise AttributeError(f"module 'diloco_cli' has no attribute {name!r}")

@@ -87,3 +87,13 @@ def _no_local_process_outlives_its_test(request):
 
         for record in list_runs(runs_dir):
             stop_local(record, timeout=5)
+
+
+@pytest.fixture
+def harness(tmp_path, secret):
+    """A syncer and two learners of one region, advanced by hand (tests/harness.py)."""
+    from tests.harness import Harness
+
+    made = Harness(tmp_path, secret)
+    yield made
+    made.close()

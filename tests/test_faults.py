@@ -17,7 +17,7 @@ from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core import decisions
 from diloco_cli.launch.plan import plan_run
 from diloco_cli.launch.runs import load_run
-from diloco_cli.runtime.syncer import Syncer
+from diloco_cli.runtime.syncer.loop import Syncer
 from diloco_cli.store.region import PAYLOAD_KEY
 from tests.runs import TINY_RECIPE, child_pid, deep_update, diloco, wait_finished, wait_for, write_yaml
 
@@ -51,7 +51,7 @@ def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
     )
     spec = plan_run(recipe, regions, "unmarked", tmp_path)
     syncer = Syncer(spec, secret)
-    syncer._setup()
+    syncer.start()
     bucket = syncer.buckets["east"]
     payload = bucket.store.get("global/snapshots/0000000000.dlc")  # any authentic payload
     key = "payloads/east-0/000-000001000001.dlc"
@@ -59,12 +59,20 @@ def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
     (Path(tmp_path) / "east" / "payloads" / "east-1").mkdir(parents=True)
     (Path(tmp_path) / "east" / "payloads" / "east-1" / "000-000001000001.dlc.ab12.partial").write_bytes(b"half")
     for _ in range(3):
-        assert not [o for o in syncer._observe(read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
+        assert not [
+            o
+            for o in syncer.observer.look(spec, read_heartbeats=False).observations
+            if isinstance(o, decisions.ArrivalSeen)
+        ]
     assert bucket.payload_keys() == []
     # once the upload completes (payload whole, then marker) it is seen
     meta = {"base_version": 0, "c_steps": 10, "c_tokens": 100}
     bucket.send_payload("east-0", 0, 1000002, payload, meta)
-    seen = [o for o in syncer._observe(read_heartbeats=False) if isinstance(o, decisions.ArrivalSeen)]
+    seen = [
+        o
+        for o in syncer.observer.look(spec, read_heartbeats=False).observations
+        if isinstance(o, decisions.ArrivalSeen)
+    ]
     assert [o.arrival.key for o in seen] == ["east:payloads/east-0/000-000001000002.dlc"]
 
 

@@ -1,5 +1,5 @@
 """Hostile objects planted in a region's bucket while the syncer runs (driven by hand, as in
-tests/test_tampering.py): each is refused before any of it reaches the global weights,
+tests/harness.py): each is refused before any of it reaches the global weights,
 counted by kind in the syncer's refusals, shown by ``diloco status``, and the syncer
 goes on merging the real payloads after it.
 
@@ -22,54 +22,21 @@ import torch
 
 from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
 from diloco_cli.codec.frame import PREFIX
-from diloco_cli.config.recipe import Recipe
-from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import FragmentIndex
-from diloco_cli.launch.plan import plan_run
-from diloco_cli.runtime.syncer import Syncer
 from diloco_cli.store.documents import SyncerPhase
 from diloco_cli.store.region import MARKER_SPEC, payload_key, snapshot_key
 from diloco_cli.views.run_state import collect_status
 from diloco_cli.views.status import render_json, render_plain
-from tests.runs import TINY_RECIPE, deep_update
-from tests.test_tampering import Harness
+from tests.harness import Harness
 
 FOREIGN = RunSecret(bytes(range(100, 132)))
 """A key that is not the run's."""
 
 
-class HostileHarness(Harness):
-    """The tampering harness, on a bucket URL of the test's choice (file:// or S3)."""
-
-    def __init__(self, tmp_path, secret, bucket=None, storage_options=None):
-        changes = {
-            "training": {"num_learners": 2, "checkpoint_every_steps": 1000},
-            "sync": {
-                "quorum": 1,
-                "snapshot_every": 3,
-                "window_versions": 8,
-                "evaluate_every": 2,
-                "leftover_seconds": 60,
-            },
-        }
-        recipe = Recipe.model_validate(deep_update(TINY_RECIPE, changes))
-        region = {
-            "name": "east",
-            "bucket": bucket or f"file://{tmp_path}/east",
-            "storage_options": storage_options or {},
-            "hosts": [{"learners": 2}],
-        }
-        self.spec = plan_run(recipe, RegionsFile.model_validate({"regions": [region]}), "hostile", tmp_path)
-        self.secret = secret
-        self.syncer = Syncer(self.spec, secret)
-        self.syncer._setup()
-        self.bucket = self.spec.bucket("east", secret)
-        self.learners = [self.learner(name) for name in ("east-0", "east-1")]
-
-
 @pytest.fixture
 def harness(tmp_path, secret):
-    made = HostileHarness(tmp_path, secret)
+    """The tampering harness, sweeping leftovers a minute after it first sees them."""
+    made = Harness(tmp_path, secret, leftover_seconds=60)
     yield made
     made.close()
 
@@ -142,14 +109,14 @@ def merged_keys(syncer) -> list[str]:
 
 def shown(harness) -> tuple[dict, str]:
     """What ``diloco status -o json`` shows of the region, and the plain view."""
-    harness.syncer._write_status(SyncerPhase.RUNNING, harness.syncer.clock())
+    harness.syncer.write_status(SyncerPhase.RUNNING)
     status = collect_status(harness.spec, harness.secret)
     return json.loads(render_json(status))["regions"][0], render_plain(status)
 
 
 def removed(harness) -> int:
     """Leftovers the syncer's sweepers removed, as its status counts them."""
-    return harness.syncer._status(SyncerPhase.RUNNING, harness.syncer.clock()).leftovers_removed
+    return harness.syncer.status(SyncerPhase.RUNNING).leftovers_removed
 
 
 def assert_merges_go_on(harness, planted: list[str]) -> None:
@@ -190,7 +157,7 @@ def test_frames_tagged_with_another_key_or_by_another_run_are_refused_as_markers
     )
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.refusals["east"]
+    refusals = harness.syncer.observer.refusals["east"]
     assert refusals.counts == {"marker": 2}
     reasons = {note.key: note.reason for note in refusals.recent}
     assert "tag mismatch" in reasons[forged_key] and "another run's secret" in reasons[foreign_key]
@@ -244,7 +211,7 @@ def test_a_body_that_is_not_what_its_authentic_marker_describes_is_refused_and_m
     BODIES[body](harness, second[fragment], old)
     other = FragmentIndex(1)
     harness.merge()
-    refusals = harness.syncer.refusals["east"]
+    refusals = harness.syncer.observer.refusals["east"]
     assert refusals.counts == {"payload": 1} and refusals.latest.key == second[fragment]
     assert harness.syncer.state.fragment_versions[other] > versions[other]  # the real one merged
     assert harness.syncer.state.fragment_versions[fragment] == versions[fragment]
@@ -274,7 +241,7 @@ def test_a_merged_payload_copied_to_a_new_key_or_back_to_its_own_is_never_merged
     plant(harness.bucket, key, payload, marker)
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.refusals["east"]
+    refusals = harness.syncer.observer.refusals["east"]
     assert refusals.counts == {"marker": 2} and all(
         "describes another payload" in note.reason for note in refusals.recent
     )
@@ -298,7 +265,7 @@ def test_frames_with_absurd_or_unparsable_headers_are_refused_as_markers(harness
         plant(harness.bucket, key, b"x", bad)
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.refusals["east"]
+    refusals = harness.syncer.observer.refusals["east"]
     assert refusals.counts == {"marker": 5}
     reasons = " | ".join(note.reason for note in refusals.recent)
     assert "beyond the limits" in reasons and "shorter than its 28-byte prefix" in reasons
@@ -319,11 +286,10 @@ def test_a_truncated_snapshot_is_refused_by_a_newcomer_and_rewritten_by_the_sync
     try:
         assert not harness.poll(newcomer)
         assert newcomer.refusals.counts["snapshot"] >= 1 and "frame declares" in newcomer.refusals.latest.reason
-        newcomer._heartbeat(wait=10)
+        newcomer.heartbeats.beat(wait=10)
         region, text = shown(harness)
         assert region["refusals"]["snapshot"] >= 1 and "snapshot" in text
-        harness.syncer._last["beats"] = float("-inf")
-        harness.syncer._turn()
+        harness.syncer.turn(read_heartbeats=True)
         assert harness.syncer.publication.repairs >= 1
         assert len(harness.poll(newcomer)) == 2
         harness.assert_bases_equal_the_syncers(newcomer)
@@ -349,22 +315,22 @@ def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
         Path(f"{path}.ready").write_bytes(forged)
     before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
     started = time.monotonic()
-    harness.syncer._turn()
+    harness.syncer.turn()
     flooded = time.monotonic() - started
     assert flooded < 20, f"one turn over the flood took {flooded:.1f} s"
     assert_weights_unchanged(harness.syncer, before, versions)
-    assert harness.syncer.refusals["east"].counts == {"marker": 1_000}
+    assert harness.syncer.observer.refusals["east"].counts == {"marker": 1_000}
     started = time.monotonic()
     assert_merges_go_on(harness, shaped)
     assert time.monotonic() - started < 30
     # the junk that is no payload is a leftover: removed once seen for leftover_seconds
     now = harness.syncer.clock()
-    harness.syncer._sweep(now)
+    harness.syncer.sweep(now)
     assert removed(harness) == 0
     # a few thousand per sweep, in batched requests: the flood never holds up one turn long
     deletes_before = harness.syncer.buckets["east"].store.meter.snapshot().requests
     for sweep in range(1, 7):
-        harness.syncer._sweep(now + harness.spec.recipe.sync.leftover_seconds + sweep)
+        harness.syncer.sweep(now + harness.spec.recipe.sync.leftover_seconds + sweep)
         assert removed(harness) <= 5_000 * sweep
     assert removed(harness) >= 19_000
     requests = harness.syncer.buckets["east"].store.meter.snapshot().requests - deletes_before
@@ -380,7 +346,9 @@ def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
 def test_keys_that_leave_the_payload_prefix_in_s3_are_refused_and_never_touch_what_they_name(tmp_path, secret, s3):
     """S3 keys are opaque strings: ``payloads/../x`` is a key of its own, not a path."""
     url = s3.create_bucket(f"hostile-{time.monotonic_ns()}")
-    harness = HostileHarness(tmp_path, secret, bucket=url + "/{run}", storage_options={"endpoint_url": s3.endpoint_url})
+    harness = Harness(
+        tmp_path, secret, bucket=url + "/{run}", storage_options={"endpoint_url": s3.endpoint_url}, leftover_seconds=60
+    )
     try:
         escaping = [
             "payloads/../000-000001000001.dlc",
@@ -395,15 +363,15 @@ def test_keys_that_leave_the_payload_prefix_in_s3_are_refused_and_never_touch_wh
         before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
         harness.merge()
         assert_weights_unchanged(harness.syncer, before, versions)
-        refusals = harness.syncer.refusals["east"]
+        refusals = harness.syncer.observer.refusals["east"]
         assert refusals.counts == {"marker": len(escaping)}
         assert {note.key for note in refusals.recent} == set(escaping)
         assert_merges_go_on(harness, escaping)
         listed = harness.bucket.store.list("", include_partial=True)
         assert not set(escaping) & set(listed) and decoy in listed
         now = harness.syncer.clock()
-        harness.syncer._sweep(now)
-        harness.syncer._sweep(now + harness.spec.recipe.sync.leftover_seconds)
+        harness.syncer.sweep(now)
+        harness.syncer.sweep(now + harness.spec.recipe.sync.leftover_seconds)
         listed = harness.bucket.store.list("", include_partial=True)
         assert not any(key.startswith(tuple(stray)) for key in listed) and decoy in listed
         assert harness.bucket.read_head().version == harness.syncer.state.version
@@ -420,9 +388,8 @@ def test_heartbeats_that_break_the_json_reader_are_refused_not_a_crash(harness):
     harness.learners.pop().close()  # east-1 stops beating: nothing overwrites the planted documents
     for planted in (b'{"document": ' + b"[" * 100_000, '{"document": {}, "tag": "\u00e9"}'.encode()):
         harness.bucket.store.put("heartbeats/east-1.json", planted)
-        harness.syncer._last["beats"] = float("-inf")
-        harness.syncer._turn()
-    refusals = harness.syncer.refusals["east"]
+        harness.syncer.turn(read_heartbeats=True)
+    refusals = harness.syncer.observer.refusals["east"]
     assert refusals.counts == {"heartbeat": 2}
     assert (
         "is not a sealed diloco document (RecursionError" in refusals.recent[0].reason

@@ -1,6 +1,6 @@
 """Leftovers of killed writes and strangers are swept, nothing a reader uses is."""
 
-from diloco_cli.runtime.leftovers import LeftoverSweeper, leftovers
+from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper, leftovers
 from diloco_cli.store.objects import ObjectStore
 
 KEPT = [

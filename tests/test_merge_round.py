@@ -9,7 +9,7 @@ from diloco_cli.core.anchor import BaseOutsideWindow, UpdateWindow
 from diloco_cli.core.merge import radial_directional_average, token_weight, weighted_mean
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.merge_round import RoundInput, merge_round
+from diloco_cli.runtime.syncer.merge_round import RoundInput, merge_round
 
 FP32 = CodecSpec(codec=Codec.FP32, zstd_level=0)
 

@@ -180,19 +180,19 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
 
 
 def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):
-    from diloco_cli.runtime.syncer import Syncer
+    from diloco_cli.runtime.syncer.loop import Syncer
     from diloco_cli.store.documents import SyncerPhase
-    from tests.test_tampering import Harness
+    from tests.harness import Harness
 
     harness = Harness(tmp_path, RunSecret.generate())
     harness.train(harness.learners[0], 10)
     harness.merge()
-    harness.syncer._write_status(SyncerPhase.RUNNING, harness.syncer.clock())
+    harness.syncer.write_status(SyncerPhase.RUNNING)
     before = harness.bucket.read_syncer_status().storage["east"]
     assert before.kinds["payload"].bytes_down > 0 and before.kinds["update"].bytes_up > 0
     restarted = Syncer(harness.spec, harness.secret)
-    restarted._setup()
-    restarted._write_status(SyncerPhase.RUNNING, restarted.clock())
+    restarted.start()
+    restarted.write_status(SyncerPhase.RUNNING)
     after = harness.bucket.read_syncer_status().storage["east"]
     for kind, traffic in before.kinds.items():
         assert after.kinds[kind].requests >= traffic.requests and after.kinds[kind].bytes_down >= traffic.bytes_down, (

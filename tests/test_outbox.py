@@ -4,7 +4,7 @@ send of the same install holds."""
 import threading
 import time
 
-from diloco_cli.runtime.outbox import Outbox, OutgoingPayload
+from diloco_cli.runtime.learner.outbox import Outbox, OutgoingPayload
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PAYLOAD_KEY, RegionBucket
 

@@ -96,7 +96,7 @@ def test_join_outside_a_run_says_how_to_start_one(monkeypatch):
     import torch
 
     from diloco_cli import join
-    from diloco_cli.own_loop import NotInARun
+    from diloco_cli.runtime.learner.own_loop import NotInARun
 
     for variable in ("DILOCO_MANIFEST", "DILOCO_LEARNER", "DILOCO_SECRET_FILE"):
         monkeypatch.delenv(variable, raising=False)

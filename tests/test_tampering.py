@@ -8,94 +8,12 @@ global weights keeping the step count.  After every install the learner's bases 
 the syncer's weights bit for bit.
 """
 
-import time
-
-import pytest
-import torch
-
 from diloco_cli.codec import RunSecret
-from diloco_cli.config.recipe import Recipe
-from diloco_cli.config.regions import RegionsFile
-from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.launch.plan import plan_run
-from diloco_cli.runtime.learner import Learner
-from diloco_cli.runtime.syncer import Syncer
+from diloco_cli.core.types import FragmentIndex
+from diloco_cli.runtime.syncer.loop import Syncer
 from diloco_cli.store.documents import seal
 from diloco_cli.store.region import HEAD_KEY, snapshot_key, update_key
-from tests.runs import TINY_RECIPE, deep_update
-
-
-class Harness:
-    """A syncer and two learners of one region, advanced by hand."""
-
-    def __init__(self, tmp_path, secret, checkpoint_every=1000):
-        changes = {
-            "training": {"num_learners": 2, "checkpoint_every_steps": checkpoint_every},
-            "sync": {"quorum": 1, "snapshot_every": 3, "window_versions": 8, "evaluate_every": 2},
-        }
-        recipe = Recipe.model_validate(deep_update(TINY_RECIPE, changes))
-        regions = RegionsFile.model_validate(
-            {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
-        )
-        self.spec = plan_run(recipe, regions, "tampered", tmp_path)
-        self.secret = secret
-        self.syncer = Syncer(self.spec, secret)
-        self.syncer._setup()
-        self.bucket = self.spec.bucket("east", secret)
-        self.learners = [self.learner(name) for name in ("east-0", "east-1")]
-
-    def learner(self, name, start=True):
-        """A learner's sync side, with the built-in loop behind it as ``.loop``; it polls
-        only when a test says so (:meth:`poll`)."""
-        loop = Learner(self.spec, name, self.secret)
-        loop._setup()
-        loop.sync.loop = loop
-        loop.sync.last_poll = float("inf")
-        if start:
-            loop.sync.start()
-        return loop.sync
-
-    def train(self, learner, steps):
-        """Inner steps with the sends that fall due, delivered."""
-        for _ in range(steps):
-            learner.loop._inner_step()
-        assert learner.outbox.wait_empty(10)
-
-    def merge(self):
-        """Syncer turns until nothing is left to merge (a grace window of a few
-        milliseconds may pass between two)."""
-        for _ in range(20):
-            self.syncer._turn()
-            time.sleep(0.02)
-            if not self.syncer.observed and not any(
-                r.pending or r.merging for r in self.syncer.decisions.rounds.values()
-            ):
-                return
-
-    def poll(self, learner):
-        """One poll, installed: the fragments installed."""
-        bases = {
-            p: Version(-1) if p in learner.needs_snapshot else v for p, v in learner.fragments.base_version.items()
-        }
-        return learner._apply_poll(learner._poll(bases, learner.newest_head, learner.resync_seen))
-
-    def assert_bases_equal_the_syncers(self, learner):
-        theta = self.syncer.state.theta
-        for fragment, version in learner.fragments.base_version.items():
-            assert version == self.syncer.state.fragment_versions[fragment], (fragment, version)
-            for name in learner.fragments.names(fragment):
-                assert torch.equal(learner.fragments.base[name], theta[name]), name
-
-    def close(self):
-        for learner in self.learners:
-            learner.close()
-
-
-@pytest.fixture
-def harness(tmp_path, secret):
-    made = Harness(tmp_path, secret)
-    yield made
-    made.close()
+from tests.harness import Harness
 
 
 def flip_a_byte(bucket, key, position=-40):
@@ -154,7 +72,7 @@ def test_forged_replayed_and_reordered_objects_are_refused_counted_and_shown(har
     harness.poll(reader)
     harness.assert_bases_equal_the_syncers(reader)
     # the refusals reach the heartbeat, which status shows
-    reader._heartbeat(wait=10)
+    reader.heartbeats.beat(wait=10)
     from diloco_cli.views.run_state import collect_status
 
     region = collect_status(harness.spec, harness.secret).regions[0]
@@ -178,9 +96,8 @@ def test_a_damaged_update_is_rewritten_by_the_syncer_and_installs_resume(harness
     assert fragment not in installed
     assert reader.refusals.counts.get("update", 0) >= 1
     # the reader reports it in its heartbeat; the syncer checks the object and rewrites it
-    reader._heartbeat(wait=10)
-    harness.syncer._last["beats"] = float("-inf")
-    harness.syncer._turn()
+    reader.heartbeats.beat(wait=10)
+    harness.syncer.turn(read_heartbeats=True)
     assert harness.syncer.publication.repairs >= 1
     assert harness.bucket.store.get(update_key(version, fragment)) == harness.syncer.home.read_update(version)
     assert fragment in harness.poll(reader)
@@ -198,9 +115,8 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
     try:
         assert not harness.poll(newcomer)
         assert newcomer.refusals.counts["snapshot"] >= 1 and not newcomer.fragments.installed
-        newcomer._heartbeat(wait=10)
-        harness.syncer._last["beats"] = float("-inf")
-        harness.syncer._turn()  # the syncer publishes a fresh snapshot of the present
+        newcomer.heartbeats.beat(wait=10)
+        harness.syncer.turn(read_heartbeats=True)  # the syncer publishes a fresh snapshot of the present
         assert harness.syncer.publication.repairs >= 1
         assert len(harness.poll(newcomer)) == 2
         harness.assert_bases_equal_the_syncers(newcomer)
@@ -243,6 +159,6 @@ def test_evaluations_are_committed_with_their_version_and_survive_a_restart(harn
     evaluated = [e.version for e in harness.syncer.state.evaluations]
     assert evaluated[0] == 0 and all(v % 2 == 0 for v in evaluated) and len(evaluated) >= 3
     restarted = Syncer(harness.spec, harness.secret)
-    restarted._setup()  # killed right after its last commit: nothing to redo
+    restarted.start()  # killed right after its last commit: nothing to redo
     assert [e.version for e in restarted.state.evaluations] == evaluated
     assert [e.loss for e in restarted.state.evaluations] == [e.loss for e in harness.syncer.state.evaluations]

@@ -476,7 +476,7 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     )
     beat = heartbeat_bytes(P, samples)
     links = tuple(link_traffic(s, link, period, head, status, beat) for link in s.links)
-    # the syncer calls every region at once (runtime.fanout): the slowest region sets its pace
+    # the syncer calls every region at once (runtime.syncer.fanout): the slowest region sets its pace
     busy = max(link.syncer_seconds_per_second for link in links) + merges * max(link.poll_seconds for link in links)
     factor, bottleneck = 1.0, "none"
     for link in links:

@@ -24,7 +24,7 @@ def learner(
     """Run one learner (one rank of it under torchrun): the built-in loop, or the
     recipe's ``training.entry_point`` script."""
     from diloco_cli.runtime.entry_point import run_entry_point
-    from diloco_cli.runtime.learner import Learner
+    from diloco_cli.runtime.learner.loop import Learner
     from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
@@ -44,7 +44,7 @@ def syncer(
 ) -> None:
     """Run the syncer."""
     from diloco_cli.runtime.membership import ManifestWatch
-    from diloco_cli.runtime.syncer import Syncer
+    from diloco_cli.runtime.syncer.loop import Syncer
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()

@@ -66,8 +66,9 @@ def join_process_group(device: torch.device) -> ProcessGroup:
     return ProcessGroup(rank=dist.get_rank(), world_size=world_size, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def broadcast_control(group: ProcessGroup, values: list[int], device: torch.device) -> list[int]:
-    """Rank 0's control vector on every rank (a no-op for a single process)."""
+def broadcast_ints(group: ProcessGroup, values: list[int], device: torch.device) -> list[int]:
+    """Rank 0's integers on every rank (a no-op for a single process); the learner's
+    typed records travel this way (:mod:`diloco_cli.runtime.learner.control`)."""
     if not group.distributed:
         return values
     tensor = torch.tensor(values, dtype=torch.int64, device=device)
@@ -250,7 +251,7 @@ def load_full_optimizer_state(
         if group.is_storage_rank
         else [0] * len(named)
     )
-    steps = broadcast_control(group, steps, device)
+    steps = broadcast_ints(group, steps, device)
     settings = {parameter: options for options in optimizer.param_groups for parameter in options["params"]}
     for (name, parameter), step in zip(named, steps):
         if step < 0:

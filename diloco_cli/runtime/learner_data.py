@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from diloco_cli.config.recipe import Recipe, RetryPolicy
-from diloco_cli.runtime.checkpoint import generator_state, restore_generator
 from diloco_cli.store.metering import StorageMeter
 from diloco_cli.store.retry import call_with_retries
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec
@@ -149,3 +148,12 @@ def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:
             load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length
         ).heldout
     return evaluation_batches(tokens, batch_size, data.sequence_length, recipe.sync.evaluation_batches)
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A data generator's position as text (stored in checkpoint metadata)."""
+    return bytes(generator.get_state().tolist()).hex()
+
+
+def restore_generator(generator: torch.Generator, state: str) -> None:
+    generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))

@@ -1,7 +1,7 @@
 """Publishing the global weights to every region, and keeping what was published whole.
 
 One upload per region and merge (the WAN cost), a full snapshot every S versions, then
-the head; every region at once (:mod:`diloco_cli.runtime.fanout`).  A region whose
+the head; every region at once (:mod:`diloco_cli.runtime.syncer.fanout`).  A region whose
 bucket cannot be written is *behind*: the merge is already committed, so nothing is
 lost, and the region is caught up (missing updates, the
 snapshot, the head) on a later turn of the syncer's loop.  When a learner reports a
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from diloco_cli.codec import PayloadError, RunSecret, read_header
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.runtime.fanout import FanOut
+from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.store.documents import Head, RefusalNote
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
@@ -26,23 +26,49 @@ from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, UPDATE_KEY, RegionBu
 log = logging.getLogger("diloco.syncer")
 
 
-class Publication:
-    """The syncer's side of the global objects in every region's bucket."""
+CATCH_UP_SECONDS = 5.0
+"""How often regions that missed a publication are tried again."""
 
-    def __init__(self, buckets: dict[str, RegionBucket], home: SyncerHome, secret: RunSecret, fanout: FanOut) -> None:
+
+class Publication:
+    """The syncer's side of the global objects in every region's bucket.
+
+    ``head`` and ``snapshot`` give the head and the snapshot payload of the syncer's
+    weights as they are now (what a region that is behind is given)."""
+
+    def __init__(
+        self,
+        buckets: dict[str, RegionBucket],
+        home: SyncerHome,
+        secret: RunSecret,
+        fanout: FanOut,
+        head: Callable[[], Head],
+        snapshot: Callable[[], bytes],
+    ) -> None:
         self.buckets = buckets
         self.home = home
         self.secret = secret
         self.fanout = fanout
+        self.head, self.snapshot = head, snapshot
         self.behind: set[str] = set()
         """Regions that missed a publication and must be caught up."""
         self.repairs = 0
         self._handled: set[tuple[str, str, float]] = set()
+        self._last_catch_up = float("-inf")
 
-    def publish(
-        self, version: Version, fragment: FragmentIndex, payload: bytes, snapshot: bytes | None, head: Head
-    ) -> None:
-        """The update (and snapshot) to every region that is not behind, then its head."""
+    def mark_behind(self, region: str) -> None:
+        """The region missed (or will miss) a publication: catch it up later."""
+        self.behind.add(region)
+
+    def catch_up_soon(self) -> None:
+        """Try the regions that are behind at the next :meth:`catch_up_if_due`."""
+        self._last_catch_up = float("-inf")
+
+    def publish(self, version: Version, fragment: FragmentIndex, payload: bytes, with_snapshot: bool) -> None:
+        """The update (and a snapshot of the present) to every region that is not
+        behind, then the head."""
+        head = self.head()
+        snapshot = self.snapshot() if with_snapshot else None
 
         def publish_to(name: str) -> StorageError | None:
             bucket = self.buckets[name]
@@ -63,14 +89,22 @@ class Publication:
                 log.warning("region %s missed version %d (%s); it will be caught up", name, version, error)
                 self.behind.add(name)
 
-    def catch_up(self, names: set[str], head: Head, snapshot: Callable[[], bytes]) -> None:
+    def catch_up_if_due(self, now: float, unreachable: set[str]) -> None:
+        """Every :data:`CATCH_UP_SECONDS`, catch up the regions behind that can be reached."""
+        behind = self.behind - unreachable
+        if behind and now - self._last_catch_up >= CATCH_UP_SECONDS:
+            self.catch_up(behind)
+            self._last_catch_up = now
+
+    def catch_up(self, names: set[str]) -> None:
         """Give each region in ``names`` the head's snapshot and every update it lists,
         then the head (writing an immutable object that is already there is skipped)."""
+        head = self.head()
         for name in sorted(names):
             bucket = self.buckets[name]
             try:
                 if head.snapshot_version not in bucket.snapshot_versions():
-                    bucket.write_snapshot(head.snapshot_version, snapshot())
+                    bucket.write_snapshot(head.snapshot_version, self.snapshot())
                 for version, fragment in head.recent:
                     bucket.publish_update(version, fragment, self.home.read_update(version))
                 bucket.write_head(head)
@@ -81,16 +115,25 @@ class Publication:
                 self.behind.add(name)
                 log.warning("region %s is still behind (%s)", name, error)
 
-    def repair(
-        self, region: str, note: RefusalNote, learner: str, head: Head, fresh_snapshot: Callable[[], None]
-    ) -> None:
+    def republish_snapshot(self) -> None:
+        """The head's snapshot (of the present: the caller has just made it the head's)
+        to every region, over a damaged one, then the head."""
+        payload, head = self.snapshot(), self.head()
+        for name, bucket in self.buckets.items():
+            try:
+                bucket.write_snapshot(head.snapshot_version, payload, replace=True)
+                bucket.write_head(head)
+            except StorageError:
+                self.behind.add(name)
+
+    def repair(self, region: str, note: RefusalNote, learner: str, fresh_snapshot: Callable[[], None]) -> None:
         """Check a published object a learner of ``region`` refused; rewrite it if it is
         damaged or missing.  A damaged snapshot cannot be rebuilt at its own version,
         so ``fresh_snapshot`` publishes one of the present to every region instead."""
         if (learner, note.key, note.time) in self._handled or region in self.behind:
             return
         self._handled.add((learner, note.key, note.time))
-        bucket = self.buckets[region]
+        bucket, head = self.buckets[region], self.head()
         try:
             if note.key == HEAD_KEY:
                 if _refused(lambda: bucket.read_head()):

@@ -23,7 +23,7 @@ from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.ledger import Ledger, PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.store.documents import Evaluation
+from diloco_cli.store.documents import Evaluation, Head
 from diloco_cli.store.home import CHECKPOINT_EVERY, CommitRecord, LedgerCheckpoint, SyncerHome
 
 STATE_SPEC = CodecSpec(codec="fp32", zstd_level=0)
@@ -55,6 +55,8 @@ class SyncerState:
     sync_seconds: float | None = None
     update_files: set[Version] = field(default_factory=set)
     """Versions whose update file is in the home store (to delete each once)."""
+    digests: dict[FragmentIndex, str] = field(default_factory=dict)
+    """Each fragment's digest at its version (the head lists them; readers check them)."""
 
     def fragment_theta(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
         return {name: self.theta[name] for name in self.fragments[fragment].parameter_names}
@@ -65,6 +67,28 @@ class SyncerState:
     def recent_commits(self, after: Version) -> tuple[tuple[Version, FragmentIndex], ...]:
         return tuple((version, fragment) for version, fragment in self.index if version > after)
 
+    def snapshot_due(self, version: Version, snapshot_every: int) -> bool:
+        """Whether ``version`` comes with a snapshot (one every ``snapshot_every``)."""
+        return version - self.snapshot_version >= snapshot_every
+
+    def note_snapshot(self, version: Version) -> None:
+        """A snapshot of ``version`` is (being) published: the head names it from now on."""
+        self.snapshot_version = version
+
+    def head(self, snapshot_every: int, finished: bool) -> Head:
+        """The head every region's readers start from: each fragment's version and digest,
+        the newest snapshot, and the updates since the snapshot before it."""
+        recent_from = Version(max(0, self.snapshot_version - snapshot_every))
+        return Head(
+            version=self.version,
+            fragment_versions=dict(self.fragment_versions),
+            fragment_digests=dict(self.digests),
+            snapshot_version=self.snapshot_version,
+            recent=self.recent_commits(recent_from),
+            recent_from=recent_from,
+            finished=finished,
+        )
+
     def _absorb(self, record: CommitRecord) -> None:
         """Fold one commit record into the bookkeeping (not the tensors)."""
         self.ledger.record(
@@ -72,6 +96,7 @@ class SyncerState:
             (PayloadId(r.key, r.learner, r.fragment, r.sequence) for r in record.retired),
         )
         self.index.append((record.version, record.fragment))
+        self.digests[record.fragment] = record.digest
         self.update_files.add(record.version)
         self.fragment_versions[record.fragment] = record.version
         self.version = record.version
@@ -182,6 +207,7 @@ def restore_state(
                 carries[f"{fragment}/{name}"] = tensor
     optimizer.load_state_tensors(momentum)
     publisher.load_carry_tensors(carries)
+    state.digests = {f.index: state.digest(f.index) for f in fragments}
     return state
 
 

@@ -46,7 +46,7 @@ from diloco_cli.runtime.entry_point import (
     SECRET_FILE_VARIABLE,
     STORAGE_OPTIONS_VARIABLE,
 )
-from diloco_cli.runtime.learner_sync import EXIT_FINISHED, DataPosition, LearnerSync
+from diloco_cli.runtime.learner.sync import EXIT_FINISHED, DataPosition, LearnerSync
 
 
 class NotInARun(RuntimeError):

@@ -3,7 +3,7 @@
 Started by a launcher (``diloco _learner``), possibly under ``torchrun``.  The loop reads
 top to bottom like nanoGPT's: take the step's batch, one AdamW step (with gradient
 accumulation, autocast, DDP or FSDP as the recipe says), then hand over to
-:class:`~diloco_cli.runtime.learner_sync.LearnerSync`, which sends, installs, heartbeats
+:class:`~diloco_cli.runtime.learner.sync.LearnerSync`, which sends, installs, heartbeats
 and checkpoints.  Exit codes: 0 finished, 143 stopped by a signal, 75 finished but could
 not deliver its last payloads (the supervisor restarts it and it sends them again from
 its final checkpoint), anything else a failure.
@@ -21,8 +21,8 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import LearnerId
 from diloco_cli.runtime.distributed import choose_device, join_process_group, leave_process_group, prepare_model
+from diloco_cli.runtime.learner.sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
 from diloco_cli.runtime.learner_data import LearnerData, open_learner_data
-from diloco_cli.runtime.learner_sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer, resolve_loss
@@ -48,7 +48,7 @@ class Learner:
         log.info("signal %d: finishing the step and the uploads in flight, then stopping", signum)
         self.sync.stop_requested = True
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
         training = self.recipe.training
         self.device = choose_device(training.device, int(os.environ.get("LOCAL_RANK", "0")))
         self.group = join_process_group(self.device)
@@ -85,7 +85,7 @@ class Learner:
         )
 
     def run(self) -> int:
-        self._setup()
+        self.setup()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         try:
@@ -97,7 +97,7 @@ class Learner:
             self.data.close()
             leave_process_group(self.group)
 
-    def _inner_step(self) -> None:
+    def train_step(self) -> None:
         """One inner step on this step's batch, then the learner's sync duties."""
         training = self.recipe.training
         started = time.perf_counter()
@@ -123,7 +123,7 @@ class Learner:
         self.sync.start()
         while self.sync.step < self.recipe.training.inner_steps and not self.sync.leaving:
             self._follow_data_partition()
-            self._inner_step()
+            self.train_step()
         return self.sync.finish()
 
     def _follow_data_partition(self) -> None:
@@ -134,4 +134,5 @@ class Learner:
             self.data.close()
             self.data = open_learner_data(self.spec, self.me, self.group.rank, self.group.world_size, partition)
             self.data.restore(None, self.sync.step)
-            self.data_partition, self.sync.data_position = partition, self.data
+            self.data_partition = partition
+            self.sync.track_data(self.data)

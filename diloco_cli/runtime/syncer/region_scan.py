@@ -1,6 +1,6 @@
 """One turn's look at one region's bucket: new payloads (marker and bytes) and heartbeats.
 
-The syncer scans every region at once (:mod:`diloco_cli.runtime.fanout`): a scan only
+The syncer scans every region at once (:mod:`diloco_cli.runtime.syncer.fanout`): a scan only
 reads and deletes objects and returns what it found; the syncer takes the findings in
 on its own thread.  A payload's bytes are read as soon as its marker is seen, so over a
 WAN the download overlaps the wait for a quorum instead of delaying the merge (they are
@@ -52,6 +52,8 @@ class RegionScan:
     """The heartbeats of the learners asked for (None before a learner's first)."""
     unreachable: str | None = None
     """Why the bucket could not be listed (the scan stopped there), or None."""
+    whole: bool = True
+    """Whether the scan saw everything it looked for (no storage call failed)."""
 
 
 def scan_region(
@@ -71,7 +73,7 @@ def scan_region(
         keys = bucket.payload_keys()
     except StorageError as error:
         log.warning("region %s cannot be listed now: %s", region, error)
-        scan.unreachable = str(error)
+        scan.unreachable, scan.whole = str(error), False
         return scan
     for key in keys:
         name = qualified(region, key)
@@ -90,6 +92,7 @@ def scan_region(
             scan.refused.append((key, error))
         except StorageError as error:
             log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
+            scan.whole = False
             break
     for learner in learners:
         try:
@@ -98,4 +101,5 @@ def scan_region(
             scan.heartbeats.append((learner, error))
         except StorageError as error:
             log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+            scan.whole = False
     return scan

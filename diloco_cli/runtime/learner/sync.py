@@ -1,0 +1,396 @@
+"""Everything a learner does besides training, each duty at its cadence.
+
+:class:`LearnerSync` wraps any training loop, the built-in one
+(:mod:`diloco_cli.runtime.learner.loop`) or a user's own (:func:`diloco_cli.join`): the
+loop calls :meth:`~LearnerSync.start` once, :meth:`~LearnerSync.after_step` after every
+inner optimizer step, and :meth:`~LearnerSync.finish` at the end.  ``after_step`` reads
+as the list of the learner's duties (docs/algorithm.md, "A learner"):
+
+* send every fragment now due (:mod:`.sends`, delivered in order by :mod:`.outbox`);
+* install newer global weights a finished look found (:mod:`.poller`), and follow the
+  syncer's note (:mod:`.control`); then start the next look;
+* heartbeat (:mod:`.heartbeats`) and take in a new chaos plan, every few seconds;
+* checkpoint (:mod:`.checkpoints`) every ``training.checkpoint_every_steps``;
+* a log line every few steps (:mod:`.progress`).
+
+Under ``torchrun`` every process of the learner calls these at the same points: sends,
+installs and checkpoints are collectives (the full values of sharded parameters are
+gathered to rank 0 and installed values scattered back), and only rank 0, the storage
+rank, touches storage.  Storage I/O runs on the collaborators' threads, but tensors the
+model depends on (parameters, bases, residuals, counters) are read and written by the
+training thread alone, here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+
+from diloco_cli.codec import RunSecret
+from diloco_cli.core.fragments import fragments_due, fragments_of_model
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.distributed import (
+    ProcessGroup,
+    full_parameters,
+    install_parameters,
+    load_full_optimizer_state,
+)
+from diloco_cli.runtime.global_weights import GlobalReader
+from diloco_cli.runtime.learner.checkpoints import Checkpoints, ResumePoint
+from diloco_cli.runtime.learner.control import FinalSends, Install, Instructions, StartPoint, StepControl, share
+from diloco_cli.runtime.learner.fragments import LearnerFragments
+from diloco_cli.runtime.learner.heartbeats import Heartbeats
+from diloco_cli.runtime.learner.poller import GlobalPoller, Poll
+from diloco_cli.runtime.learner.progress import Progress
+from diloco_cli.runtime.learner.sends import Sends, resume_epoch
+from diloco_cli.runtime.membership import ManifestWatch
+from diloco_cli.store.documents import LearnerState, Refusals
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.metering import StorageCounters
+from diloco_cli.store.run_spec import RunSpec
+
+log = logging.getLogger("diloco.learner")
+
+EXIT_FINISHED = 0
+EXIT_UNDELIVERED = 75
+EXIT_STOPPED = 143
+DELIVERY_SECONDS_AT_FINISH = 600.0
+"""How long a finished learner keeps trying to deliver its last payloads."""
+DELIVERY_SECONDS_AT_STOP = 20.0
+
+
+class DataPosition(Protocol):
+    """Where a training loop is in its data, saved with each checkpoint."""
+
+    def state(self) -> str:
+        """The position as text."""
+
+    def restore(self, state: str | None, step: int) -> None:
+        """Go back to a saved position; with ``None`` (no checkpoint, or not rank 0), to
+        a position computed from the step alone."""
+
+
+class LearnerSync:
+    """A learner's membership in a run, around a model and its inner optimizer."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        learner: LearnerId,
+        secret: RunSecret,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        group: ProcessGroup,
+        tokens_per_step: int,
+        data_position: DataPosition | None = None,
+        manifest: ManifestWatch | None = None,
+    ) -> None:
+        self.spec, self.recipe, self.secret = spec, spec.recipe, secret
+        self.me = spec.learner(learner)
+        self.model, self.optimizer, self.group = model, optimizer, group
+        self.tokens_per_step = tokens_per_step
+        self.data_position = data_position
+        self.manifest = manifest
+        """The run's manifest, followed for a new chaos plan (``diloco chaos``)."""
+        self.instructions = Instructions(sync_interval=self.recipe.sync.sync_interval)
+        self.progress = Progress()
+        self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
+        self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
+        training = self.recipe.training
+        storage = group.is_storage_rank
+        # On the storage rank only: the bookkeeping and the duties that touch storage.
+        self.fragments = self._new_fragments() if storage else None
+        self.bucket = spec.bucket(self.me.region, secret) if storage else None
+        self.checkpoints = Checkpoints(
+            training.checkpoint_every_steps,
+            training.inner_steps,
+            model,
+            optimizer,
+            self.parameter_names,
+            group,
+            secret,
+            self.me.id,
+            self.bucket,
+            self.fragments,
+        )
+        if storage:
+            self.refusals = Refusals()
+            epoch, previous = resume_epoch(self.bucket, self.me.id, self._refused)
+            if previous is not None:
+                self.refusals = previous.refusals.plus(self.refusals)
+            self.sends = Sends(self.bucket, self.me.id, epoch, self.fragments, self.recipe.sync.learner_codec, secret)
+            reader = GlobalReader(self.bucket, secret, self.fragment_list)
+            self.poller = GlobalPoller(self.bucket, reader, self.me.id, training.poll_seconds)
+            self.heartbeats = Heartbeats(
+                self.bucket,
+                self.me,
+                group.world_size,
+                training.inner_steps,
+                self.progress,
+                self.fragments,
+                self.sends,
+                self.refusals,
+                previous.storage if previous is not None else StorageCounters(),
+                training.heartbeat_seconds,
+            )
+
+    def _new_fragments(self) -> LearnerFragments:
+        shapes = {name: parameter.shape for name, parameter in self.model.named_parameters()}
+        return LearnerFragments(self.fragment_list, shapes, keep_unsent=self.recipe.keeps_unsent_work)
+
+    # ------------------------------------------------------------- what a loop reads
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    @property
+    def total_steps(self) -> int:
+        return self.recipe.training.inner_steps
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether ``diloco down`` (a signal) asked this learner to stop."""
+        return self.instructions.stop
+
+    @stop_requested.setter
+    def stop_requested(self, stop: bool) -> None:
+        self.instructions = replace(self.instructions, stop=stop)
+
+    @property
+    def drain_requested(self) -> bool:
+        """Whether the syncer told this learner to leave the run (``diloco scale``)."""
+        return self.instructions.drain
+
+    @property
+    def leaving(self) -> bool:
+        """Whether the loop should end now: stopped (``diloco down``) or drained."""
+        return self.instructions.leaving
+
+    @property
+    def data_partition(self) -> tuple[int, int]:
+        """(slice, number of slices) of the data to train on now: as at start, until a
+        ``diloco scale`` changes the number of active learners."""
+        return self.instructions.data_partition or self.spec.data_partition(self.me.id)
+
+    def track_data(self, position: DataPosition) -> None:
+        """Save this data position with each checkpoint from now on (a loop that opened
+        another slice of the data after the run was scaled)."""
+        self.data_position = position
+
+    # --------------------------------------------------------------------- starting
+
+    def start(self) -> int:
+        """Resume from this learner's newest checkpoint that verifies, else from the
+        global weights (keeping the step count of the newest checkpoint it had); every
+        process ends up with the same parameters, AdamW state and step.  Returns the step."""
+        resume = ResumePoint(None)
+        if self.group.is_storage_rank:
+            resume = self.checkpoints.resume_point(self.tokens_per_step, self._refused)
+            self.progress.step, self.progress.tokens = resume.step, resume.tokens
+            if resume.checkpoint is not None:
+                self.progress.checkpoint_step = resume.step
+            else:
+                self._wait_for_global_weights()
+        start = share(self.group, StartPoint(resume.step, resume.checkpoint is not None), self._device)
+        self.progress.step = start.step
+        self.resumed_at_the_end = start.step >= self.total_steps
+        checkpoint = resume.checkpoint
+        if start.from_checkpoint:
+            parameters = checkpoint.parameters if checkpoint else None
+            install_parameters(self.model, parameters, self.parameter_names, self.group)
+            optimizer_state = checkpoint.optimizer_state if checkpoint else None
+            load_full_optimizer_state(self.model, self.optimizer, optimizer_state, self.group)
+        else:
+            bases = self.fragments.base if self.group.is_storage_rank else None
+            install_parameters(self.model, bases, self.parameter_names, self.group)
+        if self.data_position is not None:
+            self.data_position.restore(checkpoint.meta.get("data") if checkpoint else None, start.step)
+        self.progress.training_since = time.time()
+        if self.group.is_storage_rank:
+            self.heartbeats.beat(LearnerState.TRAINING)
+        return start.step
+
+    def _wait_for_global_weights(self) -> None:
+        while not self.fragments.installed and not self.stop_requested:
+            self.heartbeats.beat(LearnerState.WAITING)  # with what it refused: the syncer repairs it
+            missing = {p: Version(-1) for p, v in self.fragments.base_version.items() if v < 0}
+            try:
+                self._apply(self.poller.look_now(missing))
+            except StorageError as error:
+                log.warning("looking for global weights failed: %s", error)
+            if not self.fragments.installed:
+                time.sleep(self.recipe.training.poll_seconds)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --------------------------------------------------------------------- the loop
+
+    def after_step(
+        self, loss: float | None = None, compute_seconds: float | None = None, tokens: int | None = None
+    ) -> None:
+        """After one inner optimizer step, on every process: the learner's duties, each
+        when it is due."""
+        tokens = self.tokens_per_step if tokens is None else tokens
+        step = self.progress.count_step(loss, compute_seconds, tokens)
+        storage = self.group.is_storage_rank
+        if storage:
+            self.fragments.count_step(tokens)
+        for fragment in fragments_due(step, self.instructions.sync_interval, self.recipe.sync.num_fragments):
+            self._send(fragment)
+        self._install(self.poller.take() if storage else None)
+        if storage:
+            self.poller.start_if_due(self.fragments.base_version)
+        if storage and self.heartbeats.due():
+            self.heartbeats.beat()
+            self._follow_chaos()
+        if self.checkpoints.due(step):
+            self._checkpoint()
+        if storage and self.progress.log_due():
+            log.info(self.progress.line(self.total_steps, self.fragments.base_version))
+
+    def poll_now(self) -> dict[FragmentIndex, bool]:
+        """Look for newer global weights now, on this thread, and install what was found
+        (a single-process learner; the loop's polls run on the poller's thread).  Returns
+        the fragments installed, each with whether its unsent work was kept."""
+        poll = self.poller.look_now(self.fragments.base_version)
+        return {p: how == Install.KEEP_UNSENT for p, how in enumerate(self._install(poll)) if how != Install.NONE}
+
+    # ------------------------------------------------------------------- the duties
+
+    def _send(self, fragment: FragmentIndex) -> None:
+        """Every process: gather the fragment's full values; the storage rank sends them."""
+        theta = full_parameters(self.model, self.fragment_list[fragment].parameter_names, self.group)
+        if self.group.is_storage_rank:
+            self.sends.send(fragment, theta, self.progress.step, self.progress.loss)
+
+    def _install(self, poll: Poll | None) -> tuple[Install, ...]:
+        """Every process: the storage rank applies a finished look (``poll``) to its
+        bases and follows the syncer's note; then every process takes the same
+        instructions and installs the new bases into its parameters."""
+        installs = (Install.NONE,) * len(self.fragment_list)
+        if poll is not None:
+            installed = self._apply(poll)
+            installs = tuple(
+                Install.NONE if p not in installed else Install.KEEP_UNSENT if installed[p] else Install.OVERWRITE
+                for p in range(len(self.fragment_list))
+            )
+        control = share(self.group, StepControl(self.instructions, installs), self._device)
+        self.instructions = control.instructions
+        overwritten = self._names(control.installs, Install.OVERWRITE)
+        kept = self._names(control.installs, Install.KEEP_UNSENT)
+        storage = self.group.is_storage_rank
+        if overwritten:
+            install_parameters(self.model, self.fragments.base if storage else None, overwritten, self.group)
+        if kept:  # the global version plus the work not sent yet
+            theta = full_parameters(self.model, kept, self.group)
+            with_unsent = self.fragments.with_unsent(kept, theta) if storage else None
+            install_parameters(self.model, with_unsent, kept, self.group)
+        return control.installs
+
+    def _names(self, installs: tuple[Install, ...], how: Install) -> list[str]:
+        return [
+            name for p, mode in enumerate(installs) if mode == how for name in self.fragment_list[p].parameter_names
+        ]
+
+    def _apply(self, poll: Poll) -> dict[FragmentIndex, bool]:
+        """Storage rank: what a look refused, the syncer's note, and the fetched
+        fragments into the bases (see :meth:`GlobalPoller.apply`)."""
+        for refusal in poll.refusals:
+            self._refused(refusal.kind, refusal.key, refusal.reason)
+        if poll.control is not None:
+            self.instructions = self.instructions.following(poll.control, self.recipe.sync.sync_interval)
+        installed = self.poller.apply(poll, self.fragments, self.secret, self._refused)
+        self.progress.installs += bool(installed)
+        return installed
+
+    def _checkpoint(self) -> None:
+        """Every process: a checkpoint of the learner as it is now."""
+        data = self.data_position.state() if self.data_position is not None and self.group.is_storage_rank else None
+        if self.checkpoints.save(self.progress.step, self.progress.tokens, data):
+            self.progress.checkpoint_step = self.progress.step
+
+    def _follow_chaos(self) -> None:
+        """A chaos plan given to the running run: its outages of this region, from now."""
+        spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and spec.run == self.spec.run and spec.chaos != self.spec.chaos:
+            self.bucket.store.faults = spec.faults_of(self.me.region)
+            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
+            log.info("the run's chaos plan changed: this region's storage fails as it says from now on")
+
+    def _refused(self, kind: str, key: str, reason: str) -> None:
+        log.warning("refused %s %s: %s", kind, key, reason)
+        self.refusals.record(kind, key, reason, time.time())
+
+    # ---------------------------------------------------------------------- ending
+
+    def failed(self) -> None:
+        """Report that the training loop failed (storage rank; a failure to report is logged)."""
+        if self.group.is_storage_rank:
+            try:
+                self.heartbeats.beat(LearnerState.FAILED, wait=DELIVERY_SECONDS_AT_STOP)
+            except StorageError as error:
+                log.warning("could not report the failure: %s", error)
+
+    def finish(self, finished: bool | None = None) -> int:
+        """Send what is left and deliver it, write the last checkpoint and heartbeat;
+        returns the exit code.  ``finished`` defaults to whether the step count reached
+        ``training.inner_steps`` or the run drained this learner."""
+        if finished is None:
+            finished = self.progress.step >= self.total_steps or self.drain_requested
+        code = EXIT_FINISHED if finished else EXIT_STOPPED
+        if finished:
+            # the work since each fragment's last send must count too; a learner
+            # restarted at its last step cannot know what the one before it delivered
+            due = (False,) * len(self.fragment_list)
+            if self.group.is_storage_rank:
+                f = self.fragments
+                due = tuple(
+                    f.c_tokens[p] > f.sent_tokens[p] or (self.resumed_at_the_end and f.c_steps[p] > 0)
+                    for p in f.c_steps
+                )
+            for fragment, left in enumerate(share(self.group, FinalSends(due), self._device).due):
+                if left:
+                    self._send(FragmentIndex(fragment))
+            self._checkpoint()
+        if self.group.is_storage_rank:
+            code = self._deliver(finished, code)
+        ended = "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered"
+        log.info("%s at step %d", ended, self.progress.step)
+        return code
+
+    def _deliver(self, finished: bool, code: int) -> int:
+        patience = DELIVERY_SECONDS_AT_FINISH if finished else DELIVERY_SECONDS_AT_STOP
+        outbox = self.sends.outbox
+        payloads_delivered = outbox.wait_empty(patience)
+        checkpoint_written = self.checkpoints.flush(patience)
+        state = LearnerState.FINISHED if finished else LearnerState.STOPPED
+        if finished and not (payloads_delivered and checkpoint_written):
+            log.error(
+                "after %.0f s, %d payloads are not delivered and the final checkpoint is %s; exiting so that the "
+                "supervisor restarts this learner and it sends them again",
+                patience,
+                outbox.waiting,
+                "written" if checkpoint_written else "not written",
+            )
+            state, code = LearnerState.FAILED, EXIT_UNDELIVERED
+        try:
+            self.heartbeats.beat(state, wait=patience)
+            if code == EXIT_FINISHED:  # delivered and reported: only the last one can matter now
+                self.bucket.prune_checkpoints(self.me.id, keep=1)
+        except StorageError as error:
+            log.warning("could not write the last heartbeat or tidy the checkpoints: %s", error)
+        self.close()
+        return code
+
+    def close(self) -> None:
+        """Stop the upload and poll threads (what is queued is dropped)."""
+        if self.group.is_storage_rank:
+            for duty in (self.sends, self.checkpoints, self.heartbeats, self.poller):
+                duty.close()

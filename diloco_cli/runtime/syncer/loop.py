@@ -1,0 +1,355 @@
+"""The syncer process: observe every region's bucket, decide, merge and publish, keep up.
+
+Each turn (:meth:`Syncer.turn`) reads top to bottom:
+
+1. **observe**: scan every region at once for new payloads (and, every few seconds,
+   heartbeats) (:mod:`.observation`);
+2. **decide**: fold what was seen into the pure decision state machine
+   (:func:`diloco_cli.core.decisions.step`: quorum, grace window, resync, supersede);
+3. **act**: carry out its merges (:mod:`.merging`: read, verify, merge, commit, then
+   publish), resyncs and discards;
+4. **upkeep**: repair published objects learners refused, follow the manifest
+   (``diloco scale``, ``diloco chaos``) and the control notes, catch up regions that
+   missed a publication, sweep leftovers (:mod:`.leftovers`), end the run when every
+   learner is done and nothing is left to merge, write the status (:mod:`.status`).
+
+Killed at any instant, the syncer restarts from its commits (:mod:`.state`) with no
+arrival lost and none merged twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from diloco_cli.codec import RunSecret
+from diloco_cli.codec.exact import ExactPublisher
+from diloco_cli.core import decisions
+from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.core.outer import NesterovOuterOptimizer
+from diloco_cli.core.types import LearnerId
+from diloco_cli.runtime.global_weights import encode_snapshot
+from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
+from diloco_cli.runtime.syncer.evaluation import Evaluator
+from diloco_cli.runtime.syncer.fanout import FanOut
+from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
+from diloco_cli.runtime.syncer.merging import Merger
+from diloco_cli.runtime.syncer.observation import Observer
+from diloco_cli.runtime.syncer.publication import Publication
+from diloco_cli.runtime.syncer.region_scan import payload_id
+from diloco_cli.runtime.syncer.state import SyncerState, restore_state
+from diloco_cli.runtime.syncer.status import StatusBoard
+from diloco_cli.store.documents import Head, SyncerPhase, SyncerStatus
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.retry import RetryPolicy
+from diloco_cli.store.run_spec import RunSpec
+
+log = logging.getLogger("diloco.syncer")
+
+EXIT_FINISHED = 0
+EXIT_STOPPED = 143
+HOME = "home"
+"""The syncer's home among its sweepers (the others are keyed by region)."""
+REPORTED_REFUSALS_SECONDS = 60.0
+"""Refusals learners reported up to this long before the syncer started are checked too."""
+
+
+class Syncer:
+    """The syncer of one run: :meth:`start` once, then :meth:`turn` until it finishes
+    (:meth:`run` does both, and stops on SIGTERM or SIGINT)."""
+
+    def __init__(
+        self, spec: RunSpec, secret: RunSecret, clock=time.monotonic, manifest: ManifestWatch | None = None
+    ) -> None:
+        self.spec = spec
+        self.manifest = manifest
+        """The run's manifest, followed for learners added or drained (``diloco scale``)."""
+        self.recipe = spec.recipe
+        self.secret = secret
+        self.clock = clock
+        self.stop_requested = False
+        self.finished = False
+        self.buckets = {bucket.name: bucket for bucket in spec.buckets(secret)}
+        self.home = spec.home(secret)
+        self.outcomes: list[decisions.Observation] = []
+        """What this syncer's own merges told the decisions, for the next turn."""
+        self.given_up: dict[LearnerId, str] = {}
+        self._last = {"beats": float("-inf"), "status": float("-inf"), "sweep": float("-inf")}
+        """When each periodic task of the loop last ran (syncer clock)."""
+
+    # ----------------------------------------------------------------------- start
+
+    def start(self) -> None:
+        """Restore the syncer's state from its home store and bring every region in line
+        with it (what a syncer killed before could not publish)."""
+        recipe, sync = self.recipe, self.recipe.sync
+        torch.manual_seed(recipe.training.seed)
+        model = recipe.model.build()
+        self.fragments = fragments_of_model(model, sync.num_fragments)
+        initial = {name: p.detach() for name, p in model.named_parameters()}
+        self.evaluator = Evaluator(recipe, model)
+        self.state: SyncerState = restore_state(
+            self.home,
+            self.secret,
+            self.fragments,
+            initial,
+            NesterovOuterOptimizer(recipe.outer_learning_rate, sync.outer_momentum),
+            ExactPublisher(sync.update_codec, self.secret),
+            sync.window_versions,
+            lambda theta, version: self.evaluator.evaluate(theta, version, tokens=0),
+        )
+        self.decisions = self._initial_decisions()
+        self.fanout = FanOut(len(self.buckets))
+        probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
+        self.observer = Observer(
+            self.buckets, probes, self.fanout, self.state.ledger.consumed, sync.delete_consumed_payloads, self.clock
+        )
+        self.notes = ControlNotes(self.buckets, self.observer.refused)
+        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
+        self.merger = Merger(
+            sync,
+            self.fragments,
+            self.state,
+            self.home,
+            self.secret,
+            self.observer,
+            self.publication,
+            self.evaluator,
+            self.clock,
+        )
+        self.sweepers = {
+            name: LeftoverSweeper(bucket.store, sync.leftover_seconds) for name, bucket in self.buckets.items()
+        }
+        self.sweepers[HOME] = LeftoverSweeper(self.home.store, sync.leftover_seconds, only_partial=True)
+        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.board = StatusBoard(
+            self.buckets,
+            self.home,
+            self.fanout,
+            self.state,
+            self.observer,
+            self.publication,
+            self.sweepers,
+            parameters,
+        )
+        self.board.continue_counts()
+        self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
+        self.publication.catch_up(set(self.buckets))
+
+    def _initial_decisions(self) -> decisions.DecisionState:
+        """A fresh decision state that continues the committed one (versions, windows,
+        what each learner had merged, the moving averages)."""
+        sync = self.recipe.sync
+        policy = decisions.DecisionPolicy(
+            num_learners=len(self.spec.active_learners),
+            quorum=self.recipe.quorum,
+            num_fragments=len(self.fragments),
+            grace_gamma=sync.grace_gamma,
+            overlap_steps=sync.overlap_steps,
+            max_grace_seconds=sync.max_grace_seconds,
+            liveness_timeout_seconds=sync.liveness_timeout_seconds,
+            give_up_seconds=sync.give_up_seconds,
+        )
+        state = self.state
+        versions = {
+            f.index: (state.fragment_versions[f.index], state.windows[f.index].oldest_anchorable)
+            for f in self.fragments
+        }
+        fresh = decisions.initial_state(policy, self.clock(), versions)
+        return replace(
+            fresh,
+            merged_sequence=dict(state.ledger.merged),
+            quorum_seconds=state.quorum_seconds,
+            sync_seconds=state.sync_seconds,
+        )
+
+    def head(self) -> Head:
+        return self.state.head(self.recipe.sync.snapshot_every, self.finished)
+
+    def _snapshot(self) -> bytes:
+        return encode_snapshot(self.state.theta, self.secret, self.state.version, self.state.fragment_versions)
+
+    # ------------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.start()
+        try:
+            while not self.stop_requested:
+                wake = self.turn()
+                if self.finished:
+                    return EXIT_FINISHED
+                time.sleep(max(0.0, wake - self.clock()))
+            self.write_status(SyncerPhase.STOPPED)
+            return EXIT_STOPPED
+        finally:
+            self.fanout.close()
+
+    def _request_stop(self, signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after the current merge", signum)
+        self.stop_requested = True
+
+    def turn(self, read_heartbeats: bool | None = None) -> float:
+        """One turn: observe, decide, act, upkeep; returns when to wake for the next.
+        Heartbeats are read every few seconds, or when ``read_heartbeats`` says so."""
+        now = self.clock()
+        sync = self.recipe.sync
+        if read_heartbeats is None:
+            read_heartbeats = self._due("beats", now, min(sync.status_seconds, self.recipe.training.heartbeat_seconds))
+        look = self.observer.look(self.spec, read_heartbeats)
+        for region in look.lost:
+            self.publication.mark_behind(region)
+        if look.regained:
+            self.publication.catch_up_soon()
+        observations, self.outcomes = self.outcomes + look.observations, []
+        self.decisions, actions = decisions.step(self.decisions, observations, now)
+        wake = self._act(actions, now)
+        if read_heartbeats:
+            self._repair_from_reports()
+            self._follow_manifest()
+        self.publication.catch_up_if_due(now, set(self.observer.reachability.down))
+        if self._due("sweep", now, max(1.0, sync.leftover_seconds / 4)):
+            self.sweep(now)
+        if read_heartbeats and self._over(self.clock()):
+            self._finish()
+        elif self._due("status", self.clock(), sync.status_seconds):
+            self.write_status(SyncerPhase.RUNNING)
+        return wake
+
+    def _due(self, task: str, now: float, every: float) -> bool:
+        """Whether the periodic ``task`` is due (it counts as run from now on)."""
+        if now - self._last[task] < every:
+            return False
+        self._last[task] = now
+        return True
+
+    def _act(self, actions: list[decisions.Action], now: float) -> float:
+        """Carry out the decisions' actions; returns when to decide again."""
+        wake = now + self.recipe.sync.poll_seconds
+        for action in actions:
+            if isinstance(action, decisions.Merge):
+                outcome = self.merger.merge(action, self.decisions)
+                self.outcomes.append(outcome.observation)
+                if outcome.merged is not None:
+                    self.board.merged(outcome.merged)
+                self.board.reasons[action.fragment] = action.reason
+                wake = now
+            elif isinstance(action, decisions.Resync):
+                region = self.spec.learner(action.learner).region
+                self.notes.resync(action.learner, region, action.fragment, action.reason)
+                self.observer.retire(payload_id(action.arrival.key))
+                log.info("told %s to resync: %s", action.learner, action.reason)
+            elif isinstance(action, decisions.Discard):
+                log.info("discarding %s: %s", action.arrival.key, action.reason)
+                self.observer.retire(payload_id(action.arrival.key))
+            elif isinstance(action, decisions.Wait):
+                self.board.reasons[action.fragment] = action.reason
+                if action.until is not None:
+                    wake = min(wake, action.until)
+        return wake
+
+    # ---------------------------------------------------------------------- upkeep
+
+    def _repair_from_reports(self) -> None:
+        """Check the published objects learners reported refusing; rewrite damaged ones."""
+        for learner, beat in self.observer.heartbeats.items():
+            for note in beat.refusals.recent:
+                recent = note.time >= self.board.started_at - REPORTED_REFUSALS_SECONDS
+                if note.kind in ("update", "snapshot", "head") and recent:
+                    self.publication.repair(beat.region, note, learner, self._fresh_snapshot)
+
+    def _fresh_snapshot(self) -> None:
+        """A snapshot of the present to every region (repairing a damaged one)."""
+        self.state.note_snapshot(self.state.version)
+        self.publication.republish_snapshot()
+
+    def _follow_manifest(self) -> None:
+        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
+        learners added or drained (M and K follow, and each learner gets its note: drain,
+        its slice of the data) and a new chaos plan (the buckets' outage windows)."""
+        spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and (spec.run, spec.created) != (self.spec.run, self.spec.created):
+            log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
+            spec = None
+        if spec is not None and spec.chaos != self.spec.chaos:
+            for name in self.buckets:
+                faults = spec.faults_of(name)
+                self.buckets[name].store.faults = self.observer.probes[name].store.faults = faults
+            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
+            log.info("the run's chaos plan changed: outages are injected as it says from now on")
+        if spec is not None and spec.learners != self.spec.learners:
+            self._follow_membership(spec)
+        down = set(self.observer.reachability.down)
+        self.notes.follow(self.spec, skip=down)
+        if self.recipe.sync.dynamic_local_updates:
+            live = self.decisions.live_learners(self.clock())
+            heartbeats = self.observer.heartbeats
+            times = {m: beat.step_seconds for m, beat in heartbeats.items() if m in live and beat.step_seconds}
+            self.notes.follow_speeds(self.spec, times, skip=down)
+        self.notes.deliver(skip=down)
+
+    def _follow_membership(self, spec: RunSpec) -> None:
+        """Learners added or drained: M and K follow."""
+        policy = replace(self.decisions.policy, num_learners=len(spec.active_learners), quorum=spec.recipe.quorum)
+        self.decisions = replace(self.decisions, policy=policy)
+        added = sorted({s.id for s in spec.learners} - {s.id for s in self.spec.learners})
+        drained_before = {s.id for s in self.spec.learners if s.drain}
+        draining = sorted(s.id for s in spec.learners if s.drain and s.id not in drained_before)
+        self.spec = spec
+        log.info(
+            "the run now has M=%d learners, K=%d%s%s",
+            policy.num_learners,
+            policy.quorum,
+            f"; added {', '.join(added)}" if added else "",
+            f"; draining {', '.join(draining)}" if draining else "",
+        )
+
+    def sweep(self, now: float, all_of_them: bool = False) -> None:
+        """Remove leftovers seen long enough (with ``all_of_them``, every one now)."""
+        for name, sweeper in self.sweepers.items():
+            if self.observer.is_down(name):
+                continue
+            try:
+                sweeper.sweep(now, all_of_them)
+            except StorageError as error:
+                log.warning("could not sweep %s: %s", sweeper.store.root, error)
+
+    def status(self, phase: SyncerPhase) -> SyncerStatus:
+        """The syncer's status document as of now."""
+        return self.board.status(phase, self.clock(), self.spec, self.decisions, self.given_up)
+
+    def write_status(self, phase: SyncerPhase) -> None:
+        """The status to every region that can be reached now."""
+        self.board.write(self.status(phase))
+
+    # ---------------------------------------------------------------------- ending
+
+    def _over(self, now: float) -> bool:
+        """Every learner finished or was given up, and nothing is left to merge: nothing
+        observed or in flight, and the last scan of every region that holds a learner
+        not given up saw all of it (a scan cut short may have missed a last payload)."""
+        end = decisions.run_end(self.decisions, [spec.id for spec in self.spec.learners], now)
+        self.given_up = dict(end.given_up)
+        rounds = self.decisions.rounds.values()
+        idle = self.observer.idle and not self.outcomes and not any(r.pending or r.merging for r in rounds)
+        waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
+        seen_whole = all(self.observer.whole[region] for region in waited_on)
+        return end.over and idle and seen_whole
+
+    def _finish(self) -> None:
+        state = self.state
+        if state.evaluations[-1].version != state.version:
+            tokens = sum(beat.tokens for beat in self.observer.heartbeats.values())
+            state.evaluations.append(self.evaluator.evaluate(state.theta, state.version, tokens))
+        self.finished = True
+        self.publication.catch_up(set(self.buckets))
+        self.sweep(self.clock(), all_of_them=True)  # every learner is done: nothing is in flight
+        self.write_status(SyncerPhase.FINISHED)
+        without = ", ".join(f"{m} ({why})" for m, why in sorted(self.given_up.items()))
+        log.info("finished at version %d%s", state.version, f" without {without}" if without else "")

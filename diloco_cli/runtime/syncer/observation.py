@@ -1,0 +1,227 @@
+"""What the syncer sees of every region's bucket, turned into the decisions' observations.
+
+Each turn the syncer scans every region at once (:func:`~.region_scan.scan_region` on
+:class:`~.fanout.FanOut`): new payloads (verified markers, bytes read ahead so that over a
+WAN the download overlaps the wait for a quorum) and, when asked, the learners'
+heartbeats.  :class:`Observer` takes the findings in on the syncer's thread and keeps
+what they imply until the payloads are consumed: the markers of arrivals not merged yet,
+their bytes, the payloads consumed unmerged since the last commit (*retiring*: the next
+commit's record lists them), every learner's newest heartbeat, what was refused, and
+which regions can be reached (:mod:`.reachability`).  It decides nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from diloco_cli.codec import PayloadError
+from diloco_cli.core import decisions
+from diloco_cli.core.ledger import PayloadId
+from diloco_cli.core.types import LearnerId
+from diloco_cli.runtime.syncer.fanout import FanOut
+from diloco_cli.runtime.syncer.reachability import Reachability
+from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualified, scan_region
+from diloco_cli.store.documents import Heartbeat, Refusals
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
+from diloco_cli.store.run_spec import RunSpec
+
+log = logging.getLogger("diloco.syncer")
+
+
+@dataclass
+class Look:
+    """One turn's look at every region."""
+
+    observations: list[decisions.Observation] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    """Regions that could not be reached this turn (they miss what is published)."""
+    regained: list[str] = field(default_factory=list)
+    """Regions reached again after an outage (to be caught up)."""
+
+
+class Observer:
+    """The syncer's knowledge of the regions' buckets between two commits."""
+
+    def __init__(
+        self,
+        buckets: dict[str, RegionBucket],
+        probes: dict[str, RegionBucket],
+        fanout: FanOut,
+        consumed: Callable[[PayloadId], bool],
+        delete_consumed: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.buckets, self.probes, self.fanout = buckets, probes, fanout
+        """Each region's bucket, and the same with a single try per call (a probe)."""
+        self.consumed, self.delete_consumed, self.clock = consumed, delete_consumed, clock
+        self.observed: dict[str, PayloadRecord] = {}
+        """Markers of payloads seen and not consumed yet, by qualified key."""
+        self.prefetched: dict[str, bytes] = {}
+        """Bytes of observed payloads, read as soon as their marker was seen."""
+        self.retiring: dict[str, PayloadId] = {}
+        """Payloads consumed unmerged since the last commit (its record will list them)."""
+        self.heartbeats: dict[LearnerId, Heartbeat] = {}
+        self.refusals = {name: Refusals() for name in buckets}
+        self.reachability = Reachability()
+        self.whole: dict[str, bool] = dict.fromkeys(buckets, False)
+        """Whether the region's last scan saw all of it (no listing or read failed):
+        only then can the syncer know that nothing of the region waits to be merged."""
+
+    # ------------------------------------------------------------------- looking
+
+    def look(self, spec: RunSpec, read_heartbeats: bool) -> Look:
+        """Scan every reachable region (and those due for a probe), all at once; take in
+        what each scan found, region by region."""
+        look = Look()
+        now = self.clock()
+        regions = [
+            name for name in self.buckets if not self.is_down(name) or self.reachability.due_for_probe(name, now)
+        ]
+
+        def scan(region: str) -> RegionScan:
+            learners = [learner.id for learner in spec.learners if learner.region == region] if read_heartbeats else []
+            bucket = self.probes[region] if self.is_down(region) else self.buckets[region]
+            return scan_region(
+                bucket,
+                learners,
+                known=lambda name: name in self.observed or name in self.retiring,
+                consumed=lambda name: self.consumed(payload_id(name)),
+                delete_consumed=self.delete_consumed,
+            )
+
+        for found in self.fanout.each(scan, regions):
+            self.whole[found.region] = found.whole
+            if found.unreachable is not None:
+                self._lost(found, look)
+                continue
+            since = self.reachability.reached(found.region)
+            if since is not None:
+                log.info(
+                    "region %s is reachable again after %.0f s; catching it up", found.region, self.clock() - since
+                )
+                look.regained.append(found.region)
+            look.observations += self._arrivals(found)
+            look.observations += self._heartbeats_seen(found)
+        return look
+
+    def _lost(self, scan: RegionScan, look: Look) -> None:
+        """A region that cannot be reached is skipped until a probe reaches it."""
+        if not self.is_down(scan.region):
+            log.warning(
+                "region %s is unreachable: skipping it until a probe reaches it (%s)", scan.region, scan.unreachable
+            )
+        self.reachability.failed(scan.region, scan.unreachable, self.clock())
+        look.lost.append(scan.region)
+
+    def _arrivals(self, scan: RegionScan) -> list[decisions.Observation]:
+        for key, error in scan.refused:
+            self.refused(scan.region, "marker", key, error)
+            self.retire(payload_id(qualified(scan.region, key)))
+        found: list[decisions.Observation] = []
+        for record in scan.records:
+            name = qualified(scan.region, record.key)
+            self.observed[name] = record
+            if record.key in scan.payloads:
+                self.prefetched[name] = scan.payloads[record.key]
+            arrival = decisions.Arrival(
+                record.learner,
+                record.fragment,
+                record.base_version,
+                record.c_steps,
+                record.c_tokens,
+                record.sequence,
+                name,
+            )
+            found.append(decisions.ArrivalSeen(arrival))
+        return found
+
+    def _heartbeats_seen(self, scan: RegionScan) -> list[decisions.Observation]:
+        found: list[decisions.Observation] = []
+        for learner, beat in scan.heartbeats:
+            if isinstance(beat, PayloadError):
+                self.refused(scan.region, "heartbeat", heartbeat_key(learner), beat)
+                continue
+            if beat is None:
+                continue
+            previous = self.heartbeats.get(learner)
+            self.heartbeats[learner] = beat
+            if previous is None or previous.time != beat.time:
+                found.append(decisions.HeartbeatSeen(learner, beat.step_seconds, beat.state.value))
+        return found
+
+    # ---------------------------------------------------------------- what it holds
+
+    def is_down(self, region: str) -> bool:
+        return self.reachability.is_down(region)
+
+    def reachable(self) -> list[str]:
+        return [name for name in self.buckets if not self.is_down(name)]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing observed waits to be merged."""
+        return not self.observed
+
+    def refused(self, region: str, kind: str, key: str, error: Exception) -> None:
+        log.warning("refusing %s %s in region %s: %s", kind, key, region, error)
+        self.refusals[region].record(kind, key, str(error), time.time())
+
+    def retire(self, payload: PayloadId | None) -> None:
+        """A payload consumed without a merge: the next commit's record lists it, and it
+        is deleted once that record is durable."""
+        if payload is None:
+            return
+        self.retiring[payload.key] = payload
+        self.forget([payload.key])
+
+    def forget(self, names: list[str]) -> None:
+        """Payloads consumed (merged, or retired and committed)."""
+        for name in names:
+            self.observed.pop(name, None)
+            self.prefetched.pop(name, None)
+
+    def take_retiring(self) -> dict[str, PayloadId]:
+        """The payloads retired since the last commit, for the commit that lists them."""
+        retiring, self.retiring = self.retiring, {}
+        return retiring
+
+    def bucket_and_key(self, name: str) -> tuple[RegionBucket, str]:
+        region, key = name.split(":", 1)
+        return self.buckets[region], key
+
+    def payloads(self, names: list[str]) -> dict[str, bytes | None] | StorageError:
+        """The bytes of these arrivals (None for one that vanished), read ahead or now,
+        every region at once; the error when a bucket cannot be read now (the merge
+        waits rather than drop an arrival)."""
+
+        def read(name: str) -> bytes | StorageError | None:
+            bucket, key = self.bucket_and_key(name)
+            try:
+                return bucket.read_payload(key)
+            except FileNotFoundError:
+                return None
+            except StorageError as error:
+                return error
+
+        missing = [name for name in names if name not in self.prefetched]
+        blobs = dict(zip(missing, self.fanout.each(read, missing)))
+        blobs.update({name: self.prefetched[name] for name in names if name in self.prefetched})
+        failed = [blob for blob in blobs.values() if isinstance(blob, StorageError)]
+        return failed[0] if failed else blobs
+
+    def delete(self, names: list[str]) -> None:
+        """Delete consumed payloads (the ledger says they are consumed: one whose delete
+        fails is deleted when a later scan sees it again)."""
+
+        def delete(name: str) -> None:
+            bucket, key = self.bucket_and_key(name)
+            try:
+                bucket.delete_payload(key)
+            except StorageError as error:
+                log.warning("could not delete %s: %s", name, error)
+
+        self.fanout.each(delete, names)
