@@ -116,11 +116,21 @@ class DelayProxy:
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def listen(self, host: str, port: int) -> None:
         """Start accepting on ``host:port`` (0: a free port); sets ``host`` and ``port``."""
         self._server = await asyncio.start_server(self._accept, host, port)
         self.host, self.port = host, self._server.sockets[0].getsockname()[1]
+        self._loop = asyncio.get_running_loop()
+
+    def settled_counts(self, timeout: float = 10.0) -> Counts:
+        """The counts once the proxy's loop has handled everything that reached it before
+        this call (a barrier run on that loop, from another thread).  A byte is counted
+        when the proxy reads it, before passing it on: once a request's response has
+        arrived, every byte of both has been counted."""
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop).result(timeout)
+        return self.counts
 
     async def aclose(self) -> None:
         """Stop accepting and drop every open connection."""

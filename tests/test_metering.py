@@ -29,8 +29,7 @@ def counting_proxy(server):
 
 
 def proxy_bytes(proxy) -> tuple[int, int]:
-    time.sleep(0.3)  # the proxy's loop has passed on every byte by now
-    counts = proxy.counts.as_dict()
+    counts = proxy.settled_counts().as_dict()
     return counts["bytes_to_upstream"], counts["bytes_to_client"]
 
 
