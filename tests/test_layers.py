@@ -72,9 +72,8 @@ def test_no_module_imports_from_a_layer_above_its_own():
         own = relative.parts[0] if len(relative.parts) > 1 else path.stem
         for package in imported_packages(path) - {own}:
             if layer_of(package) >= layer_of(own):
-                wrong.append(
-                    f"{relative} ({own}, layer {layer_of(own)}) imports diloco_cli.{package} (layer {layer_of(package)})"
-                )
+                above = f"diloco_cli.{package} (layer {layer_of(package)})"
+                wrong.append(f"{relative} ({own}, layer {layer_of(own)}) imports {above}")
     assert not wrong, "\n".join(wrong)
 
 
