@@ -20,8 +20,9 @@ import torch
 
 from bench._common import copy_seconds, median, print_table, seconds, write_result
 from diloco_cli.codec import Codec, CodecSpec, RunSecret, decode_payload, encode_payload
+from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.text import TextSplit, random_batch
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.training.data import TextSplit, builtin_corpus, random_batch
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 TARGETS = {

@@ -4,7 +4,7 @@ The same token dataset (random uint16 ids written with numpy in 16 MB shards, in
 as ``diloco prepare --existing`` does) lies on local disk and in a moto S3 bucket that is read
 through ``tests/delay_proxy.py`` adding 50 ms each way (a request costs a 100 ms round
 trip), both as processes of their own.  One learner streams its whole range with
-:class:`~diloco_cli.datasets.stream.TokenBatches` at the default recipe's settings
+:class:`~diloco_cli.data.tokens.stream.TokenBatches` at the default recipe's settings
 (4 MB chunks, a 64 MB cache, batches of 16 x 128 tokens): after its first batch and a
 moment for the read-ahead to start, the time to take every batch of the range in order
 is the loader's rate, tokens per second; medians of repeats, each from a fresh loader.
@@ -38,9 +38,9 @@ import torch
 
 from bench._common import median, print_table, write_result
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.datasets.existing import index_existing
-from diloco_cli.datasets.storage import Location
-from diloco_cli.datasets.stream import READ_AHEAD_CHUNKS, ShardReader, TokenBatches
+from diloco_cli.data.tokens.existing import index_existing
+from diloco_cli.data.tokens.storage import Location
+from diloco_cli.data.tokens.stream import READ_AHEAD_CHUNKS, ShardReader, TokenBatches
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 REPOSITORY = Path(__file__).resolve().parent.parent

@@ -45,7 +45,7 @@ from diloco_cli.codec import (
     read_header,
 )
 from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES
-from diloco_cli.datasets.index import DatasetError, DatasetIndex, ShardEntry, parse_index
+from diloco_cli.data.tokens.index import DatasetError, DatasetIndex, ShardEntry, parse_index
 from diloco_cli.store.documents import (
     ControlNote,
     DamagedDocument,

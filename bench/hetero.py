@@ -32,11 +32,11 @@ import torch
 from bench._common import print_table, wait_until_every_learner_trained, write_result
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.data.learner import heldout_batches
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
 from diloco_cli.runtime.export import global_model
-from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.store.home import tokens_merged
 from diloco_cli.training.inner import evaluate
 

@@ -40,10 +40,11 @@ import torch
 
 from bench._common import local_regions, print_table, result_path, write_result
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
-from diloco_cli.training.data import TextSplit, builtin_corpus, evaluation_batches, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, evaluate, inner_step, make_inner_optimizer
 from diloco_cli.views.run_state import collect_status
 

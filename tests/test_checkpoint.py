@@ -5,8 +5,9 @@ import torch
 
 from diloco_cli.codec import CorruptPayload
 from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.data.learner import generator_state, restore_generator
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.runtime.checkpoint import decode_checkpoint, encode_checkpoint, generator_state, restore_generator
+from diloco_cli.runtime.checkpoint import decode_checkpoint, encode_checkpoint
 from diloco_cli.runtime.distributed import (
     ProcessGroup,
     full_optimizer_state,

@@ -75,8 +75,8 @@ def tiny_tokenizer(vocab_size: int = 300) -> Tokenizer:
 def token_dataset(directory: Path, tokenizer: Tokenizer | None) -> Path:
     """A token dataset (nanoGPT-style shards indexed as `prepare --existing` does), with
     this tokenizer or none; returns its index."""
-    from diloco_cli.datasets.existing import index_existing
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.existing import index_existing
+    from diloco_cli.data.tokens.storage import Location
 
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("train.bin", "val.bin"):

@@ -14,9 +14,9 @@ from diloco_cli.cli.errors import reported
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 if TYPE_CHECKING:
-    from diloco_cli.datasets.prepare import Prepared
-    from diloco_cli.datasets.progress import Progress
-    from diloco_cli.datasets.storage import Retry
+    from diloco_cli.data.tokens.prepare import Prepared
+    from diloco_cli.data.tokens.progress import Progress
+    from diloco_cli.data.tokens.storage import Retry
 
 
 class CorpusFormat(str, Enum):
@@ -247,9 +247,9 @@ def prepare(
         raise ConfigError("give one of --output URL (one location) and --regions FILE (a copy in each region's bucket)")
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.datasets.corpus import Corpus
-    from diloco_cli.datasets.prepare import PrepareRequest, prepare_dataset, region_locations
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.corpus import Corpus
+    from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset, region_locations
+    from diloco_cli.data.tokens.storage import Location
 
     if regions is not None:
         locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
@@ -282,8 +282,8 @@ def _index_existing(
     overwrite: bool,
     display: Progress,
 ) -> None:
-    from diloco_cli.datasets.existing import index_existing
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.existing import index_existing
+    from diloco_cli.data.tokens.storage import Location
 
     location = Location(directory)
     index = index_existing(

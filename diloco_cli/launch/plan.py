@@ -20,11 +20,11 @@ from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
+from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
-from diloco_cli.training.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 

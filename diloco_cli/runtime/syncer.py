@@ -30,9 +30,9 @@ from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.data.learner import heldout_batches
 from diloco_cli.runtime.fanout import FanOut
 from diloco_cli.runtime.global_weights import encode_snapshot
-from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.runtime.leftovers import LeftoverSweeper
 from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.merge_round import RoundInput, merge_round
