@@ -225,9 +225,9 @@ def body_seeds() -> list[bytes]:
 def manifest_seeds() -> list[bytes]:
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.launch.plan import plan_run
+    from diloco_cli.launch.resolve import resolve_run
 
-    spec = plan_run(Recipe(), RegionsFile(), "fuzz", Path("/nonexistent/runs"))
+    spec = resolve_run(Recipe(), RegionsFile(), "fuzz", Path("/nonexistent/runs"))
     return [spec.to_json().encode(), json.dumps({"spec": json.loads(spec.to_json())}).encode()]
 
 

@@ -37,9 +37,9 @@ def make_run(runs_dir: Path) -> str:
     """A run on disk (record, secret, manifests, an empty log) that nothing executes."""
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
+    from diloco_cli.launch.resolve import create_run_directory, resolve_run, write_manifests
 
-    spec = plan_run(Recipe(), RegionsFile(), "startup", runs_dir)
+    spec = resolve_run(Recipe(), RegionsFile(), "startup", runs_dir)
     run_dir, _ = create_run_directory(runs_dir, spec, launcher="local")
     write_manifests(spec)
     (run_dir / "logs" / "syncer.log").write_text("a line of log\n")

@@ -25,7 +25,7 @@ from diloco_cli.codec.frame import PREFIX
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import FragmentIndex
-from diloco_cli.launch.plan import plan_run
+from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.runtime.syncer import Syncer
 from diloco_cli.store.documents import SyncerPhase
 from diloco_cli.store.region import MARKER_SPEC, payload_key, snapshot_key
@@ -59,7 +59,7 @@ class HostileHarness(Harness):
             "storage_options": storage_options or {},
             "hosts": [{"learners": 2}],
         }
-        self.spec = plan_run(recipe, RegionsFile.model_validate({"regions": [region]}), "hostile", tmp_path)
+        self.spec = resolve_run(recipe, RegionsFile.model_validate({"regions": [region]}), "hostile", tmp_path)
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
         self.syncer._setup()

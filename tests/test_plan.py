@@ -14,11 +14,11 @@ from diloco_cli.bandwidth.model import (
     ring_region_crossings,
     smallest_sync_interval,
 )
-from diloco_cli.bandwidth.plan import Plan
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.traffic_plan import TrafficPlan
 from diloco_cli.cli.app import app
-from diloco_cli.cli.plan_command import render_plan
 from diloco_cli.config.errors import ConfigError
+from diloco_cli.views.traffic_plan import render_traffic_plan
 
 runner = CliRunner()
 
@@ -111,7 +111,8 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
 
 def test_text_shows_the_same_numbers_as_json(planned):
     plan, _ = planned
-    text = render_plan(Plan.model_validate(plan))  # the same plan (a second one would time its encodes anew)
+    # the same plan (a second one would time its encodes anew)
+    text = render_traffic_plan(TrafficPlan.model_validate(plan))
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
     assert (
@@ -152,10 +153,10 @@ def test_the_suggested_interval_reaches_the_target_and_half_of_it_does_not(plann
 
 
 def test_an_unreachable_target_reports_the_best_it_found():
-    from diloco_cli.bandwidth.plan import build_plan
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.recipe import Recipe
 
-    plan = build_plan(Recipe(), parameters=10_000, step_seconds=0.5, link_mbit=0.005, latency_ms=300)
+    plan = build_traffic_plan(Recipe(), parameters=10_000, step_seconds=0.5, link_mbit=0.005, latency_ms=300)
     s = plan.suggestion
     assert not s.reached and s.sync_interval == 300 and (s.upload_codec, s.update_codec) == ("int4", "int4")
     assert s.compute_share < 0.9 and plan.diloco.network_factor < 1
@@ -385,13 +386,13 @@ def test_providers_and_what_bytes_and_requests_cost():
 def test_a_two_cloud_plan_prices_its_links():
     from pathlib import Path
 
-    from diloco_cli.bandwidth.plan import build_plan
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
 
     regions = load_model(RegionsFile, Path(__file__).parent.parent / "regions" / "two-cloud.yaml")
-    plan = build_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
     costs = plan.costs
     assert costs is not None and costs.syncer_provider is None  # the syncer runs here, outside any cloud
     by_region = {link.region: link for link in costs.links}

@@ -17,7 +17,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.launch.plan import plan_run
+from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.runtime.learner import Learner
 from diloco_cli.runtime.syncer import Syncer
 from diloco_cli.store.documents import seal
@@ -37,7 +37,7 @@ class Harness:
         regions = RegionsFile.model_validate(
             {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
         )
-        self.spec = plan_run(recipe, regions, "tampered", tmp_path)
+        self.spec = resolve_run(recipe, regions, "tampered", tmp_path)
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
         self.syncer._setup()

@@ -1,7 +1,7 @@
 """What a plan measures on this machine: timed inner steps and real encoder sizes.
 
 The formulas of :mod:`diloco_cli.bandwidth.model` take numbers that no formula gives:
-they depend on the model, the codecs and the machine.  :mod:`diloco_cli.bandwidth.plan`
+they depend on the model, the codecs and the machine.  :mod:`diloco_cli.bandwidth.traffic_plan`
 measures them here rather than estimating them, so that a plan predicts the traffic and
 the compute share of the run it describes:
 

@@ -1,7 +1,7 @@
 """The traffic model of a Decoupled DiLoCo run, and synchronous data-parallel beside it.
 
 Pure formulas over numbers: nothing here reads a file, builds a model or looks at a
-clock.  :mod:`diloco_cli.bandwidth.plan` measures the inputs (an inner step, the real
+clock.  :mod:`diloco_cli.bandwidth.traffic_plan` measures the inputs (an inner step, the real
 size of every payload the codecs make, the training thread's time to encode and apply
 them, with :mod:`diloco_cli.bandwidth.measure`) and calls :func:`predict` and
 :func:`predict_data_parallel`.  The sizes of the JSON documents (head, heartbeats,

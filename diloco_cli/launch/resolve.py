@@ -1,4 +1,4 @@
-"""Planning a run: recipe + regions -> a RunSpec, checked before anything starts.
+"""Resolving a run: recipe + regions -> a RunSpec, checked before anything starts.
 
 Everything a user can get wrong is checked here, and reported with the file and key or
 the bucket it concerns: the learner count, the data source, every bucket (a probe object
@@ -41,7 +41,9 @@ def new_run_name(recipe: Recipe) -> str:
     return f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources = Sources()) -> RunSpec:
+def resolve_run(
+    recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources = Sources()
+) -> RunSpec:
     """Resolve a run; raises ConfigError naming the file and key of any inconsistency."""
     if not RUN_NAME.match(run):
         raise ConfigError(f"run name {run!r}: use lowercase letters, digits and dashes (at most 63)")
