@@ -295,6 +295,43 @@ def test_mistakes_are_one_line_errors():
     assert result.exit_code == 2 and "region(s) mars" in result.output
 
 
+LOSS_CALLS: list[tuple[int, bool]] = []
+
+
+def counting_loss(model, inputs, targets):
+    """A ``training.loss`` that records each call: its micro-batch's size, and whether it
+    ran under bf16 autocast."""
+    import torch
+
+    from diloco_cli.training.inner import language_model_loss
+
+    LOSS_CALLS.append((inputs.shape[0], torch.is_autocast_enabled("cpu")))
+    return language_model_loss(model, inputs, targets)
+
+
+def test_the_timed_step_is_the_learners_step_with_the_recipes_loss_precision_and_micro_batches():
+    from diloco_cli.bandwidth.measure import measure_step_seconds
+    from diloco_cli.config.recipe import Recipe
+
+    recipe = Recipe.model_validate(
+        {
+            "model": {"kwargs": {"num_layers": 1, "width": 32, "num_heads": 2, "context": 16}},
+            "data": {"sequence_length": 16},
+            "training": {
+                "batch_size": 4,
+                "micro_batch_size": 2,
+                "precision": "bf16",
+                "loss": f"{__name__}:counting_loss",
+                "device": "cpu",
+            },
+        }
+    )
+    LOSS_CALLS.clear()
+    seconds, device = measure_step_seconds(recipe, warm_steps=1, timed_steps=2)
+    assert seconds > 0 and device == "cpu"
+    assert LOSS_CALLS == [(2, True)] * 6  # 3 steps of 2 micro-batches of 2 sequences, under bf16 autocast
+
+
 # ------------------------------------------------------------------------- prices
 
 
