@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench._common import median, print_table, write_result
+from bench._common import benchmark_parser, median, print_table, write_and_report
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.data.tokens.existing import index_existing
 from diloco_cli.data.tokens.storage import Location
@@ -227,10 +227,7 @@ def verdicts(results: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run for the test suite (~30 seconds)")
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "a small run for the test suite (~30 seconds)").parse_args(argv)
     args.megabytes = 32 if args.quick else 256
     args.repeats = 2 if args.quick else 5
     args.model_steps = 3 if args.quick else 20
@@ -248,7 +245,6 @@ def main(argv: list[str] | None = None) -> dict:
         "model_steps": args.model_steps,
         "threads": 1,
     }
-    path = write_result("data", args.quick, settings, results, args.output)
     print_table(
         results["rows"],
         ["source", "repeat", "tokens_per_second", "stalled_batches", "stall_seconds", "link_bytes_per_range_byte"],
@@ -262,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}"
         )
-    print(f"wrote {path}")
+    write_and_report("data", args, settings, results)
     return results
 
 

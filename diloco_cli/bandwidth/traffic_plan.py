@@ -49,6 +49,7 @@ from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices,
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
+from diloco_cli.store.region import SEQUENCE_PER_EPOCH
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -371,7 +372,7 @@ def build_traffic_plan(
             **{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")},
             "learner": learner_id,
             "fragment": P - 1,
-            "sequence": 1_000_000 * 9 + version,
+            "sequence": 9 * SEQUENCE_PER_EPOCH + version,  # a send in epoch 9: a learner restarted a few times
             "bytes": max(uploads[upload_codec].bytes),
         }
     )
