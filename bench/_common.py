@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -67,6 +68,27 @@ def write_result(name: str, quick: bool, settings: dict[str, Any], results: Any,
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"benchmark": name, "quick": quick, "machine": machine(), "settings": settings, "results": results}
     path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def benchmark_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its module docstring's first line, ``--quick`` (what
+    the test suite runs) and ``--output``; the benchmark adds its own options."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument(
+        "--output", type=Path, help="where to write the JSON result (default: bench/results/NAME[.quick].json)"
+    )
+    return parser
+
+
+def write_and_report(
+    name: str, args: argparse.Namespace, settings: dict[str, Any], results: Any, note: str = ""
+) -> Path:
+    """Write the result as :func:`write_result` does (``args.quick``, ``args.output``),
+    then print ``wrote PATH`` (and ``note``) as the benchmark's last line."""
+    path = write_result(name, args.quick, settings, results, args.output)
+    print(f"wrote {path}{note}")
     return path
 
 

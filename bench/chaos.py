@@ -23,13 +23,12 @@ storage down for a while (``diloco up --chaos``).  Reported:
 
 from __future__ import annotations
 
-import argparse
 import random
 import tempfile
 import time
 from pathlib import Path
 
-from bench._common import print_table, wait_until_every_learner_trained, write_result
+from bench._common import benchmark_parser, print_table, wait_until_every_learner_trained, write_and_report
 from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.launch.operations import stop_run
@@ -127,10 +126,7 @@ def predicted_goodput(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "a tiny model (the test suite)").parse_args(argv)
     recipe, spec = recipe_for(args.quick), chaos_spec(args.quick)
     with tempfile.TemporaryDirectory(prefix="diloco-chaos-") as directory:
         calm = run(recipe, "calm", Path(directory), None)
@@ -184,9 +180,6 @@ def main(argv: list[str] | None = None) -> dict:
             },
         },
     }
-    path = write_result(
-        "chaos", args.quick, {"recipe": recipe.model_dump(mode="json"), "chaos": spec}, results, args.output
-    )
     print_table(
         [
             {
@@ -202,8 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(
         f"goodput {goodput:.1%}, progress goodput {progress:.1%}, {relative:.1%} of the fault-free run's "
-        f"{calm_goodput:.1%} (simulator {predicted:.1%}); loss gap {loss_gap:+.2%}\nwrote {path}"
+        f"{calm_goodput:.1%} (simulator {predicted:.1%}); loss gap {loss_gap:+.2%}"
     )
+    write_and_report("chaos", args, {"recipe": recipe.model_dump(mode="json"), "chaos": spec}, results)
     return results
 
 

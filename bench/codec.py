@@ -14,14 +14,14 @@ same buffer (the physical reference); medians of repeats.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from bench._common import copy_seconds, median, print_table, seconds, write_result
+from bench._common import benchmark_parser, copy_seconds, median, print_table, seconds, write_and_report
 from diloco_cli.codec import Codec, CodecSpec, RunSecret, decode_payload, encode_payload
+from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.text import TextSplit, random_batch
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.training.data import TextSplit, builtin_corpus, random_batch
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 TARGETS = {
@@ -150,10 +150,7 @@ def verdicts(results: dict) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run for the test suite (~1 minute)")
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "a small run for the test suite (~1 minute)").parse_args(argv)
     args.train_steps = 10 if args.quick else 50
     args.synthetic_mb = 16 if args.quick else 128
     args.repeats = 3 if args.quick else 7
@@ -166,7 +163,6 @@ def main(argv: list[str] | None = None) -> dict:
         "block_size": 64,
         "threads": 1,
     }
-    path = write_result("codec", args.quick, settings, results, args.output)
     print_table(
         results["rows"],
         [
@@ -186,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}"
         )
-    print(f"wrote {path}")
+    write_and_report("codec", args, settings, results)
     return results
 
 

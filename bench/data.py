@@ -4,7 +4,7 @@ The same token dataset (random uint16 ids written with numpy in 16 MB shards, in
 as ``diloco prepare --existing`` does) lies on local disk and in a moto S3 bucket that is read
 through ``tests/delay_proxy.py`` adding 50 ms each way (a request costs a 100 ms round
 trip), both as processes of their own.  One learner streams its whole range with
-:class:`~diloco_cli.datasets.stream.TokenBatches` at the default recipe's settings
+:class:`~diloco_cli.data.tokens.stream.TokenBatches` at the default recipe's settings
 (4 MB chunks, a 64 MB cache, batches of 16 x 128 tokens): after its first batch and a
 moment for the read-ahead to start, the time to take every batch of the range in order
 is the loader's rate, tokens per second; medians of repeats, each from a fresh loader.
@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench._common import median, print_table, write_result
+from bench._common import benchmark_parser, median, print_table, write_and_report
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.datasets.existing import index_existing
-from diloco_cli.datasets.storage import Location
-from diloco_cli.datasets.stream import READ_AHEAD_CHUNKS, ShardReader, TokenBatches
+from diloco_cli.data.tokens.existing import index_existing
+from diloco_cli.data.tokens.storage import Location
+from diloco_cli.data.tokens.stream import READ_AHEAD_CHUNKS, ShardReader, TokenBatches
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -227,10 +227,7 @@ def verdicts(results: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small run for the test suite (~30 seconds)")
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "a small run for the test suite (~30 seconds)").parse_args(argv)
     args.megabytes = 32 if args.quick else 256
     args.repeats = 2 if args.quick else 5
     args.model_steps = 3 if args.quick else 20
@@ -248,7 +245,6 @@ def main(argv: list[str] | None = None) -> dict:
         "model_steps": args.model_steps,
         "threads": 1,
     }
-    path = write_result("data", args.quick, settings, results, args.output)
     print_table(
         results["rows"],
         ["source", "repeat", "tokens_per_second", "stalled_batches", "stall_seconds", "link_bytes_per_range_byte"],
@@ -262,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{name}: {verdict['measured']:.3f} (target >= {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}"
         )
-    print(f"wrote {path}")
+    write_and_report("data", args, settings, results)
     return results
 
 

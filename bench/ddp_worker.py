@@ -55,8 +55,8 @@ import torch.distributed as dist
 
 from diloco_cli.config.loading import load_model
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.runtime.learner_data import data_generator
-from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
+from diloco_cli.data.learner import data_generator
+from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, evaluate, language_model_loss, make_inner_optimizer
 
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -18,7 +18,6 @@ reader's typed errors; anything else escaping is reported with the input that ca
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
@@ -34,7 +33,7 @@ from typing import Any
 import fsspec
 import torch
 
-from bench._common import print_table, write_result
+from bench._common import benchmark_parser, print_table, write_and_report
 from diloco_cli.codec import (
     CodecSpec,
     PayloadError,
@@ -45,7 +44,7 @@ from diloco_cli.codec import (
     read_header,
 )
 from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES
-from diloco_cli.datasets.index import DatasetError, DatasetIndex, ShardEntry, parse_index
+from diloco_cli.data.tokens.index import DatasetError, DatasetIndex, ShardEntry, parse_index
 from diloco_cli.store.documents import (
     ControlNote,
     DamagedDocument,
@@ -225,9 +224,9 @@ def body_seeds() -> list[bytes]:
 def manifest_seeds() -> list[bytes]:
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.launch.plan import plan_run
+    from diloco_cli.launch.resolve import resolve_run
 
-    spec = plan_run(Recipe(), RegionsFile(), "fuzz", Path("/nonexistent/runs"))
+    spec = resolve_run(Recipe(), RegionsFile(), "fuzz", Path("/nonexistent/runs"))
     return [spec.to_json().encode(), json.dumps({"spec": json.loads(spec.to_json())}).encode()]
 
 
@@ -508,12 +507,10 @@ def fuzz(target: Target, seconds: float, seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 s per target (the test suite)")
+    parser = benchmark_parser(__doc__, "2 s per target (the test suite)")
     parser.add_argument("--seconds", type=float, help="per target (default 75: 10 minutes in all; --quick: 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", help="run only the targets whose name contains this")
-    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     seconds = args.seconds or (2.0 if args.quick else 75.0)
@@ -535,9 +532,8 @@ def main(argv: list[str] | None = None) -> dict:
         "met": all(row["untyped"] == 0 for row in rows),
     }
     settings = {"seconds_per_target": seconds, "seed": args.seed, "targets": [target.name for target in targets]}
-    path = write_result("fuzz", args.quick, settings, results, args.output)
     print_table(rows, ["target", "inputs", "inputs_per_second", "accepted", "distinct_typed_errors", "untyped"])
-    print(f"wrote {path}")
+    write_and_report("fuzz", args, settings, results)
     return results
 
 

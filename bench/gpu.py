@@ -25,17 +25,15 @@ Not measured: several learners sharing one GPU (``diloco up`` with a GPU recipe)
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench._common import median, print_table, seconds, write_result
+from bench._common import benchmark_parser, median, print_table, seconds, write_and_report
 from diloco_cli.codec import Codec, CodecSpec, RunSecret, decode_payload, encode_payload
 from diloco_cli.config.recipe import ModelConfig, Recipe
 from diloco_cli.runtime.distributed import ProcessGroup, full_parameters, install_parameters, prepare_model
@@ -309,12 +307,10 @@ def measure(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__, "tiny models, a few steps (for the test suite)")
     parser.add_argument(
         "--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: to exercise the code paths)"
     )
-    parser.add_argument("--quick", action="store_true", help="tiny models, a few steps (for the test suite)")
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -332,7 +328,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "learning_rate": LEARNING_RATE,
         "gradient_clip": GRADIENT_CLIP,
     }
-    path = write_result("gpu", args.quick, settings, results, args.output)
     peak = results["peak_bf16_TFLOPs"]
     print(
         f"device: {results['device']}, peak dense bf16: {f'{peak:g} TFLOP/s' if peak else 'unknown (so MFU unknown)'}"
@@ -345,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         results["codec"],
         ["codec", "fp32_MB", "payload_MB", "same_payload_as_cpu", "same_values_as_cpu", "encode_MBps", "decode_MBps"],
     )
-    print(f"wrote {path} in {results['total_seconds']:.0f} s")
+    write_and_report("gpu", args, settings, results, note=f" in {results['total_seconds']:.0f} s")
     return results
 
 

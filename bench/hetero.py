@@ -21,7 +21,6 @@ still unsent when the run was stopped).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -29,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from bench._common import print_table, wait_until_every_learner_trained, write_result
+from bench._common import benchmark_parser, print_table, wait_until_every_learner_trained, write_and_report
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.data.learner import heldout_batches
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
 from diloco_cli.runtime.export import global_model
-from diloco_cli.runtime.learner_data import heldout_batches
 from diloco_cli.store.home import tokens_merged
 from diloco_cli.training.inner import evaluate
 
@@ -117,8 +116,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model, 15 s per setting")
+    parser = benchmark_parser(__doc__, "a tiny model, 15 s per setting")
     parser.add_argument("--seconds", type=float, help="wall time of training per setting")
     parser.add_argument(
         "--settings",
@@ -128,7 +126,6 @@ def main(argv: list[str] | None = None) -> dict:
         metavar="SETTING",
         help=f"which settings to run (default: all of {', '.join(SETTINGS)})",
     )
-    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     wall = args.seconds or (15.0 if args.quick else 240.0)
@@ -153,10 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_seconds": wall,
         "recipe": json.loads(recipe_for(args.quick, {}).model_dump_json()),
     }
-    path = write_result("hetero", args.quick, settings, results, args.output)
     print_table(rows, ["setting", "loss", "versions", "compute_share", "merged_share", "goodput"])
     verdict = "not measured (run the K=M and K=1 grace settings)" if met is None else "met" if met else "missed"
-    print(f"target ({TARGET}): {verdict}\nwrote {path}")
+    print(f"target ({TARGET}): {verdict}")
+    write_and_report("hetero", args, settings, results)
     return results
 
 

@@ -14,15 +14,13 @@ restore are reported, with each one's ratio to the first.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from bench._common import print_table, write_result
+from bench._common import benchmark_parser, print_table, write_and_report
 from diloco_cli.codec import Codec, CodecSpec, RunSecret, encode_payload
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core.fragments import fragments_of_model
@@ -133,10 +131,8 @@ def measure_restart(history: GrowingHome, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100, 300 and 1,000 commits")
+    parser = benchmark_parser(__doc__, "100, 300 and 1,000 commits")
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     bases = (100, 300, 1000) if args.quick else (100, 1000, 10_000)
@@ -184,9 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
         "window": WINDOW,
         "snapshot_every": SNAPSHOT_EVERY,
     }
-    path = write_result("ledger", args.quick, settings, results, args.output)
     print_table(rows, ["commits", "since_checkpoint", "restart_seconds", "requests", "ratio_to_smallest"])
-    print(f"wrote {path}")
+    write_and_report("ledger", args, settings, results)
     return results
 
 

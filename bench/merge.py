@@ -14,7 +14,6 @@ next to a naive reference that stacks M fp32 copies and takes their mean.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import copy_seconds, median, print_table, seconds, write_result
+from bench._common import benchmark_parser, copy_seconds, median, print_table, seconds, write_and_report
 
 TENSORS_PER_FRAGMENT = 4
 ROUNDS = 3
@@ -219,11 +218,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         directory, megabytes, learners, secret_hex = argv[1:5]
         print(json.dumps(child(Path(directory), int(megabytes), int(learners), secret_hex, "--naive" in argv)))
         return None
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a small run for the test suite: 8 MB fragments, M of 2 and 16 (~10 s)"
-    )
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
+    parser = benchmark_parser(__doc__, "a small run for the test suite: 8 MB fragments, M of 2 and 16 (~10 s)")
     args = parser.parse_args(argv)
     sizes = [8] if args.quick else [1, 16, 256, 1024]
     learner_counts = [2, 16] if args.quick else [2, 4, 8, 16]  # each a process of its own (~2 s to start)
@@ -240,13 +235,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         "threads": 1,
         "naive_limit_MB": naive_limit,
     }
-    path = write_result("merge", args.quick, settings, results, args.output)
     print_table(
         rows, ["fragment_MB", "M", "method", "round_seconds", "throughput_MBps", "throughput_vs_copy", "peak_extra_MB"]
     )
     for name, verdict in results["targets"].items():
         print(f"{name}: {verdict} ")
-    print(f"wrote {path}")
+    write_and_report("merge", args, settings, results)
     return results
 
 

@@ -38,12 +38,13 @@ from pathlib import Path
 
 import torch
 
-from bench._common import local_regions, print_table, result_path, write_result
+from bench._common import benchmark_parser, local_regions, print_table, result_path, write_result
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.launch.up import launch
-from diloco_cli.training.data import TextSplit, builtin_corpus, evaluation_batches, load_text, random_batch
 from diloco_cli.training.inner import InnerSchedule, evaluate, inner_step, make_inner_optimizer
 from diloco_cli.views.run_state import collect_status
 
@@ -183,8 +184,7 @@ def mean(rows: list[dict], key: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model and budget, 2 learners (about a minute)")
+    parser = benchmark_parser(__doc__, "a tiny model and budget, 2 learners (about a minute)")
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
     parser.add_argument(
         "--seeds", type=int, default=2, help="seeds of the headline rows (data-parallel, Decoupled K=1)"
@@ -200,7 +200,6 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--sync-intervals", default="10,25,50", help="the values of H to tune over")
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each tuning run")
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
     parser.add_argument(
         "--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest"
     )

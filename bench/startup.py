@@ -14,7 +14,6 @@ every parameter through pydantic).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._common import print_table, write_result
+from bench._common import benchmark_parser, print_table, write_and_report
 
 TARGET_RATIO = 3.0
 PROBE = (
@@ -37,9 +36,9 @@ def make_run(runs_dir: Path) -> str:
     """A run on disk (record, secret, manifests, an empty log) that nothing executes."""
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
+    from diloco_cli.launch.resolve import create_run_directory, resolve_run, write_manifests
 
-    spec = plan_run(Recipe(), RegionsFile(), "startup", runs_dir)
+    spec = resolve_run(Recipe(), RegionsFile(), "startup", runs_dir)
     run_dir, _ = create_run_directory(runs_dir, spec, launcher="local")
     write_manifests(spec)
     (run_dir / "logs" / "syncer.log").write_text("a line of log\n")
@@ -60,10 +59,8 @@ def heavy_imports(arguments: list[str], cwd: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 repeats")
+    parser = benchmark_parser(__doc__, "5 repeats")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     repeats = 5 if args.quick else args.repeats
     with tempfile.TemporaryDirectory(prefix="diloco-startup-") as directory:
@@ -104,9 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
         if row["command"].startswith("diloco")
     }
     results = {"rows": rows, "targets": targets}
-    path = write_result("startup", args.quick, {"repeats": repeats}, results, args.output)
     print_table(rows, ["command", "median_seconds", "ratio", "heavy_imports"])
-    print(f"wrote {path}")
+    write_and_report("startup", args, {"repeats": repeats}, results)
     return results
 
 

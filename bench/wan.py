@@ -63,7 +63,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._common import print_table, write_result
+from bench._common import benchmark_parser, print_table, write_result
 from bench.ddp_worker import launch_local
 from bench.wan_diloco import (
     REGIONS,
@@ -288,10 +288,7 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a tiny model and budget, 2 regions x 1 learner (~1 minute)"
-    )
+    parser = benchmark_parser(__doc__, "a tiny model and budget, 2 regions x 1 learner (~1 minute)")
     parser.add_argument(
         "--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)"
     )
@@ -327,7 +324,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
-    parser.add_argument("--output", type=Path, help="where to write the JSON result")
     args = parser.parse_args(argv)
     if args.sweep and args.quick:
         parser.error("--sweep is for the full mode only")

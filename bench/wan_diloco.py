@@ -224,7 +224,7 @@ class Processes:
 def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) -> dict:
     """The whole run, learners and syncer in their namespaces; what it measured."""
     from diloco_cli.bandwidth.prices import load_prices
-    from diloco_cli.launch.plan import create_run_directory
+    from diloco_cli.launch.resolve import create_run_directory
     from diloco_cli.launch.up import resolve
     from diloco_cli.views.report import collect_report, render_json
     from diloco_cli.views.run_state import read_buckets

@@ -11,9 +11,9 @@ import os
 import torch
 from transformers import Trainer, TrainingArguments
 
+from diloco_cli.data.corpora import builtin_corpus
 from diloco_cli.hf_trainer import DilocoCallback
 from diloco_cli.models.hf import causal_lm
-from diloco_cli.training.data import builtin_corpus
 
 SEQUENCE, BATCH = 64, 8
 

@@ -10,8 +10,8 @@ import torch
 from torch.nn import functional as F
 
 import diloco_cli
+from diloco_cli.data.corpora import builtin_corpus
 from diloco_cli.models.gpt import byte_gpt
-from diloco_cli.training.data import builtin_corpus
 
 SEQUENCE, BATCH = 64, 8
 

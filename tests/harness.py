@@ -9,7 +9,7 @@ import torch
 
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.launch.plan import plan_run
+from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.runtime.learner.loop import Learner
 from diloco_cli.runtime.syncer.loop import Syncer
 from tests.runs import TINY_RECIPE, deep_update
@@ -32,7 +32,7 @@ class Harness:
             "storage_options": storage_options or {},
             "hosts": [{"learners": 2}],
         }
-        self.spec = plan_run(recipe, RegionsFile.model_validate({"regions": [region]}), "tampered", tmp_path)
+        self.spec = resolve_run(recipe, RegionsFile.model_validate({"regions": [region]}), "tampered", tmp_path)
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
         self.syncer.start()

@@ -5,6 +5,7 @@ import torch
 
 from diloco_cli.codec import CorruptPayload
 from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.data.learner import generator_state, restore_generator
 from diloco_cli.models.gpt import byte_gpt
 from diloco_cli.runtime.distributed import (
     ProcessGroup,
@@ -15,7 +16,6 @@ from diloco_cli.runtime.distributed import (
 )
 from diloco_cli.runtime.learner.checkpoints import decode_checkpoint, encode_checkpoint
 from diloco_cli.runtime.learner.fragments import LearnerFragments
-from diloco_cli.runtime.learner_data import generator_state, restore_generator
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 ONE_PROCESS = ProcessGroup()

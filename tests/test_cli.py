@@ -37,7 +37,8 @@ def test_commands_that_only_read_buckets_do_not_import_torch():
         "diloco_cli.views.report_html",
         "diloco_cli.bandwidth.prices",
         "diloco_cli.launch.up",
-        "diloco_cli.views.plan",
+        "diloco_cli.views.dry_run",
+        "diloco_cli.views.traffic_plan",
         "diloco_cli.views.preflight",
     ]
     probe = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
@@ -49,10 +50,10 @@ def made_run(tmp_path):
     """A run on disk that nothing executes (record, secret, manifests)."""
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
+    from diloco_cli.launch.resolve import create_run_directory, resolve_run, write_manifests
 
     runs_dir = tmp_path / "runs"
-    spec = plan_run(Recipe(), RegionsFile(), "made", runs_dir)
+    spec = resolve_run(Recipe(), RegionsFile(), "made", runs_dir)
     run_dir, _ = create_run_directory(runs_dir, spec, launcher="local")
     write_manifests(spec)
     return runs_dir, run_dir

@@ -15,7 +15,7 @@ from diloco_cli.codec import decode_payload
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core import decisions
-from diloco_cli.launch.plan import plan_run
+from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.launch.runs import load_run
 from diloco_cli.runtime.syncer.loop import Syncer
 from diloco_cli.store.region import PAYLOAD_KEY
@@ -49,7 +49,7 @@ def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
     regions = RegionsFile.model_validate(
         {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
     )
-    spec = plan_run(recipe, regions, "unmarked", tmp_path)
+    spec = resolve_run(recipe, regions, "unmarked", tmp_path)
     syncer = Syncer(spec, secret)
     syncer.start()
     bucket = syncer.buckets["east"]

@@ -20,7 +20,7 @@ from diloco_cli.config.loading import load_model
 from diloco_cli.config.recipe import DataConfig, Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.fragments import fragments_of_model
-from diloco_cli.launch.plan import plan_run
+from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.models.gpt import byte_gpt
 from diloco_cli.models.hf import causal_lm
 from diloco_cli.runtime import export
@@ -75,8 +75,8 @@ def tiny_tokenizer(vocab_size: int = 300) -> Tokenizer:
 def token_dataset(directory: Path, tokenizer: Tokenizer | None) -> Path:
     """A token dataset (nanoGPT-style shards indexed as `prepare --existing` does), with
     this tokenizer or none; returns its index."""
-    from diloco_cli.datasets.existing import index_existing
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.existing import index_existing
+    from diloco_cli.data.tokens.storage import Location
 
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("train.bin", "val.bin"):
@@ -197,7 +197,7 @@ def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, o
             "data": {"source": str(index)},
         }
     )
-    spec = plan_run(recipe, RegionsFile(), "hf-run", tmp_path / "runs")
+    spec = resolve_run(recipe, RegionsFile(), "hf-run", tmp_path / "runs")
     global_weights = {name: parameter.detach().clone() for name, parameter in perturbed(built(0)).named_parameters()}
     head = Head(version=3, fragment_versions={}, snapshot_version=0, recent=(), recent_from=0)
     monkeypatch.setattr(export, "latest_weights", lambda bucket, secret, fragments: (global_weights, head))

@@ -24,8 +24,7 @@ LAYERS = {
     "store": 3,
     "models": 3,
     "training": 3,
-    "data": 3,
-    "datasets": 3.5,  # token datasets: written and read through the store's filesystems
+    "data": 3.5,  # corpora, text batches, token datasets (through the store's filesystems), a learner's data
     "bandwidth": 4,
     "runtime": 4,
     "launch": 5,

@@ -14,11 +14,11 @@ from diloco_cli.bandwidth.model import (
     ring_region_crossings,
     smallest_sync_interval,
 )
-from diloco_cli.bandwidth.plan import Plan
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.traffic_plan import TrafficPlan
 from diloco_cli.cli.app import app
-from diloco_cli.cli.plan_command import render_plan
 from diloco_cli.config.errors import ConfigError
+from diloco_cli.views.traffic_plan import render_traffic_plan
 
 runner = CliRunner()
 
@@ -111,7 +111,8 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
 
 def test_text_shows_the_same_numbers_as_json(planned):
     plan, _ = planned
-    text = render_plan(Plan.model_validate(plan))  # the same plan (a second one would time its encodes anew)
+    # the same plan (a second one would time its encodes anew)
+    text = render_traffic_plan(TrafficPlan.model_validate(plan))
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
     assert (
@@ -152,10 +153,10 @@ def test_the_suggested_interval_reaches_the_target_and_half_of_it_does_not(plann
 
 
 def test_an_unreachable_target_reports_the_best_it_found():
-    from diloco_cli.bandwidth.plan import build_plan
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.recipe import Recipe
 
-    plan = build_plan(Recipe(), parameters=10_000, step_seconds=0.5, link_mbit=0.005, latency_ms=300)
+    plan = build_traffic_plan(Recipe(), parameters=10_000, step_seconds=0.5, link_mbit=0.005, latency_ms=300)
     s = plan.suggestion
     assert not s.reached and s.sync_interval == 300 and (s.upload_codec, s.update_codec) == ("int4", "int4")
     assert s.compute_share < 0.9 and plan.diloco.network_factor < 1
@@ -294,6 +295,43 @@ def test_mistakes_are_one_line_errors():
     assert result.exit_code == 2 and "region(s) mars" in result.output
 
 
+LOSS_CALLS: list[tuple[int, bool]] = []
+
+
+def counting_loss(model, inputs, targets):
+    """A ``training.loss`` that records each call: its micro-batch's size, and whether it
+    ran under bf16 autocast."""
+    import torch
+
+    from diloco_cli.training.inner import language_model_loss
+
+    LOSS_CALLS.append((inputs.shape[0], torch.is_autocast_enabled("cpu")))
+    return language_model_loss(model, inputs, targets)
+
+
+def test_the_timed_step_is_the_learners_step_with_the_recipes_loss_precision_and_micro_batches():
+    from diloco_cli.bandwidth.measure import measure_step_seconds
+    from diloco_cli.config.recipe import Recipe
+
+    recipe = Recipe.model_validate(
+        {
+            "model": {"kwargs": {"num_layers": 1, "width": 32, "num_heads": 2, "context": 16}},
+            "data": {"sequence_length": 16},
+            "training": {
+                "batch_size": 4,
+                "micro_batch_size": 2,
+                "precision": "bf16",
+                "loss": f"{__name__}:counting_loss",
+                "device": "cpu",
+            },
+        }
+    )
+    LOSS_CALLS.clear()
+    seconds, device = measure_step_seconds(recipe, warm_steps=1, timed_steps=2)
+    assert seconds > 0 and device == "cpu"
+    assert LOSS_CALLS == [(2, True)] * 6  # 3 steps of 2 micro-batches of 2 sequences, under bf16 autocast
+
+
 # ------------------------------------------------------------------------- prices
 
 
@@ -385,13 +423,13 @@ def test_providers_and_what_bytes_and_requests_cost():
 def test_a_two_cloud_plan_prices_its_links():
     from pathlib import Path
 
-    from diloco_cli.bandwidth.plan import build_plan
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
 
     regions = load_model(RegionsFile, Path(__file__).parent.parent / "regions" / "two-cloud.yaml")
-    plan = build_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
     costs = plan.costs
     assert costs is not None and costs.syncer_provider is None  # the syncer runs here, outside any cloud
     by_region = {link.region: link for link in costs.links}

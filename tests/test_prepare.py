@@ -21,13 +21,13 @@ from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
-from diloco_cli.datasets.corpus import Corpus
-from diloco_cli.datasets.index import DatasetIndex
-from diloco_cli.datasets.prepare import PrepareRequest, prepare_dataset
-from diloco_cli.datasets.progress import Silent
-from diloco_cli.datasets.shards import PROGRESS_NAME, is_heldout, read_progress
-from diloco_cli.datasets.storage import Location
-from diloco_cli.datasets.stream import TokenBatches
+from diloco_cli.data.tokens.corpus import Corpus
+from diloco_cli.data.tokens.index import DatasetIndex
+from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset
+from diloco_cli.data.tokens.progress import Silent
+from diloco_cli.data.tokens.shards import PROGRESS_NAME, is_heldout, read_progress
+from diloco_cli.data.tokens.storage import Location
+from diloco_cli.data.tokens.stream import TokenBatches
 from tests.delay_proxy import delay_proxy
 from tests.runs import write_yaml
 

@@ -13,7 +13,7 @@ from diloco_cli.cli.app import app
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.launch.plan import create_run_directory, plan_run, write_manifests
+from diloco_cli.launch.resolve import create_run_directory, resolve_run, write_manifests
 from diloco_cli.store.documents import Evaluation, Head, Heartbeat, LastMerge, Refusals, SyncerStatus
 from diloco_cli.store.metering import StorageCounters, Traffic
 from diloco_cli.views.run_state import collect_status
@@ -24,7 +24,7 @@ runner = CliRunner()
 
 def make_run(tmp_path, name="viewed"):
     runs_dir = tmp_path / "runs"
-    spec = plan_run(Recipe(), RegionsFile(), name, runs_dir)
+    spec = resolve_run(Recipe(), RegionsFile(), name, runs_dir)
     _, SECRETS[spec.run] = create_run_directory(runs_dir, spec, launcher="local")
     write_manifests(spec)
     return runs_dir, spec

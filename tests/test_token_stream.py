@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
-from diloco_cli.datasets.existing import index_existing
-from diloco_cli.datasets.index import DatasetError
-from diloco_cli.datasets.ranges import process_range
-from diloco_cli.datasets.storage import Location
-from diloco_cli.datasets.stream import TokenBatches, heldout_tokens
+from diloco_cli.data.tokens.existing import index_existing
+from diloco_cli.data.tokens.index import DatasetError
+from diloco_cli.data.tokens.ranges import process_range
+from diloco_cli.data.tokens.storage import Location
+from diloco_cli.data.tokens.stream import TokenBatches, heldout_tokens
 from tests.delay_proxy import delay_proxy
 
 SHARD_SIZES = (1000, 2500, 700)
@@ -245,7 +245,7 @@ MEMORY_CHILD = textwrap.dedent(
     import resource, sys
     import numpy as np
     import torch
-    from diloco_cli.datasets.stream import TokenBatches
+    from diloco_cli.data.tokens.stream import TokenBatches
 
     def address_space():
         for line in open("/proc/self/status"):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from diloco_cli.training.data import builtin_corpus
+from diloco_cli.data.corpora import builtin_corpus
 from tests.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,

@@ -1,13 +1,14 @@
 """What a plan measures on this machine: timed inner steps and real encoder sizes.
 
 The formulas of :mod:`diloco_cli.bandwidth.model` take numbers that no formula gives:
-they depend on the model, the codecs and the machine.  :mod:`diloco_cli.bandwidth.plan`
+they depend on the model, the codecs and the machine.  :mod:`diloco_cli.bandwidth.traffic_plan`
 measures them here rather than estimating them, so that a plan predicts the traffic and
 the compute share of the run it describes:
 
 * the inner step's compute time (:func:`measure_step_seconds`): the recipe's model and
-  batch, AdamW, loss, backward and clipping as a learner runs them, a few warm steps
-  then a few timed ones on the recipe's device;
+  batch through the learners' own inner step (AdamW, the recipe's loss, precision,
+  micro-batches, backward and clipping), a few warm steps then a few timed ones on the
+  recipe's device;
 * every payload's real size (:class:`Sizer`), by encoding seeded sample tensors of each
   fragment's shapes (:func:`model_fragments`, or :func:`even_fragments` for a bare
   parameter count) with the real encoder: frame, header, packed values, scales,
@@ -59,12 +60,19 @@ def measure_step_seconds(
     recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS
 ) -> tuple[float, str]:
     """The compute time of one inner step of the recipe's model on its batch (random
-    bytes), on the recipe's device: AdamW, loss, backward, clipping, as a learner does.
+    bytes), on the recipe's device: the step learners run
+    (:func:`~diloco_cli.training.inner.inner_step`), with the recipe's AdamW and
+    schedule, ``training.loss``, precision, micro-batches and gradient clipping.
     Returns (seconds, device)."""
     import torch
-    from torch.nn import functional as F
+
+    from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer, resolve_loss
 
     training = recipe.training
+    try:
+        loss_fn = resolve_loss(training.loss)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     device = _device(recipe)
     threads = torch.get_num_threads()
     if training.threads_per_learner:
@@ -72,10 +80,10 @@ def measure_step_seconds(
     try:
         torch.manual_seed(training.seed)
         model = recipe.model.build().to(device)
-        decayed = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-        plain = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-        groups = [{"params": decayed, "weight_decay": training.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW(groups, lr=training.learning_rate, betas=training.betas)
+        optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
+        schedule = InnerSchedule(
+            training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction
+        )
         windows = torch.randint(
             0,
             256,
@@ -84,25 +92,29 @@ def measure_step_seconds(
         )
         inputs, targets = windows[:, :-1].to(device), windows[:, 1:].to(device)
 
-        def step() -> None:
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if training.gradient_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), training.gradient_clip)
-            optimizer.step()
+        def step(number: int) -> None:
+            inner_step(
+                model,
+                optimizer,
+                inputs,
+                targets,
+                schedule.learning_rate(number),
+                training.gradient_clip,
+                micro_batch_size=training.micro_batch_size,
+                precision=training.precision,
+                loss_fn=loss_fn,
+            )
 
         def synchronize() -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
 
-        for _ in range(warm_steps):
-            step()
+        for number in range(warm_steps):
+            step(number)
         synchronize()
         started = time.perf_counter()
-        for _ in range(timed_steps):
-            step()
+        for number in range(warm_steps, warm_steps + timed_steps):
+            step(number)
         synchronize()
         return (time.perf_counter() - started) / timed_steps, device
     finally:

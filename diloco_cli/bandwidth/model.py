@@ -1,7 +1,7 @@
 """The traffic model of a Decoupled DiLoCo run, and synchronous data-parallel beside it.
 
 Pure formulas over numbers: nothing here reads a file, builds a model or looks at a
-clock.  :mod:`diloco_cli.bandwidth.plan` measures the inputs (an inner step, the real
+clock.  :mod:`diloco_cli.bandwidth.traffic_plan` measures the inputs (an inner step, the real
 size of every payload the codecs make, the training thread's time to encode and apply
 them, with :mod:`diloco_cli.bandwidth.measure`) and calls :func:`predict` and
 :func:`predict_data_parallel`.  The sizes of the JSON documents (head, heartbeats,
@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from diloco_cli.bandwidth.document_sizes import head_bytes, heartbeat_bytes, history_samples, status_bytes
+from diloco_cli.config.recipe import SyncConfig, TrainingConfig
 from diloco_cli.store.metering import LIST_PAGE_KEYS, LISTING_BYTES_PER_KEY, LISTING_BYTES_PER_REQUEST
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -115,6 +116,12 @@ class CodecCost(BaseModel):
     codec), or adding an update and checking the digest (update codec)."""
 
 
+def recipe_default(config: type[BaseModel], name: str) -> Any:
+    """The default of the recipe setting ``name`` in ``config`` (``TrainingConfig``,
+    ``SyncConfig``): what a run uses when its recipe leaves the key out."""
+    return config.model_fields[name].default
+
+
 class RunShape(BaseModel):
     """Everything the traffic of a run depends on."""
 
@@ -137,17 +144,18 @@ class RunShape(BaseModel):
     snapshot_marker_bytes: int
     checkpoint_seconds: float = 0.0
     """Training-thread time to encode one checkpoint."""
-    checkpoint_every_steps: int = 100
-    snapshot_every: int = 20
-    evaluate_every: int = 4
-    poll_seconds: float = 0.5
+    # The run's settings: their defaults are the recipe's (one source of truth).
+    checkpoint_every_steps: int = recipe_default(TrainingConfig, "checkpoint_every_steps")
+    snapshot_every: int = recipe_default(SyncConfig, "snapshot_every")
+    evaluate_every: int = recipe_default(SyncConfig, "evaluate_every")
+    poll_seconds: float = recipe_default(SyncConfig, "poll_seconds")
     """The syncer's poll interval."""
-    heartbeat_seconds: float = 2.0
-    status_seconds: float = 2.0
+    heartbeat_seconds: float = recipe_default(TrainingConfig, "heartbeat_seconds")
+    status_seconds: float = recipe_default(SyncConfig, "status_seconds")
     """How often the syncer writes its status to every region and reads the heartbeats
     (``sync.status_seconds``; heartbeats at most as often as learners write them)."""
-    leftover_seconds: float = 900.0
-    delete_consumed_payloads: bool = True
+    leftover_seconds: float = recipe_default(SyncConfig, "leftover_seconds")
+    delete_consumed_payloads: bool = recipe_default(SyncConfig, "delete_consumed_payloads")
     key_prefix_bytes: int = 40
     """Length of the run's root inside a bucket (``runs/<run>/``): listed keys carry it."""
     learner_id_bytes: float = 10.0

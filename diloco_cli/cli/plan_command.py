@@ -88,17 +88,18 @@ def plan(
 ) -> None:
     """Predict a run's traffic per link, its compute share and time to a token budget, and the smallest H that keeps
     the learners busy; synchronous data-parallel training on the same links beside it."""
-    from diloco_cli.bandwidth.plan import build_plan
     from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.views.traffic_plan import render_traffic_plan
 
     loaded = load_model(Recipe, recipe, overrides, default_name="the default recipe")
     placed = load_model(RegionsFile, regions) if regions is not None else None
     rate, rates = _per_region(link_mbit, "--link-mbit")
     latency, latencies = _per_region(latency_ms, "--latency-ms")
-    result = build_plan(
+    result = build_traffic_plan(
         loaded,
         placed,
         parameters=parameters,
@@ -111,115 +112,7 @@ def plan(
         tokens=tokens,
         prices=load_prices(prices) if prices is not None else None,
     )
-    typer.echo(result.to_json() if output is Output.JSON else render_plan(result))
-
-
-def _megabytes(count: float) -> str:
-    return f"{count / 1e6:.3f}"
-
-
-def _dollars(value: float) -> str:
-    return f"${value:,.2f}" if value >= 1 or value == 0 else f"${value:.4f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def render_plan(plan) -> str:
-    """The plan as a few lines and a table per link."""
-    from diloco_cli.views.format import human_bytes, human_duration
-
-    shape, d, dp, s = plan.shape, plan.diloco, plan.data_parallel, plan.suggestion
-    fragments = " + ".join(f"{n:,}" for n in plan.fragment_parameters)
-    step = f"measured on {plan.step_measured_on}" if plan.step_measured_on else "given"
-    lines = [
-        f"plan for {plan.recipe}: {plan.parameters:,} parameters in {d.num_fragments} fragments ({fragments}), "
-        f"model {plan.model}",
-        f"M={d.num_learners} learners in {len(d.links)} regions, K={d.quorum}, H={d.sync_interval}, "
-        f"P={d.num_fragments}, "
-        f"uploads {d.upload_codec}, updates {d.update_codec}, snapshot every {shape.snapshot_every} versions",
-        f"inner step {d.step_seconds:.3f} s ({step}); "
-        f"training-thread overhead {1000 * d.overhead_seconds:.2f} ms/step (encode, install, checkpoint)",
-        f"payloads per fragment: upload {' + '.join(human_bytes(b) for b in shape.uploads.bytes)}, "
-        f"update {' + '.join(human_bytes(b) for b in shape.updates.bytes)}; "
-        f"snapshot {human_bytes(shape.snapshot_bytes)}",
-        f"budget {plan.tokens_budget:,} tokens",
-        "",
-        f"{'region<->syncer':<18} {'learners':>8} {'Mbit/s':>7} {'ms':>5} {'up MB/s':>8} {'down MB/s':>9} "
-        f"{'util':>6} {'PUT+LIST/s':>10} {'GET/s':>6} {'DEL/s':>6}",
-    ]
-    for link in d.links:
-        rate = f"{link.rate_mbit:g}" if link.rate_mbit is not None else "local"
-        lines.append(
-            f"{link.region:<18} {link.learners:>8} {rate:>7} {link.latency_ms:>5g} "
-            f"{_megabytes(link.up_bytes_per_second):>8} "
-            f"{_megabytes(link.down_bytes_per_second):>9} {_share(link.utilization):>6} {link.put_per_second:>10.2f} "
-            f"{link.get_per_second:>6.2f} {link.delete_per_second:>6.2f}"
-        )
-    lines.append(
-        f"syncer I/O {_share(d.syncer_busy)} busy "
-        "(its slowest region: bytes over rate plus a round trip per request; regions are called at once)"
-    )
-    lines += [
-        "",
-        "Decoupled DiLoCo",
-        f"  computing        {_share(d.cpu_share)} of wall time (learners never wait for the network)",
-        f"  useful share     {_share(d.compute_share)} "
-        f"(the share of that work the links and syncer carry to a merge on time; bottleneck: {d.bottleneck})",
-        f"  time to budget   {human_duration(plan.time_to_budget_seconds)}",
-        f"  WAN bytes/token  {human_bytes(d.wan_bytes_per_token)} "
-        f"({human_bytes(d.wan_bytes_per_second)}/s over all links)",
-    ]
-    if s.reached:
-        half = f" (H={s.half_interval}: {_share(s.half_interval_compute_share)})" if s.half_interval else ""
-        lines.append(
-            f"  suggested        H={s.sync_interval}, uploads {s.upload_codec}, updates {s.update_codec}: "
-            f"{_share(s.compute_share)} >= {_share(s.target_compute_share)}{half}"
-        )
-    else:
-        lines.append(
-            f"  suggested        none reaches {_share(s.target_compute_share)} with H up to {s.sync_interval}; "
-            f"best: H={s.sync_interval}, uploads {s.upload_codec}, updates {s.update_codec}: {_share(s.compute_share)}"
-        )
-    lines.append(
-        "  smallest H by codecs: "
-        + ", ".join(
-            f"{o.upload_codec}/{o.update_codec} {o.sync_interval if o.sync_interval else '-'}" for o in s.options
-        )
-    )
-    lines += [
-        f"Data-parallel (ring all-reduce, W={dp.workers}, {dp.bytes_per_value}-byte gradients, "
-        "every hop over the slowest link)",
-        f"  bytes per step   {human_bytes(dp.bytes_per_step)} per worker each way = {dp.formula}",
-        f"  step time        {d.step_seconds:.3f} + {dp.allreduce_seconds:.3f} s all-reduce = {dp.step_seconds:.3f} s",
-        f"  compute share    {_share(dp.compute_share)}",
-        f"  time to budget   {human_duration(plan.data_parallel_time_to_budget_seconds)}",
-        f"  WAN bytes/token  {human_bytes(dp.wan_bytes_per_token)} "
-        f"({dp.region_crossings} of the ring's {dp.workers} hops between regions): "
-        f"{plan.bytes_ratio:.1f}x Decoupled DiLoCo's",
-    ]
-    if plan.costs is not None:
-        c = plan.costs
-        lines += [
-            "",
-            f"Costs (list prices written down {c.looked_up}; "
-            f"syncer in {c.syncer_region or c.syncer_provider or 'no cloud'})",
-        ]
-        for link in c.links:
-            lines.append(
-                f"  {link.region:<18} {link.provider or 'local':<6} egress {_dollars(link.egress_dollars_per_hour)}/h, "
-                f"requests {_dollars(link.request_dollars_per_hour)}/h"
-            )
-        lines.append(
-            f"  Decoupled DiLoCo {_dollars(c.diloco_dollars_per_hour)}/h, "
-            f"{_dollars(c.diloco_dollars_to_budget)} to the budget"
-        )
-        lines.append(
-            f"  data-parallel    {_dollars(c.data_parallel_dollars_per_hour)}/h, "
-            f"{_dollars(c.data_parallel_dollars_to_budget)} to the budget"
-        )
-    return "\n".join(lines)
+    typer.echo(result.to_json() if output is Output.JSON else render_traffic_plan(result))
 
 
 def register(app: typer.Typer) -> None:

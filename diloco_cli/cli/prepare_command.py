@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,9 +13,8 @@ from diloco_cli.cli.errors import reported
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 if TYPE_CHECKING:
-    from diloco_cli.datasets.prepare import Prepared
-    from diloco_cli.datasets.progress import Progress
-    from diloco_cli.datasets.storage import Retry
+    from diloco_cli.data.tokens.progress import Progress
+    from diloco_cli.data.tokens.storage import Retry
 
 
 class CorpusFormat(str, Enum):
@@ -29,75 +27,6 @@ class CorpusFormat(str, Enum):
 class TokenType(str, Enum):
     UINT16 = "uint16"
     UINT32 = "uint32"
-
-
-class Bars:
-    """Progress as rich bars on stderr (a terminal)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
-        self.bars = Progress(*columns, console=Console(stderr=True))
-        self.task = None
-
-    def begin(self, description: str, total: int | None) -> None:
-        self._end_task()
-        self.task = self.bars.add_task(description, total=total)
-
-    def advance(self, amount: int) -> None:
-        self.bars.advance(self.task, amount)
-
-    def done(self, item: str, reused: bool) -> None:
-        pass
-
-    def _end_task(self) -> None:
-        """Show the stage that ends as full (a stage's total may be an estimate, or none)."""
-        if self.task is not None:
-            task = self.bars.tasks[-1]
-            finished = task.total if task.total is not None else task.completed
-            self.bars.update(self.task, total=finished, completed=finished)
-
-    def __enter__(self) -> Bars:
-        self.bars.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._end_task()
-        self.bars.stop()
-
-
-class Lines:
-    """Progress as plain lines on stderr (not a terminal: logs, pipes)."""
-
-    def begin(self, description: str, total: int | None) -> None:
-        typer.echo(f"{description} ...", err=True)
-
-    def advance(self, amount: int) -> None:
-        pass
-
-    def done(self, item: str, reused: bool) -> None:
-        typer.echo(f"  {item}{' (kept from an earlier run)' if reused else ''}", err=True)
-
-    def __enter__(self) -> Lines:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        pass
 
 
 def storage_retry() -> Retry:
@@ -229,8 +158,9 @@ def prepare(
     """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket;
     resumes after an interruption."""
     from diloco_cli.config.errors import ConfigError
+    from diloco_cli.views.prepare import progress_display, render_prepared
 
-    display = Bars() if sys.stderr.isatty() else Lines()
+    display = progress_display()
     if existing is not None:
         if corpus is not None or output is not None or regions is not None:
             raise ConfigError(
@@ -247,9 +177,9 @@ def prepare(
         raise ConfigError("give one of --output URL (one location) and --regions FILE (a copy in each region's bucket)")
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.regions import RegionsFile
-    from diloco_cli.datasets.corpus import Corpus
-    from diloco_cli.datasets.prepare import PrepareRequest, prepare_dataset, region_locations
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.corpus import Corpus
+    from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset, region_locations
+    from diloco_cli.data.tokens.storage import Location
 
     if regions is not None:
         locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
@@ -282,8 +212,9 @@ def _index_existing(
     overwrite: bool,
     display: Progress,
 ) -> None:
-    from diloco_cli.datasets.existing import index_existing
-    from diloco_cli.datasets.storage import Location
+    from diloco_cli.data.tokens.existing import index_existing
+    from diloco_cli.data.tokens.storage import Location
+    from diloco_cli.views.prepare import render_indexed
 
     location = Location(directory)
     index = index_existing(
@@ -298,30 +229,7 @@ def _index_existing(
         retry=storage_retry(),
         progress=display,
     )
-    typer.echo(
-        f"indexed {index.train_tokens:,} training tokens in {len(index.train)} shards and "
-        f"{index.heldout.tokens:,} held-out tokens ({index.dtype}, vocab {index.vocab_size:,})"
-    )
-    typer.echo(f"index: {location.index_url}")
-
-
-def render_prepared(prepared: Prepared) -> str:
-    """What was made, kept and skipped, and every location's index."""
-    if prepared.index is None:
-        lines = [f"already complete, nothing to do (--overwrite makes it again): {url}" for url in prepared.index_urls]
-        return "\n".join(lines)
-    index = prepared.index
-    lines = [
-        f"{index.train_tokens:,} training tokens in {len(index.train)} shards and "
-        f"{index.heldout.tokens:,} held-out tokens "
-        f"({index.dtype}, vocab {index.vocab_size:,}, tokenizer sha256 {index.tokenizer_sha256[:12]})",
-        f"shards: {prepared.shards_made} made, {prepared.shards_reused} kept from an earlier run; "
-        f"uploads: {prepared.uploads_skipped} files already in place",
-    ]
-    lines += [
-        f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls
-    ]
-    return "\n".join(lines)
+    typer.echo(render_indexed(index, location))
 
 
 def register(app: typer.Typer) -> None:

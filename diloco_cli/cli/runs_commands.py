@@ -56,7 +56,7 @@ def up(
 ) -> None:
     """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
     from diloco_cli.launch.up import launch
-    from diloco_cli.views.plan import render_plan
+    from diloco_cli.views.dry_run import render_dry_run
     from diloco_cli.views.preflight import render_preflight
 
     show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
@@ -73,7 +73,7 @@ def up(
         chaos=chaos,
     )
     if dry_run:
-        typer.echo(render_plan(result.spec))
+        typer.echo(render_dry_run(result.spec))
         return
     typer.echo(f"started run {result.spec.run}: syncer and {len(result.spec.learners)} learners")
     typer.echo(f"  watch it:   diloco status {result.spec.run} --watch")

@@ -1,1 +1,1 @@
-"""Launchers: plan a run, start its processes (here or over SSH), supervise and stop them."""
+"""Launchers: resolve a run, start its processes (here or over SSH), supervise and stop them."""

@@ -146,8 +146,8 @@ def chaos_run(record: RunRecord, text: str, emit=lambda line: None) -> ChaosPlan
     from diloco_cli.config.chaos import parse_chaos
     from diloco_cli.launch.live import check_running, publish_spec
     from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver
-    from diloco_cli.launch.plan import with_chaos
     from diloco_cli.launch.processes import ProcessRecord, stop_supervised
+    from diloco_cli.launch.resolve import with_chaos
 
     check_running(record, "inject faults into")
     plan = parse_chaos(text).model_copy(update={"begins_at_seconds": max(0.0, time.time() - record.spec.created)})

@@ -9,7 +9,7 @@ for learners and outages, each learner for its region's outages.
 from __future__ import annotations
 
 from diloco_cli.config.errors import ConfigError
-from diloco_cli.launch.plan import write_manifests
+from diloco_cli.launch.resolve import write_manifests
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.store.documents import SyncerPhase
 from diloco_cli.store.filesystem import StorageError

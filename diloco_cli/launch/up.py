@@ -16,17 +16,6 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
 from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
-from diloco_cli.launch.plan import (
-    Sources,
-    check_buckets,
-    check_data_source,
-    create_run_directory,
-    new_run_name,
-    plan_run,
-    resolve_entry_point,
-    with_chaos,
-    write_manifests,
-)
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
 from diloco_cli.launch.remote import (
@@ -36,6 +25,17 @@ from diloco_cli.launch.remote import (
     remote_paths,
     start_remote_process,
     syncer_arguments,
+)
+from diloco_cli.launch.resolve import (
+    Sources,
+    check_buckets,
+    check_data_source,
+    create_run_directory,
+    new_run_name,
+    resolve_entry_point,
+    resolve_run,
+    with_chaos,
+    write_manifests,
 )
 from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.filesystem import protocol_of
@@ -76,7 +76,7 @@ def resolve(
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
-    spec = plan_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
+    spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
     if chaos:
         spec = with_chaos(spec, parse_chaos(chaos))
     return spec, regions, sources

@@ -105,8 +105,8 @@ def dataset_tokenizer_json(data: DataConfig) -> str | None:
     the index's hash), or None for text data or an index that names none."""
     if not data.is_tokens:
         return None
-    from diloco_cli.datasets.index import UNKNOWN_TOKENIZER, DatasetError
-    from diloco_cli.datasets.storage import Location, read_index
+    from diloco_cli.data.tokens.index import UNKNOWN_TOKENIZER, DatasetError
+    from diloco_cli.data.tokens.storage import Location, read_index
 
     location = Location.of_index(data.source, data.storage_options)
     index = read_index(location)

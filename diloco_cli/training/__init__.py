@@ -1,1 +1,2 @@
-"""What a learner computes locally: data shards, batches and the inner schedule."""
+"""What a learner computes locally: the inner step, its losses and its schedule (the
+batches it steps on come from :mod:`diloco_cli.data`)."""

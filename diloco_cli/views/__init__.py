@@ -1,2 +1,2 @@
-"""Views: what a person sees (plans, run lists, the status view, logs), built from records
+"""Views: what a person sees (dry runs, traffic plans, run lists, the status view, logs), built from records
 and bucket state; no view writes anything."""

@@ -20,9 +20,9 @@ import torch
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import LearnerId
+from diloco_cli.data.learner import LearnerData, open_learner_data
 from diloco_cli.runtime.distributed import choose_device, join_process_group, leave_process_group, prepare_model
 from diloco_cli.runtime.learner.sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
-from diloco_cli.runtime.learner_data import LearnerData, open_learner_data
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer, resolve_loss

@@ -16,7 +16,7 @@ import torch
 
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.types import Version
-from diloco_cli.runtime.learner_data import heldout_batches
+from diloco_cli.data.learner import heldout_batches
 from diloco_cli.store.documents import Evaluation
 from diloco_cli.training.inner import evaluate, resolve_loss
 

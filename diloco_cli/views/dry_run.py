@@ -1,4 +1,4 @@
-"""The resolved plan that ``diloco up --dry-run`` prints: who runs what where."""
+"""What ``diloco up --dry-run`` prints: the resolved run, who runs what where, and its recipe."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import yaml
 from diloco_cli.store.run_spec import RunSpec
 
 
-def render_plan(spec: RunSpec) -> str:
+def render_dry_run(spec: RunSpec) -> str:
+    """The run ``spec`` as ``diloco up`` would start it: its syncer, regions, learners and recipe."""
     recipe = spec.recipe
     lines = [
         f"run {spec.run} (dry run: nothing started)",

@@ -26,11 +26,11 @@ from typing import BinaryIO, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from diloco_cli.datasets.corpus import Corpus, CorpusFormat
-from diloco_cli.datasets.index import FORMAT, FROZEN, DatasetError, Dtype, ShardEntry, parse_document
-from diloco_cli.datasets.progress import Progress, counted
-from diloco_cli.datasets.storage import file_sha256
-from diloco_cli.datasets.tokenizer import DatasetTokenizer
+from diloco_cli.data.tokens.corpus import Corpus, CorpusFormat
+from diloco_cli.data.tokens.index import FORMAT, FROZEN, DatasetError, Dtype, ShardEntry, parse_document
+from diloco_cli.data.tokens.progress import Progress, counted
+from diloco_cli.data.tokens.storage import file_sha256
+from diloco_cli.data.tokens.tokenizer import DatasetTokenizer
 from diloco_cli.store.filesystem import write_whole
 
 PROGRESS_NAME = "progress.json"
@@ -61,7 +61,7 @@ class TokenizeSettings(BaseModel):
     corpus: str
     """The corpus's URL (or glob)."""
     corpus_format: CorpusFormat
-    """How its files are read (see :class:`~diloco_cli.datasets.corpus.Corpus`)."""
+    """How its files are read (see :class:`~diloco_cli.data.tokens.corpus.Corpus`)."""
     text_field: str
     """The key or column of the text (JSON lines, Parquet)."""
     separator: str

@@ -1,4 +1,4 @@
-"""Planning a run: recipe + regions -> a RunSpec, checked before anything starts.
+"""Resolving a run: recipe + regions -> a RunSpec, checked before anything starts.
 
 Everything a user can get wrong is checked here, and reported with the file and key or
 the bucket it concerns: the learner count, the data source, every bucket (a probe object
@@ -20,11 +20,11 @@ from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
+from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
-from diloco_cli.training.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -41,7 +41,9 @@ def new_run_name(recipe: Recipe) -> str:
     return f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def plan_run(recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources = Sources()) -> RunSpec:
+def resolve_run(
+    recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources = Sources()
+) -> RunSpec:
     """Resolve a run; raises ConfigError naming the file and key of any inconsistency."""
     if not RUN_NAME.match(run):
         raise ConfigError(f"run name {run!r}: use lowercase letters, digits and dashes (at most 63)")

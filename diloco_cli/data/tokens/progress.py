@@ -1,4 +1,4 @@
-"""What ``diloco prepare`` reports as it goes; the command line draws it (bars or lines)."""
+"""What ``diloco prepare`` reports as it goes; :mod:`diloco_cli.views.prepare` draws it (bars or lines)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The corpus is tokenized once into a local staging directory (the output itself when it
 is one local directory) and the staged files are then copied to every location: the
 output, or each region's own bucket (data stays in its region).  Both halves resume
-after an interruption (:mod:`~diloco_cli.datasets.shards`,
-:mod:`~diloco_cli.datasets.upload`); each location's index is written last.
+after an interruption (:mod:`~diloco_cli.data.tokens.shards`,
+:mod:`~diloco_cli.data.tokens.upload`); each location's index is written last.
 
 Shards only mean something with the tokenizer that made them, so a location never
 holds two: one that already has an index, a progress record or an upload record of
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.datasets.corpus import Corpus
-from diloco_cli.datasets.index import (
+from diloco_cli.data.tokens.corpus import Corpus
+from diloco_cli.data.tokens.index import (
     TOKENIZER_NAME,
     DatasetError,
     DatasetIndex,
@@ -28,8 +28,8 @@ from diloco_cli.datasets.index import (
     dtype_for_vocabulary,
     parse_index,
 )
-from diloco_cli.datasets.progress import Progress, Silent, counted
-from diloco_cli.datasets.shards import (
+from diloco_cli.data.tokens.progress import Progress, Silent, counted
+from diloco_cli.data.tokens.shards import (
     PARTIAL_SUFFIX,
     PROGRESS_NAME,
     ProgressRecord,
@@ -37,15 +37,15 @@ from diloco_cli.datasets.shards import (
     read_progress,
     tokenize_corpus,
 )
-from diloco_cli.datasets.storage import Location, Retry, call_once, join, read_if_present, remove_if_present
-from diloco_cli.datasets.tokenizer import (
+from diloco_cli.data.tokens.storage import Location, Retry, call_once, join, read_if_present, remove_if_present
+from diloco_cli.data.tokens.tokenizer import (
     EOS_TOKEN,
     TRAINING_SAMPLE_BYTES,
     DatasetTokenizer,
     load_tokenizer,
     train_tokenizer,
 )
-from diloco_cli.datasets.upload import UPLOADS_NAME, StoredFile, read_uploads, upload_dataset, write_index
+from diloco_cli.data.tokens.upload import UPLOADS_NAME, StoredFile, read_uploads, upload_dataset, write_index
 
 WORK_ROOT = Path("~/.cache/diloco/prepare")
 """Where a dataset bound for buckets is staged, unless told otherwise (removed once

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from diloco_cli.datasets.index import INDEX_NAME, DatasetError, DatasetIndex, parse_index
+from diloco_cli.data.tokens.index import INDEX_NAME, DatasetError, DatasetIndex, parse_index
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.filesystem import open_filesystem as store_filesystem
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from diloco_cli.datasets.index import (
+from diloco_cli.data.tokens.index import (
     ITEM_BYTES,
     TOKENIZER_NAME,
     UNKNOWN_TOKENIZER,
@@ -22,11 +22,11 @@ from diloco_cli.datasets.index import (
     Dtype,
     ShardEntry,
 )
-from diloco_cli.datasets.prepare import is_complete_with
-from diloco_cli.datasets.progress import Progress, Silent
-from diloco_cli.datasets.storage import Location, Retry, call_once, join, remove_if_present, size_if_present
-from diloco_cli.datasets.tokenizer import EOS_TOKEN, load_tokenizer
-from diloco_cli.datasets.upload import write_index
+from diloco_cli.data.tokens.prepare import is_complete_with
+from diloco_cli.data.tokens.progress import Progress, Silent
+from diloco_cli.data.tokens.storage import Location, Retry, call_once, join, remove_if_present, size_if_present
+from diloco_cli.data.tokens.tokenizer import EOS_TOKEN, load_tokenizer
+from diloco_cli.data.tokens.upload import write_index
 from diloco_cli.store.filesystem import write_whole
 
 READ_BLOCK_BYTES = 16 << 20

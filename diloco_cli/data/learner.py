@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from diloco_cli.config.recipe import Recipe, RetryPolicy
+from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.store.metering import StorageMeter
 from diloco_cli.store.retry import call_with_retries
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec
-from diloco_cli.training.data import TextSplit, evaluation_batches, load_text, random_batch
 
 MEGABYTE = 1 << 20
 
@@ -36,6 +36,16 @@ class LearnerData(Protocol):
     def restore(self, state: str | None, step: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A data generator's position as text (stored in checkpoint metadata)."""
+    return bytes(generator.get_state().tolist()).hex()
+
+
+def restore_generator(generator: torch.Generator, state: str) -> None:
+    """Put ``generator`` back at the position :func:`generator_state` wrote."""
+    generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))
 
 
 def data_generator(seed: int, shard: int, rank: int, step: int) -> torch.Generator:
@@ -112,7 +122,7 @@ def open_learner_data(
     source, options = data_source(spec, learner)
     shard, num_shards = partition or spec.data_partition(learner.id)
     if data.is_tokens:
-        from diloco_cli.datasets.stream import TokenBatches
+        from diloco_cli.data.tokens.stream import TokenBatches
 
         batches = TokenBatches(
             source,
@@ -137,7 +147,7 @@ def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The fixed held-out batches the syncer evaluates the global model on."""
     data, batch_size = recipe.data, recipe.training.batch_size
     if data.is_tokens:
-        from diloco_cli.datasets.stream import heldout_tokens
+        from diloco_cli.data.tokens.stream import heldout_tokens
 
         wanted = recipe.sync.evaluation_batches * batch_size * data.sequence_length + 1
         tokens = heldout_tokens(
@@ -148,12 +158,3 @@ def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:
             load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length
         ).heldout
     return evaluation_batches(tokens, batch_size, data.sequence_length, recipe.sync.evaluation_batches)
-
-
-def generator_state(generator: torch.Generator) -> str:
-    """A data generator's position as text (stored in checkpoint metadata)."""
-    return bytes(generator.get_state().tolist()).hex()
-
-
-def restore_generator(generator: torch.Generator, state: str) -> None:
-    generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))

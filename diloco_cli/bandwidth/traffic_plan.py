@@ -1,8 +1,8 @@
 """A run's plan: what it will ask of every link, and what it gets done, before it starts.
 
-:func:`build_plan` takes a recipe (and a region file, or just M and a number of
+:func:`build_traffic_plan` takes a recipe (and a region file, or just M and a number of
 regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need (with
-:mod:`diloco_cli.bandwidth.measure`), and returns a frozen :class:`Plan`:
+:mod:`diloco_cli.bandwidth.measure`), and returns a frozen :class:`TrafficPlan`:
 
 * the inner step's compute time, from a short trial on this machine (the recipe's
   model and batch, a few warm steps then a few timed ones, on the recipe's device),
@@ -49,6 +49,7 @@ from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices,
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
+from diloco_cli.store.region import SEQUENCE_PER_EPOCH
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -123,7 +124,7 @@ class Costs(BaseModel):
     data_parallel_dollars_to_budget: float
 
 
-class Plan(BaseModel):
+class TrafficPlan(BaseModel):
     """What a run will ask of the network, and what it gets done."""
 
     model_config = FROZEN
@@ -260,7 +261,7 @@ def _recipe_with(
         raise ConfigError(f"the planned recipe is not valid: {error}") from None
 
 
-def build_plan(
+def build_traffic_plan(
     recipe: Recipe,
     regions: RegionsFile | None = None,
     *,
@@ -280,7 +281,7 @@ def build_plan(
     tokens: int | None = None,
     bytes_per_value: int = 2,
     prices: PriceTable | None = None,
-) -> Plan:
+) -> TrafficPlan:
     """Plan a run of ``recipe`` on links of ``link_mbit`` Mbit/s and ``latency_ms``
     one-way latency between each region's bucket and the syncer (per region with the
     ``region_*`` mappings).  ``regions`` places the learners (M and regions from it);
@@ -371,7 +372,7 @@ def build_plan(
             **{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")},
             "learner": learner_id,
             "fragment": P - 1,
-            "sequence": 1_000_000 * 9 + version,
+            "sequence": 9 * SEQUENCE_PER_EPOCH + version,  # a send in epoch 9: a learner restarted a few times
             "bytes": max(uploads[upload_codec].bytes),
         }
     )
@@ -408,7 +409,7 @@ def build_plan(
     data_parallel = predict_data_parallel(total, links, step_seconds, tokens_per_step, bytes_per_value)
     suggestion = _suggest(shape, uploads, updates, target_compute_share)
     costs = _costs(prices, layout, syncer_region, syncer_provider, diloco, data_parallel, budget)
-    return Plan(
+    return TrafficPlan(
         recipe=recipe.name,
         model=model_name,
         parameters=total,

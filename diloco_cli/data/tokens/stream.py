@@ -1,10 +1,10 @@
 """Streaming a learner's training tokens from a dataset by ranged reads.
 
-A process reads only its own range of the training tokens (:mod:`~diloco_cli.datasets.ranges`),
+A process reads only its own range of the training tokens (:mod:`~diloco_cli.data.tokens.ranges`),
 in chunks of ``chunk_bytes`` read by ``cat_file(path, start, end)`` (a chunk may span
 two shard files), never a whole shard.  While a step trains on the chunks it needs, the
 next chunks in reading order are read ahead on background threads, and no more than
-``cache_bytes`` of chunks are held at once (:class:`~diloco_cli.datasets.chunks.ChunkCache`).
+``cache_bytes`` of chunks are held at once (:class:`~diloco_cli.data.tokens.chunks.ChunkCache`).
 A step's windows are a function of the step alone, so :meth:`TokenBatches.batch_at` at
 any step (a resume) reads what an uninterrupted run would have read there.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from diloco_cli.datasets.chunks import ChunkCache
-from diloco_cli.datasets.index import DatasetError, DatasetIndex
-from diloco_cli.datasets.ranges import FileLayout, Segment, process_range, window_runs, windows_per_epoch
-from diloco_cli.datasets.storage import Location, call_once, join, read_index
+from diloco_cli.data.tokens.chunks import ChunkCache
+from diloco_cli.data.tokens.index import DatasetError, DatasetIndex
+from diloco_cli.data.tokens.ranges import FileLayout, Segment, process_range, window_runs, windows_per_epoch
+from diloco_cli.data.tokens.storage import Location, call_once, join, read_index
 
 ReadRetry = Callable[[Callable[[], bytes]], bytes]
 
@@ -57,7 +57,7 @@ class TokenBatches:
     """Batches of one process's range of a token dataset's training tokens.
 
     Learner ``shard`` of ``num_shards``, process ``rank`` of ``world_size`` (see
-    :func:`~diloco_cli.datasets.ranges.process_range`); ``read_retry`` runs each ranged
+    :func:`~diloco_cli.data.tokens.ranges.process_range`); ``read_retry`` runs each ranged
     read under the caller's retry policy.
     """
 
@@ -96,11 +96,6 @@ class TokenBatches:
         return self.index.eos_token_id
 
     @property
-    def tokenizer_url(self) -> str | None:
-        """The dataset's ``tokenizer.json``, or None when it came without one."""
-        return f"{self._reader.location.url}/{self.index.tokenizer}" if self.index.tokenizer else None
-
-    @property
     def tokenizer_sha256(self) -> str:
         return self.index.tokenizer_sha256
 
@@ -136,7 +131,7 @@ class TokenBatches:
     def batch_at(self, step: int, batch_size: int, sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets (int64, ``[batch_size, sequence_length]``) of
         inner step ``step`` (from 0): windows ``step * batch_size`` onwards of this
-        process's range, wrapping around at its end (see :mod:`~diloco_cli.datasets.ranges`)."""
+        process's range, wrapping around at its end (see :mod:`~diloco_cli.data.tokens.ranges`)."""
         windows = windows_per_epoch(len(self.range), sequence_length)
         spans = [
             (first * sequence_length, (first + count) * sequence_length + 1)

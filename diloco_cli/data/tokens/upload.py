@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from diloco_cli.datasets.index import FORMAT, FROZEN, DatasetIndex, parse_document
-from diloco_cli.datasets.progress import Progress
-from diloco_cli.datasets.shards import PROGRESS_NAME
-from diloco_cli.datasets.storage import Location, Retry, join, read_if_present, remove_if_present, size_if_present
+from diloco_cli.data.tokens.index import FORMAT, FROZEN, DatasetIndex, parse_document
+from diloco_cli.data.tokens.progress import Progress
+from diloco_cli.data.tokens.shards import PROGRESS_NAME
+from diloco_cli.data.tokens.storage import Location, Retry, join, read_if_present, remove_if_present, size_if_present
 from diloco_cli.store.filesystem import write_whole
 
 UPLOADS_NAME = "uploads.json"

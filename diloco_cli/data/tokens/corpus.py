@@ -24,8 +24,8 @@ from typing import Any, Literal
 import fsspec
 from fsspec.utils import infer_compression
 
-from diloco_cli.datasets.index import DatasetError
-from diloco_cli.datasets.storage import open_filesystem
+from diloco_cli.data.tokens.index import DatasetError
+from diloco_cli.data.tokens.storage import open_filesystem
 
 CorpusFormat = Literal["auto", "text", "jsonl", "parquet"]
 

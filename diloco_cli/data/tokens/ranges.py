@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from diloco_cli.datasets.index import DatasetError
+from diloco_cli.data.tokens.index import DatasetError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Every learner reads only its own shard (a contiguous slice of the training text)
 two learners see the same bytes; the last part of the text is held out for evaluating
 the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
 the built-in corpus (``builtin:shakespeare``), which ships with the package and is
-checked by hash: nothing is fetched from a hub at run time (``training.corpora``).
+checked by hash: nothing is fetched from a hub at run time (:mod:`~diloco_cli.data.corpora`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diloco_cli.training.corpora import BUILTIN_PREFIX, DataError, builtin_corpus
+from diloco_cli.data.corpora import BUILTIN_PREFIX, DataError, builtin_corpus
 
 
 def load_text(source: str, storage_options: dict | None = None) -> bytes:

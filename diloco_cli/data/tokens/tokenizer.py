@@ -16,7 +16,7 @@ from typing import Any
 
 import fsspec
 
-from diloco_cli.datasets.index import DatasetError
+from diloco_cli.data.tokens.index import DatasetError
 
 EOS_TOKEN = "<|endoftext|>"
 """The end-of-document token a trained tokenizer gets (GPT-2's)."""

@@ -1,7 +1,7 @@
 """The corpora that ship with the package, checked by hash, and the data sources' error.
 
-Kept apart from the batching in ``training.data`` so that ``diloco up`` can check a
-recipe's ``data.source`` without importing torch.
+Kept apart from the batching in :mod:`~diloco_cli.data.text` so that ``diloco up`` can
+check a recipe's ``data.source`` without importing torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def builtin_corpus(name: str) -> bytes:
     if name not in BUILTIN_CORPORA:
         raise DataError(f"unknown built-in corpus {name!r}; available: {', '.join(sorted(BUILTIN_CORPORA))}")
     filename, digest = BUILTIN_CORPORA[name]
-    compressed = resources.files("diloco_cli").joinpath("data", filename).read_bytes()
+    compressed = resources.files("diloco_cli.data").joinpath(filename).read_bytes()
     text = zstandard.ZstdDecompressor().decompress(compressed)
     if hashlib.sha256(text).hexdigest() != digest:
         raise DataError(f"the built-in corpus {name!r} is damaged (hash mismatch); reinstall diloco")

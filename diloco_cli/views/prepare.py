@@ -1,0 +1,114 @@
+"""What ``diloco prepare`` shows: its progress on stderr (bars on a terminal, lines
+elsewhere) and, on stdout, what was made, kept and skipped, and where the index is."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a view renders what the data package made; it calls nothing there
+    from diloco_cli.data.tokens.index import DatasetIndex
+    from diloco_cli.data.tokens.prepare import Prepared
+    from diloco_cli.data.tokens.storage import Location
+
+
+class Bars:
+    """Progress as rich bars on stderr (a terminal)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
+        self.bars = Progress(*columns, console=Console(stderr=True))
+        self.task = None
+
+    def begin(self, description: str, total: int | None) -> None:
+        self._end_task()
+        self.task = self.bars.add_task(description, total=total)
+
+    def advance(self, amount: int) -> None:
+        self.bars.advance(self.task, amount)
+
+    def done(self, item: str, reused: bool) -> None:
+        pass
+
+    def _end_task(self) -> None:
+        """Show the stage that ends as full (a stage's total may be an estimate, or none)."""
+        if self.task is not None:
+            task = self.bars.tasks[-1]
+            finished = task.total if task.total is not None else task.completed
+            self.bars.update(self.task, total=finished, completed=finished)
+
+    def __enter__(self) -> Bars:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._end_task()
+        self.bars.stop()
+
+
+class Lines:
+    """Progress as plain lines on stderr (not a terminal: logs, pipes)."""
+
+    def begin(self, description: str, total: int | None) -> None:
+        print(f"{description} ...", file=sys.stderr, flush=True)
+
+    def advance(self, amount: int) -> None:
+        pass
+
+    def done(self, item: str, reused: bool) -> None:
+        print(f"  {item}{' (kept from an earlier run)' if reused else ''}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+def progress_display() -> Bars | Lines:
+    """Bars when stderr is a terminal, else plain lines (logs, pipes)."""
+    return Bars() if sys.stderr.isatty() else Lines()
+
+
+def render_prepared(prepared: Prepared) -> str:
+    """What was made, kept and skipped, and every location's index."""
+    if prepared.index is None:
+        lines = [f"already complete, nothing to do (--overwrite makes it again): {url}" for url in prepared.index_urls]
+        return "\n".join(lines)
+    index = prepared.index
+    lines = [
+        f"{index.train_tokens:,} training tokens in {len(index.train)} shards and "
+        f"{index.heldout.tokens:,} held-out tokens "
+        f"({index.dtype}, vocab {index.vocab_size:,}, tokenizer sha256 {index.tokenizer_sha256[:12]})",
+        f"shards: {prepared.shards_made} made, {prepared.shards_reused} kept from an earlier run; "
+        f"uploads: {prepared.uploads_skipped} files already in place",
+    ]
+    lines += [
+        f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls
+    ]
+    return "\n".join(lines)
+
+
+def render_indexed(index: DatasetIndex, location: Location) -> str:
+    """What ``diloco prepare --existing`` indexed, and where the index is."""
+    return (
+        f"indexed {index.train_tokens:,} training tokens in {len(index.train)} shards and "
+        f"{index.heldout.tokens:,} held-out tokens ({index.dtype}, vocab {index.vocab_size:,})\n"
+        f"index: {location.index_url}"
+    )
