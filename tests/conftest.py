@@ -62,14 +62,17 @@ def secret():
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--chaos-seconds", type=int, default=12, help="how long tests/test_chaos.py strikes, in seconds (CI: 12)"
+        "--chaos-seconds",
+        type=int,
+        default=12,
+        help="how long tests/integration/test_chaos.py strikes, in seconds (CI: 12)",
     )
     parser.addoption("--chaos-seed", type=int, default=1, help="the seed of its events")
     parser.addoption(
         "--kill-seeds",
         type=int,
         default=1,
-        help="how many seeded runs tests/test_faults.py kills the syncer in (CI: 1)",
+        help="how many seeded runs tests/integration/test_faults.py kills the syncer in (CI: 1)",
     )
 
 

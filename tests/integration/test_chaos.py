@@ -3,7 +3,7 @@ updates, snapshots and checkpoints damaged at rest, litter dropped, for the firs
 of a run; then the run must finish and its ledger audit clean.
 
 The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
-test with a larger value, e.g. ``python -m pytest tests/test_chaos.py --chaos-seconds 300``.
+test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py --chaos-seconds 300``.
 """
 
 import json

@@ -260,7 +260,7 @@ def test_resume_restarts_a_syncer_that_is_down_and_status_says_so(tmp_path):
     status = wait_finished(runs_dir, name, timeout=240)
     assert not status.problems and all(row.state == "finished" for row in status.learners)
     assert "nothing of run" in diloco("resume", name, "--runs-dir", str(runs_dir)).stdout
-    from tests.integration.test_faults import audit_ledger
+    from tests.support.runs import audit_ledger
 
     audit_ledger(runs_dir / name, load_run(runs_dir, name).secret())
     assert_bases_are_the_syncers(runs_dir, name)

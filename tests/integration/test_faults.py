@@ -1,25 +1,28 @@
-"""Faults: uploads cut short, the syncer killed at random points, a learner killed."""
+"""Faults in real runs: the syncer killed at random points, a learner killed (an upload cut
+short: tests/unit/test_uploads_cut_short.py)."""
 
 import os
 import random
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from diloco_cli.codec import decode_payload
-from diloco_cli.config.recipe import Recipe
-from diloco_cli.config.regions import RegionsFile
-from diloco_cli.core import decisions
-from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.launch.runs import load_run
-from diloco_cli.runtime.syncer.loop import Syncer
-from diloco_cli.store.region import PAYLOAD_KEY
-from tests.support.runs import TINY_RECIPE, child_pid, deep_update, diloco, wait_finished, wait_for, write_yaml
+from tests.support.runs import (
+    TINY_RECIPE,
+    audit_ledger,
+    child_pid,
+    deep_update,
+    diloco,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,68 +45,6 @@ def two_regions(tmp_path, east=1, west=1):
             ]
         },
     )
-
-
-def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
-    recipe = Recipe.model_validate(TINY_RECIPE)
-    regions = RegionsFile.model_validate(
-        {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
-    )
-    spec = resolve_run(recipe, regions, "unmarked", tmp_path)
-    syncer = Syncer(spec, secret)
-    syncer.start()
-    bucket = syncer.buckets["east"]
-    payload = bucket.store.get("global/snapshots/0000000000.dlc")  # any authentic payload
-    key = "payloads/east-0/000-000001000001.dlc"
-    bucket.store.put(key, payload[: len(payload) // 2])  # an upload killed midway: no marker
-    (Path(tmp_path) / "east" / "payloads" / "east-1").mkdir(parents=True)
-    (Path(tmp_path) / "east" / "payloads" / "east-1" / "000-000001000001.dlc.ab12.partial").write_bytes(b"half")
-    for _ in range(3):
-        assert not [
-            o
-            for o in syncer.observer.look(spec, read_heartbeats=False).observations
-            if isinstance(o, decisions.ArrivalSeen)
-        ]
-    assert bucket.payload_keys() == []
-    # once the upload completes (payload whole, then marker) it is seen
-    meta = {"base_version": 0, "c_steps": 10, "c_tokens": 100}
-    bucket.send_payload("east-0", 0, 1000002, payload, meta)
-    seen = [
-        o
-        for o in syncer.observer.look(spec, read_heartbeats=False).observations
-        if isinstance(o, decisions.ArrivalSeen)
-    ]
-    assert [o.arrival.key for o in seen] == ["east:payloads/east-0/000-000001000002.dlc"]
-
-
-def audit_ledger(run_dir: Path, secret):
-    """Every arrival merged at most once; every payload sent merged or superseded by a
-    newer merged one of the same learner and fragment; each learner's last send merged."""
-    record = load_run(run_dir.parent, run_dir.name)
-    commits = record.spec.home(secret).history()
-    assert [c.version for c in commits] == list(range(1, len(commits) + 1))
-    merged = [m.key for c in commits for m in c.merged]
-    retired = [r.key for c in commits for r in c.retired]
-    assert len(merged) == len(set(merged)), "an arrival was merged twice"
-    assert not set(merged) & set(retired)
-    assert len(retired) == len(set(retired))
-    newest_merged: dict[tuple[str, int], int] = {}
-    for key in merged:
-        match = PAYLOAD_KEY.match(key.split(":", 1)[1])
-        slot = (match["learner"], int(match["fragment"]))
-        newest_merged[slot] = max(newest_merged.get(slot, -1), int(match["sequence"]))
-    sent: dict[tuple[str, int], list[int]] = {}
-    for bucket in record.spec.buckets(secret):
-        for key in bucket.payload_keys():  # nothing was deleted: delete_consumed_payloads is off
-            match = PAYLOAD_KEY.match(key)
-            sent.setdefault((match["learner"], int(match["fragment"])), []).append(int(match["sequence"]))
-    assert sent, "no payloads were sent"
-    for slot, sequences in sent.items():
-        assert slot in newest_merged, f"nothing of {slot} was ever merged"
-        assert max(sequences) == newest_merged[slot], f"the last send of {slot} was lost"
-        for sequence in sequences:
-            assert sequence <= newest_merged[slot]
-    return commits, merged
 
 
 def pytest_generate_tests(metafunc):

@@ -16,20 +16,19 @@ import pytest
 import torch
 
 from diloco_cli.runtime.distributed import (
-    ProcessGroup,
     full_optimizer_state,
     full_parameters,
     install_parameters,
-    load_full_optimizer_state,
-    transformer_blocks,
 )
 from tests.support.fsdp_worker import (
-    MICRO_BATCH,
+    ONE_PROCESS,
     STEPS,
     batches,
+    bitwise_equal,
     build_model,
     installed_values,
     make_optimizer,
+    max_difference,
     record_name,
     train,
 )
@@ -43,8 +42,6 @@ the rounding of a gradient near zero moves its parameter by up to a fraction of 
 learning rate (1e-2).  One process with and without micro-batches differs by ~7e-5."""
 RELATIVE_TOLERANCE = 1e-4
 """Of the whole delta base - theta (relative L2), which a learner sends."""
-
-ONE_PROCESS = ProcessGroup()
 
 
 def free_port() -> int:
@@ -95,24 +92,12 @@ def launch_ranks(out: Path, parallelisms: list[str], compile: bool) -> dict[str,
     }
 
 
-def max_difference(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> float:
-    assert left.keys() == right.keys()
-    return max(float((left[name] - right[name]).abs().max()) for name in left)
-
-
 def relative_delta_error(theta: dict[str, torch.Tensor], reference_theta: dict[str, torch.Tensor]) -> float:
     """|| (base - theta) - (base - reference_theta) || / || base - reference_theta ||, base the initial model."""
     base = dict(build_model().named_parameters())
     error = sum(float((theta[n] - reference_theta[n]).square().sum()) for n in theta)
     size = sum(float((base[n].detach() - reference_theta[n]).square().sum()) for n in theta)
     return (error / size) ** 0.5
-
-
-def bitwise_equal(left: dict, right: dict) -> bool:
-    return left.keys() == right.keys() and all(
-        bitwise_equal(left[key], right[key]) if isinstance(left[key], dict) else torch.equal(left[key], right[key])
-        for key in left
-    )
 
 
 @pytest.fixture(scope="module")
@@ -177,48 +162,6 @@ def test_installs_and_optimizer_state_are_exact_on_every_rank(parallelism, ranks
     difference = max_difference(storage_rank["stepped"], reference["stepped"])
     print(f"{parallelism}: max difference one step after the install = {difference:.3g}")
     assert difference < TOLERANCE
-
-
-def test_one_process_gathers_copies_and_installs_exactly():
-    model = build_model()
-    optimizer = make_optimizer(model)
-    train(model, optimizer, batches()[0], MICRO_BATCH)
-    names = [name for name, _ in model.named_parameters()]
-    gathered = full_parameters(model, names, ONE_PROCESS)
-    next(iter(gathered.values())).add_(1.0)  # a copy: the model is untouched
-    assert max_difference(full_parameters(model, names, ONE_PROCESS), gathered) == 1.0
-    values = installed_values(model)
-    install_parameters(model, values, names, ONE_PROCESS)
-    assert bitwise_equal(full_parameters(model, names, ONE_PROCESS), values)
-
-    state = full_optimizer_state(model, optimizer, ONE_PROCESS)
-    fresh = make_optimizer(model)
-    load_full_optimizer_state(model, fresh, state, ONE_PROCESS)
-    assert bitwise_equal(full_optimizer_state(model, fresh, ONE_PROCESS), state)
-    # the loaded buffers are the optimizer's own, not the caller's
-    assert all(
-        fresh.state[p]["exp_avg"].data_ptr() != state[n]["exp_avg"].data_ptr() for n, p in model.named_parameters()
-    )
-    load_full_optimizer_state(model, fresh, {}, ONE_PROCESS)
-    assert not fresh.state
-
-
-def test_blocks_are_found_in_the_built_in_gpt_and_a_hugging_face_llama():
-    model = build_model()
-    assert transformer_blocks(model) == list(model.blocks)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=32,
-    )
-    llama = LlamaForCausalLM(config)
-    assert transformer_blocks(llama) == list(llama.model.layers)
 
 
 @pytest.mark.slow

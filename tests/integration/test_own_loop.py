@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from diloco_cli.config.loading import load_model
-from diloco_cli.config.recipe import Recipe
 from tests.support.runs import (
     assert_bases_are_the_syncers,
     assert_every_token_accounted,
@@ -92,26 +90,8 @@ def test_a_hugging_face_trainer_is_a_learner(tmp_path):
     assert_a_good_run(runs_dir, "trainer")
 
 
-def test_join_outside_a_run_says_how_to_start_one(monkeypatch):
-    import torch
-
-    from diloco_cli import join
-    from diloco_cli.runtime.learner.own_loop import NotInARun
-
-    for variable in ("DILOCO_MANIFEST", "DILOCO_LEARNER", "DILOCO_SECRET_FILE"):
-        monkeypatch.delenv(variable, raising=False)
-    model = torch.nn.Linear(2, 2)
-    with pytest.raises(NotInARun, match="training.entry_point.*diloco up"):
-        join(model, torch.optim.AdamW(model.parameters()), tokens_per_step=1)
-
-
 def test_a_missing_entry_point_is_refused_before_anything_starts(tmp_path):
     recipe = write_yaml(tmp_path / "recipe.yaml", {"training": {"entry_point": "no/such/train.py"}})
     result = diloco("up", str(recipe), "--dry-run", "--runs-dir", str(tmp_path / "runs"), check=False, cwd=tmp_path)
     assert result.returncode != 0 and "training.entry_point 'no/such/train.py': no such file" in result.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-
-
-def test_the_example_recipes_load():
-    for path in ("examples/plain-loop.yaml", "examples/hf-trainer.yaml"):
-        assert load_model(Recipe, ROOT / path).training.entry_point

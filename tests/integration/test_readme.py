@@ -12,36 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.readme import code_blocks, diloco_commands
 from tests.support.runs import interrupted_output, wait_processes_gone
 
 pytestmark = pytest.mark.slow
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def code_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def diloco_commands() -> list[str]:
-    commands = []
-    for block in code_blocks("bash"):
-        for line in block.splitlines():
-            command = line.split("  #")[0].strip()
-            if command.startswith("diloco "):
-                commands.append(command)
-    return commands
-
-
-def test_readme_shows_the_install_and_test_commands_that_ci_runs():
-    blocks = "\n".join(code_blocks("bash"))
-    ci = (README.parent / ".ci" / "run").read_text()
-    assert (
-        'pip install "torch==2.13.*" -e ".[test]"' in blocks
-        and 'pip install --quiet "torch==2.13.*" -e ".[test]"' in ci
-    )
-    assert "python -m pytest" in blocks and "\npython -m pytest\n" in ci
-    assert diloco_commands()[0] == "diloco up"
 
 
 def run(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:

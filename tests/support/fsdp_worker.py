@@ -1,4 +1,4 @@
-"""One rank of a learner of several processes, for tests/test_fsdp.py.
+"""One rank of a learner of several processes, for tests/integration/test_fsdp.py.
 
 Started as ``python -m tests.support.fsdp_worker --out DIR [--compile] PARALLELISM...`` by the test with
 torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).  For
@@ -92,6 +92,23 @@ def local_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def record_name(parallelism: str, compile: bool, rank: int) -> str:
     return f"{parallelism}{'-compiled' if compile else ''}-rank{rank}.pt"
+
+
+# What the tests compare: one process (no group), and records of parameters and optimizer state.
+
+ONE_PROCESS = ProcessGroup()
+
+
+def max_difference(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> float:
+    assert left.keys() == right.keys()
+    return max(float((left[name] - right[name]).abs().max()) for name in left)
+
+
+def bitwise_equal(left: dict, right: dict) -> bool:
+    return left.keys() == right.keys() and all(
+        bitwise_equal(left[key], right[key]) if isinstance(left[key], dict) else torch.equal(left[key], right[key])
+        for key in left
+    )
 
 
 def run(parallelism: str, compile: bool, device: torch.device, group: ProcessGroup, out: Path) -> None:

@@ -1,4 +1,5 @@
-"""Helpers for tests that start real runs: the CLI as a subprocess, tiny recipes, waiting."""
+"""Helpers for tests that start real runs: the CLI as a subprocess, tiny recipes, waiting,
+and the audits every run ends with (the ledger, the bases, every token)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.processes import group_members
 from diloco_cli.launch.runs import load_run
 from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.region import PAYLOAD_KEY
 from diloco_cli.views.run_state import RunStatus, collect_status
 
 TINY_RECIPE: dict[str, Any] = {
@@ -190,3 +192,33 @@ def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None
         for fragment in range(record.spec.recipe.sync.num_fragments):
             accounted = tokens_merged(history, learner, fragment) + beat.tokens_overwritten.get(fragment, 0)
             assert accounted == beat.tokens, (learner, fragment, accounted, beat.tokens)
+
+
+def audit_ledger(run_dir: Path, secret):
+    """Every arrival merged at most once; every payload sent merged or superseded by a
+    newer merged one of the same learner and fragment; each learner's last send merged."""
+    record = load_run(run_dir.parent, run_dir.name)
+    commits = record.spec.home(secret).history()
+    assert [c.version for c in commits] == list(range(1, len(commits) + 1))
+    merged = [m.key for c in commits for m in c.merged]
+    retired = [r.key for c in commits for r in c.retired]
+    assert len(merged) == len(set(merged)), "an arrival was merged twice"
+    assert not set(merged) & set(retired)
+    assert len(retired) == len(set(retired))
+    newest_merged: dict[tuple[str, int], int] = {}
+    for key in merged:
+        match = PAYLOAD_KEY.match(key.split(":", 1)[1])
+        slot = (match["learner"], int(match["fragment"]))
+        newest_merged[slot] = max(newest_merged.get(slot, -1), int(match["sequence"]))
+    sent: dict[tuple[str, int], list[int]] = {}
+    for bucket in record.spec.buckets(secret):
+        for key in bucket.payload_keys():  # nothing was deleted: delete_consumed_payloads is off
+            match = PAYLOAD_KEY.match(key)
+            sent.setdefault((match["learner"], int(match["fragment"])), []).append(int(match["sequence"]))
+    assert sent, "no payloads were sent"
+    for slot, sequences in sent.items():
+        assert slot in newest_merged, f"nothing of {slot} was ever merged"
+        assert max(sequences) == newest_merged[slot], f"the last send of {slot} was lost"
+        for sequence in sequences:
+            assert sequence <= newest_merged[slot]
+    return commits, merged

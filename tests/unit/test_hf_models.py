@@ -26,7 +26,7 @@ from diloco_cli.models.hf import causal_lm
 from diloco_cli.runtime import export
 from diloco_cli.runtime.export import dataset_tokenizer_json, sample_text, sampling_tokenizer, save_hugging_face
 from diloco_cli.store.documents import Head
-from tests.unit.test_cli import made_run
+from tests.support.runs_on_disk import made_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "builtin:tiny-llama"

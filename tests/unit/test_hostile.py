@@ -8,29 +8,38 @@ frames tagged with another key or written by another run, authentic bytes moved 
 where they do not belong (an older payload's body under a newer marker, a merged
 payload copied to a new key or back to its own), frames whose header declares absurd
 sizes or does not parse, keys that try to leave the ``payloads/`` prefix, a truncated
-snapshot, a marker whose payload is gone, and a flood of junk keys.
+snapshot, a marker whose payload is gone, and a flood of junk keys.  (The keys that try to
+leave the prefix in a real S3 bucket: tests/integration/test_hostile_s3.py.)
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
+from diloco_cli.codec import RunSecret
 from diloco_cli.codec.frame import PREFIX
 from diloco_cli.core.types import FragmentIndex
-from diloco_cli.store.documents import SyncerPhase
-from diloco_cli.store.region import MARKER_SPEC, payload_key, snapshot_key
-from diloco_cli.views.run_state import collect_status
-from diloco_cli.views.status import render_json, render_plain
+from diloco_cli.store.region import payload_key, snapshot_key
 from tests.support.harness import Harness
-
-FOREIGN = RunSecret(bytes(range(100, 132)))
-"""A key that is not the run's."""
+from tests.support.hostile import (
+    FOREIGN,
+    assert_merges_go_on,
+    assert_weights_unchanged,
+    frame,
+    fresh_sends,
+    marker,
+    marker_meta,
+    merged_keys,
+    plant,
+    removed,
+    shown,
+    weights,
+    with_declared_sizes,
+)
 
 
 @pytest.fixture
@@ -39,93 +48,6 @@ def harness(tmp_path, secret):
     made = Harness(tmp_path, secret, leftover_seconds=60)
     yield made
     made.close()
-
-
-# ------------------------------------------------------------------------- helpers
-
-
-def frame(secret: RunSecret, meta: dict, values: int = 16) -> bytes:
-    return encode_payload([("w", torch.ones(values))], CodecSpec(), secret, meta)
-
-
-def marker(secret: RunSecret, meta: dict) -> bytes:
-    return encode_payload([], MARKER_SPEC, secret, meta)
-
-
-def marker_meta(key: str, **extra) -> dict:
-    _, learner, name = key.split("/")
-    fragment, sequence = name.removesuffix(".dlc").split("-")
-    return {
-        "learner": learner,
-        "fragment": int(fragment),
-        "sequence": int(sequence),
-        "base_version": 0,
-        "c_steps": 10,
-        "c_tokens": 1000,
-        **extra,
-    }
-
-
-def plant(bucket, key: str, payload: bytes, marker_bytes: bytes) -> None:
-    """An object and its marker, written as a learner would (payload first)."""
-    bucket.store.put(key, payload)
-    bucket.store.put(key + ".ready", marker_bytes)
-
-
-def with_declared_sizes(data: bytes, header_bytes: int | None = None, body_bytes: int | None = None) -> bytes:
-    """``data`` with its prefix's declared header and body lengths replaced (tag unchanged)."""
-    magic, version, flags, fingerprint, header, body = PREFIX.unpack_from(data)
-    prefix = PREFIX.pack(
-        magic,
-        version,
-        flags,
-        fingerprint,
-        header if header_bytes is None else header_bytes,
-        body if body_bytes is None else body_bytes,
-    )
-    return prefix + data[PREFIX.size :]
-
-
-def weights(syncer) -> dict[str, torch.Tensor]:
-    return {name: tensor.clone() for name, tensor in syncer.state.theta.items()}
-
-
-def assert_weights_unchanged(syncer, before: dict[str, torch.Tensor], versions: dict) -> None:
-    assert dict(syncer.state.fragment_versions) == versions
-    for name, tensor in syncer.state.theta.items():
-        assert torch.equal(tensor, before[name]), f"{name} moved without a real payload"
-
-
-def fresh_sends(harness, learner, steps=10) -> dict[FragmentIndex, str]:
-    """Train ``learner`` until its sends are in the bucket (not merged yet): key by fragment."""
-    known = set(harness.bucket.payload_keys())
-    harness.train(learner, steps)
-    return {FragmentIndex(int(key.split("/")[2][:3])): key for key in harness.bucket.payload_keys() if key not in known}
-
-
-def merged_keys(syncer) -> list[str]:
-    return [payload.key for record in syncer.home.history() for payload in record.merged]
-
-
-def shown(harness) -> tuple[dict, str]:
-    """What ``diloco status -o json`` shows of the region, and the plain view."""
-    harness.syncer.write_status(SyncerPhase.RUNNING)
-    status = collect_status(harness.spec, harness.secret)
-    return json.loads(render_json(status))["regions"][0], render_plain(status)
-
-
-def removed(harness) -> int:
-    """Leftovers the syncer's sweepers removed, as its status counts them."""
-    return harness.syncer.status(SyncerPhase.RUNNING).leftovers_removed
-
-
-def assert_merges_go_on(harness, planted: list[str]) -> None:
-    """A real send still merges, and none of ``planted`` ever was."""
-    version = harness.syncer.state.version
-    harness.train(harness.learners[0], 10)
-    harness.merge()
-    assert harness.syncer.state.version > version
-    assert not set(merged_keys(harness.syncer)) & {f"east:{key}" for key in planted}
 
 
 # --------------------------------------------------------------------------- tests
@@ -341,44 +263,6 @@ def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
     region, text = shown(harness)
     assert region["refusals"] == {"marker": 1_000}
     assert f"removed {removed(harness)} leftovers" in text
-
-
-def test_keys_that_leave_the_payload_prefix_in_s3_are_refused_and_never_touch_what_they_name(tmp_path, secret, s3):
-    """S3 keys are opaque strings: ``payloads/../x`` is a key of its own, not a path."""
-    url = s3.create_bucket(f"hostile-{time.monotonic_ns()}")
-    harness = Harness(
-        tmp_path, secret, bucket=url + "/{run}", storage_options={"endpoint_url": s3.endpoint_url}, leftover_seconds=60
-    )
-    try:
-        escaping = [
-            "payloads/../000-000001000001.dlc",
-            "payloads/..%2F/000-000001000002.dlc",
-            "payloads/./001-000001000003.dlc",
-        ]
-        stray = ["payloads//abs/000-000001000004.dlc", "payloads/east-0/../../global/head.json"]
-        decoy = "000-000001000001.dlc"  # where the first would land if ".." were resolved
-        harness.bucket.store.put(decoy, b"not a diloco object")
-        for key in escaping + stray:
-            plant(harness.bucket, key, b"x", marker(FOREIGN, {}))
-        before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
-        harness.merge()
-        assert_weights_unchanged(harness.syncer, before, versions)
-        refusals = harness.syncer.observer.refusals["east"]
-        assert refusals.counts == {"marker": len(escaping)}
-        assert {note.key for note in refusals.recent} == set(escaping)
-        assert_merges_go_on(harness, escaping)
-        listed = harness.bucket.store.list("", include_partial=True)
-        assert not set(escaping) & set(listed) and decoy in listed
-        now = harness.syncer.clock()
-        harness.syncer.sweep(now)
-        harness.syncer.sweep(now + harness.spec.recipe.sync.leftover_seconds)
-        listed = harness.bucket.store.list("", include_partial=True)
-        assert not any(key.startswith(tuple(stray)) for key in listed) and decoy in listed
-        assert harness.bucket.read_head().version == harness.syncer.state.version
-        region, _ = shown(harness)
-        assert region["refusals"] == {"marker": len(escaping)}
-    finally:
-        harness.close()
 
 
 def test_heartbeats_that_break_the_json_reader_are_refused_not_a_crash(harness):

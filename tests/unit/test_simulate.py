@@ -151,15 +151,3 @@ def test_the_plot_is_drawn_or_says_how_to_get_matplotlib(tmp_path, monkeypatch):
     )
     missing = runner.invoke(app, ["simulate", "goodput", *SMALL, "--plot", str(tmp_path / "other.png")])
     assert missing.exit_code == 2 and "pip install 'diloco-cli[plots]'" in missing.output
-
-
-def test_help_loads_neither_the_simulation_nor_matplotlib():
-    import subprocess
-    import sys
-
-    probe = (
-        "import sys, diloco_cli.cli.app; "
-        "print(sorted(m for m in ('matplotlib', 'diloco_cli.simulate', 'torch') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
