@@ -45,7 +45,7 @@ torch.set_num_threads(1)
 @pytest.fixture
 def s3(monkeypatch):
     """A moto S3 server, its address and dummy credentials in the environment."""
-    from tests.servers import moto_s3_server
+    from tests.support.servers import moto_s3_server
 
     with moto_s3_server() as server:
         for variable, value in server.env.items():
@@ -62,14 +62,17 @@ def secret():
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--chaos-seconds", type=int, default=12, help="how long tests/test_chaos.py strikes, in seconds (CI: 12)"
+        "--chaos-seconds",
+        type=int,
+        default=12,
+        help="how long tests/integration/test_chaos.py strikes, in seconds (CI: 12)",
     )
     parser.addoption("--chaos-seed", type=int, default=1, help="the seed of its events")
     parser.addoption(
         "--kill-seeds",
         type=int,
         default=1,
-        help="how many seeded runs tests/test_faults.py kills the syncer in (CI: 1)",
+        help="how many seeded runs tests/integration/test_faults.py kills the syncer in (CI: 1)",
     )
 
 
@@ -91,8 +94,8 @@ def _no_local_process_outlives_its_test(request):
 
 @pytest.fixture
 def harness(tmp_path, secret):
-    """A syncer and two learners of one region, advanced by hand (tests/harness.py)."""
-    from tests.harness import Harness
+    """A syncer and two learners of one region, advanced by hand (tests/support/harness.py)."""
+    from tests.support.harness import Harness
 
     made = Harness(tmp_path, secret)
     yield made

@@ -1,0 +1,47 @@
+"""The GPU benchmark: without CUDA it measures nothing and says so; its measuring code
+runs here on the CPU at tiny sizes (``--device cpu --quick``)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU it would run the whole benchmark")
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+    output = tmp_path / "gpu.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--output", str(output)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA GPU found" in result.stdout and "nothing measured" in result.stdout
+    assert not output.exists()
+
+
+def test_the_measurements_run_on_the_cpu(tmp_path):
+    output = tmp_path / "gpu.json"
+    gpu.main(["--device", "cpu", "--quick", "--output", str(output)])
+    document = json.loads(output.read_text())
+    results = document["results"]
+    assert document["benchmark"] == "gpu" and document["settings"]["device"] == "cpu"
+    assert results["device"] == "cpu" and results["peak_bf16_TFLOPs"] is None
+    assert [row["model"] for row in results["training"]] == ["default gpt 1x32", "llama 64x2"]
+    for row in results["training"]:
+        assert row["tokens_per_second"] > 0 and row["model_TFLOPs"] > 0 and row["MFU"] is None
+        assert row["precision"] == "bf16" and row["steps"] == 3
+    assert results["installs_bit_exact"] is True
+    assert {row["codec"] for row in results["codec"]} == {"fp32", "bf16", "int8", "int4"}
+    for row in results["codec"]:
+        assert row["same_payload_as_cpu"] and row["same_values_as_cpu"]
+        assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0 and 0 < row["payload_MB"] < row["fp32_MB"]

@@ -1,0 +1,112 @@
+"""Chaos: learners and the syncer killed and paused at random, payloads, markers,
+updates, snapshots and checkpoints damaged at rest, litter dropped, for the first part
+of a run; then the run must finish and its ledger audit clean.
+
+The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
+test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py --chaos-seconds 300``.
+"""
+
+import json
+import time
+
+import pytest
+
+from diloco_cli.launch.runs import load_run
+from diloco_cli.store.region import PAYLOAD_KEY
+from diloco_cli.views.run_state import collect_status
+from tests.support.chaos import Chaos
+from tests.support.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    deep_update,
+    diloco,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def audit(runs_dir, name, damaged):
+    """Nothing merged twice; every payload merged, retired, or below a merged one of its
+    learner and fragment; each learner's last send merged unless it was damaged."""
+    record = load_run(runs_dir, name)
+    secret = record.secret()
+    history = record.spec.home(secret).history()
+    assert [c.version for c in history] == list(range(1, len(history) + 1))
+    merged = [m.key for c in history for m in c.merged]
+    retired = {r.key for c in history for r in c.retired}
+    assert len(merged) == len(set(merged)), "an arrival was merged twice"
+    assert not set(merged) & retired
+    for commit in history:  # a payload damaged before its merge began must have been refused
+        for payload in commit.merged:
+            damaged_at = damaged.get(payload.key)
+            assert damaged_at is None or damaged_at > commit.time - commit.seconds - 2.0, (
+                f"damaged {payload.key} was merged"
+            )
+    newest: dict[tuple[str, int], int] = {}
+    for key in merged:
+        match = PAYLOAD_KEY.match(key.split(":", 1)[1])
+        slot = (match["learner"], int(match["fragment"]))
+        newest[slot] = max(newest.get(slot, -1), int(match["sequence"]))
+    for bucket in record.spec.buckets(secret):
+        for key in bucket.payload_keys():  # delete_consumed_payloads is off: all are here
+            name_ = f"{bucket.name}:{key}"
+            match = PAYLOAD_KEY.match(key)
+            slot, sequence = (match["learner"], int(match["fragment"])), int(match["sequence"])
+            assert name_ in merged or name_ in retired or sequence <= newest.get(slot, -1), f"{name_} was lost"
+    return history
+
+
+def test_chaos_then_a_clean_audit(tmp_path, request):
+    seconds = request.config.getoption("--chaos-seconds")
+    runs_dir, name = tmp_path / "runs", "chaos"
+    changes = {
+        "training": {"num_learners": 3, "inner_steps": 400 + 40 * seconds, "checkpoint_every_steps": 30},
+        "sync": {
+            "delete_consumed_payloads": False,
+            "leftover_seconds": 3,
+            "snapshot_every": 4,
+            "liveness_timeout_seconds": 15,
+        },
+    }
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {
+                    "name": "east",
+                    "bucket": f"file://{tmp_path}/buckets/east",
+                    "hosts": [{"name": "local", "learners": 2}],
+                },
+                {
+                    "name": "west",
+                    "bucket": f"file://{tmp_path}/buckets/west",
+                    "hosts": [{"name": "local", "learners": 1}],
+                },
+            ]
+        },
+    )
+    diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
+    chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and collect_status(load_run(runs_dir, name).spec).state != "finished":
+        chaos.strike()
+        time.sleep(1.0)
+    chaos.calm()
+    try:
+        status = wait_finished(runs_dir, name, timeout=300 + 2 * seconds)
+    except AssertionError as error:
+        raise AssertionError(f"chaos events: {chaos.events}") from error
+    assert all(row.state == "finished" for row in status.learners), status.learners
+    audit(runs_dir, name, chaos.damaged)
+    assert_bases_are_the_syncers(runs_dir, name)
+    assert not [path for path in chaos.litter if path.exists()], "litter was not swept"
+    shown = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
+    assert shown["state"] == "finished" and not shown["syncer"]["given_up"], shown["problems"]
+    assert "Traceback" not in (runs_dir / name / "logs" / "syncer.log").read_text(), (
+        "the syncer crashed (killed is fine)"
+    )

@@ -1,0 +1,77 @@
+"""The command line's front door, as a user's shell runs it: in a process of its own (what it
+imports, its errors, its output into a closed pipe)."""
+
+from typer.testing import CliRunner
+
+from diloco_cli.cli.app import app
+from tests.support.runs_on_disk import made_run
+
+runner = CliRunner()
+
+
+def test_commands_that_only_read_buckets_do_not_import_torch():
+    """``--help``, ``status``, ``runs``, ``logs``, ``down``, ``report`` and ``up`` load without
+    torch (a multi-second import), so they answer at once on any machine; only the
+    processes that train or merge import it."""
+    import subprocess
+    import sys
+
+    modules = [
+        "diloco_cli.cli.app",
+        "diloco_cli.views.status",
+        "diloco_cli.launch.logs",
+        "diloco_cli.views.runs",
+        "diloco_cli.launch.operations",
+        "diloco_cli.views.report",
+        "diloco_cli.views.report_html",
+        "diloco_cli.bandwidth.prices",
+        "diloco_cli.launch.up",
+        "diloco_cli.views.dry_run",
+        "diloco_cli.views.traffic_plan",
+        "diloco_cli.views.preflight",
+    ]
+    probe = f"import sys; [__import__(m) for m in {modules!r}]; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_errors_are_one_line_and_a_nonzero_exit(tmp_path):
+    import subprocess
+    import sys
+
+    missing = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", "status", "--manifest", f"file://{tmp_path}/missing/manifest.json"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert (
+        missing.stderr.strip() == f"error: file://{tmp_path}/missing/manifest.json: no such manifest; "
+        "a run's is <bucket>/<run>/manifest.json (or runs/<run>/run.json here)"
+    )
+    bad = runner.invoke(app, ["runs", "--output", "xml"])
+    assert bad.exit_code == 2 and "'xml' is not one of 'text', 'json'" in bad.output
+
+
+def test_logs_into_a_closed_pipe_end_quietly_and_follow_ends_with_its_process(tmp_path):
+    import subprocess
+    import sys
+
+    runs_dir, run_dir = made_run(tmp_path)
+    (run_dir / "logs" / "syncer.log").write_text("a line of the syncer's log\n" * 50_000)
+    piped = subprocess.run(
+        f"{sys.executable} -m diloco_cli logs made syncer --runs-dir {runs_dir} | head -n 1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 0 and piped.stdout == "a line of the syncer's log\n" and piped.stderr == ""
+    followed = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", "logs", "made", "syncer", "--follow", "--runs-dir", str(runs_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert followed.returncode == 0 and followed.stdout.count("a line") == 50_000  # no process: nothing more will come

@@ -1,0 +1,48 @@
+"""The command line's front door, in-process (in processes of its own:
+tests/integration/test_cli_processes.py)."""
+
+from typer.testing import CliRunner
+
+from diloco_cli import __version__
+from diloco_cli.cli.app import app
+from tests.support.runs_on_disk import made_run
+
+runner = CliRunner()
+
+
+def test_help_states_the_purpose_in_one_sentence():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "Train one PyTorch model across regions and clouds joined only by object storage" in text
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"diloco {__version__}"
+
+
+def test_bare_diloco_prints_help_and_succeeds():
+    result = runner.invoke(app, [])
+    assert result.exit_code == 0 and "Commands:" in result.output and "resume" in result.output
+
+
+def test_help_shows_no_type_after_flags_and_a_readable_prompt_default():
+    up = runner.invoke(app, ["up", "--help"]).output
+    assert "<bool>" not in up and "<list" not in up and "--set KEY=VALUE" in up
+    sample = " ".join(runner.invoke(app, ["sample", "--help"]).output.split())
+    assert "[default: (a new line)]" in sample
+
+
+def test_runs_says_a_run_that_never_ran_is_down_and_lists_json(tmp_path):
+    import json
+
+    runs_dir, run_dir = made_run(tmp_path)
+    record = json.loads((run_dir / "run.json").read_text())
+    record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    (run_dir / "processes" / "syncer.json").write_text(json.dumps({"state": "finished"}))
+    listed = json.loads(runner.invoke(app, ["runs", "-o", "json", "--runs-dir", str(runs_dir)]).output)
+    assert [(r["name"], r["state"], r["learners"]) for r in listed] == [("made", "finished", 4)]
+    (run_dir / "processes" / "syncer.json").write_text(json.dumps({"state": "running"}))  # but its process is gone
+    assert "made" in (text := runner.invoke(app, ["runs", "--runs-dir", str(runs_dir)]).output) and " down " in text

@@ -1,0 +1,68 @@
+"""Every byte metered, in-process: keys by kind, counts that continue across restarts with
+their history, histories of several processes summed (tests/integration/test_metering.py
+checks the counts against what real S3 servers received and sent)."""
+
+from __future__ import annotations
+
+from diloco_cli.bandwidth.report import summed_history
+from diloco_cli.codec import RunSecret
+from diloco_cli.store.metering import StorageMeter, Traffic, thinned
+from diloco_cli.store.region import kind_of_key
+
+
+def test_kinds_of_keys():
+    assert kind_of_key("payloads/r0-0/000-000000000001.dlc") == "payload"
+    assert kind_of_key("payloads/r0-0/000-000000000001.dlc.ready") == "marker"
+    assert kind_of_key("global/updates/0000000003-001.dlc") == "update"
+    assert kind_of_key("global/snapshots/0000000000.dlc") == "snapshot"
+    assert kind_of_key("checkpoints/r0-0/0000000015.dlc") == "checkpoint"
+    assert kind_of_key("global/head.json") == "head"
+    assert kind_of_key("global/syncer.json") == "status"
+    assert kind_of_key("heartbeats/r0-0.json") == "heartbeat"
+    assert kind_of_key("control/r0-0.epoch") == "control"
+    assert kind_of_key("stray/junk") == "other"
+
+
+def test_counts_continue_across_restarts_with_their_history():
+    first = StorageMeter()
+    first.count("payload", requests=2, op="write", up=1000, seconds=0.5)
+    before = first.snapshot()
+    second = StorageMeter()
+    second.count("payload", requests=1, op="write", up=300)
+    second.count("listing", requests=1, op="list", down=700)
+    total = before.plus(second.snapshot())
+    assert total.kinds["payload"] == Traffic(requests=3, writes=3, bytes_up=1300, seconds=0.5)
+    assert total.bytes_up == 1300 and total.bytes_down == 700 and total.requests == 4
+    # the second start's samples continue from the first's totals
+    assert [sample[1:] for sample in total.history] == [(1000, 0), (1300, 700)]
+    assert len(thinned([(float(i), i, 0) for i in range(500)], 120)) <= 120
+    assert thinned([(float(i), i, 0) for i in range(500)], 120)[-1] == (499.0, 499, 0)
+
+
+def test_histories_of_several_processes_add_up_as_step_functions():
+    a = [(10.0, 100, 1), (20.0, 200, 2)]
+    b = [(15.0, 1000, 10), (30.0, 3000, 30)]
+    assert summed_history([a, b]) == [(10.0, 100, 1), (15.0, 1100, 11), (20.0, 1200, 12), (30.0, 3200, 32)]
+
+
+def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):
+    from diloco_cli.runtime.syncer.loop import Syncer
+    from diloco_cli.store.documents import SyncerPhase
+    from tests.support.harness import Harness
+
+    harness = Harness(tmp_path, RunSecret.generate())
+    harness.train(harness.learners[0], 10)
+    harness.merge()
+    harness.syncer.write_status(SyncerPhase.RUNNING)
+    before = harness.bucket.read_syncer_status().storage["east"]
+    assert before.kinds["payload"].bytes_down > 0 and before.kinds["update"].bytes_up > 0
+    restarted = Syncer(harness.spec, harness.secret)
+    restarted.start()
+    restarted.write_status(SyncerPhase.RUNNING)
+    after = harness.bucket.read_syncer_status().storage["east"]
+    for kind, traffic in before.kinds.items():
+        assert after.kinds[kind].requests >= traffic.requests and after.kinds[kind].bytes_down >= traffic.bytes_down, (
+            kind
+        )
+    assert after.requests > before.requests  # the new start's own calls come on top
+    assert after.history[: len(before.history)] == before.history

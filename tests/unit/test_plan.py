@@ -1,0 +1,445 @@
+"""``diloco plan``: the traffic model against hand calculations, the suggested H, prices."""
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from diloco_cli.bandwidth import document_sizes
+from diloco_cli.bandwidth.model import (
+    RunShape,
+    data_parallel_bytes_per_step,
+    predict,
+    ring_region_crossings,
+    smallest_sync_interval,
+)
+from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.traffic_plan import TrafficPlan
+from diloco_cli.cli.app import app
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.views.traffic_plan import render_traffic_plan
+
+runner = CliRunner()
+
+# The default recipe: M=4 learners (two regions of two), K=4, H=25, P=2, batch 16 x 128
+# bytes, 300 inner steps; its model has 842,496 parameters.
+M, K, H, P = 4, 4, 25, 2
+PARAMETERS = 842_496
+TOKENS_PER_STEP = 16 * 128
+BUDGET = M * 300 * TOKENS_PER_STEP  # 2,457,600
+STEP = 1.0  # --step-seconds
+RATE = 10e6 / 8  # --link-mbit 10, in bytes per second
+LATENCY = 0.040  # --latency-ms 40, one way
+ARGS = ["plan", "--step-seconds", "1", "--link-mbit", "10", "--latency-ms", "40"]
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """``diloco plan`` on the default recipe, as JSON and as text."""
+    as_json = runner.invoke(app, [*ARGS, "--output", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    as_text = runner.invoke(app, ARGS)
+    assert as_text.exit_code == 0, as_text.output
+    return json.loads(as_json.output), as_text.output
+
+
+def test_the_default_recipe_matches_a_hand_calculation(planned):
+    plan, _ = planned
+    shape, d = plan["shape"], plan["diloco"]
+    assert plan["parameters"] == PARAMETERS and sum(plan["fragment_parameters"]) == PARAMETERS
+    assert plan["tokens_budget"] == BUDGET and plan["tokens_per_step"] == TOKENS_PER_STEP
+
+    # Payload sizes are the real encoder's: int4 packs two values a byte plus a 2-byte
+    # scale per block of 64, then zstd shrinks that a little; updates are int8.
+    for parameters, upload, update in zip(
+        plan["fragment_parameters"], shape["uploads"]["bytes"], shape["updates"]["bytes"]
+    ):
+        int4, int8 = parameters / 2 + parameters / 32, parameters + parameters / 32
+        assert 0.6 * int4 < upload < int4 + 4096
+        assert 0.6 * int8 < update < int8 + 4096
+
+    # The training thread: T = t + o, o = (sum encode + M/K sum install) / H + checkpoint / 100.
+    overhead = (sum(shape["uploads"]["seconds"]) + M / K * sum(shape["updates"]["seconds"])) / H + shape[
+        "checkpoint_seconds"
+    ] / 100
+    period = STEP + overhead
+    assert d["overhead_seconds"] == pytest.approx(overhead)
+    assert d["period_seconds"] == pytest.approx(period)
+
+    # Each link carries its 2 learners' payloads: 2 x (sum of both fragments) every H steps.
+    payload_per_second = 2 * sum(shape["uploads"]["bytes"]) / (H * period)
+    merges_per_second = M / K * P / (H * period)
+    update_per_second = merges_per_second * sum(shape["updates"]["bytes"]) / P
+    snapshot_per_second = merges_per_second / 20 * shape["snapshot_bytes"]
+    for link in d["links"]:
+        flows = {(f["kind"], f["direction"]): f for f in link["flows"]}
+        assert flows["payload", "down"]["bytes_per_second"] == pytest.approx(payload_per_second)
+        assert flows["payload", "down"]["get_per_second"] == pytest.approx(2 * P / (H * period))
+        assert flows["update", "up"]["bytes_per_second"] == pytest.approx(update_per_second)
+        assert flows["snapshot", "up"]["bytes_per_second"] == pytest.approx(snapshot_per_second)
+        assert flows["status", "up"]["put_per_second"] == pytest.approx(1 / 2.0)  # every sync.status_seconds
+        assert flows["heartbeat", "down"]["get_per_second"] == pytest.approx(2 / 2.0)  # each learner's, as often
+        assert link["utilization"] == pytest.approx(
+            max(link["up_bytes_per_second"], link["down_bytes_per_second"]) / RATE
+        )
+
+    # Not saturated at 1 s a step: the compute share is t / T and tokens flow at M x 2048 / T.
+    assert d["syncer_busy"] < 1 and d["network_factor"] == 1.0 and d["bottleneck"] == "none"
+    assert d["compute_share"] == pytest.approx(STEP / period)
+    assert plan["time_to_budget_seconds"] == pytest.approx(BUDGET / (M * TOKENS_PER_STEP / period))
+
+    # Data-parallel: 2(M-1)/M x 2 bytes x N per worker per step, over the 10 Mbit/s link,
+    # plus 2(M-1) latencies, after the step's compute.
+    dp = plan["data_parallel"]
+    per_step = 2 * (M - 1) / M * 2 * PARAMETERS
+    assert per_step == 2_527_488 == dp["bytes_per_step"] == data_parallel_bytes_per_step(PARAMETERS, M)
+    allreduce = per_step / RATE + 2 * (M - 1) * LATENCY  # 2.0219904 + 0.24
+    assert dp["allreduce_seconds"] == pytest.approx(2.2619904)
+    assert dp["step_seconds"] == pytest.approx(STEP + allreduce)
+    assert dp["compute_share"] == pytest.approx(STEP / (STEP + allreduce))  # 30.7%
+    assert plan["data_parallel_time_to_budget_seconds"] == pytest.approx(
+        BUDGET / (M * TOKENS_PER_STEP) * (STEP + allreduce)
+    )
+    # The ring visits local-a's two workers, then local-b's: 2 of its 4 hops cross
+    # between the regions, each carrying one worker's share (half of 1234 B per token).
+    assert dp["region_crossings"] == 2
+    assert dp["wan_bytes_per_token"] == pytest.approx(2 * per_step / (M * TOKENS_PER_STEP))
+    assert plan["bytes_ratio"] == pytest.approx(dp["wan_bytes_per_token"] / d["wan_bytes_per_token"])
+    assert plan["bytes_ratio"] > 10  # what Decoupled DiLoCo saves
+
+
+def test_text_shows_the_same_numbers_as_json(planned):
+    plan, _ = planned
+    # the same plan (a second one would time its encodes anew)
+    text = render_traffic_plan(TrafficPlan.model_validate(plan))
+    d, dp = plan["diloco"], plan["data_parallel"]
+    assert "local-a" in text and "local-b" in text
+    assert (
+        f"useful share     {100 * d['compute_share']:.1f}%" in text
+        and f"computing        {100 * d['cpu_share']:.1f}%" in text
+    )
+    assert f"{d['links'][0]['up_bytes_per_second'] / 1e6:.3f}" in text
+    assert "2(W-1)/W x 2 B x N" in text and "2.5 MB per worker" in text
+    assert f"{dp['allreduce_seconds']:.3f} s all-reduce" in text
+    assert f"compute share    {100 * dp['compute_share']:.1f}%" in text
+    assert f"{plan['bytes_ratio']:.1f}x" in text and "(2 of the ring's 4 hops between regions)" in text
+    assert f"H={plan['suggestion']['sync_interval']}" in text
+
+
+def test_a_ring_crosses_between_regions_once_per_region_that_holds_workers():
+    assert ring_region_crossings([4]) == 0  # one region: nothing crosses the WAN
+    assert ring_region_crossings([2, 2]) == 2
+    assert ring_region_crossings([1, 0, 3, 2]) == 3  # a region without workers is not on the ring
+
+
+def test_the_suggested_interval_reaches_the_target_and_half_of_it_does_not(planned):
+    plan, _ = planned
+    s = plan["suggestion"]
+    assert s["reached"] and s["compute_share"] >= s["target_compute_share"] == 0.9
+    assert s["sync_interval"] > 1 and s["half_interval"] == s["sync_interval"] // 2
+    assert s["half_interval_compute_share"] < 0.9
+    # the smallest H with the recipe's codecs, checked on the model itself: H reaches it, H-1 does not
+    shape = RunShape.model_validate(plan["shape"])
+    ours = next(o for o in s["options"] if (o["upload_codec"], o["update_codec"]) == ("int4", "int8"))
+    at = lambda interval: predict(shape.model_copy(update={"sync_interval": interval})).compute_share  # noqa: E731
+    assert at(ours["sync_interval"]) >= 0.9 > at(ours["sync_interval"] - 1)
+    assert min(o["sync_interval"] for o in s["options"]) == s["sync_interval"]
+    # on a link too slow for even the status documents, no H reaches it
+    slow = shape.model_copy(
+        update={"links": tuple(link.model_copy(update={"rate_mbit": 0.01}) for link in shape.links)}
+    )
+    assert smallest_sync_interval(slow, 0.9, shape.inner_steps) is None
+
+
+def test_an_unreachable_target_reports_the_best_it_found():
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
+    from diloco_cli.config.recipe import Recipe
+
+    plan = build_traffic_plan(Recipe(), parameters=10_000, step_seconds=0.5, link_mbit=0.005, latency_ms=300)
+    s = plan.suggestion
+    assert not s.reached and s.sync_interval == 300 and (s.upload_codec, s.update_codec) == ("int4", "int4")
+    assert s.compute_share < 0.9 and plan.diloco.network_factor < 1
+    assert plan.model == "not built (--parameters)" and plan.fragment_parameters == (5_000, 5_000)
+    assert plan.diloco.bottleneck in ("syncer I/O", "link region-0 (up)", "link local-a (up)")
+
+
+def test_a_saturated_run_keeps_only_what_the_network_carries():
+    """Learners never wait: a syncer busy b > 1 leaves 1/b of their work useful."""
+    from diloco_cli.bandwidth.model import CodecCost, Link
+
+    cost = CodecCost(codec="int4", bytes=(1_000_000,), seconds=(0.0,))
+    shape = RunShape(
+        links=(Link(region="a", learners=1, rate_mbit=8.0, latency_ms=0.0),),  # 1 MB/s
+        quorum=1,
+        sync_interval=1,
+        num_fragments=1,
+        inner_steps=100,
+        step_seconds=0.5,
+        tokens_per_step=100,
+        uploads=cost,
+        updates=cost,
+        payload_marker_bytes=0,
+        update_marker_bytes=0,
+        snapshot_bytes=0,
+        snapshot_marker_bytes=0,
+    )
+    d = predict(shape)
+    # 2 MB/s of payloads down and 2 MB/s of updates up, one after another: busy about 4
+    assert d.links[0].utilization == pytest.approx(2.0, rel=0.01)
+    assert d.syncer_busy == pytest.approx(4.0, rel=0.02) and d.bottleneck == "syncer I/O"
+    assert d.compute_share == pytest.approx(1 / d.syncer_busy)
+
+
+def test_document_size_estimates_match_real_sealed_documents():
+    import time
+
+    from diloco_cli.codec import RunSecret
+    from diloco_cli.store import metering
+    from diloco_cli.store.documents import (
+        Evaluation,
+        Head,
+        Heartbeat,
+        LastMerge,
+        LearnerState,
+        Refusals,
+        SyncerPhase,
+        SyncerStatus,
+        seal,
+    )
+
+    secret, now = RunSecret(b"k" * 32), time.time()
+
+    def counters(kinds):
+        meter = metering.StorageMeter()
+        for kind in kinds:
+            meter.count(kind, requests=12345, up=123456789, down=123456789, seconds=1234.5678)
+        return meter.snapshot()
+
+    region_counters = counters(("payload", "marker", "heartbeat", "update", "snapshot", "head", "status", "listing"))
+    samples = len(region_counters.history)
+    head = Head(
+        version=12345,
+        fragment_versions={0: 12344, 1: 12345},
+        fragment_digests={0: "a" * 32, 1: "b" * 32},
+        snapshot_version=12340,
+        recent=tuple((12310 + i, i % 2) for i in range(30)),
+        recent_from=12310,
+    )
+    assert len(seal(head, "global/head.json", secret)) == pytest.approx(document_sizes.head_bytes(2, 30), rel=0.05)
+    beat = Heartbeat(
+        learner="local-a-0",
+        region="local-a",
+        host="local",
+        pid=12345,
+        state=LearnerState.TRAINING,
+        step=1234,
+        total_steps=3000,
+        tokens=12345678,
+        loss=1.2345678,
+        step_seconds=0.123456789,
+        base_versions={0: 1234, 1: 1235},
+        sends=123,
+        delivered=123,
+        installs=123,
+        tokens_overwritten={0: 1234, 1: 1234},
+        checkpoint_step=1200,
+        storage=region_counters,
+        started_at=now,
+        time=now,
+    )
+    assert len(seal(beat, "heartbeats/local-a-0.json", secret)) == pytest.approx(
+        document_sizes.heartbeat_bytes(2, samples), rel=0.1
+    )
+    learners = [f"region-{i % 4}-{i // 4}" for i in range(16)]
+    status = SyncerStatus(
+        state=SyncerPhase.RUNNING,
+        run="shakespeare-gpt-20260101-120000",
+        version=1234,
+        fragment_versions={0: 1233, 1: 1234},
+        snapshot_version=1220,
+        merges=1234,
+        merges_per_minute=30,
+        last_merge=LastMerge(fragment=1, version=1234, learners=learners, seconds=0.123456, time=now),
+        quorum=16,
+        effective_quorum=16,
+        grace_seconds=1.23456,
+        live_learners=learners,
+        pending={p: learners[:8] for p in range(2)},
+        reasons={p: "waiting for 8 of 16 learners (quorum 16)" for p in range(2)},
+        evaluations=[Evaluation(version=4 * i, loss=2.345678, tokens=1234567, time=now) for i in range(50)],
+        storage={f"region-{r}": region_counters for r in range(4)},
+        home_storage=counters(("home", "listing")),
+        refusals={f"region-{r}": Refusals() for r in range(4)},
+        started_at=now,
+        time=now,
+    )
+    estimate = document_sizes.status_bytes(16, 4, 2, 50, samples, learner_id_bytes=10, region_name_bytes=8)
+    assert len(seal(status, "global/syncer.json", secret)) == pytest.approx(estimate, rel=0.1)
+    # a history sample's size, sealed
+    longer = beat.model_copy(
+        update={"storage": region_counters.model_copy(update={"history": region_counters.history * 90})}
+    )
+    grown = len(seal(longer, "heartbeats/local-a-0.json", secret)) - len(
+        seal(beat, "heartbeats/local-a-0.json", secret)
+    )
+    assert grown / (89 * samples) == pytest.approx(document_sizes.COUNTERS_BYTES_PER_SAMPLE, rel=0.1)
+
+
+def test_mistakes_are_one_line_errors():
+    result = runner.invoke(app, ["plan", "--parameters", "1000000"])
+    assert result.exit_code == 2 and "give --step-seconds too" in result.output
+    result = runner.invoke(app, ["plan", "--step-seconds", "1", "--link-mbit", "nowhere=fast"])
+    assert result.exit_code == 2 and "--link-mbit 'nowhere=fast'" in result.output
+    result = runner.invoke(app, ["plan", "--parameters", "1000", "--step-seconds", "1", "--link-mbit", "mars=10"])
+    assert result.exit_code == 2 and "region(s) mars" in result.output
+
+
+LOSS_CALLS: list[tuple[int, bool]] = []
+
+
+def counting_loss(model, inputs, targets):
+    """A ``training.loss`` that records each call: its micro-batch's size, and whether it
+    ran under bf16 autocast."""
+    import torch
+
+    from diloco_cli.training.inner import language_model_loss
+
+    LOSS_CALLS.append((inputs.shape[0], torch.is_autocast_enabled("cpu")))
+    return language_model_loss(model, inputs, targets)
+
+
+def test_the_timed_step_is_the_learners_step_with_the_recipes_loss_precision_and_micro_batches():
+    from diloco_cli.bandwidth.measure import measure_step_seconds
+    from diloco_cli.config.recipe import Recipe
+
+    recipe = Recipe.model_validate(
+        {
+            "model": {"kwargs": {"num_layers": 1, "width": 32, "num_heads": 2, "context": 16}},
+            "data": {"sequence_length": 16},
+            "training": {
+                "batch_size": 4,
+                "micro_batch_size": 2,
+                "precision": "bf16",
+                "loss": f"{__name__}:counting_loss",
+                "device": "cpu",
+            },
+        }
+    )
+    LOSS_CALLS.clear()
+    seconds, device = measure_step_seconds(recipe, warm_steps=1, timed_steps=2)
+    assert seconds > 0 and device == "cpu"
+    assert LOSS_CALLS == [(2, True)] * 6  # 3 steps of 2 micro-batches of 2 sequences, under bf16 autocast
+
+
+# ------------------------------------------------------------------------- prices
+
+
+def test_default_prices_load():
+    prices = load_prices()
+    aws, gcp, azure = prices.providers.aws, prices.providers.gcp, prices.providers.azure
+    assert (aws.egress_inter_region_per_gb, aws.egress_internet_per_gb, aws.put_per_1000, aws.get_per_1000) == (
+        0.02,
+        0.09,
+        0.005,
+        0.0004,
+    )
+    assert (gcp.egress_inter_region_per_gb, gcp.egress_internet_per_gb, gcp.put_per_1000, gcp.get_per_1000) == (
+        0.02,
+        0.12,
+        0.005,
+        0.0004,
+    )
+    assert (azure.egress_inter_region_per_gb, azure.egress_internet_per_gb, azure.put_per_1000, azure.get_per_1000) == (
+        0.02,
+        0.087,
+        0.0065,
+        0.0005,
+    )
+    assert prices.looked_up.year >= 2024 and "remembered" in prices.note
+
+
+def test_a_user_file_overrides_one_price(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text("providers:\n  aws:\n    egress_internet_per_gb: 0.05\n")
+    prices = load_prices(path)
+    assert prices.providers.aws.egress_internet_per_gb == 0.05
+    assert (
+        prices.providers.aws.egress_inter_region_per_gb == 0.02 and prices.providers.gcp.egress_internet_per_gb == 0.12
+    )
+
+
+def test_a_bad_price_file_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text("providers:\n  aws:\n    egress_internet_per_gb: -1\n")
+    with pytest.raises(ConfigError, match=rf"{path}: providers\.aws\.egress_internet_per_gb"):
+        load_prices(path)
+    path.write_text("providers:\n  gcp:\n    egres_internet_per_gb: 0.1\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"{path}: unknown key 'providers\.gcp\.egres_internet_per_gb'.*did you mean 'egress_internet_per_gb'",
+    ):
+        load_prices(path)
+    path.write_text("providers: [")
+    with pytest.raises(ConfigError, match=f"{path}: not valid YAML"):
+        load_prices(path)
+
+
+def test_providers_and_what_bytes_and_requests_cost():
+    assert [
+        provider_of(u)
+        for u in (
+            "s3://b/r",
+            "gs://b",
+            "gcs://b",
+            "az://c",
+            "abfs://c",
+            "abfss://c",
+            "file:///tmp/x",
+            "memory://x",
+            "/tmp",
+        )
+    ] == [
+        "aws",
+        "gcp",
+        "gcp",
+        "azure",
+        "azure",
+        "azure",
+        None,
+        None,
+        None,
+    ]
+    prices = load_prices()
+    assert egress_dollars(prices, 10 * GB, "aws", "aws") == pytest.approx(0.2)  # another AWS region
+    assert egress_dollars(prices, 10 * GB, "aws", "gcp") == pytest.approx(0.9)  # the internet
+    assert egress_dollars(prices, 10 * GB, "aws", None) == pytest.approx(0.9)  # a machine elsewhere
+    assert egress_dollars(prices, 10 * GB, "aws", "aws", same_region=True) == 0.0
+    assert egress_dollars(prices, 10 * GB, None, "aws") == 0.0  # not a cloud: free
+    assert request_dollars(prices, "azure", put_like=2000, get_like=10_000) == pytest.approx(2 * 0.0065 + 10 * 0.0005)
+    assert request_dollars(prices, None, 1e6, 1e6) == 0.0
+
+
+def test_a_two_cloud_plan_prices_its_links():
+    from pathlib import Path
+
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
+    from diloco_cli.config.loading import load_model
+    from diloco_cli.config.recipe import Recipe
+    from diloco_cli.config.regions import RegionsFile
+
+    regions = load_model(RegionsFile, Path(__file__).resolve().parents[2] / "regions" / "two-cloud.yaml")
+    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    costs = plan.costs
+    assert costs is not None and costs.syncer_provider is None  # the syncer runs here, outside any cloud
+    by_region = {link.region: link for link in costs.links}
+    assert by_region["aws-use1"].provider == "aws" and by_region["gcp-euw4"].provider == "gcp"
+    link = next(link for link in plan.diloco.links if link.region == "aws-use1")
+    # read by a syncer outside the cloud: internet egress; writes into the bucket are free
+    assert by_region["aws-use1"].egress_dollars_per_hour == pytest.approx(3600 * link.down_bytes_per_second / GB * 0.09)
+    assert by_region["aws-use1"].request_dollars_per_hour == pytest.approx(
+        3600 * (link.put_per_second * 0.005 + link.get_per_second * 0.0004) / 1000
+    )
+    assert math.isclose(
+        costs.diloco_dollars_per_hour, sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in costs.links)
+    )

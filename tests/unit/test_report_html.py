@@ -1,0 +1,57 @@
+"""``diloco report --html``: one self-contained page (opened in a real headless browser:
+tests/integration/test_report_browser.py)."""
+
+import re
+import sys
+
+import pytest
+
+from diloco_cli.views.report_html import PLOTS_MISSING, render_html
+from tests.support.traffic_report import PLOTS, TABLES, realistic
+
+
+def test_the_page_is_self_contained_and_escapes_every_string():
+    html = render_html(realistic(run="a<b>&c"))
+
+    assert "<script" not in html and "<link" not in html and "@import" not in html and " src=" not in html
+    assert all(target.startswith("#") for target in re.findall(r"url\(([^)]*)\)", html))
+    assert all(target.startswith("#") for target in re.findall(r'href="([^"]*)"', html))
+    assert "<?xml" not in html and "<!DOCTYPE svg" not in html
+    assert "a&lt;b&gt;&amp;c" in html and "a<b>" not in html
+    assert "seconds since start" in html  # a 5-minute run
+    assert all(f'id="{name}"' in html for name in TABLES + PLOTS)
+
+
+def test_without_matplotlib_the_page_says_what_the_plots_need(monkeypatch):
+    for name in [name for name in sys.modules if name == "matplotlib" or name.startswith("matplotlib.")] + [
+        "matplotlib"
+    ]:
+        monkeypatch.setitem(sys.modules, name, None)  # import matplotlib... raises ImportError
+
+    html = render_html(realistic())
+
+    assert PLOTS_MISSING.replace('"', "&quot;") in html
+    assert "<svg" not in html and not any(f'id="{name}"' in html for name in PLOTS)
+    assert all(f'id="{name}"' in html for name in TABLES)
+
+
+def test_a_run_that_has_reported_nothing_yet_still_renders():
+    pytest.importorskip("matplotlib")
+    html = render_html(
+        realistic(
+            links=[],
+            learners=[],
+            kinds=[],
+            compression=[],
+            data_parallel=None,
+            evaluations=[],
+            tokens=0,
+            wan_bytes=0,
+            total_bytes=0,
+            elapsed_seconds=7200.0,
+        )
+    )
+
+    assert "the syncer has not reported the model&#x27;s size" in html
+    assert all(f'id="{name}"' in html for name in TABLES + PLOTS)
+    assert "minutes since start" in html and "no evaluation yet" in html

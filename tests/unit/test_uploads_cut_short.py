@@ -1,0 +1,43 @@
+"""An upload cut short: a payload without its marker is never read, and is seen once the upload
+completes (the syncer and learners killed in real runs: tests/integration/test_faults.py)."""
+
+from pathlib import Path
+
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.regions import RegionsFile
+from diloco_cli.core import decisions
+from diloco_cli.launch.resolve import resolve_run
+from diloco_cli.runtime.syncer.loop import Syncer
+from tests.support.runs import TINY_RECIPE
+
+
+def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
+    recipe = Recipe.model_validate(TINY_RECIPE)
+    regions = RegionsFile.model_validate(
+        {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
+    )
+    spec = resolve_run(recipe, regions, "unmarked", tmp_path)
+    syncer = Syncer(spec, secret)
+    syncer.start()
+    bucket = syncer.buckets["east"]
+    payload = bucket.store.get("global/snapshots/0000000000.dlc")  # any authentic payload
+    key = "payloads/east-0/000-000001000001.dlc"
+    bucket.store.put(key, payload[: len(payload) // 2])  # an upload killed midway: no marker
+    (Path(tmp_path) / "east" / "payloads" / "east-1").mkdir(parents=True)
+    (Path(tmp_path) / "east" / "payloads" / "east-1" / "000-000001000001.dlc.ab12.partial").write_bytes(b"half")
+    for _ in range(3):
+        assert not [
+            o
+            for o in syncer.observer.look(spec, read_heartbeats=False).observations
+            if isinstance(o, decisions.ArrivalSeen)
+        ]
+    assert bucket.payload_keys() == []
+    # once the upload completes (payload whole, then marker) it is seen
+    meta = {"base_version": 0, "c_steps": 10, "c_tokens": 100}
+    bucket.send_payload("east-0", 0, 1000002, payload, meta)
+    seen = [
+        o
+        for o in syncer.observer.look(spec, read_heartbeats=False).observations
+        if isinstance(o, decisions.ArrivalSeen)
+    ]
+    assert [o.arrival.key for o in seen] == ["east:payloads/east-0/000-000001000002.dlc"]
