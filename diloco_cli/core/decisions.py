@@ -16,6 +16,13 @@ merged.  A learner whose base version is older than the window of kept updates c
 be anchored and is told to resync.  The run is over once every learner has finished or
 has been gone (failed, stopped or silent) for ``give_up_seconds``: :func:`run_end`.
 
+Arrivals may also come through a region's reducer, bundled in an *aggregate* (its
+``group``) already anchored at a version of the fragment (its ``anchor``): the decisions
+count their learners for the quorum and the grace window as any others, but an
+aggregate is merged or discarded whole, and only while its anchor is the fragment's
+version (an aggregate anchored before a merge of its fragment is discarded, and its
+reducer forwards the same sends again, anchored anew).
+
 Nothing here does I/O or reads a clock: observations and ``now`` come in, actions go out,
 and whenever a fragment is not merged the action says why, in words (the action names
 the fragment; its reason does not repeat it).
@@ -65,10 +72,21 @@ class Arrival:
     """The learner's send counter: a larger one is newer."""
     key: str
     """Where the payload is stored (opaque to the decisions)."""
+    group: str | None = None
+    """The aggregate this arrival came in, if a reducer forwarded it (opaque)."""
+    anchor: Version | None = None
+    """The fragment's version its aggregate is anchored at (with ``group``)."""
 
 
 @dataclass(frozen=True)
 class ArrivalSeen:
+    arrival: Arrival
+
+
+@dataclass(frozen=True)
+class ResyncRequested:
+    """A reducer could not anchor this send (its base is older than the window)."""
+
     arrival: Arrival
 
 
@@ -94,6 +112,9 @@ class MergeFinished:
     """The oldest base version the update window can still anchor after this merge."""
     seconds: float
     """Time to pull, merge and publish."""
+    merged_keys: frozenset[str] | None = None
+    """The keys of the arrivals merged (None: every arrival of the merge); an arrival
+    refused when read does not count as merged."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +124,7 @@ class MergeAborted:
     fragment: FragmentIndex
 
 
-Observation = ArrivalSeen | HeartbeatSeen | MergeFinished | MergeAborted
+Observation = ArrivalSeen | ResyncRequested | HeartbeatSeen | MergeFinished | MergeAborted
 
 # --------------------------------------------------------------------------- outputs
 
@@ -130,7 +151,8 @@ class Resync:
 
 @dataclass(frozen=True)
 class Discard:
-    """Retire an arrival that is older than one already merged."""
+    """Retire an arrival that is older than one already merged (with a ``group``: its
+    whole aggregate, whose sends its reducer forwards again)."""
 
     arrival: Arrival
     reason: str
@@ -176,6 +198,8 @@ class FragmentRound:
     quorum_at: float | None = None
     merging: Merge | None = None
     """The merge in flight, until it finishes or is aborted."""
+    discarded_groups: frozenset[str] = frozenset()
+    """Aggregates discarded in this round (their other arrivals are discarded too)."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +306,8 @@ def _observe(state: DecisionState, observation: Observation, now: float, actions
     if isinstance(observation, MergeFinished):
         current = state.round(observation.fragment)
         merged = current.merging.arrivals if current.merging else ()
+        if observation.merged_keys is not None:
+            merged = tuple(a for a in merged if a.key in observation.merged_keys)
         sequences = {**state.merged_sequence, **{(a.learner, a.fragment): a.sequence for a in merged}}
         updated = replace(
             current, version=observation.version, oldest_anchorable=observation.oldest_anchorable, merging=None
@@ -302,7 +328,29 @@ def _observe(state: DecisionState, observation: Observation, now: float, actions
         for arrival in aborted.arrivals if aborted else ():
             state = _observe_arrival(state, arrival, now, actions)
         return state
+    if isinstance(observation, ResyncRequested):
+        arrival = observation.arrival
+        reason = (
+            f"{arrival.learner} sent fragment {arrival.fragment} from base version {arrival.base_version}, "
+            "older than its region's reducer can anchor; it must reinstall the newest global"
+        )
+        actions.append(Resync(arrival.learner, arrival.fragment, arrival, reason))
+        return _seen(state, arrival.learner, now)
     return _observe_arrival(state, observation.arrival, now, actions)
+
+
+def _discard_group(state: DecisionState, arrival: Arrival, reason: str, actions: list[Action]) -> DecisionState:
+    """Discard an aggregate whole: this arrival of it, those of it already pending, and
+    (through the round's ``discarded_groups``) those still to come."""
+    current = state.round(arrival.fragment)
+    actions.append(Discard(arrival, reason))
+    pending = {
+        learner: kept
+        for learner, arrivals in current.pending.items()
+        if (kept := tuple(a for a in arrivals if a.group != arrival.group))
+    }
+    updated = replace(current, pending=pending, discarded_groups=current.discarded_groups | {arrival.group})
+    return replace(state, rounds={**state.rounds, arrival.fragment: updated})
 
 
 def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions: list[Action]) -> DecisionState:
@@ -316,6 +364,8 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
     if any(old.key == arrival.key for old in (*pending, *current.superseded)):
         return state
     merged = state.merged_sequence.get((learner, fragment), -1)
+    if arrival.group is not None:
+        return _observe_grouped(state, arrival, merged, now, actions)
     if arrival.sequence <= merged:
         actions.append(
             Discard(
@@ -349,6 +399,34 @@ def _observe_arrival(state: DecisionState, arrival: Arrival, now: float, actions
         )
     opened_at = current.opened_at if current.opened_at is not None else now
     updated = replace(current, pending={**current.pending, learner: newest}, superseded=superseded, opened_at=opened_at)
+    return replace(state, rounds={**state.rounds, fragment: updated})
+
+
+def _observe_grouped(
+    state: DecisionState, arrival: Arrival, merged: int, now: float, actions: list[Action]
+) -> DecisionState:
+    """An arrival in an aggregate: pending with its aggregate, or its aggregate discarded."""
+    fragment, learner = arrival.fragment, arrival.learner
+    current = state.round(fragment)
+    if arrival.group in current.discarded_groups:
+        actions.append(Discard(arrival, f"its aggregate {arrival.group} was discarded"))
+        return state
+    if arrival.anchor != current.version:
+        reason = (
+            f"aggregate {arrival.group} is anchored at version {arrival.anchor} of fragment {fragment}, "
+            f"which is at {current.version} now; its reducer forwards its sends again"
+        )
+        return _discard_group(state, arrival, reason, actions)
+    if arrival.sequence <= merged:
+        reason = f"{learner}'s send #{arrival.sequence} of fragment {fragment} in it is older than #{merged}, merged"
+        return _discard_group(state, arrival, f"aggregate {arrival.group}: {reason}", actions)
+    pending = current.pending.get(learner, ())
+    if any(old.base_version == arrival.base_version for old in pending):
+        reason = f"{learner} already has a send of fragment {fragment} from base {arrival.base_version} pending"
+        return _discard_group(state, arrival, f"aggregate {arrival.group}: {reason}", actions)
+    newest = tuple(sorted([*pending, arrival], key=lambda a: a.sequence))
+    opened_at = current.opened_at if current.opened_at is not None else now
+    updated = replace(current, pending={**current.pending, learner: newest}, opened_at=opened_at)
     return replace(state, rounds={**state.rounds, fragment: updated})
 
 

@@ -14,11 +14,21 @@ direction vanishes.
 Arrivals stream through :class:`MergeAccumulator` one at a time, so a merge holds two
 running sums per tensor and never all M outer gradients: its memory does not grow with M.
 Norms and sums are fp32 (torch reduces with cascaded sums), weights float64.
+
+The sums are additive, so a merge can be computed in parts: a region's reducer folds in
+its learners and hands on its :class:`PartialMerge` (the weighted sum of unit vectors and
+the weighted sum of norms of each RDA tensor, the weighted sum of each mean tensor, the
+total weight); the syncer adds the parts of every region (:meth:`MergeAccumulator.add_partial`)
+and finishes the same RDA.  A part carries no weighted sum of its RDA tensors (that
+would double what crosses the WAN), so a merge made of parts falls back to zero, not to
+the weighted mean, where the mean direction vanishes (every outer gradient zero, or
+exactly opposite ones).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +47,20 @@ def _norm(tensor: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(tensor))
 
 
+@dataclass
+class PartialMerge:
+    """The running sums of a merge over some of its arrivals (a region's, at its reducer)."""
+
+    total_weight: float
+    count: int
+    unit_sums: dict[str, torch.Tensor]
+    """Per RDA tensor: ``sum w_m unit(D_m)``."""
+    norm_sums: dict[str, float]
+    """Per RDA tensor: ``sum w_m |D_m|``."""
+    mean_sums: dict[str, torch.Tensor]
+    """Per mean tensor (the embedding): ``sum w_m D_m``."""
+
+
 class MergeAccumulator:
     """Running sums for merging the outer gradients of one fragment.
 
@@ -52,6 +76,8 @@ class MergeAccumulator:
             name: torch.zeros(tuple(shape)) for name, shape in shapes.items() if name not in self._mean_names
         }
         self._weighted_norm_sum = dict.fromkeys(self._weighted_unit_sum, 0.0)
+        self._without_rda_sums: set[str] = set()
+        """RDA tensors with parts folded in: their weighted sums are incomplete."""
         self.total_weight = 0.0
         self.count = 0
 
@@ -71,6 +97,32 @@ class MergeAccumulator:
                     self._weighted_norm_sum[name] += weight * norm
                     self._weighted_unit_sum[name].add_(gradient, alpha=weight / norm)
 
+    def partial(self) -> PartialMerge:
+        """The sums so far, to be finished elsewhere (views of this accumulator's tensors)."""
+        return PartialMerge(
+            total_weight=self.total_weight,
+            count=self.count,
+            unit_sums=dict(self._weighted_unit_sum),
+            norm_sums=dict(self._weighted_norm_sum),
+            mean_sums={name: self._weighted_sum[name] for name in self._mean_names},
+        )
+
+    def add_partial(self, part: PartialMerge) -> None:
+        """Fold in the sums another accumulator made over other arrivals.  Its RDA tensors'
+        weighted sums are not known: where the merged direction vanishes, they give zero."""
+        if set(part.unit_sums) | set(part.mean_sums) != set(self._weighted_sum):
+            raise ValueError("a partial merge must hold exactly the fragment's tensors")
+        self.count += part.count
+        if part.total_weight <= 0.0:
+            return
+        self.total_weight += part.total_weight
+        for name, unit_sum in part.unit_sums.items():
+            self._weighted_unit_sum[name].add_(unit_sum)
+            self._weighted_norm_sum[name] += part.norm_sums[name]
+            self._without_rda_sums.add(name)
+        for name, total in part.mean_sums.items():
+            self._weighted_sum[name].add_(total)
+
     def result(self) -> dict[str, torch.Tensor]:
         """The merged outer gradient; zeros when no arrival had a positive weight.
 
@@ -87,6 +139,9 @@ class MergeAccumulator:
                 if direction_norm >= VANISHING_DIRECTION:
                     mean_norm = self._weighted_norm_sum[name] / self.total_weight
                     merged[name] = unit_sum.mul_(mean_norm / (direction_norm * self.total_weight))
+                    continue
+                if name in self._without_rda_sums:
+                    merged[name] = total.zero_()
                     continue
             merged[name] = total.div_(self.total_weight)
         return merged

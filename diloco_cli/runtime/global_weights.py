@@ -71,10 +71,20 @@ class Fetched:
 class GlobalReader:
     """Reads and verifies the global weights of a run from one region's bucket."""
 
-    def __init__(self, bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]) -> None:
+    def __init__(
+        self,
+        bucket: RegionBucket,
+        secret: RunSecret,
+        fragments: tuple[Fragment, ...],
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
         self.bucket = bucket
         self._secret = secret
         self.fragments = fragments
+        self.initial = initial
+        """The reader's own version 0 (the recipe's model built from its seed), if it has
+        one: a fragment whose head still lists every update since version 0 starts from
+        it when its digest is the head's ``initial_digests`` (nothing read but updates)."""
 
     def head(self) -> Head | None:
         return self.bucket.read_head()
@@ -89,8 +99,18 @@ class GlobalReader:
         for fragment, base in sorted(bases.items()):
             target = head.fragment_versions.get(fragment, Version(0))
             digest = head.fragment_digests.get(fragment)
+            start = None
+            if base < 0 and self._own_version_zero(head, fragment):
+                base, start = Version(0), self._fragment_values(self.initial, fragment)
             versions = head.updates_after(fragment, base) if base >= 0 else None
-            if versions is not None:
+            if versions is not None and start is not None:
+                try:
+                    updates = self._chain(fragment, base, versions, target)
+                    fetched.fragments.append(FragmentFetch(fragment, target, start, updates, digest))
+                    continue
+                except (PayloadError, FileNotFoundError) as error:
+                    fetched.refusals.append(_refusal(error, "update"))
+            elif versions is not None:
                 try:
                     updates = self._chain(fragment, base, versions, target)
                     fetched.fragments.append(FragmentFetch(fragment, target, None, updates, digest))
@@ -114,6 +134,15 @@ class GlobalReader:
                         )
                         refused.add(getattr(error, "key", None))
         return fetched
+
+    def _own_version_zero(self, head: Head, fragment: FragmentIndex) -> bool:
+        expected = head.initial_digests.get(fragment)
+        if self.initial is None or expected is None or head.updates_after(fragment, Version(0)) is None:
+            return False
+        return fragment_digest(self.initial, self.fragments[fragment].parameter_names) == expected
+
+    def _fragment_values(self, tensors: Mapping[str, torch.Tensor], fragment: FragmentIndex) -> dict[str, torch.Tensor]:
+        return {name: tensors[name] for name in self.fragments[fragment].parameter_names}
 
     def _snapshot_versions(self, head: Head) -> list[Version]:
         """The head's snapshot first, then any older one the head's updates still cover."""

@@ -243,6 +243,18 @@ class Head(Document):
     """Every update published after ``recent_from``, oldest first."""
     recent_from: Version
     finished: bool = False
+    initial_digests: dict[FragmentIndex, str] = Field(default_factory=dict)
+    """Each fragment's digest at version 0 (the recipe's model built from its seed): a
+    region or a learner that builds version 0 itself checks it against these, so the
+    initial weights never cross the WAN."""
+    merged: dict[LearnerId, dict[FragmentIndex, int]] = Field(default_factory=dict)
+    """The syncer's ledger: per learner (and per region's reducer) and fragment, the
+    newest send merged; every send at or below it is consumed.  Reducers delete what it
+    covers and tell merged aggregates from discarded ones with it."""
+
+    def merged_sequence(self, learner: LearnerId, fragment: FragmentIndex) -> int:
+        """The newest send of ``learner``'s fragment merged so far (-1: none)."""
+        return self.merged.get(learner, {}).get(fragment, -1)
 
     def updates_after(self, fragment: FragmentIndex, base_version: Version) -> list[Version] | None:
         """The versions of ``fragment`` newer than ``base_version``, or None when some of
@@ -274,6 +286,39 @@ class LastMerge(Document):
     version: Version
     learners: list[LearnerId]
     seconds: float
+    time: float
+
+
+class ReducerStatus(Document):
+    """``reducer/status.json`` in a region's bucket: what its reducer is doing."""
+
+    region: str
+    version: Version
+    """The newest global version the region's copy of the weights holds."""
+    fragment_versions: dict[FragmentIndex, Version] = Field(default_factory=dict)
+    aggregates: int = 0
+    """Aggregates forwarded since the reducer's first start."""
+    sends: int = 0
+    """Learner sends those aggregates held."""
+    voided: int = 0
+    """Aggregates the syncer could no longer merge (anchored before a newer version):
+    their sends went out again."""
+    in_flight: dict[FragmentIndex, list[LearnerId]] = Field(default_factory=dict)
+    """Per fragment, the learners whose sends wait in forwarded aggregates."""
+    waiting: dict[FragmentIndex, list[LearnerId]] = Field(default_factory=dict)
+    """Per fragment, the learners whose sends wait to be forwarded."""
+    snapshot_version: Version = Version(0)
+    """The newest snapshot this reducer wrote in the region."""
+    initial_weights: str = "unchecked"
+    """``match`` (version 0 built here equals the syncer's), ``differ`` (refused), or
+    ``unchecked`` (no head yet)."""
+    heartbeats_seen: dict[LearnerId, float] = Field(default_factory=dict)
+    """The time of each region learner's heartbeat as the reducer last read it: the
+    syncer ends the run only once the reducer has seen their last ones."""
+    finished: bool = False
+    storage: StorageCounters = Field(default_factory=StorageCounters)
+    refusals: Refusals = Field(default_factory=Refusals)
+    started_at: float
     time: float
 
 

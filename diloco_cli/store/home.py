@@ -55,6 +55,18 @@ class MergedPayload(BaseModel):
     c_tokens: int
 
 
+class MergedAggregate(BaseModel):
+    """A region's aggregate merged into a version (its key is ``<region>:<key>``); the
+    learner sends it held are in the record's ``merged``."""
+
+    model_config = RECORD
+
+    key: str
+    region: str
+    serial: int
+    anchor: Version
+
+
 class RetiredPayload(BaseModel):
     """A payload consumed without a merge (superseded, refused, or its learner must resync)."""
 
@@ -77,6 +89,8 @@ class CommitRecord(BaseModel):
     """The fragment's version the update was made on."""
     merged: tuple[MergedPayload, ...]
     retired: tuple[RetiredPayload, ...]
+    aggregates: tuple[MergedAggregate, ...] = ()
+    """The regions' aggregates whose sends are in ``merged`` (through reducers)."""
     digest: str
     """BLAKE2b of the fragment's weights at this version (what every holder must have)."""
     time: float

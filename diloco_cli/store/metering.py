@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 KINDS = (
     "payload",
+    "aggregate",
     "update",
     "snapshot",
     "checkpoint",
@@ -31,6 +32,7 @@ KINDS = (
     "control",
     "listing",
     "manifest",
+    "reducer",
     "home",
     "other",
 )

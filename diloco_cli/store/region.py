@@ -12,6 +12,7 @@ Layout under the run's root (see docs/protocol.md)::
     global/snapshots/<version>.dlc                  full global weights    (+ .ready)
     global/head.json                                newest version, recent updates (sealed)
     global/syncer.json                              the syncer's status    (sealed)
+    aggregates/, reducer/                           the region's reducer (store.aggregates)
 
 Immutable objects (``.dlc``) are written first and their marker last, and read only when
 marked; markers are authenticated metadata frames.  Mutable objects are small typed
@@ -48,6 +49,8 @@ CHAOS_KEY = "chaos.json"
 
 KIND_BY_PREFIX = (
     ("payloads/", "payload"),
+    ("aggregates/", "aggregate"),
+    ("reducer/", "reducer"),
     ("global/updates/", "update"),
     ("global/snapshots/", "snapshot"),
     ("checkpoints/", "checkpoint"),
@@ -133,7 +136,13 @@ class RegionBucket:
             raise RuntimeError("this operation needs the run's secret")
         return self._secret
 
-    def _marker(self, meta: dict[str, Any]) -> bytes:
+    @property
+    def optional_secret(self) -> RunSecret | None:
+        """The secret if this bucket holds it (documents are then verified), else None."""
+        return self._secret
+
+    def marker(self, meta: dict[str, Any]) -> bytes:
+        """An authenticated marker carrying ``meta`` (written after the object it marks)."""
         return encode_payload([], MARKER_SPEC, self.secret, meta)
 
     def marker_meta(self, key: str) -> dict[str, Any]:
@@ -153,7 +162,7 @@ class RegionBucket:
         """Upload a learner's payload, then its marker carrying ``meta``."""
         key = payload_key(learner, fragment, sequence)
         marker_meta = {**meta, "learner": learner, "fragment": fragment, "sequence": sequence, "bytes": len(payload)}
-        self.store.put_marked(key, payload, self._marker(marker_meta), 4 * declared_values(payload))
+        self.store.put_marked(key, payload, self.marker(marker_meta), 4 * declared_values(payload))
         return key
 
     def payload_keys(self) -> list[str]:
@@ -222,7 +231,7 @@ class RegionBucket:
         """Upload a checkpoint (marked), then delete all but the newest ``keep`` (two
         while training: the older one is the fallback if the newer is damaged)."""
         key = checkpoint_key(learner, step)
-        self.store.put_marked(key, payload, self._marker({"learner": learner, "step": step}))
+        self.store.put_marked(key, payload, self.marker({"learner": learner, "step": step}))
         self.prune_checkpoints(learner, keep)
 
     def prune_checkpoints(self, learner: LearnerId, keep: int) -> None:
@@ -249,7 +258,7 @@ class RegionBucket:
         if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
             return False
         self.store.put_marked(
-            key, payload, self._marker({"version": version, "fragment": fragment}), 4 * declared_values(payload)
+            key, payload, self.marker({"version": version, "fragment": fragment}), 4 * declared_values(payload)
         )
         return True
 
@@ -270,7 +279,7 @@ class RegionBucket:
         key = snapshot_key(version)
         if not replace and self.store.exists(key + ".ready"):
             return False
-        self.store.put_marked(key, payload, self._marker({"version": version}), 4 * declared_values(payload))
+        self.store.put_marked(key, payload, self.marker({"version": version}), 4 * declared_values(payload))
         return True
 
     def read_snapshot(self, version: Version) -> bytes:

@@ -1,6 +1,8 @@
 """A real syncer and real learners in the test's own process over a file:// bucket,
 advanced step by step, so a test can tamper with the bucket (or the storage calls)
-between their steps.  Tests get one through the ``harness`` fixture (tests/conftest.py).
+between their steps.  Tests get one through the ``harness`` fixture (tests/conftest.py):
+the syncer reads the payloads itself; ``Harness(..., reducers=True)`` puts the region's
+reducer between them (``harness.reducer``), as runs do by default.
 """
 
 import time
@@ -11,6 +13,7 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.runtime.learner.loop import Learner
+from diloco_cli.runtime.reducer.loop import Reducer
 from diloco_cli.runtime.syncer.loop import Syncer
 from tests.support.runs import TINY_RECIPE, deep_update
 
@@ -18,12 +21,22 @@ from tests.support.runs import TINY_RECIPE, deep_update
 class Harness:
     """A syncer and two learners of one region, advanced by hand."""
 
-    def __init__(self, tmp_path, secret, checkpoint_every=1000, bucket=None, storage_options=None, **sync):
+    def __init__(
+        self, tmp_path, secret, checkpoint_every=1000, bucket=None, storage_options=None, reducers=False, **sync
+    ):
         """``bucket`` (a URL, file:// in ``tmp_path`` by default) and its storage options;
         ``sync`` changes the recipe's sync section."""
         changes = {
             "training": {"num_learners": 2, "checkpoint_every_steps": checkpoint_every},
-            "sync": {"quorum": 1, "snapshot_every": 3, "window_versions": 8, "evaluate_every": 2, **sync},
+            "sync": {
+                "quorum": 1,
+                "snapshot_every": 3,
+                "window_versions": 8,
+                "evaluate_every": 2,
+                "reducers": reducers,
+                "forward_window_seconds": 0.0,
+                **sync,
+            },
         }
         recipe = Recipe.model_validate(deep_update(TINY_RECIPE, changes))
         region = {
@@ -36,6 +49,10 @@ class Harness:
         self.secret = secret
         self.syncer = Syncer(self.spec, secret)
         self.syncer.start()
+        self.reducer = Reducer(self.spec, "east", secret) if reducers else None
+        if self.reducer is not None:
+            self.reducer.start()
+            self.reducer.turn()  # version 0 of the region, built from the seed
         self.bucket = self.spec.bucket("east", secret)
         self.learners = [self.learner(name) for name in ("east-0", "east-1")]
 
@@ -57,14 +74,18 @@ class Harness:
         assert learner.sends.outbox.wait_empty(10)
 
     def merge(self):
-        """Syncer turns until nothing is left to merge, each when the syncer asks to be
-        woken (a grace window may be running)."""
-        syncer = self.syncer
+        """Turns (the reducer's, then the syncer's) until nothing is left to merge, each
+        when the syncer asks to be woken (a grace window may be running)."""
+        syncer, reducer = self.syncer, self.reducer
         for _ in range(20):
+            if reducer is not None:
+                reducer.turn(read_heartbeats=True)
             wake = syncer.turn()
-            if not syncer.observer.observed and not any(
-                r.pending or r.merging for r in syncer.decisions.rounds.values()
-            ):
+            if reducer is not None:
+                reducer.turn()  # takes in what was merged (deletes it, or forwards it again)
+            rounds = syncer.decisions.rounds.values()
+            holding = reducer is not None and (reducer.waiting or reducer.in_flight)
+            if not syncer.observer.observed and not any(r.pending or r.merging for r in rounds) and not holding:
                 return
             time.sleep(min(1.0, max(0.0, wake - syncer.clock())))
         raise AssertionError(f"the syncer did not merge everything it observed: {sorted(syncer.observer.observed)}")

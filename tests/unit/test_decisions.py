@@ -1,5 +1,7 @@
 """The syncer's decision state machine, driven by a fake clock."""
 
+from dataclasses import replace
+
 import pytest
 
 from diloco_cli.core.decisions import (
@@ -12,6 +14,7 @@ from diloco_cli.core.decisions import (
     MergeAborted,
     MergeFinished,
     Resync,
+    ResyncRequested,
     Wait,
     initial_state,
     run_end,
@@ -272,3 +275,64 @@ def test_stopped_learners_are_not_waited_for():
 def test_policy_validation():
     with pytest.raises(ValueError, match="quorum K must be between 1 and M=2"):
         DecisionPolicy(num_learners=2, quorum=3, num_fragments=1)
+
+
+# ------------------------------------------------------------- arrivals in aggregates
+
+
+def in_aggregate(learner, group, anchor=0, sequence=1, base=0):
+    return ArrivalSeen(replace(arrival(learner, sequence, base), group=group, anchor=Version(anchor)))
+
+
+def test_an_aggregates_learners_count_for_the_quorum_and_it_is_merged_whole():
+    state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3))
+    state, _ = step(state, heartbeats("a", "b", "c"), now=0.0)
+    state, actions = step(state, [in_aggregate("a", "east:A"), in_aggregate("b", "east:A")], now=1.0)
+    assert only(actions, Wait).reason == "2 of K=3 arrived; waiting"
+    state, actions = step(state, [in_aggregate("c", "west:B")], now=2.0)
+    merge = only(actions, Merge)
+    assert sorted((a.learner, a.group) for a in merge.arrivals) == [("a", "east:A"), ("b", "east:A"), ("c", "west:B")]
+
+
+def test_an_aggregate_anchored_before_the_fragments_version_is_discarded_whole():
+    state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=2, grace_gamma=0.0))
+    state, actions = step(state, [ArrivalSeen(arrival("a"))], now=0.0)
+    merge = only(actions, Merge)
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=0.5)
+    stale = [in_aggregate("b", "east:A", anchor=0), in_aggregate("c", "east:A", anchor=0)]
+    state, actions = step(state, stale, now=1.0)
+    discards = [a for a in actions if isinstance(a, Discard)]
+    assert [d.arrival.group for d in discards] == ["east:A", "east:A"] and "anchored at version 0" in discards[0].reason
+    assert not state.round(P0).pending and merge
+
+
+def test_an_aggregate_holding_a_send_already_merged_is_discarded_with_its_pending_arrivals():
+    state = initial_state(now=0.0, policy=policy(quorum=3, num_learners=3))
+    state, _ = step(state, [ArrivalSeen(arrival("a", sequence=5))], now=0.0)
+    state, _ = step(state, [ArrivalSeen(arrival("b")), ArrivalSeen(arrival("c"))], now=0.1)
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=0.2)
+    # an aggregate at version 1 whose first arrival is fine and whose second was merged
+    state, actions = step(
+        state,
+        [in_aggregate("b", "east:A", anchor=1, sequence=2), in_aggregate("a", "east:A", anchor=1, sequence=4)],
+        now=1.0,
+    )
+    assert {a.arrival.learner for a in actions if isinstance(a, Discard)} == {"a"}
+    assert not state.round(P0).pending, "the aggregate's arrival already pending was dropped with it"
+    state, actions = step(state, [in_aggregate("c", "east:A", anchor=1, sequence=2)], now=1.1)
+    assert "was discarded" in only(actions, Discard).reason
+
+
+def test_a_merge_counts_only_the_arrivals_it_merged():
+    state = initial_state(now=0.0, policy=policy(quorum=1, num_learners=1, grace_gamma=0.0))
+    state, actions = step(state, [ArrivalSeen(arrival("a", sequence=3))], now=0.0)
+    only(actions, Merge)
+    state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1, merged_keys=frozenset())], now=0.1)
+    assert state.merged_sequence.get((LearnerId("a"), P0), -1) == -1  # refused when read: not merged
+
+
+def test_a_send_its_reducer_could_not_anchor_asks_for_a_resync():
+    state = initial_state(now=0.0, policy=policy())
+    state, actions = step(state, [ResyncRequested(arrival("a", base=0))], now=0.0)
+    resync = only(actions, Resync)
+    assert resync.learner == "a" and "reinstall the newest global" in resync.reason

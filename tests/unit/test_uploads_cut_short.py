@@ -8,11 +8,11 @@ from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core import decisions
 from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.runtime.syncer.loop import Syncer
-from tests.support.runs import TINY_RECIPE
+from tests.support.runs import TINY_RECIPE, deep_update
 
 
 def test_a_payload_without_its_marker_is_never_read(tmp_path, secret):
-    recipe = Recipe.model_validate(TINY_RECIPE)
+    recipe = Recipe.model_validate(deep_update(TINY_RECIPE, {"sync": {"reducers": False}}))  # the syncer reads payloads
     regions = RegionsFile.model_validate(
         {"regions": [{"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}]}]}
     )

@@ -189,7 +189,9 @@ class LearnerSync:
         global weights (keeping the step count of the newest checkpoint it had); every
         process ends up with the same parameters, AdamW state and step.  Returns the step."""
         resume = ResumePoint(None)
+        initial = full_parameters(self.model, self.parameter_names, self.group)  # version 0, if it is the syncer's
         if self.group.is_storage_rank:
+            self.poller.reader.initial = initial
             resume = self.checkpoints.resume_point(self.tokens_per_step, self._refused)
             self.progress.step, self.progress.tokens = resume.step, resume.tokens
             if resume.checkpoint is not None:
@@ -212,6 +214,7 @@ class LearnerSync:
             self.data_position.restore(checkpoint.meta.get("data") if checkpoint else None, start.step)
         self.progress.training_since = time.time()
         if self.group.is_storage_rank:
+            self.poller.reader.initial = None
             self.heartbeats.beat(LearnerState.TRAINING)
         return start.step
 

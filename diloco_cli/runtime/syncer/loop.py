@@ -107,10 +107,18 @@ class Syncer:
         self.fanout = FanOut(len(self.buckets))
         probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
         self.observer = Observer(
-            self.buckets, probes, self.fanout, self.state.ledger.consumed, sync.delete_consumed_payloads, self.clock
+            self.buckets,
+            probes,
+            self.fanout,
+            self.state.ledger.consumed,
+            sync.delete_consumed_payloads,
+            self.clock,
+            reducers=sync.reducers,
         )
         self.notes = ControlNotes(self.buckets, self.observer.refused)
-        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
+        self.publication = Publication(
+            self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot, snapshots=not sync.reducers
+        )
         self.merger = Merger(
             sync,
             self.fragments,
@@ -246,8 +254,9 @@ class Syncer:
                 self.observer.retire(payload_id(action.arrival.key))
                 log.info("told %s to resync: %s", action.learner, action.reason)
             elif isinstance(action, decisions.Discard):
-                log.info("discarding %s: %s", action.arrival.key, action.reason)
-                self.observer.retire(payload_id(action.arrival.key))
+                discarded = action.arrival.group or action.arrival.key
+                log.info("discarding %s: %s", discarded, action.reason)
+                self.observer.retire(payload_id(discarded))
             elif isinstance(action, decisions.Wait):
                 self.board.reasons[action.fragment] = action.reason
                 if action.until is not None:
@@ -340,7 +349,20 @@ class Syncer:
         idle = self.observer.idle and not self.outcomes and not any(r.pending or r.merging for r in rounds)
         waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
         seen_whole = all(self.observer.whole[region] for region in waited_on)
-        return end.over and idle and seen_whole
+        reduced = not self.recipe.sync.reducers or all(self._reducer_done(region) for region in waited_on)
+        return end.over and idle and seen_whole and reduced
+
+    def _reducer_done(self, region: str) -> bool:
+        """The region's reducer holds nothing (no send waiting, no aggregate in flight)
+        and has seen the last heartbeat the syncer has of each of its learners."""
+        status = self.observer.reducer_status.get(region)
+        if status is None or status.waiting or status.in_flight:
+            return False
+        beats = self.observer.heartbeats
+        learners = [s.id for s in self.spec.learners if s.region == region and s.id not in self.given_up]
+        return all(
+            learner in beats and status.heartbeats_seen.get(learner) == beats[learner].time for learner in learners
+        )
 
     def _finish(self) -> None:
         state = self.state

@@ -21,20 +21,17 @@ from diloco_cli.config.recipe import SyncConfig
 from diloco_cli.core import decisions
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.types import Version
+from diloco_cli.runtime.outer_gradients import check_announced
 from diloco_cli.runtime.syncer.evaluation import Evaluator
-from diloco_cli.runtime.syncer.merge_round import RoundInput, merge_round
+from diloco_cli.runtime.syncer.merge_round import AggregateInput, RoundInput, merge_round
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
 from diloco_cli.runtime.syncer.region_scan import payload_id
 from diloco_cli.runtime.syncer.state import SyncerState, commit_merge
 from diloco_cli.store.documents import LastMerge
-from diloco_cli.store.home import CommitRecord, MergedPayload, RetiredPayload, SyncerHome
-from diloco_cli.store.region import PayloadRecord
+from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload, SyncerHome
 
 log = logging.getLogger("diloco.syncer")
-
-SAME_SEND = ("learner", "fragment", "base_version", "c_steps", "c_tokens", "step", "sent_at")
-"""What a learner writes both into a payload's authenticated header and into its marker."""
 
 
 @dataclass(frozen=True)
@@ -68,20 +65,30 @@ class Merger:
         averages the commit records (xi_quorum, xi_sync)."""
         started = self.clock()
         fragment, state, observer = action.fragment, self.state, self.observer
-        blobs = observer.payloads([arrival.key for arrival in action.arrivals])
+        raw = [arrival for arrival in action.arrivals if arrival.group is None]
+        groups: dict[str, list[decisions.Arrival]] = {}
+        for arrival in action.arrivals:
+            if arrival.group is not None:
+                groups.setdefault(arrival.group, []).append(arrival)
+        blobs = observer.payloads([arrival.key for arrival in raw] + list(groups))
         if not isinstance(blobs, dict):
             log.warning("merge of fragment %d postponed: %s", fragment, blobs)
             return MergeOutcome(decisions.MergeAborted(fragment))
-        arrivals = self._announced(action.arrivals, blobs)
+        raw = self._announced(raw, blobs)
+        groups = {group: sends for group, sends in groups.items() if self._aggregate_announced(group, blobs)}
         for arrival in action.superseded:
             observer.retire(payload_id(arrival.key))
-        if not arrivals:  # a round of refused payloads makes no version (not even a momentum step)
+        if not raw and not groups:  # a round of refused payloads makes no version (not even a momentum step)
             oldest = state.windows[fragment].oldest_anchorable
             seconds = self.clock() - started
             log.info("fragment %d: nothing to merge, every arrival was refused", fragment)
-            return MergeOutcome(decisions.MergeFinished(fragment, state.fragment_versions[fragment], oldest, seconds))
+            finished = decisions.MergeFinished(
+                fragment, state.fragment_versions[fragment], oldest, seconds, frozenset()
+            )
+            return MergeOutcome(finished)
         version, previous_version = Version(state.version + 1), state.fragment_versions[fragment]
-        inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key])) for a in arrivals]
+        inputs = [RoundInput(a.learner, a.base_version, a.c_steps, a.c_tokens, _loader(blobs[a.key])) for a in raw]
+        aggregate_inputs = [AggregateInput(group, _loader(blobs[group])) for group in groups]
         result = merge_round(
             fragment,
             version,
@@ -93,10 +100,15 @@ class Merger:
             self.secret,
             mean_names=self.fragments[fragment].embedding_names,
             meta={"time": time.time(), "previous_version": previous_version},
+            aggregates=aggregate_inputs,
         )
-        merged = [a for a, r in zip(arrivals, inputs) if r in result.merged]
+        merged = [a for a, r in zip(raw, inputs) if r in result.merged]
         for bad, error in result.rejected:
-            self._refuse(arrivals[inputs.index(bad)], error)
+            self._refuse(raw[inputs.index(bad)], error)
+        for bad, error in result.rejected_aggregates:
+            self._refuse_aggregate(bad.key, error)
+        merged_groups = [aggregate.key for aggregate in result.merged_aggregates]
+        merged += [arrival for group in merged_groups for arrival in groups[group]]
         merge_seconds = self.clock() - started
         evaluation = None
         if self.evaluator.due(version):
@@ -125,6 +137,7 @@ class Merger:
                 RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence)
                 for p in retired.values()
             ),
+            aggregates=tuple(self._merged_aggregate(group) for group in merged_groups),
             digest=state.digest(fragment),
             time=time.time(),
             seconds=merge_seconds,
@@ -136,55 +149,68 @@ class Merger:
         )
         keep_after = Version(max(0, state.snapshot_version - self.sync.snapshot_every))
         commit_merge(self.home, state, self.secret, record, result.payload, keep_after)
-        self.publication.publish(version, fragment, result.payload, with_snapshot=state.snapshot_version == version)
-        consumed = [a.key for a in merged] + list(retired)
+        with_snapshot = state.snapshot_version == version and not self.sync.reducers
+        self.publication.publish(version, fragment, result.payload, with_snapshot=with_snapshot)
+        consumed = [a.key for a in merged if a.group is None] + merged_groups + list(retired)
         observer.forget(consumed)
-        if self.sync.delete_consumed_payloads:
+        if self.sync.delete_consumed_payloads and not self.sync.reducers:
             observer.delete(consumed)
         seconds = self.clock() - started - evaluation_seconds
         learners = sorted({a.learner for a in merged})
         log.info(
             "version %d: fragment %d from %s in %.2f s", version, fragment, ", ".join(learners) or "nobody", seconds
         )
+        oldest = state.windows[fragment].oldest_anchorable
         return MergeOutcome(
-            decisions.MergeFinished(fragment, version, state.windows[fragment].oldest_anchorable, seconds),
+            decisions.MergeFinished(fragment, version, oldest, seconds, frozenset(a.key for a in merged)),
             LastMerge(fragment=fragment, version=version, learners=learners, seconds=seconds, time=time.time()),
         )
 
-    def _announced(
-        self, arrivals: tuple[decisions.Arrival, ...], blobs: dict[str, bytes | None]
-    ) -> list[decisions.Arrival]:
+    def _merged_aggregate(self, group: str) -> MergedAggregate:
+        record = self.observer.observed[group]
+        return MergedAggregate(key=group, region=group.split(":", 1)[0], serial=record.serial, anchor=record.anchor)
+
+    def _announced(self, arrivals: list[decisions.Arrival], blobs: dict[str, bytes | None]) -> list[decisions.Arrival]:
         """The arrivals whose bytes are the payload their marker announced; the others
         are refused and retired before anything is merged."""
         kept = []
         for arrival in arrivals:
             try:
-                _check_announced(self.observer.observed[arrival.key], blobs[arrival.key], self.secret)
+                check_announced(self.observer.observed[arrival.key], blobs[arrival.key], self.secret)
             except PayloadError as error:
                 self._refuse(arrival, error)
                 continue
             kept.append(arrival)
         return kept
 
+    def _aggregate_announced(self, group: str, blobs: dict[str, bytes | None]) -> bool:
+        """Whether an aggregate's bytes are the aggregate its marker announced (else it
+        is refused and retired whole)."""
+        record = self.observer.observed[group]
+        blob = blobs[group]
+        try:
+            if blob is None:
+                raise CorruptPayload(f"{record.key} vanished before it could be merged")
+            meta = read_header(blob, self.secret).meta
+            found = (meta.get("fragment"), meta.get("serial"), meta.get("anchor"))
+            if found != (record.fragment, record.serial, record.anchor):
+                raise CorruptPayload(
+                    f"{record.key} holds another aggregate than its marker announced: replayed or moved"
+                )
+        except PayloadError as error:
+            self._refuse_aggregate(group, error)
+            return False
+        return True
+
     def _refuse(self, arrival: decisions.Arrival, error: Exception) -> None:
         region, key = arrival.key.split(":", 1)
         self.observer.refused(region, "payload", key, error)
         self.observer.retire(payload_id(arrival.key))
 
-
-def _check_announced(record: PayloadRecord, blob: bytes | None, secret: RunSecret) -> None:
-    """Raise PayloadError unless ``blob`` is authentic and is the very send its marker
-    describes: an authentic older body of the same learner (a replay) differs in its
-    step and counters, another run's in its tag."""
-    if blob is None:
-        raise CorruptPayload(f"{record.key} vanished before it could be merged")
-    meta = read_header(blob, secret).meta
-    differing = [field for field in SAME_SEND if meta.get(field) != record.meta.get(field)]
-    if differing:
-        raise CorruptPayload(
-            f"{record.key} holds another send than its marker announced ({', '.join(differing)} differ): "
-            "replayed or moved"
-        )
+    def _refuse_aggregate(self, group: str, error: Exception) -> None:
+        region, key = group.split(":", 1)
+        self.observer.refused(region, "aggregate", key, error)
+        self.observer.retire(payload_id(group))
 
 
 def _loader(blob: bytes) -> Callable[[], bytes]:

@@ -24,7 +24,8 @@ from diloco_cli.core.types import LearnerId
 from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.runtime.syncer.reachability import Reachability
 from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualified, scan_region
-from diloco_cli.store.documents import Heartbeat, Refusals
+from diloco_cli.store.aggregates import REDUCER_STATUS_KEY, AggregateRecord
+from diloco_cli.store.documents import Heartbeat, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
 from diloco_cli.store.run_spec import RunSpec
@@ -54,10 +55,15 @@ class Observer:
         consumed: Callable[[PayloadId], bool],
         delete_consumed: bool,
         clock: Callable[[], float],
+        reducers: bool = False,
     ) -> None:
         self.buckets, self.probes, self.fanout = buckets, probes, fanout
         """Each region's bucket, and the same with a single try per call (a probe)."""
         self.consumed, self.delete_consumed, self.clock = consumed, delete_consumed, clock
+        self.reducers = reducers
+        """Whether arrivals come as the regions' aggregates (reducers delete them)."""
+        self.reducer_status: dict[str, ReducerStatus] = {}
+        """Each region's reducer's status, as last read."""
         self.observed: dict[str, PayloadRecord] = {}
         """Markers of payloads seen and not consumed yet, by qualified key."""
         self.prefetched: dict[str, bytes] = {}
@@ -90,7 +96,8 @@ class Observer:
                 learners,
                 known=lambda name: name in self.observed or name in self.retiring,
                 consumed=lambda name: self.consumed(payload_id(name)),
-                delete_consumed=self.delete_consumed,
+                delete_consumed=self.delete_consumed and not self.reducers,
+                reducer=self.reducers,
             )
 
         for found in self.fanout.each(scan, regions):
@@ -106,6 +113,10 @@ class Observer:
                 look.regained.append(found.region)
             look.observations += self._arrivals(found)
             look.observations += self._heartbeats_seen(found)
+            if isinstance(found.reducer, PayloadError):
+                self.refused(found.region, "status", REDUCER_STATUS_KEY, found.reducer)
+            elif found.reducer is not None:
+                self.reducer_status[found.region] = found.reducer
         return look
 
     def _lost(self, scan: RegionScan, look: Look) -> None:
@@ -124,19 +135,49 @@ class Observer:
         found: list[decisions.Observation] = []
         for record in scan.records:
             name = qualified(scan.region, record.key)
+            if isinstance(record, AggregateRecord):
+                found += self._aggregate(scan.region, name, record)
+                if not record.sends:
+                    continue
             self.observed[name] = record
             if record.key in scan.payloads:
                 self.prefetched[name] = scan.payloads[record.key]
-            arrival = decisions.Arrival(
-                record.learner,
+            if isinstance(record, PayloadRecord):
+                arrival = decisions.Arrival(
+                    record.learner,
+                    record.fragment,
+                    record.base_version,
+                    record.c_steps,
+                    record.c_tokens,
+                    record.sequence,
+                    name,
+                )
+                found.append(decisions.ArrivalSeen(arrival))
+        return found
+
+    def _aggregate(self, region: str, name: str, record: AggregateRecord) -> list[decisions.Observation]:
+        """A region's aggregate: each send it holds arrives (in the aggregate, at its
+        anchor), each send it could not anchor asks for a resync.  One that holds no
+        send is consumed at once (the next commit lists it)."""
+
+        def arrival(send, group: str | None) -> decisions.Arrival:
+            key = qualified(region, send.key)
+            return decisions.Arrival(
+                send.learner,
                 record.fragment,
-                record.base_version,
-                record.c_steps,
-                record.c_tokens,
-                record.sequence,
-                name,
+                send.base_version,
+                send.c_steps,
+                send.c_tokens,
+                send.sequence,
+                key,
+                group=group,
+                anchor=record.anchor if group else None,
             )
-            found.append(decisions.ArrivalSeen(arrival))
+
+        found: list[decisions.Observation] = [decisions.ArrivalSeen(arrival(send, name)) for send in record.sends]
+        found += [decisions.ResyncRequested(arrival(send, None)) for send in record.resync]
+        if not record.sends:
+            self.retire(payload_id(name))
         return found
 
     def _heartbeats_seen(self, scan: RegionScan) -> list[decisions.Observation]:

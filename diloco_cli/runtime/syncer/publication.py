@@ -44,12 +44,16 @@ class Publication:
         fanout: FanOut,
         head: Callable[[], Head],
         snapshot: Callable[[], bytes],
+        snapshots: bool = True,
     ) -> None:
         self.buckets = buckets
         self.home = home
         self.secret = secret
         self.fanout = fanout
         self.head, self.snapshot = head, snapshot
+        self.snapshots = snapshots
+        """Whether the syncer writes the snapshots (without reducers); with them, each
+        region's reducer writes its own, and the syncer only names their versions."""
         self.behind: set[str] = set()
         """Regions that missed a publication and must be caught up."""
         self.repairs = 0
@@ -103,12 +107,13 @@ class Publication:
         for name in sorted(names):
             bucket = self.buckets[name]
             try:
-                if head.snapshot_version not in bucket.snapshot_versions():
+                if self.snapshots and head.snapshot_version not in bucket.snapshot_versions():
                     bucket.write_snapshot(head.snapshot_version, self.snapshot())
                 for version, fragment in head.recent:
                     bucket.publish_update(version, fragment, self.home.read_update(version))
                 bucket.write_head(head)
-                collect_garbage(bucket, head)
+                if self.snapshots:
+                    collect_garbage(bucket, head)
                 self.behind.discard(name)
                 log.info("region %s is caught up at version %d", name, head.version)
             except StorageError as error:
@@ -117,11 +122,13 @@ class Publication:
 
     def republish_snapshot(self) -> None:
         """The head's snapshot (of the present: the caller has just made it the head's)
-        to every region, over a damaged one, then the head."""
-        payload, head = self.snapshot(), self.head()
+        to every region, over a damaged one, then the head (with reducers, only the head:
+        each region's reducer writes the snapshot it names)."""
+        payload, head = self.snapshot() if self.snapshots else None, self.head()
         for name, bucket in self.buckets.items():
             try:
-                bucket.write_snapshot(head.snapshot_version, payload, replace=True)
+                if payload is not None:
+                    bucket.write_snapshot(head.snapshot_version, payload, replace=True)
                 bucket.write_head(head)
             except StorageError:
                 self.behind.add(name)
@@ -146,6 +153,10 @@ class Publication:
                 good = self.home.read_update(version)
                 if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
                     bucket.publish_update(version, fragment, good, replace=True)
+                    self._repaired(region, note.key)
+            elif (match := SNAPSHOT_KEY.match(note.key)) and not self.snapshots:
+                if Version(int(match["version"])) == head.snapshot_version:  # the reducers write the next one
+                    fresh_snapshot()
                     self._repaired(region, note.key)
             elif match := SNAPSHOT_KEY.match(note.key):
                 version = Version(int(match["version"]))

@@ -1,10 +1,11 @@
-"""One turn's look at one region's bucket: new payloads (marker and bytes) and heartbeats.
+"""One turn's look at one region's bucket: what arrived (marker and bytes) and heartbeats.
 
-The syncer scans every region at once (:mod:`diloco_cli.runtime.syncer.fanout`): a scan only
-reads and deletes objects and returns what it found; the syncer takes the findings in
-on its own thread.  A payload's bytes are read as soon as its marker is seen, so over a
-WAN the download overlaps the wait for a quorum instead of delaying the merge (they are
-verified when merged).
+What arrives is the learners' payloads, or, where the run has reducers, the region's
+aggregates (``store.aggregates``).  The syncer scans every region at once
+(:mod:`diloco_cli.runtime.syncer.fanout`): a scan only reads and deletes objects and
+returns what it found; the syncer takes the findings in on its own thread.  An arrival's
+bytes are read as soon as its marker is seen, so over a WAN the download overlaps the
+wait for a quorum instead of delaying the merge (they are verified when merged).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 from diloco_cli.codec import PayloadError
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.types import FragmentIndex, LearnerId
-from diloco_cli.store.documents import Heartbeat
+from diloco_cli.store import aggregates
+from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
+from diloco_cli.store.documents import Heartbeat, ReducerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket
 
@@ -24,17 +27,24 @@ log = logging.getLogger("diloco.syncer")
 
 
 def qualified(region: str, key: str) -> str:
-    """A payload key made unique across regions (the form the ledger stores)."""
+    """A key made unique across regions (the form the ledger stores)."""
     return f"{region}:{key}"
 
 
 def payload_id(name: str) -> PayloadId | None:
-    match = PAYLOAD_KEY.match(name.split(":", 1)[1])
-    return (
-        PayloadId(name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"]))
-        if match
-        else None
-    )
+    """The ledger's identity of a qualified payload or aggregate key (None: neither).  A
+    region's aggregates count under its reducer's name, their serials as sequences."""
+    region, key = name.split(":", 1)
+    if match := PAYLOAD_KEY.match(key):
+        return PayloadId(
+            name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])
+        )
+    if match := AGGREGATE_KEY.match(key):
+        return PayloadId(name, reducer_of(region), FragmentIndex(int(match["fragment"])), int(match["serial"]))
+    return None
+
+
+Record = PayloadRecord | AggregateRecord
 
 
 @dataclass
@@ -42,14 +52,16 @@ class RegionScan:
     """What one turn found in one region's bucket."""
 
     region: str
-    records: list[PayloadRecord] = field(default_factory=list)
-    """Verified markers of payloads not seen before."""
+    records: list[Record] = field(default_factory=list)
+    """Verified markers of arrivals not seen before."""
     payloads: dict[str, bytes] = field(default_factory=dict)
-    """The bytes of those payloads, by key (verified when merged)."""
+    """The bytes of those arrivals, by key (verified when merged)."""
     refused: list[tuple[str, PayloadError]] = field(default_factory=list)
-    """Payload keys whose marker is not authentic."""
+    """Keys whose marker is not authentic."""
     heartbeats: list[tuple[LearnerId, Heartbeat | PayloadError | None]] = field(default_factory=list)
     """The heartbeats of the learners asked for (None before a learner's first)."""
+    reducer: ReducerStatus | PayloadError | None = None
+    """The region's reducer's status, when asked for (None: none written yet)."""
     unreachable: str | None = None
     """Why the bucket could not be listed (the scan stopped there), or None."""
     whole: bool = True
@@ -63,14 +75,17 @@ def scan_region(
     known: Callable[[str], bool],
     consumed: Callable[[str], bool],
     delete_consumed: bool,
+    reducer: bool = False,
 ) -> RegionScan:
-    """List a region's payloads, delete those the ledger says are consumed, read the
-    markers and bytes of those not ``known`` yet, and the heartbeats of ``learners``.
-    A storage failure ends the look at the payloads (what was seen before it is kept,
-    the rest comes on a later turn); one of the listing ends the scan (``unreachable``)."""
+    """List a region's arrivals (payloads, or with ``reducer`` its aggregates), delete
+    those the ledger says are consumed, read the markers and bytes of those not
+    ``known`` yet, the heartbeats of ``learners`` and (with ``reducer`` and learners
+    asked for) the reducer's status.  A storage failure ends the look at the arrivals
+    (what was seen before it is kept, the rest comes on a later turn); one of the listing
+    ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
-        keys = bucket.payload_keys()
+        keys = aggregates.aggregate_keys(bucket) if reducer else bucket.payload_keys()
     except StorageError as error:
         log.warning("region %s cannot be listed now: %s", region, error)
         scan.unreachable, scan.whole = str(error), False
@@ -84,14 +99,14 @@ def scan_region(
                 continue
             if known(name):
                 continue
-            scan.records.append(bucket.payload_record(key))
+            scan.records.append(aggregates.aggregate_record(bucket, key) if reducer else bucket.payload_record(key))
             scan.payloads[key] = bucket.read_payload(key)
         except FileNotFoundError:
             continue
         except PayloadError as error:
             scan.refused.append((key, error))
         except StorageError as error:
-            log.warning("region %s: payloads after %s wait for a later turn: %s", region, key, error)
+            log.warning("region %s: arrivals after %s wait for a later turn: %s", region, key, error)
             scan.whole = False
             break
     for learner in learners:
@@ -101,5 +116,13 @@ def scan_region(
             scan.heartbeats.append((learner, error))
         except StorageError as error:
             log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+            scan.whole = False
+    if reducer and learners:
+        try:
+            scan.reducer = aggregates.read_reducer_status(bucket)
+        except PayloadError as error:
+            scan.reducer = error
+        except StorageError as error:
+            log.warning("region %s: its reducer's status cannot be read now: %s", region, error)
             scan.whole = False
     return scan

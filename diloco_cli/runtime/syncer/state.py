@@ -22,7 +22,8 @@ from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.ledger import Ledger, PayloadId
 from diloco_cli.core.outer import NesterovOuterOptimizer
-from diloco_cli.core.types import FragmentIndex, Version
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.store.aggregates import reducer_of
 from diloco_cli.store.documents import Evaluation, Head
 from diloco_cli.store.home import CHECKPOINT_EVERY, CommitRecord, LedgerCheckpoint, SyncerHome
 
@@ -57,6 +58,8 @@ class SyncerState:
     """Versions whose update file is in the home store (to delete each once)."""
     digests: dict[FragmentIndex, str] = field(default_factory=dict)
     """Each fragment's digest at its version (the head lists them; readers check them)."""
+    initial_digests: dict[FragmentIndex, str] = field(default_factory=dict)
+    """Each fragment's digest at version 0."""
 
     def fragment_theta(self, fragment: FragmentIndex) -> dict[str, torch.Tensor]:
         return {name: self.theta[name] for name in self.fragments[fragment].parameter_names}
@@ -87,14 +90,22 @@ class SyncerState:
             recent=self.recent_commits(recent_from),
             recent_from=recent_from,
             finished=finished,
+            initial_digests=dict(self.initial_digests),
+            merged=self.merged_marks(),
         )
+
+    def merged_marks(self) -> dict[LearnerId, dict[FragmentIndex, int]]:
+        """The ledger's newest merged send per learner (and region's reducer) and fragment."""
+        marks: dict[LearnerId, dict[FragmentIndex, int]] = {}
+        for (learner, fragment), sequence in sorted(self.ledger.merged.items()):
+            marks.setdefault(learner, {})[fragment] = sequence
+        return marks
 
     def _absorb(self, record: CommitRecord) -> None:
         """Fold one commit record into the bookkeeping (not the tensors)."""
-        self.ledger.record(
-            (PayloadId(m.key, m.learner, record.fragment, m.sequence) for m in record.merged),
-            (PayloadId(r.key, r.learner, r.fragment, r.sequence) for r in record.retired),
-        )
+        merged = [PayloadId(m.key, m.learner, record.fragment, m.sequence) for m in record.merged]
+        merged += [PayloadId(a.key, reducer_of(a.region), record.fragment, a.serial) for a in record.aggregates]
+        self.ledger.record(merged, (PayloadId(r.key, r.learner, r.fragment, r.sequence) for r in record.retired))
         self.index.append((record.version, record.fragment))
         self.digests[record.fragment] = record.digest
         self.update_files.add(record.version)
@@ -169,8 +180,10 @@ def restore_state(
     else:
         decoded = decode_payload(initial, secret)
         theta, evaluation = decoded.tensors, Evaluation.model_validate(decoded.meta["evaluation"])
+    initial_digests = {f.index: fragment_digest(theta, f.parameter_names) for f in fragments}
     state = SyncerState(
         fragments=fragments,
+        initial_digests=initial_digests,
         theta=theta,
         optimizer=optimizer,
         publisher=publisher,

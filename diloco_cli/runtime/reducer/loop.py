@@ -1,0 +1,442 @@
+"""A region's reducer: its learners' sends become one aggregate per fragment before the WAN.
+
+One supervised process per region, beside the region's bucket.  Each turn reads top to
+bottom:
+
+1. **follow the global weights**: every few seconds read the learners' heartbeats (who
+   may still send, which of the region's snapshots they found damaged); read the head;
+   add the updates the region's copy lacks (:mod:`.replica`), writing the region's
+   snapshot when the copy reaches the head's snapshot version, and removing updates and
+   snapshots no reader needs any more;
+2. **resolve**: an aggregate whose fragment moved on was merged (the head's ``merged``
+   marks cover its sends: its payloads are deleted) or discarded (its sends wait again,
+   its error feedback goes back); payloads the syncer merged are deleted;
+3. **look**: new payloads of the region's learners (markers verified);
+4. **forward**: for each fragment, the sends the forwarding decides on (:mod:`.forwarding`)
+   are anchored, merged into a partial merge, quantized with error feedback and written
+   as one aggregate (:mod:`.aggregation`); the syncer reads it across the WAN;
+5. **report**: the reducer's status in the region's bucket.
+
+Killed at any instant, a reducer restarts from the region's bucket alone: its copy from
+its newest snapshot (or version 0) and the updates after it, its aggregates in flight
+from their markers, its error feedback from ``reducer/residuals/``.  The syncer's ledger
+keeps every send merged at most once whatever a reducer forwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+import torch
+
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
+from diloco_cli.core.decisions import GONE_STATES
+from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
+from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward
+from diloco_cli.runtime.reducer.replica import GlobalReplica, ReplicaGap
+from diloco_cli.store import aggregates as store
+from diloco_cli.store.aggregates import REDUCER, AggregateRecord, reducer_of
+from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.metering import StorageCounters
+from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, PayloadRecord, heartbeat_key
+from diloco_cli.store.run_spec import RunSpec
+
+log = logging.getLogger("diloco.reducer")
+
+EXIT_FINISHED = 0
+EXIT_STOPPED = 143
+
+
+class Reducer:
+    """The reducer of one region: :meth:`start`, then :meth:`turn` until the run ends."""
+
+    def __init__(self, spec: RunSpec, region: str, secret: RunSecret, clock=time.monotonic) -> None:
+        self.spec, self.region, self.secret, self.clock = spec, region, secret, clock
+        self.recipe = spec.recipe
+        self.bucket = spec.bucket(region, secret)
+        self.stop_requested = False
+        self.finished = False
+        self.replica: GlobalReplica | None = None
+        self.initial_weights = "unchecked"
+        self.waiting: dict[str, Waiting] = {}
+        """Sends not forwarded yet, by payload key."""
+        self.records: dict[str, PayloadRecord] = {}
+        self.in_flight: dict[str, AggregateRecord] = {}
+        """Aggregates forwarded and not resolved yet, by key."""
+        self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
+        """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
+        self.refusals = Refusals()
+        self.counts = {"aggregates": 0, "sends": 0, "voided": 0}
+        self.snapshot_version = Version(-1)
+        self.damaged_snapshots: set[Version] = set()
+        self.started_at = time.time()
+        self._last = {"beats": float("-inf"), "status": float("-inf")}
+
+    # ----------------------------------------------------------------------- start
+
+    def start(self) -> None:
+        """Build the model from the recipe's seed (version 0, checked once a head says
+        what the syncer's is), count this start, and pick up what a killed reducer left."""
+        self._started_clock = self.clock()
+        torch.manual_seed(self.recipe.training.seed)
+        model = self.recipe.model.build()
+        self.fragments = fragments_of_model(model, self.recipe.sync.num_fragments)
+        self.initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
+        epoch = self.bucket.read_epoch(REDUCER) + 1
+        self.bucket.write_epoch(REDUCER, epoch)
+        self.aggregation = Aggregation(self.bucket, self.secret, self.fragments, self.recipe.sync.learner_codec, epoch)
+        self.storage_before = self._previous_counts()
+        for key in store.aggregate_keys(self.bucket):
+            try:
+                self.in_flight[key] = store.aggregate_record(self.bucket, key)
+            except PayloadError as error:
+                self._refused("aggregate", key, error)
+                store.delete_aggregate(self.bucket, key)
+            except FileNotFoundError:
+                continue
+
+    def _previous_counts(self) -> StorageCounters:
+        try:
+            status = store.read_reducer_status(self.bucket)
+        except PayloadError:
+            return StorageCounters()
+        if status is None:
+            return StorageCounters()
+        self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
+        self.snapshot_version = status.snapshot_version
+        return status.storage
+
+    def _policy(self) -> ForwardPolicy:
+        sync, active = self.recipe.sync, self.spec.active_learners
+        return ForwardPolicy(
+            quorum=self.spec.recipe.quorum,
+            num_learners=len(active),
+            region_learners=sum(1 for learner in active if learner.region == self.region),
+            window_seconds=sync.forward_window_seconds,
+            longest_wait_seconds=sync.liveness_timeout_seconds,
+        )
+
+    # ------------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.start()
+        while not self.stop_requested:
+            wake = self.turn()
+            if self.finished:
+                return EXIT_FINISHED
+            time.sleep(max(0.0, wake - self.clock()))
+        self._write_status()
+        return EXIT_STOPPED
+
+    def _request_stop(self, signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after this turn", signum)
+        self.stop_requested = True
+
+    def turn(self, read_heartbeats: bool | None = None) -> float:
+        """One turn: follow the global weights, resolve, look, forward, report; returns
+        when to wake for the next."""
+        now = self.clock()
+        sync = self.recipe.sync
+        wake = now + sync.poll_seconds
+        if read_heartbeats is None:
+            read_heartbeats = self._due("beats", now, self.recipe.training.heartbeat_seconds)
+        if read_heartbeats:
+            self._read_heartbeats()
+        head = self._read_head()
+        if head is None or not self._follow(head):
+            return wake
+        self._resolve(head)
+        self._look(head, now)
+        self._forward(now)
+        if head.finished and not self.waiting and not self.in_flight:
+            self.finished = True
+            self._write_status()
+            log.info("finished: the run is over and nothing of this region waits")
+        elif self._due("status", now, sync.status_seconds):
+            self._write_status()
+        return wake
+
+    def _due(self, task: str, now: float, every: float) -> bool:
+        if now - self._last[task] < every:
+            return False
+        self._last[task] = now
+        return True
+
+    # --------------------------------------------------- following the global weights
+
+    def _read_head(self) -> Head | None:
+        try:
+            return self.bucket.read_head()
+        except PayloadError as error:
+            self._refused("head", HEAD_KEY, error)
+        except StorageError as error:
+            log.warning("the head cannot be read now: %s", error)
+        return None
+
+    def _follow(self, head: Head) -> bool:
+        """Bring the region's copy up to the head; False while it cannot be (no copy)."""
+        if self.replica is None and not self._build_replica(head):
+            return False
+        replica = self.replica
+        try:
+            if head.version > replica.version:
+                for version, fragment in replica.pending(head):
+                    replica.add(version, fragment)
+                    self._snapshot_if_due(head)
+            replica.check(head)
+        except ReplicaGap as error:
+            log.info("the region's copy waits at version %d: %s", replica.version, error)
+        except (PayloadError, StorageError) as error:
+            log.warning("the region's copy stays at version %d: %s", replica.version, error)
+        self._snapshot_if_due(head)
+        return True
+
+    def _build_replica(self, head: Head) -> bool:
+        """The region's copy: from the newest snapshot this region holds that verifies, else
+        version 0 built here (refused when it is not the syncer's)."""
+        sync = self.recipe.sync
+        for version in sorted(self.bucket.snapshot_versions(), reverse=True):
+            try:
+                payload = self.bucket.read_snapshot(version)
+                self.replica = GlobalReplica.from_snapshot(
+                    self.fragments, payload, self.bucket, self.secret, sync.window_versions
+                )
+                self.initial_weights = "match"
+                self._restore_errors(head)
+                log.info("the region's copy starts from its snapshot of version %d", version)
+                return True
+            except (PayloadError, FileNotFoundError) as error:
+                self._refused("snapshot", f"global/snapshots/{version:010d}.dlc", error)
+        try:
+            self.replica = GlobalReplica.initial(
+                self.fragments, self.initial, head, self.bucket, self.secret, sync.window_versions
+            )
+        except CorruptPayload as error:
+            if self.initial_weights != "differ":
+                log.error("refusing to reduce: %s", error)
+            self.initial_weights = "differ"
+            self._write_status()
+            return False
+        self.initial_weights = "match"
+        self._restore_errors(head)
+        if not self.bucket.snapshot_versions():  # a learner that cannot build version 0 itself reads it here
+            self.bucket.write_snapshot(Version(0), self.replica.snapshot())
+            self.snapshot_version = Version(0)
+        log.info("the region's copy starts from version 0, built here from the recipe's seed")
+        return True
+
+    def _restore_errors(self, head: Head) -> None:
+        reducer = reducer_of(self.region)
+        marks = {FragmentIndex(int(p)): s for p, s in head.merged.get(reducer, {}).items()}
+        in_flight: dict[FragmentIndex, list[int]] = {}
+        for record in self.in_flight.values():
+            in_flight.setdefault(record.fragment, []).append(record.serial)
+        self.aggregation.restore(in_flight, marks)
+
+    def _snapshot_if_due(self, head: Head) -> None:
+        """The region's snapshot at the head's snapshot version, once the copy is there
+        (again, over a copy a learner reported damaged); then the old ones go."""
+        replica = self.replica
+        version = head.snapshot_version
+        if replica.version != version or (version <= self.snapshot_version and version not in self.damaged_snapshots):
+            return
+        self.bucket.write_snapshot(version, replica.snapshot(), replace=version in self.damaged_snapshots)
+        self.damaged_snapshots.discard(version)
+        self.snapshot_version = version
+        log.info("wrote the region's snapshot of version %d", version)
+        self._collect_garbage(head)
+
+    def _collect_garbage(self, head: Head) -> None:
+        """Drop what no reader needs: snapshots before the head's ``recent_from`` (the one
+        before the newest stays, as a fallback), and updates at or before it that are not
+        among the last W of their fragment (the window anchors with them)."""
+        window = {(v, p) for p, w in self.replica.windows.items() for v in w.versions}
+        for version, fragment in self.bucket.update_versions():
+            if version <= head.recent_from and (version, fragment) not in window:
+                self.bucket.delete_update(version, fragment)
+        for version in self.bucket.snapshot_versions():
+            if version < head.recent_from:
+                self.bucket.delete_snapshot(version)
+
+    # -------------------------------------------------------------------- resolving
+
+    def _resolve(self, head: Head) -> None:
+        """Aggregates the syncer is done with: merged (the fragment moved on and the
+        head's ``merged`` marks cover every send in it: its payloads go), or discarded
+        (the fragment moved on without it, or a send in it was merged already: its other
+        sends wait again, its error feedback goes back)."""
+        replica = self.replica
+        for key, record in sorted(self.in_flight.items(), key=lambda item: item[1].serial):
+            moved_on = record.anchor < replica.versions[record.fragment]
+            covered = [s for s in record.sends if s.sequence <= head.merged_sequence(s.learner, record.fragment)]
+            if not moved_on and not covered:
+                continue
+            merged = moved_on and len(covered) == len(record.sends)
+            try:
+                for send in record.sends + record.resync if merged else covered:
+                    self.bucket.delete_payload(send.key)
+                store.delete_aggregate(self.bucket, key)
+            except StorageError as error:
+                log.warning("could not clear aggregate %s (tried again later): %s", key, error)
+                continue
+            self.aggregation.resolved(record.fragment, record.serial, merged)
+            del self.in_flight[key]
+            if not merged:
+                self.counts["voided"] += 1
+                log.info("aggregate %s was not merged: forwarding its sends again", key)
+
+    # ----------------------------------------------------------------------- looking
+
+    def _read_heartbeats(self) -> None:
+        now = self.clock()
+        for learner in (spec.id for spec in self.spec.learners if spec.region == self.region):
+            try:
+                beat: Heartbeat | None = self.bucket.read_heartbeat(learner)
+            except PayloadError as error:
+                self._refused("heartbeat", heartbeat_key(learner), error)
+                continue
+            except StorageError as error:
+                log.warning("the heartbeat of %s cannot be read now: %s", learner, error)
+                continue
+            if beat is None:
+                continue
+            previous = self.heartbeats.get(learner)
+            if previous is None or previous[0] != beat.time:
+                self.heartbeats[learner] = (beat.time, beat.state.value, now)
+            for note in beat.refusals.recent:
+                if note.kind == "snapshot" and (match := SNAPSHOT_KEY.match(note.key)):
+                    if int(match["version"]) == self.snapshot_version:
+                        self.damaged_snapshots.add(Version(int(match["version"])))
+
+    def _live(self) -> set[LearnerId]:
+        """The region's learners that may still send: not gone, heard from lately (or
+        not yet heard from while the run is young)."""
+        timeout = self.recipe.sync.liveness_timeout_seconds
+        now = self.clock()
+        live = set()
+        for spec in self.spec.active_learners:
+            if spec.region != self.region:
+                continue
+            seen = self.heartbeats.get(spec.id)
+            if seen is None:
+                if now - self._started_clock < timeout:
+                    live.add(spec.id)
+            elif seen[1] not in GONE_STATES and now - seen[2] <= timeout:
+                live.add(spec.id)
+        return live
+
+    def _look(self, head: Head, now: float) -> None:
+        """New payloads of the region's learners; those the syncer merged are deleted."""
+        try:
+            keys = self.bucket.payload_keys()
+        except StorageError as error:
+            log.warning("the region's payloads cannot be listed now: %s", error)
+            return
+        held = {send.key for record in self.in_flight.values() for send in record.sends + record.resync}
+        present = set(keys)
+        self.waiting = {key: item for key, item in self.waiting.items() if key in present}
+        for key in keys:
+            if key in held:
+                continue
+            try:
+                record = self.records.get(key) or self.bucket.payload_record(key)
+            except FileNotFoundError:
+                continue
+            except PayloadError as error:
+                self._refused("marker", key, error)
+                self.bucket.delete_payload(key)
+                continue
+            except StorageError as error:
+                log.warning("payloads after %s wait for a later turn: %s", key, error)
+                break
+            if record.sequence <= head.merged_sequence(record.learner, record.fragment):
+                self.bucket.delete_payload(key)  # merged (or superseded by a merged send)
+                self.records.pop(key, None)
+                self.waiting.pop(key, None)
+                continue
+            self.records[key] = record
+            if key not in self.waiting:
+                self.waiting[key] = Waiting(record.fragment, send_of(record), now)
+
+    # ---------------------------------------------------------------------- forwarding
+
+    def _forward(self, now: float) -> None:
+        policy, live = self._policy(), self._live()
+        for fragment in (f.index for f in self.fragments):
+            waiting = [item for item in self.waiting.values() if item.fragment == fragment]
+            in_flight = {s.learner for r in self.in_flight.values() if r.fragment == fragment for s in r.sends}
+            chosen = to_forward(waiting, in_flight, live, policy, now)
+            if chosen:
+                self._send(fragment, [self.records[item.send.key] for item in chosen])
+
+    def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> None:
+        try:
+            built = self.aggregation.build(fragment, records, self.replica, self._refused)
+        except StorageError as error:
+            log.warning("aggregate of fragment %d not written (tried again later): %s", fragment, error)
+            return
+        for send, _ in built.refused:
+            self.waiting.pop(send.key, None)
+            self.bucket.delete_payload(send.key)
+        if built.key is None:
+            return
+        for send in built.merged + built.resync:
+            self.waiting.pop(send.key, None)
+        self.in_flight[built.key] = store.aggregate_record(self.bucket, built.key)
+        self.counts["aggregates"] += 1
+        self.counts["sends"] += len(built.merged)
+        learners = ", ".join(sorted({send.learner for send in built.merged})) or "nobody"
+        log.info(
+            "aggregate %s: fragment %d from %s at version %d",
+            built.key,
+            fragment,
+            learners,
+            self.replica.versions[fragment],
+        )
+
+    # ------------------------------------------------------------------------ report
+
+    def _refused(self, kind: str, key: str, error: Exception) -> None:
+        log.warning("refusing %s %s: %s", kind, key, error)
+        self.refusals.record(kind, key, str(error), time.time())
+
+    def status(self) -> ReducerStatus:
+        replica = self.replica
+        in_flight: dict[FragmentIndex, list[LearnerId]] = {}
+        for record in self.in_flight.values():
+            in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
+        waiting: dict[FragmentIndex, list[LearnerId]] = {}
+        for item in self.waiting.values():
+            waiting.setdefault(item.fragment, []).append(item.send.learner)
+        return ReducerStatus(
+            region=self.region,
+            version=replica.version if replica else Version(0),
+            fragment_versions=dict(replica.versions) if replica else {},
+            aggregates=self.counts["aggregates"],
+            sends=self.counts["sends"],
+            voided=self.counts["voided"],
+            in_flight={p: sorted(set(learners)) for p, learners in in_flight.items()},
+            waiting={p: sorted(set(learners)) for p, learners in waiting.items()},
+            snapshot_version=max(self.snapshot_version, Version(0)),
+            initial_weights=self.initial_weights,
+            heartbeats_seen={learner: seen[0] for learner, seen in self.heartbeats.items()},
+            storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
+            refusals=self.refusals,
+            finished=self.finished,
+            started_at=self.started_at,
+            time=time.time(),
+        )
+
+    def _write_status(self) -> None:
+        try:
+            store.write_reducer_status(self.bucket, self.status())
+        except StorageError as error:
+            log.warning("could not write the reducer's status: %s", error)

@@ -1,0 +1,340 @@
+"""A region's reducer, driven step by step beside a real syncer and real learners over
+file:// buckets (tests/support/harness.py with ``reducers=True``): what crosses the WAN
+is one aggregate per fragment, the region builds its own version 0 and snapshots, and
+every send is merged exactly once, also when a region misses a publication or its
+reducer is killed."""
+
+import pytest
+import torch
+
+from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
+from diloco_cli.codec.aggregate import decode_aggregate, encode_aggregate
+from diloco_cli.codec.exact import ExactPublisher
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.regions import RegionsFile
+from diloco_cli.core.anchor import UpdateWindow
+from diloco_cli.core.merge import MergeAccumulator
+from diloco_cli.core.outer import NesterovOuterOptimizer
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.launch.resolve import resolve_run
+from diloco_cli.runtime.outer_gradients import accumulate_arrivals
+from diloco_cli.runtime.reducer.loop import Reducer
+from diloco_cli.runtime.syncer.merge_round import AggregateInput, RoundInput, merge_round
+from diloco_cli.store import aggregates
+from diloco_cli.store.documents import SyncerPhase
+from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.region import snapshot_key
+from tests.support.harness import Harness
+from tests.support.runs import TINY_RECIPE, deep_update
+
+
+@pytest.fixture
+def reduced(tmp_path, secret):
+    made = Harness(tmp_path, secret, reducers=True)
+    yield made
+    made.close()
+
+
+def syncer_turns_until(harness, condition, turns=20):
+    """Syncer turns (each when it asks to be woken: a grace window may run) until ``condition()``."""
+    import time
+
+    for _ in range(turns):
+        wake = harness.syncer.turn()
+        if condition():
+            return
+        time.sleep(min(1.0, max(0.0, wake - harness.syncer.clock())))
+    raise AssertionError("the syncer never got there")
+
+
+def assert_every_token_merged_once(harness):
+    """Each learner's trained tokens are in merged sends or were overwritten by installs,
+    per fragment, and no send is in two commits."""
+    history = harness.syncer.home.history()
+    keys = [m.key for commit in history for m in commit.merged]
+    assert len(keys) == len(set(keys)), "a send was merged twice"
+    for learner in harness.learners:
+        learner.heartbeats.beat(wait=10)
+        beat = harness.bucket.read_heartbeat(learner.me.id)
+        for fragment in range(len(learner.fragment_list)):
+            accounted = tokens_merged(history, learner.me.id, fragment) + beat.tokens_overwritten.get(fragment, 0)
+            assert accounted == beat.tokens - (
+                learner.fragments.c_tokens[fragment] - learner.fragments.sent_tokens[fragment]
+            )
+
+
+def test_one_aggregate_per_fragment_crosses_and_the_learners_bases_are_the_syncers(reduced):
+    writer, reader = reduced.learners
+    for _ in range(3):
+        reduced.train(writer, 10)
+        reduced.train(reader, 10)
+        reduced.merge()
+    history = reduced.syncer.home.history()
+    assert [len(commit.aggregates) for commit in history] == [1] * len(history)
+    assert all({m.learner for m in commit.merged} == {"east-0", "east-1"} for commit in history)
+    for learner in reduced.learners:
+        assert reduced.poll(learner)
+        reduced.assert_bases_equal_the_syncers(learner)
+    # payloads stay in the region: the syncer read aggregates only, and wrote no snapshot
+    traffic = reduced.syncer.status(SyncerPhase.RUNNING).storage["east"].kinds
+    assert "payload" not in traffic and traffic["aggregate"].bytes_down > 0
+    assert "snapshot" not in traffic
+    # consumed payloads and aggregates were deleted by the reducer, in the region
+    assert reduced.bucket.payload_keys() == [] and aggregates.aggregate_keys(reduced.bucket) == []
+    assert_every_token_merged_once(reduced)
+
+
+def test_version_zero_is_built_in_the_region_and_learners_start_from_their_own(reduced):
+    """No initial weights cross the WAN: the region's reducer and the learners build
+    version 0 from the recipe's seed and check it against the head's digests."""
+    assert reduced.reducer.initial_weights == "match"
+    newcomer = reduced.learner("east-1")  # a fresh start, no checkpoint
+    try:
+        assert newcomer.fragments.installed and newcomer.fragments.base_version == {0: 0, 1: 0}
+        reduced.assert_bases_equal_the_syncers(newcomer)
+        assert newcomer.bucket.store.meter.snapshot().kinds.get("snapshot") is None  # nothing read but the head
+    finally:
+        newcomer.close()
+
+
+def test_a_reducer_whose_version_zero_differs_from_the_syncers_refuses_to_reduce(reduced, secret):
+    other_seed = reduced.spec.model_copy(
+        update={
+            "recipe": reduced.spec.recipe.model_copy(
+                update={"training": reduced.spec.recipe.training.model_copy(update={"seed": 7})}
+            )
+        }
+    )
+    for version in reduced.bucket.snapshot_versions():  # a region with nothing to start from but the seed
+        reduced.bucket.delete_snapshot(version)
+    stranger = Reducer(other_seed, "east", secret)
+    stranger.start()
+    stranger.turn()
+    assert stranger.initial_weights == "differ" and stranger.replica is None
+    assert aggregates.read_reducer_status(reduced.bucket).initial_weights == "differ"
+
+
+def test_the_regions_snapshot_equals_the_syncers_weights_and_a_late_learner_installs_it(reduced):
+    writer, reader = reduced.learners
+    while reduced.syncer.state.version < 6:
+        reduced.train(writer, 10)
+        reduced.merge()
+    head = reduced.bucket.read_head()
+    assert head.snapshot_version == 6 and head.recent_from == 3
+    snapshot = reduced.bucket.read_snapshot(Version(6))
+    from diloco_cli.codec import decode_payload
+
+    tensors = decode_payload(snapshot, reduced.secret).tensors
+    for name, value in reduced.syncer.state.theta.items():
+        assert torch.equal(tensors[name], value), name
+    assert reduced.bucket.snapshot_versions() == [3, 6]  # older ones removed in the region
+    late = reduced.learner("east-1", start=False)  # no checkpoint, and version 0 is too old to start from
+    try:
+        late.poller.reader.initial = {n: p.detach().clone() for n, p in late.model.named_parameters()}
+        assert sorted(reduced.poll(late)) == [0, 1]
+        reduced.assert_bases_equal_the_syncers(late)
+        assert late.bucket.store.meter.snapshot().kinds["snapshot"].bytes_down > 0
+    finally:
+        late.close()
+
+
+def test_an_aggregate_a_region_sent_before_seeing_a_merge_is_discarded_and_its_sends_forwarded_again(
+    reduced, monkeypatch
+):
+    """The region misses a publication (its bucket refuses the update), so its reducer
+    anchors the next aggregate at the version before: the syncer, whose fragment moved on,
+    discards it; once the region is caught up the reducer forwards the same sends again,
+    anchored anew, and each is merged once."""
+    writer, reader = reduced.learners
+    syncer_bucket = reduced.syncer.buckets["east"]
+    publish = syncer_bucket.publish_update
+
+    def refused(*args, **kwargs):
+        raise StorageError("writing global/updates/... failed after 3 tries: Service Unavailable")
+
+    reduced.train(writer, 10)  # fragment 0 of east-0, at step 10
+    reduced.reducer.turn(read_heartbeats=True)
+    monkeypatch.setattr(syncer_bucket, "publish_update", refused)
+    versions = reduced.syncer.state.fragment_versions
+    syncer_turns_until(reduced, lambda: versions[FragmentIndex(0)] > 0)  # merged, but the region misses it
+    merged_as = versions[FragmentIndex(0)]
+    assert "east" in reduced.syncer.publication.behind
+    reduced.train(reader, 10)
+    reduced.reducer.turn(read_heartbeats=True)  # east-1's send, anchored at version 0
+    stale = [r for r in reduced.reducer.in_flight.values() if r.fragment == 0 and r.sends[0].learner == "east-1"]
+    assert [r.anchor for r in stale] == [0]
+    syncer_turns_until(reduced, lambda: not reduced.syncer.observer.observed)
+    assert versions[FragmentIndex(0)] == merged_as  # discarded, not merged
+    monkeypatch.setattr(syncer_bucket, "publish_update", publish)
+    reduced.syncer.publication.catch_up_soon()
+    reduced.merge()
+    assert reduced.reducer.counts["voided"] == 2  # east-1's aggregates of both fragments, anchored at 0
+    history = reduced.syncer.home.history()
+    merged = [(m.learner, m.sequence) for commit in history if commit.fragment == 0 for m in commit.merged]
+    assert sorted(merged) == sorted(set(merged)) and ("east-1" in {learner for learner, _ in merged})
+    for learner in reduced.learners:
+        reduced.poll(learner)
+        reduced.assert_bases_equal_the_syncers(learner)
+
+
+def test_a_reducer_killed_between_turns_goes_on_from_the_bucket(reduced, secret):
+    writer, reader = reduced.learners
+    reduced.train(writer, 10)
+    reduced.train(reader, 10)
+    reduced.reducer.turn(read_heartbeats=True)  # forwards, then it is "killed"
+    in_flight = sorted(reduced.reducer.in_flight)
+    errors = {p: sorted(e) for p, e in reduced.reducer.aggregation.errors.items()}
+    reduced.reducer = Reducer(reduced.spec, "east", secret)
+    reduced.reducer.start()
+    assert sorted(reduced.reducer.in_flight) == in_flight
+    reduced.reducer.turn()
+    assert {p: sorted(e) for p, e in reduced.reducer.aggregation.errors.items()} == errors
+    assert reduced.reducer.aggregation.epoch == 2  # serials go on above the first start's
+    for _ in range(2):
+        reduced.train(writer, 10)
+        reduced.train(reader, 10)
+        reduced.merge()
+    for learner in reduced.learners:
+        reduced.poll(learner)
+        reduced.assert_bases_equal_the_syncers(learner)
+    assert_every_token_merged_once(reduced)
+
+
+def test_a_damaged_region_snapshot_reported_by_a_learner_is_written_again(reduced):
+    writer, _ = reduced.learners
+    while reduced.syncer.state.version < 3:
+        reduced.train(writer, 10)
+        reduced.merge()
+    for version in reduced.bucket.snapshot_versions():  # every fallback damaged too
+        data = bytearray(reduced.bucket.store.get(snapshot_key(version)))
+        data[-40] ^= 0x10
+        reduced.bucket.store.put(snapshot_key(version), bytes(data))
+    late = reduced.learner("east-1", start=False)
+    try:
+        late.poller.reader.initial = None  # it cannot build version 0 itself: it needs the snapshot
+        assert not reduced.poll(late) and late.refusals.counts["snapshot"] >= 1
+        late.heartbeats.beat(wait=10)
+        # the region's copy has moved past the damaged snapshot's version: the syncer names
+        # the present as the snapshot version, and the reducer writes it
+        reduced.syncer.turn(read_heartbeats=True)
+        reduced.reducer.turn(read_heartbeats=True)
+        assert reduced.bucket.read_head().snapshot_version == reduced.syncer.state.version
+        assert sorted(reduced.poll(late)) == [0, 1]
+        reduced.assert_bases_equal_the_syncers(late)
+    finally:
+        late.close()
+
+
+# ------------------------------------------------- the same mathematics as the syncer's
+
+
+def learner_payload(secret, learner, delta, spec):
+    meta = {"learner": learner, "fragment": 0, "base_version": 0, "c_steps": 10, "c_tokens": 1000}
+    return encode_payload(delta.items(), spec, secret, meta)
+
+
+def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_merge():
+    """Two regions of one learner each: the syncer merging the two payloads itself, and
+    merging the two regions' aggregates, give the same weights (fp32 aggregates: within
+    float rounding, 1e-6 relative; the stated tolerance).  Outer step with Nesterov
+    momentum 0.9, embedding merged by weighted mean, the rest by RDA."""
+    secret = RunSecret(bytes(range(32)))
+    spec = CodecSpec(codec="fp32", zstd_level=0)
+    generator = torch.Generator().manual_seed(5)
+    shapes = {"embed": (16, 8), "w": (8, 8), "b": (8,)}
+    theta = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+    deltas = [
+        {name: 0.01 * torch.randn(shape, generator=generator) for name, shape in shapes.items()} for _ in range(2)
+    ]
+    payloads = [learner_payload(secret, f"r{i}-0", delta, spec) for i, delta in enumerate(deltas)]
+    inputs = [RoundInput(LearnerId(f"r{i}-0"), Version(0), 10, 1000, lambda p=p: p) for i, p in enumerate(payloads)]
+
+    def merged(arrivals=(), parts=()):
+        parameters = {name: value.clone() for name, value in theta.items()}
+        merge_round(
+            FragmentIndex(0),
+            Version(1),
+            arrivals,
+            parameters,
+            UpdateWindow(4),
+            NesterovOuterOptimizer(0.7, 0.9),
+            ExactPublisher(spec, secret),
+            secret,
+            mean_names={"embed"},
+            aggregates=parts,
+        )
+        return parameters
+
+    direct = merged(arrivals=inputs)
+    parts = []
+    for i, arrival in enumerate(inputs):  # each region's reducer: its one learner into an aggregate
+        accumulator = MergeAccumulator(shapes, {"embed"})
+        accumulate_arrivals(FragmentIndex(0), [arrival], shapes, UpdateWindow(4), secret, accumulator)
+        blob = encode_aggregate(accumulator.partial(), spec, secret, {"fragment": 0, "anchor": 0, "serial": i})
+        parts.append(AggregateInput(f"r{i}:aggregates/000-{i:012d}.dlc", lambda b=blob: b))
+    through_reducers = merged(parts=parts)
+    for name in shapes:
+        moved = (direct[name] - theta[name]).abs().max()
+        assert moved > 1e-4, name  # the merge moved the weights
+        assert torch.allclose(through_reducers[name], direct[name], rtol=1e-6, atol=1e-6 * float(moved)), name
+
+
+def test_an_aggregate_decodes_to_the_sums_it_was_made_of_and_carries_its_quantization_error():
+    secret = RunSecret(bytes(range(32)))
+    shapes = {"embed": (64,), "w": (32, 8)}
+    generator = torch.Generator().manual_seed(1)
+    accumulator = MergeAccumulator(shapes, {"embed"})
+    for weight in (3.0, 1.0):
+        accumulator.add({name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}, weight)
+    part = accumulator.partial()
+    exact, meta = decode_aggregate(encode_aggregate(part, CodecSpec(codec="fp32"), secret, {"anchor": 2}), secret)
+    assert meta["anchor"] == 2 and exact.total_weight == 4.0 and exact.count == 2
+    assert torch.allclose(exact.unit_sums["w"], part.unit_sums["w"]) and exact.norm_sums["w"] == pytest.approx(
+        part.norm_sums["w"]
+    )
+    assert torch.allclose(exact.mean_sums["embed"], part.mean_sums["embed"])
+    residuals = {"unit/w": torch.zeros(32, 8), "mean/embed": torch.zeros(64)}
+    coarse, _ = decode_aggregate(encode_aggregate(part, CodecSpec(codec="int4"), secret, {}, residuals), secret)
+    # the error kept is what the int4 aggregate lost (in units of the mean direction)
+    lost = part.unit_sums["w"] / part.total_weight - coarse.unit_sums["w"] / coarse.total_weight
+    assert torch.allclose(residuals["unit/w"], lost, atol=1e-6) and residuals["unit/w"].abs().max() > 0
+
+
+def test_runs_default_to_reducers():
+    assert Recipe.model_validate(TINY_RECIPE).sync.reducers
+    regions = RegionsFile.model_validate(
+        {"regions": [{"name": "r", "bucket": "file:///tmp/x", "hosts": [{"learners": 2}]}]}
+    )
+    spec = resolve_run(
+        Recipe.model_validate(deep_update(TINY_RECIPE, {})), regions, "r", __import__("pathlib").Path("/tmp")
+    )
+    assert spec.recipe.sync.reducers
+
+
+def test_a_damaged_snapshot_of_the_regions_present_version_is_rewritten_by_its_reducer(reduced):
+    writer, _ = reduced.learners
+    reduced.train(writer, 10)  # sends at steps 5 and 10: versions 1 and 2
+    reduced.merge()
+    reduced.train(writer, 5)  # the send at step 15: version 3, a snapshot version
+    reduced.merge()
+    assert (
+        reduced.syncer.state.version
+        == 3
+        == reduced.reducer.replica.version
+        == reduced.bucket.read_head().snapshot_version
+    )
+    for version in reduced.bucket.snapshot_versions():
+        data = bytearray(reduced.bucket.store.get(snapshot_key(version)))
+        data[-40] ^= 0x10
+        reduced.bucket.store.put(snapshot_key(version), bytes(data))
+    late = reduced.learner("east-1", start=False)
+    try:
+        late.poller.reader.initial = None
+        assert not reduced.poll(late)
+        late.heartbeats.beat(wait=10)
+        reduced.reducer.turn(read_heartbeats=True)  # no syncer turn: the region repairs itself
+        assert sorted(reduced.poll(late)) == [0, 1]
+        reduced.assert_bases_equal_the_syncers(late)
+    finally:
+        late.close()
