@@ -54,6 +54,21 @@ def syncer(
     raise typer.Exit(Syncer(spec, read_secret(secret_file), manifest=watch).run())
 
 
+def reducer(
+    manifest: str = typer.Option(..., help=MANIFEST_HELP),
+    region: str = typer.Option(..., help="The region whose sends this reducer merges."),
+    secret_file: str = typer.Option(..., help="File holding the run's secret."),
+    storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
+) -> None:
+    """Run a region's reducer."""
+    from diloco_cli.runtime.reducer.loop import Reducer
+    from diloco_cli.store.run_spec import read_run_spec, read_secret
+
+    _logging()
+    spec = read_run_spec(manifest, json.loads(storage_options))
+    raise typer.Exit(Reducer(spec, region, read_secret(secret_file)).run())
+
+
 def chaos(
     run: str = typer.Option(..., help="The run."),
     runs_dir: str = typer.Option(..., help="Where the run's record is."),
@@ -87,5 +102,6 @@ def probe(
 def register(app: typer.Typer) -> None:
     app.command("_learner", hidden=True)(learner)
     app.command("_syncer", hidden=True)(syncer)
+    app.command("_reducer", hidden=True)(reducer)
     app.command("_probe", hidden=True)(probe)
     app.command("_chaos", hidden=True)(chaos)

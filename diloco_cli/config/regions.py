@@ -121,11 +121,26 @@ class RegionConfig(BaseModel):
     data_storage_options: dict[str, Any] = Field(default_factory=dict)
     """Filesystem options for ``data_source``."""
 
+    reducer_host: str | None = None
+    """The host of this region that runs its reducer (a CPU process beside the region's
+    bucket that merges the region's sends before they cross the WAN); default: the
+    region's first host."""
+
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> RegionConfig:
         refuse_inline_credentials(self.storage_options, f"storage_options of region {self.name!r}")
         refuse_inline_credentials(self.data_storage_options, f"data_storage_options of region {self.name!r}")
+        if self.reducer_host is not None and self.reducer_host not in {host.name for host in self.hosts}:
+            names = ", ".join(host.name for host in self.hosts)
+            raise ValueError(
+                f"reducer_host {self.reducer_host!r} of region {self.name!r} is not one of its hosts ({names})"
+            )
         return self
+
+    @property
+    def reducer(self) -> str:
+        """The host that runs the region's reducer."""
+        return self.reducer_host or self.hosts[0].name
 
     def run_root(self, run: str, runs_dir: str) -> str:
         """The URL under which this run's objects live in this region's bucket."""

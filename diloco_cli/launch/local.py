@@ -1,54 +1,19 @@
-"""The local launcher: every learner and the syncer as supervised processes here."""
+"""The local launcher: the run's processes (learners, reducers, the syncer) supervised here."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 
 from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_supervised
 from diloco_cli.launch.runs import RunRecord
-from diloco_cli.store.run_spec import LearnerSpec, RunSpec
+from diloco_cli.launch.services import services
+from diloco_cli.store.run_spec import RunSpec
 
 CHAOS_PROCESS = "chaos"
-
-
-def learner_command(learner: LearnerSpec, manifest: Path, secret_path: Path) -> list[str]:
-    arguments = [
-        "-m",
-        "diloco_cli",
-        "_learner",
-        "--manifest",
-        str(manifest),
-        "--learner",
-        learner.id,
-        "--secret-file",
-        str(secret_path),
-    ]
-    if learner.processes > 1:
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={learner.processes}",
-            *arguments,
-        ]
-    return [sys.executable, *arguments]
-
-
-def syncer_command(manifest: Path, secret_path: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "diloco_cli",
-        "_syncer",
-        "--manifest",
-        str(manifest),
-        "--secret-file",
-        str(secret_path),
-    ]
 
 
 def start_chaos_driver(run_dir: Path) -> ProcessRecord:
@@ -57,24 +22,18 @@ def start_chaos_driver(run_dir: Path) -> ProcessRecord:
     return start_supervised(CHAOS_PROCESS, "chaos", command, run_dir, {"PYTHONUNBUFFERED": "1"})
 
 
-def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_syncer: bool) -> list[ProcessRecord]:
-    """Start the syncer (if asked) and these learners; CPU threads are shared out among
-    every learner the run places on this machine (``resume`` starts only some)."""
-    manifest, secret_path = run_dir / "run.json", run_dir / "secret"
+def start_local(spec: RunSpec, run_dir: Path, names: Collection[str]) -> list[ProcessRecord]:
+    """Start these processes of the run here (:mod:`~diloco_cli.launch.services`); CPU
+    threads are shared out among every learner the run places on this machine
+    (``resume`` starts only some); the syncer and reducers take one thread each."""
+    manifest, secret_path = str(run_dir / "run.json"), str(run_dir / "secret")
     processes = sum(learner.processes for learner in spec.active_learners if learner.host == "local") or 1
     threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     records = []
-    if with_syncer:
-        records.append(
-            start_supervised(
-                "syncer", "syncer", syncer_command(manifest, secret_path), run_dir, {**env, "OMP_NUM_THREADS": "1"}
-            )
-        )
-    for learner in learners:
-        records.append(
-            start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env)
-        )
+    for service in services(spec, names):
+        env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads), "PYTHONUNBUFFERED": "1"}
+        command = service.command(sys.executable, manifest, secret_path)
+        records.append(start_supervised(service.name, service.kind, command, run_dir, env))
     return records
 
 

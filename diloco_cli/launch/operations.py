@@ -88,12 +88,10 @@ def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     learner comes back after it finished.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
-    if (
-        any(name not in ("syncer", CHAOS_PROCESS) for name in down)
-        and "syncer" not in down
-        and not rows.get("syncer", {}).get("supervisor_alive")
-    ):
-        down.append("syncer")  # it finished without them: it must merge what they send
+    coordinators = ["syncer", *(reducer.name for reducer in record.spec.reducers)]
+    if any(name not in (*coordinators, CHAOS_PROCESS) for name in down):
+        # learners come back after the syncer and reducers finished: they must merge what they send
+        down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]
     return start_processes(record, down, "started again", emit)
 
 
@@ -107,41 +105,18 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
     started: list[ProcessRecord] = []
     local = [name for name in names if placement[name] == "local"]
     if local:
-        learners = [learner for learner in spec.learners if learner.id in local]
-        started += start_local(spec, record.directory, learners, with_syncer="syncer" in local)
+        started += start_local(spec, record.directory, local)
         if CHAOS_PROCESS in local:
             started.append(start_chaos_driver(record.directory))
     for host_name in sorted({placement[name] for name in names} - {"local"}):
-        from diloco_cli.launch.remote import (
-            command_for,
-            connect_recorded_host,
-            learner_arguments,
-            remote_paths,
-            start_remote_process,
-            syncer_arguments,
-        )
+        from diloco_cli.launch.remote import connect_recorded_host, remote_paths, start_services
         from diloco_cli.launch.ssh import run as run_over_ssh
 
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         try:
-            paths = remote_paths(client, host, spec.run)
-            processes = sum(learner.processes for learner in spec.active_learners if learner.host == host_name) or 1
             cores = int(run_over_ssh(client, "nproc").stdout.strip() or "1")
-            threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
-            for name in (n for n in names if placement[n] == host_name):
-                if name == "syncer":
-                    command = command_for(paths, syncer_arguments(paths), 1)
-                    started.append(
-                        start_remote_process(client, host, paths, name, "syncer", command, {"OMP_NUM_THREADS": "1"})
-                    )
-                else:
-                    learner = spec.learner(name)
-                    command = command_for(paths, learner_arguments(paths, learner), learner.processes)
-                    started.append(
-                        start_remote_process(
-                            client, host, paths, name, "learner", command, {"OMP_NUM_THREADS": str(threads)}
-                        )
-                    )
+            on_host = [name for name in names if placement[name] == host_name]
+            started += start_services(client, host, remote_paths(client, host, spec.run), spec, on_host, cores)
         finally:
             client.close()
     for process in started:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import paramiko
@@ -18,8 +19,9 @@ import paramiko
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.regions import HostConfig
 from diloco_cli.launch.processes import ProcessRecord
+from diloco_cli.launch.services import services
 from diloco_cli.launch.ssh import SSHError, expand_home, put_text, run
-from diloco_cli.store.run_spec import LearnerSpec, RunSpec
+from diloco_cli.store.run_spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -51,35 +53,19 @@ def install_run_files(client: paramiko.SSHClient, paths: RemotePaths, spec: RunS
     put_text(client, secret.to_hex(), f"{paths.run_dir}/secret", mode=0o600)
 
 
-def command_for(paths: RemotePaths, arguments: list[str], processes: int) -> list[str]:
-    if processes > 1:
-        return [
-            paths.python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={processes}",
-            "-m",
-            "diloco_cli",
-            *arguments,
-        ]
-    return [paths.python, "-m", "diloco_cli", *arguments]
-
-
-def learner_arguments(paths: RemotePaths, learner: LearnerSpec) -> list[str]:
-    return [
-        "_learner",
-        "--manifest",
-        f"{paths.run_dir}/run.json",
-        "--learner",
-        learner.id,
-        "--secret-file",
-        f"{paths.run_dir}/secret",
-    ]
-
-
-def syncer_arguments(paths: RemotePaths) -> list[str]:
-    return ["_syncer", "--manifest", f"{paths.run_dir}/run.json", "--secret-file", f"{paths.run_dir}/secret"]
+def start_services(
+    client: paramiko.SSHClient, host: HostConfig, paths: RemotePaths, spec: RunSpec, names: Collection[str], cores: int
+) -> list[ProcessRecord]:
+    """Start these processes of the run on ``host`` (:mod:`~diloco_cli.launch.services`):
+    its learners share its ``cores``; the syncer and reducers take one thread each."""
+    processes = sum(learner.processes for learner in spec.active_learners if learner.host == host.name) or 1
+    threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
+    records = []
+    for service in services(spec, names):
+        command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret")
+        env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads)}
+        records.append(start_remote_process(client, host, paths, service.name, service.kind, command, env))
+    return records
 
 
 def start_remote_process(

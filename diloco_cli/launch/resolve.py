@@ -24,7 +24,7 @@ from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.launch.runs import write_run_record
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
-from diloco_cli.store.run_spec import LearnerSpec, RegionSpec, RunSpec, SyncerSpec
+from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerSpec
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -91,7 +91,20 @@ def resolve_run(
         storage_options=regions.syncer.storage_options,
         region=regions.syncer_region(),
     )
-    return RunSpec(run=run, created=time.time(), recipe=recipe, learners=learners, regions=region_specs, syncer=syncer)
+    reducers = (
+        tuple(ReducerSpec(region=RegionName(region.name), host=region.reducer) for region in regions.regions)
+        if recipe.sync.reducers
+        else ()
+    )
+    return RunSpec(
+        run=run,
+        created=time.time(),
+        recipe=recipe,
+        learners=learners,
+        regions=region_specs,
+        syncer=syncer,
+        reducers=reducers,
+    )
 
 
 def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:

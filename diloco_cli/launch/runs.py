@@ -72,6 +72,7 @@ class RunRecord:
         return {
             "syncer": spec["syncer"]["host"],
             **chaos,
+            **{f"reducer-{reducer['region']}": reducer["host"] for reducer in spec.get("reducers", ())},
             **{learner["id"]: learner["host"] for learner in spec["learners"]},
         }
 

@@ -18,14 +18,7 @@ from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
 from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
-from diloco_cli.launch.remote import (
-    command_for,
-    install_run_files,
-    learner_arguments,
-    remote_paths,
-    start_remote_process,
-    syncer_arguments,
-)
+from diloco_cli.launch.remote import install_run_files, remote_paths, start_services
 from diloco_cli.launch.resolve import (
     Sources,
     check_buckets,
@@ -38,6 +31,7 @@ from diloco_cli.launch.resolve import (
     write_manifests,
 )
 from diloco_cli.launch.runs import write_run_record
+from diloco_cli.launch.services import services
 from diloco_cli.store.filesystem import protocol_of
 from diloco_cli.store.run_spec import RunSpec
 
@@ -124,8 +118,7 @@ def launch(
             shutil.rmtree(run_dir)  # nothing started, nothing half-made left behind
             raise
         write_manifests(spec)
-        local_learners = [learner for learner in spec.learners if learner.host == "local"]
-        records = start_local(spec, run_dir, local_learners, with_syncer=spec.syncer.host == "local")
+        records = start_local(spec, run_dir, [s.name for s in services(spec) if s.host == "local"])
         try:
             check_started(records, run_dir)
             records += _start_on_hosts(reports, spec, secret, emit)
@@ -180,26 +173,9 @@ def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit
         host, client = report.host, report.client
         paths = remote_paths(client, host, spec.run)
         install_run_files(client, paths, spec, secret)
-        learners = [learner for learner in spec.learners if learner.host == host.name]
-        processes = sum(learner.processes for learner in learners) or 1
-        threads = spec.recipe.training.threads_per_learner or max(1, int(report.facts.get("cores", 1)) // processes)
-        env = {"OMP_NUM_THREADS": str(threads)}
-        if spec.syncer.host == host.name:
-            records.append(
-                start_remote_process(
-                    client,
-                    host,
-                    paths,
-                    "syncer",
-                    "syncer",
-                    command_for(paths, syncer_arguments(paths), 1),
-                    {"OMP_NUM_THREADS": "1"},
-                )
-            )
-        for learner in learners:
-            command = command_for(paths, learner_arguments(paths, learner), learner.processes)
-            records.append(start_remote_process(client, host, paths, learner.id, "learner", command, env))
-        emit(f"  {host.name}: started {', '.join(learner.id for learner in learners) or 'the syncer'}")
+        names = [service.name for service in services(spec) if service.host == host.name]
+        records += start_services(client, host, paths, spec, names, int(report.facts.get("cores", 1)))
+        emit(f"  {host.name}: started {', '.join(names) or 'nothing'}")
     return records
 
 

@@ -89,6 +89,20 @@ class SyncerSpec(BaseModel):
         return self.region or SYNCER_PLACE
 
 
+class ReducerSpec(BaseModel):
+    """A region's reducer: where it runs."""
+
+    model_config = FROZEN
+
+    region: RegionName
+    host: str
+
+    @property
+    def name(self) -> str:
+        """Its process name (``reducer-<region>``)."""
+        return f"reducer-{self.region}"
+
+
 class RunSpec(BaseModel):
     model_config = FROZEN
 
@@ -99,6 +113,8 @@ class RunSpec(BaseModel):
     learners: tuple[LearnerSpec, ...]
     regions: tuple[RegionSpec, ...]
     syncer: SyncerSpec
+    reducers: tuple[ReducerSpec, ...] = ()
+    """One per region when the recipe's ``sync.reducers`` is on."""
     chaos: ChaosPlan | None = None
     """Faults to inject (``diloco up --chaos``); None in a normal run."""
     scaling: tuple[ScaleChange, ...] = ()

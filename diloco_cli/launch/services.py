@@ -1,0 +1,63 @@
+"""The processes of a run, and where each runs: the syncer, each region's reducer, the learners.
+
+One list, made from the resolved run, that every launcher starts from (``up`` here and
+over SSH, ``resume``, ``scale``): each :class:`Service` has a name (its log, its
+supervisor's record), a kind, a host (``local`` or a region's host) and the arguments of
+its ``python -m diloco_cli`` command.  The syncer and the reducers are CPU processes of
+one thread each; a learner may be a ``torchrun`` group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from diloco_cli.store.run_spec import RunSpec
+
+SYNCER = "syncer"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    kind: str
+    """``syncer``, ``reducer`` or ``learner``."""
+    host: str
+    arguments: tuple[str, ...]
+    """What follows ``python -m diloco_cli`` (the manifest and secret file come after)."""
+    processes: int = 1
+    """Processes of a learner under ``torchrun`` (1: a plain process)."""
+
+    @property
+    def single_threaded(self) -> bool:
+        """A CPU process of one thread (the syncer and reducers), not a learner."""
+        return self.kind != "learner"
+
+    def command(self, python: str, manifest: str, secret_file: str) -> list[str]:
+        """The command line, with ``python`` the interpreter to run it with."""
+        arguments = ["-m", "diloco_cli", *self.arguments, "--manifest", manifest, "--secret-file", secret_file]
+        if self.processes > 1:
+            return [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={self.processes}",
+                *arguments,
+            ]
+        return [python, *arguments]
+
+
+def services(spec: RunSpec, names: Collection[str] | None = None) -> list[Service]:
+    """The run's processes (those named, if ``names`` is given): the syncer, the regions'
+    reducers, the learners, in that order."""
+    found = [Service(SYNCER, "syncer", spec.syncer.host, ("_syncer",))]
+    found += [
+        Service(reducer.name, "reducer", reducer.host, ("_reducer", "--region", reducer.region))
+        for reducer in spec.reducers
+    ]
+    found += [
+        Service(learner.id, "learner", learner.host, ("_learner", "--learner", learner.id), learner.processes)
+        for learner in spec.learners
+    ]
+    return found if names is None else [service for service in found if service.name in names]
