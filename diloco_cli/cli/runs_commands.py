@@ -54,7 +54,7 @@ def up(
     ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
+    """Start a run (syncer, reducers, learners), detached. With no arguments, the default job on this machine."""
     from diloco_cli.launch.up import launch
     from diloco_cli.views.dry_run import render_dry_run
     from diloco_cli.views.preflight import render_preflight
@@ -75,7 +75,8 @@ def up(
     if dry_run:
         typer.echo(render_dry_run(result.spec))
         return
-    typer.echo(f"started run {result.spec.run}: syncer and {len(result.spec.learners)} learners")
+    reducers = f", {len(result.spec.reducers)} reducers" if result.spec.reducers else ""
+    typer.echo(f"started run {result.spec.run}: syncer{reducers} and {len(result.spec.learners)} learners")
     typer.echo(f"  watch it:   diloco status {result.spec.run} --watch")
     typer.echo(f"  its logs:   diloco logs {result.spec.run} [LEARNER] --follow")
     typer.echo(f"  stop it:    diloco down {result.spec.run}")

@@ -14,7 +14,8 @@ from typing import Any
 
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
-from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, Refusals, SyncerStatus
+from diloco_cli.store.aggregates import REDUCER_STATUS_KEY, read_reducer_status
+from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, ReducerStatus, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
@@ -65,6 +66,8 @@ class RegionHealth:
     """Storage calls to this bucket retried, by its learners and the syncer."""
     failures: int = 0
     """Storage calls to it that failed after every retry."""
+    reducer_bytes: int = 0
+    """Bytes the region's reducer moved in its own bucket (never across the WAN)."""
     refusals: dict[str, int] = field(default_factory=dict)
     """Objects of this bucket refused as damaged or forged, by kind."""
     latest_refusal: dict[str, Any] | None = None
@@ -93,6 +96,25 @@ class SyncerSummary:
 
 
 @dataclass
+class ReducerSummary:
+    """A region's reducer, as its status in the region's bucket says."""
+
+    region: str
+    state: str
+    """running, finished, stopped, not reporting, refusing (its version 0 differs), or
+    starting (no report yet)."""
+    version: int = 0
+    aggregates: int = 0
+    sends: int = 0
+    voided: int = 0
+    waiting: dict[str, list[str]] = field(default_factory=dict)
+    """Per fragment, the learners whose sends wait to be forwarded."""
+    in_flight: dict[str, list[str]] = field(default_factory=dict)
+    """Per fragment, the learners whose sends wait in aggregates not merged yet."""
+    last_report_seconds: float | None = None
+
+
+@dataclass
 class RunStatus:
     run: str
     state: str
@@ -112,6 +134,8 @@ class RunStatus:
     """One line, in chaos mode: the faults injected so far and the latest ones."""
     scaling: str | None = None
     """One line once the run was scaled: M now, and the changes (``diloco scale``)."""
+    reducers: list[ReducerSummary] = field(default_factory=list)
+    """The regions' reducers (runs with ``sync.reducers``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +149,7 @@ class BucketReads:
     refused: dict[str, Refusals] = field(default_factory=dict)
     unreachable: dict[str, str] = field(default_factory=dict)
     chaos: ChaosLog | None = None
+    reducers: dict[str, ReducerStatus] = field(default_factory=dict)
 
 
 def read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> BucketReads:
@@ -165,6 +190,12 @@ def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: fl
             read.head = head
     except PayloadError as error:
         refused.record("head", HEAD_KEY, str(error), now)
+    if spec.reducers:
+        try:
+            if (reducer := read_reducer_status(bucket)) is not None:
+                read.reducers[bucket.name] = reducer
+        except PayloadError as error:
+            refused.record("status", REDUCER_STATUS_KEY, str(error), now)
 
 
 def collect_status(
@@ -216,10 +247,38 @@ def collect_status(
         status.chaos = chaos_line(read.chaos, now)
     if spec.scaling:
         status.scaling = scaling_line(spec, now)
+    status.reducers = [_reducer_summary(r.region, read.reducers.get(r.region), now) for r in spec.reducers]
+    for reducer in read.reducers.values():
+        if reducer.region in regions:
+            regions[reducer.region].reducer_bytes += reducer.storage.bytes_up + reducer.storage.bytes_down
     status.problems = problems(status, processes) + [
         f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
     ]
     return status
+
+
+def _reducer_summary(region: str, reducer: ReducerStatus | None, now: float) -> ReducerSummary:
+    if reducer is None:
+        return ReducerSummary(region, "starting")
+    if reducer.initial_weights == "differ":
+        state = "refusing (its version 0 differs from the syncer's)"
+    elif reducer.finished:
+        state = "finished"
+    elif now - reducer.time > SYNCER_SILENT_SECONDS:
+        state = "not reporting"
+    else:
+        state = "running"
+    return ReducerSummary(
+        region=region,
+        state=state,
+        version=reducer.version,
+        aggregates=reducer.aggregates,
+        sends=reducer.sends,
+        voided=reducer.voided,
+        waiting={str(p): learners for p, learners in reducer.waiting.items()},
+        in_flight={str(p): learners for p, learners in reducer.in_flight.items()},
+        last_report_seconds=now - reducer.time,
+    )
 
 
 def run_state(syncer: SyncerStatus | None, now: float) -> str:

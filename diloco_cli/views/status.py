@@ -17,7 +17,7 @@ from rich.text import Text
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
-from diloco_cli.views.run_state import RunStatus, collect_status
+from diloco_cli.views.run_state import ReducerSummary, RunStatus, collect_status
 
 STATE_STYLE = {
     "training": "green",
@@ -120,6 +120,7 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         )
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
+    lines += [reducer_line(reducer) for reducer in status.reducers]
     regions = Table(box=table_box, show_edge=False, collapse_padding=True, pad_edge=False)  # 80 columns hold it
     for column in (
         "region",
@@ -227,3 +228,20 @@ def show_status(
                 live.update(build_view(status, probe=rows))
     except KeyboardInterrupt:
         console.print(f"detached; the run goes on (diloco down {spec.run} stops it)")
+
+
+def reducer_line(reducer: ReducerSummary) -> str:
+    """One line per region's reducer: its state, its copy's version, what it forwarded,
+    and what waits there."""
+    if reducer.state == "starting":
+        return f"reducer {reducer.region}: starting"
+    waiting = sorted({learner for learners in reducer.waiting.values() for learner in learners})
+    in_flight = sorted({learner for learners in reducer.in_flight.values() for learner in learners})
+    held = (f"; waiting {', '.join(waiting)}" if waiting else "") + (
+        f"; in flight {', '.join(in_flight)}" if in_flight else ""
+    )
+    discarded = f" ({reducer.voided} sent again)" if reducer.voided else ""
+    return (
+        f"reducer {reducer.region}: {reducer.state}; version {reducer.version}; "
+        f"{plural(reducer.aggregates, 'aggregate')} of {plural(reducer.sends, 'send')}{discarded}{held}"
+    )
