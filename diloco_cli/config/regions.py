@@ -171,14 +171,18 @@ class SyncerPlacement(BaseModel):
 
     model_config = FROZEN
 
-    host: str = LOCAL_HOST
-    """``local`` (the machine that runs ``diloco up``) or the name of a host of a region."""
+    host: str | None = None
+    """``local`` (the machine that runs ``diloco up``) or the name of a host of a region.
+    Default: the host of the first region's reducer, so that the syncer sits in that
+    region's network and its traffic with that region's bucket never crosses the WAN
+    (``local`` when that region's hosts are this machine)."""
 
     region: str | None = None
     """The region whose network the syncer's machine is in, for bandwidth reports: its
     traffic with that region's bucket is then region-local.  Default: the region of
-    ``host`` when it is a region's host, else a place of its own (every byte it moves
-    crosses a link)."""
+    ``host`` when it is a region's host, the first region when ``host`` is not given,
+    else (``host: local`` given for a multi-region run) a place of its own, every byte it
+    moves crossing a link."""
 
     home: str = "file://{runs_dir}/{run}/syncer"
     """fsspec URL of the syncer's own store (its state and ledger); ``{run}`` and
@@ -256,14 +260,20 @@ class RegionsFile(BaseModel):
             for host in region.hosts:
                 if not host.is_local:
                     seen.setdefault(host.name, host)
-        if self.syncer.host != LOCAL_HOST:
-            seen.setdefault(self.syncer.host, self.host(self.syncer.host))
+        if self.syncer_host() != LOCAL_HOST:
+            seen.setdefault(self.syncer_host(), self.host(self.syncer_host()))
         return list(seen.values())
+
+    def syncer_host(self) -> str:
+        """The host the syncer runs on (see :attr:`SyncerPlacement.host`)."""
+        return self.syncer.host if self.syncer.host is not None else self.regions[0].reducer
 
     def syncer_region(self) -> str | None:
         """The region the syncer runs in (see :attr:`SyncerPlacement.region`), or None."""
         if self.syncer.region is not None:
             return self.syncer.region
+        if self.syncer.host is None:
+            return self.regions[0].name
         for region in self.regions:
             if any(host.name == self.syncer.host and not host.is_local for host in region.hosts):
                 return region.name

@@ -54,10 +54,9 @@ def resolve_run(
             f"but {sources.recipe} sets training.num_learners: {recipe.training.num_learners}; make them equal"
         )
     hosts = {host.name for region in regions.regions for host in region.hosts}
-    if regions.syncer.host != "local" and regions.syncer.host not in hosts:
-        raise ConfigError(
-            f"{sources.regions}: syncer.host {regions.syncer.host!r} is not 'local' nor a host of any region"
-        )
+    syncer_host = regions.syncer_host()
+    if syncer_host != "local" and syncer_host not in hosts:
+        raise ConfigError(f"{sources.regions}: syncer.host {syncer_host!r} is not 'local' nor a host of any region")
     learners = tuple(
         LearnerSpec(
             id=learner,
@@ -86,7 +85,7 @@ def resolve_run(
     )
     home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)
     syncer = SyncerSpec(
-        host=regions.syncer.host,
+        host=syncer_host,
         home=absolute_url(home),
         storage_options=regions.syncer.storage_options,
         region=regions.syncer_region(),
