@@ -64,7 +64,12 @@ def tail(path: Path, size: int = 3000) -> str:
         return ""
 
 
-def regions_document(learners_per_region: int) -> dict:
+def regions_document(learners_per_region: int, syncer_place: str = SYNCER) -> dict:
+    """Two regions of ``learners_per_region`` learners; the syncer in ``syncer_place``: a
+    place of its own (``syncer``) or a region (its traffic with that bucket stays there)."""
+    syncer = {"host": "local", "home": "file://{runs_dir}/{run}/syncer"}
+    if syncer_place != SYNCER:
+        syncer["region"] = syncer_place
     return {
         "regions": [
             {
@@ -75,7 +80,7 @@ def regions_document(learners_per_region: int) -> dict:
             }
             for region in REGIONS
         ],
-        "syncer": {"host": "local", "home": "file://{runs_dir}/{run}/syncer"},
+        "syncer": syncer,
     }
 
 
@@ -221,8 +226,9 @@ class Processes:
             log.close()
 
 
-def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) -> dict:
-    """The whole run, learners and syncer in their namespaces; what it measured."""
+def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, syncer_place: str = SYNCER) -> dict:
+    """The whole run, learners, reducers and the syncer in their namespaces (the syncer in
+    ``syncer_place``: its own place or a region); what it measured."""
     from diloco_cli.bandwidth.prices import load_prices
     from diloco_cli.launch.resolve import create_run_directory
     from diloco_cli.launch.up import resolve
@@ -232,7 +238,7 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     recipe = load_recipe(overrides)
     learners_per_region = recipe.training.num_learners // len(REGIONS)
     regions_path = workdir / "regions.json"
-    regions_path.write_text(json.dumps(regions_document(learners_per_region), indent=2))
+    regions_path.write_text(json.dumps(regions_document(learners_per_region, syncer_place), indent=2))
     runs_dir = workdir / "runs"
     name = f"wan-{time.strftime('%Y%m%d-%H%M%S')}"
     spec, _, _ = resolve(None, regions_path, list(overrides), name, runs_dir)
@@ -249,7 +255,7 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     roots = {region.name: region.root for region in spec.regions}
     # each region's bucket by its name from the region itself and from the syncer's place, two
     # probes at a time (of different regions: each proxy then sees one of them)
-    pairs = [[(region, region), (SYNCER, REGIONS[(i + 1) % len(REGIONS)])] for i, region in enumerate(REGIONS)]
+    pairs = [[(region, region), (syncer_place, other)] for region, other in zip(REGIONS, (*REGIONS[1:], REGIONS[0]))]
     probes = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         for pair in pairs:
@@ -270,10 +276,17 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
         launched = time.time()
         processes.start(
             "syncer",
-            wan[SYNCER].exec_prefix(),
+            wan[syncer_place].exec_prefix(),
             ["_syncer", "--manifest", manifest, "--secret-file", secret_file],
             {**env, "OMP_NUM_THREADS": "1"},
         )
+        for reducer in spec.reducers:
+            processes.start(
+                reducer.name,
+                wan[reducer.region].exec_prefix(),
+                ["_reducer", "--manifest", manifest, "--region", reducer.region, "--secret-file", secret_file],
+                {**env, "OMP_NUM_THREADS": "1"},
+            )
         for learner in spec.learners:
             processes.start(
                 learner.id,
@@ -319,7 +332,9 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float) 
     }
     wan_bytes, tokens = report["wan_bytes"], report["tokens"]
     proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
-    wire_wan = devices[SYNCER]["tx"] + devices[SYNCER]["rx"]  # every byte the syncer moved crossed its link
+    # every byte a place outside the regions moved crossed its link; a region's device also
+    # carries its learners' and reducer's traffic with the other region (none: they stay home)
+    wire_wan = sum(devices[place]["tx"] + devices[place]["rx"] for place in (syncer_place,) if place in devices)
     return {
         "run": name,
         "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],

@@ -1,6 +1,6 @@
 """Chaos: faults injected into a run on purpose, reproducibly from a seed.
 
-``diloco up --chaos SPEC`` kills learners and the syncer (SIGKILL), pauses learners
+``diloco up --chaos SPEC`` kills learners, reducers and the syncer (SIGKILL), pauses learners
 (SIGSTOP, then SIGCONT), and takes a region's storage down for a while (every call to
 that region's bucket, from its learners or from the syncer, fails or hangs).  SPEC is a
 comma-separated list::
@@ -8,6 +8,7 @@ comma-separated list::
     seed=7                     the schedule's seed (default 0)
     kill-learner=0.5/min       SIGKILL a random learner at this rate (Poisson)
     kill-syncer=0.1/min        SIGKILL the syncer at this rate
+    kill-reducer=0.2/min       SIGKILL a random region's reducer at this rate
     stop-learner=0.5/min:20s   SIGSTOP a random learner for 20 s at this rate
     outage=local-b@60s+30s     region local-b's storage down from 60 s to 90 s after the start
     outage=local-b@60s+30s:hang   the same, calls hanging instead of failing
@@ -57,6 +58,8 @@ class ChaosPlan(BaseModel):
     """Seeds the schedule: the same plan and seed give the same faults."""
     kill_learner_per_minute: float = Field(default=0.0, ge=0)
     kill_syncer_per_minute: float = Field(default=0.0, ge=0)
+    kill_reducer_per_minute: float = Field(default=0.0, ge=0)
+    """SIGKILL a random region's reducer (runs with reducers) at this rate."""
     stop_learner_per_minute: float = Field(default=0.0, ge=0)
     stop_seconds: float = Field(default=20.0, gt=0)
     """How long a stopped learner stays stopped."""
@@ -73,7 +76,12 @@ class ChaosPlan(BaseModel):
     def has_process_faults(self) -> bool:
         return any(
             rate > 0
-            for rate in (self.kill_learner_per_minute, self.kill_syncer_per_minute, self.stop_learner_per_minute)
+            for rate in (
+                self.kill_learner_per_minute,
+                self.kill_syncer_per_minute,
+                self.kill_reducer_per_minute,
+                self.stop_learner_per_minute,
+            )
         )
 
     def outage_windows(self, regions: list[str]) -> list[Outage]:
@@ -102,15 +110,23 @@ class ProcessEvent(BaseModel):
     """From the run's creation."""
     action: Literal["kill", "stop", "continue"]
     target: str
-    """A learner's id, or ``syncer``."""
+    """A learner's id, ``syncer``, or a reducer's process name (``reducer-<region>``)."""
     seconds: float | None = None
 
 
-def process_events(plan: ChaosPlan, learners: list[str], horizon: float = HORIZON_SECONDS) -> list[ProcessEvent]:
+def process_events(
+    plan: ChaosPlan, learners: list[str], reducers: list[str] = (), horizon: float = HORIZON_SECONDS
+) -> list[ProcessEvent]:
     """The kills and pauses of a plan, by time: a pure function of the plan and the run's
-    learners (a rerun with the same seed kills the same learners at the same times)."""
+    learners and reducers (a rerun with the same seed kills the same processes at the
+    same times; reducers draw from a stream of their own, so adding them moves no other
+    event)."""
     generator = random.Random(f"{plan.seed}/processes")
     events = []
+    if plan.kill_reducer_per_minute > 0 and reducers:
+        of_reducers = random.Random(f"{plan.seed}/reducers")
+        for at in poisson_times(of_reducers, plan.kill_reducer_per_minute, horizon):
+            events.append(ProcessEvent(at_seconds=at, action="kill", target=of_reducers.choice(sorted(reducers))))
     for rate, action, pick in (
         (plan.kill_learner_per_minute, "kill", lambda: generator.choice(sorted(learners))),
         (plan.kill_syncer_per_minute, "kill", lambda: "syncer"),
@@ -142,7 +158,7 @@ def poisson_times(generator: random.Random, per_minute: float, horizon: float = 
 DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>s|m|min|h)?$")
 RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)/(?P<unit>s|min|m|h)$")
 OUTAGE = re.compile(r"^(?P<region>[A-Za-z0-9_.-]+)@(?P<start>[^+]+)\+(?P<duration>[^:]+)(?::(?P<mode>fail|hang))?$")
-KEYS = ("seed", "kill-learner", "kill-syncer", "stop-learner", "outage", "outage-rate")
+KEYS = ("seed", "kill-learner", "kill-syncer", "kill-reducer", "stop-learner", "outage", "outage-rate")
 
 
 def _seconds(text: str, item: str) -> float:
@@ -170,7 +186,7 @@ def parse_chaos(text: str) -> ChaosPlan:
             if not value.lstrip("-").isdigit():
                 raise ConfigError(f"--chaos {item!r}: the seed is an integer")
             fields["seed"] = int(value)
-        elif key in ("kill-learner", "kill-syncer"):
+        elif key in ("kill-learner", "kill-syncer", "kill-reducer"):
             fields[f"{key.replace('-', '_')}_per_minute"] = _per_minute(value, item)
         elif key in ("stop-learner", "outage-rate"):
             rate, colon, duration = value.partition(":")

@@ -3,8 +3,8 @@
 Started by ``diloco up --chaos`` as one more supervised process of the run (on the
 launching machine, stopped by ``diloco down`` like the others).  It walks the plan's
 schedule (:func:`diloco_cli.config.chaos.process_events`, the same for the same seed):
-SIGKILL a learner or the syncer, SIGSTOP a learner and SIGCONT it after a while.  The
-target is the supervised child (the learner or syncer itself, not its supervisor, which
+SIGKILL a learner, a reducer or the syncer, SIGSTOP a learner and SIGCONT it after a while.  The
+target is the supervised child (the learner, reducer or syncer itself, not its supervisor, which
 restarts it as it would after a real crash), here or on its SSH host.  Every event is
 logged and written as ``chaos.json`` into every region's bucket, where ``diloco status``
 shows it.  Storage outages need no driver: every process injects them itself.
@@ -56,7 +56,11 @@ class ChaosDriver:
         now = time.time() - origin
         queue = [
             (event.at_seconds, index, event)
-            for index, event in enumerate(process_events(self.plan, [learner.id for learner in self.spec.learners]))
+            for index, event in enumerate(
+                process_events(
+                    self.plan, [learner.id for learner in self.spec.learners], [r.name for r in self.spec.reducers]
+                )
+            )
         ]
         queue = [item for item in queue if item[0] >= now]  # a restarted driver does not replay the past
         heapq.heapify(queue)

@@ -17,6 +17,7 @@ across the WAN; payloads stay in their region.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,11 @@ class AggregateRecord:
     """Sends whose base the reducer could not anchor: their learners must resync."""
     meta: dict[str, Any]
 
+    @property
+    def made_at(self) -> float:
+        """When the reducer read its sends (wall clock of the reducer's host)."""
+        return float(self.meta.get("made_at", 0.0))
+
 
 def write_aggregate(
     bucket: RegionBucket,
@@ -97,6 +103,7 @@ def write_aggregate(
         "fragment": fragment,
         "serial": serial,
         "anchor": anchor,
+        "made_at": time.time(),
         "sends": [send.to_json() for send in sends],
         "resync": [send.to_json() for send in resync],
         "bytes": len(payload),

@@ -53,6 +53,8 @@ class MergedPayload(BaseModel):
     base_version: Version
     c_steps: int
     c_tokens: int
+    aggregate: str | None = None
+    """The region's aggregate it came in (its key), when a reducer forwarded it."""
 
 
 class MergedAggregate(BaseModel):
@@ -65,6 +67,8 @@ class MergedAggregate(BaseModel):
     region: str
     serial: int
     anchor: Version
+    made_at: float = 0.0
+    """When its reducer read the sends it holds."""
 
 
 class RetiredPayload(BaseModel):

@@ -1,10 +1,10 @@
-"""Chaos: learners and the syncer killed and paused at random, payloads, markers,
-updates, snapshots and checkpoints damaged at rest, litter dropped, for the first part
-of a run; then the run must finish and its ledger audit clean.
+"""Chaos: learners, reducers and the syncer killed and paused at random, payloads, markers,
+aggregates, updates, snapshots and checkpoints damaged at rest, litter dropped, for the
+first part of a run; then the run must finish and its ledger audit clean.
 
 The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
-test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py --chaos-seconds 300``.
-"""
+test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py
+--chaos-seconds 300``."""
 
 import json
 import time
@@ -39,12 +39,12 @@ def audit(runs_dir, name, damaged):
     retired = {r.key for c in history for r in c.retired}
     assert len(merged) == len(set(merged)), "an arrival was merged twice"
     assert not set(merged) & retired
-    for commit in history:  # a payload damaged before its merge began must have been refused
+    for commit in history:  # a payload damaged before it was read (by the syncer, or its reducer) was refused
+        read_at = {aggregate.key: aggregate.made_at for aggregate in commit.aggregates}
         for payload in commit.merged:
             damaged_at = damaged.get(payload.key)
-            assert damaged_at is None or damaged_at > commit.time - commit.seconds - 2.0, (
-                f"damaged {payload.key} was merged"
-            )
+            read = read_at[payload.aggregate] if payload.aggregate else commit.time - commit.seconds
+            assert damaged_at is None or damaged_at > read - 2.0, f"damaged {payload.key} was merged"
     newest: dict[tuple[str, int], int] = {}
     for key in merged:
         match = PAYLOAD_KEY.match(key.split(":", 1)[1])

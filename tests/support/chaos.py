@@ -1,6 +1,7 @@
-"""Chaos against a running local run: processes killed and paused, objects damaged at
-rest, litter dropped, at random but reproducibly from a seed (the events, not their
-timing).  For tests that must hold whatever happens::
+"""Chaos against a running local run: processes (learners, reducers, the syncer) killed and
+paused, objects (payloads, aggregates, updates, snapshots...) damaged at rest, litter
+dropped, at random but reproducibly from a seed (the events, not their timing). For
+tests that must hold whatever happens::
 
     chaos = Chaos(runs_dir, "run", seed=3)
     while time.monotonic() < deadline:
@@ -9,8 +10,7 @@ timing).  For tests that must hold whatever happens::
     chaos.calm()                # every paused process continues
 
 Damaged objects are remembered (``chaos.damaged``), so an audit can tell refused work
-from lost work; litter is remembered too (``chaos.litter``), to check it is swept.
-"""
+from lost work; litter is remembered too (``chaos.litter``), to check it is swept."""
 
 from __future__ import annotations
 
@@ -22,9 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diloco_cli.launch.runs import load_run
+from diloco_cli.store.aggregates import AGGREGATE_KEY
 from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, UPDATE_KEY
 
-KINDS = {"payload": PAYLOAD_KEY, "update": UPDATE_KEY, "snapshot": SNAPSHOT_KEY, "checkpoint": CHECKPOINT_KEY}
+KINDS = {
+    "payload": PAYLOAD_KEY,
+    "aggregate": AGGREGATE_KEY,
+    "update": UPDATE_KEY,
+    "snapshot": SNAPSHOT_KEY,
+    "checkpoint": CHECKPOINT_KEY,
+}
 EVENTS = (
     "kill learner",
     "kill syncer",
@@ -37,6 +44,8 @@ EVENTS = (
     "damage checkpoint",
     "litter",
 )
+REDUCER_EVENTS = ("kill reducer", "pause reducer", "damage aggregate")
+"""Events of runs with reducers (drawn among the others)."""
 
 
 @dataclass
@@ -57,15 +66,18 @@ class Chaos:
         record = load_run(self.runs_dir, self.run)
         self.spec = record.spec
         self.learners = [learner.id for learner in self.spec.learners]
+        self.reducers = [reducer.name for reducer in self.spec.reducers]
+        self.events_drawn = EVENTS + (REDUCER_EVENTS if self.reducers else ())
         self.roots = {region.name: Path(region.root.removeprefix("file://")) for region in self.spec.regions}
 
     def strike(self) -> str:
         """One random event (a pause ends by itself on a later strike or at ``calm``)."""
         self._resume_due()
-        event = self.random.choice(EVENTS)
+        event = self.random.choice(self.events_drawn)
         what, _, target = event.partition(" ")
         if what in ("kill", "pause"):
-            process = self.random.choice(self.learners) if target == "learner" else "syncer"
+            population = {"learner": self.learners, "reducer": self.reducers}.get(target, ["syncer"])
+            process = self.random.choice(population)
             done = self._signal(process, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
             detail = f"{event} {process}" + ("" if done else " (not running)")
         elif what == "damage":

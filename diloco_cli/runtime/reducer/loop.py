@@ -67,6 +67,8 @@ class Reducer:
         self.waiting: dict[str, Waiting] = {}
         """Sends not forwarded yet, by payload key."""
         self.records: dict[str, PayloadRecord] = {}
+        self.consumed: set[str] = set()
+        """Payloads known merged or retired (kept when consumed payloads are kept)."""
         self.in_flight: dict[str, AggregateRecord] = {}
         """Aggregates forwarded and not resolved yet, by key."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
@@ -282,7 +284,7 @@ class Reducer:
             merged = moved_on and len(covered) == len(record.sends)
             try:
                 for send in record.sends + record.resync if merged else covered:
-                    self.bucket.delete_payload(send.key)
+                    self._consumed(send.key)
                 store.delete_aggregate(self.bucket, key)
             except StorageError as error:
                 log.warning("could not clear aggregate %s (tried again later): %s", key, error)
@@ -292,6 +294,13 @@ class Reducer:
             if not merged:
                 self.counts["voided"] += 1
                 log.info("aggregate %s was not merged: forwarding its sends again", key)
+
+    def _consumed(self, key: str) -> None:
+        """A payload the syncer merged (or retired): deleted, or kept but never read
+        again when the recipe keeps consumed payloads (``sync.delete_consumed_payloads``)."""
+        if self.recipe.sync.delete_consumed_payloads:
+            self.bucket.delete_payload(key)
+        self.consumed.add(key)
 
     # ----------------------------------------------------------------------- looking
 
@@ -343,8 +352,9 @@ class Reducer:
         held = {send.key for record in self.in_flight.values() for send in record.sends + record.resync}
         present = set(keys)
         self.waiting = {key: item for key, item in self.waiting.items() if key in present}
+        self.consumed &= present
         for key in keys:
-            if key in held:
+            if key in held or key in self.consumed:
                 continue
             try:
                 record = self.records.get(key) or self.bucket.payload_record(key)
@@ -358,7 +368,7 @@ class Reducer:
                 log.warning("payloads after %s wait for a later turn: %s", key, error)
                 break
             if record.sequence <= head.merged_sequence(record.learner, record.fragment):
-                self.bucket.delete_payload(key)  # merged (or superseded by a merged send)
+                self._consumed(key)  # merged (or superseded by a merged send)
                 self.records.pop(key, None)
                 self.waiting.pop(key, None)
                 continue

@@ -130,6 +130,7 @@ class Merger:
                     base_version=a.base_version,
                     c_steps=a.c_steps,
                     c_tokens=a.c_tokens,
+                    aggregate=a.group,
                 )
                 for a in merged
             ),
@@ -168,7 +169,10 @@ class Merger:
 
     def _merged_aggregate(self, group: str) -> MergedAggregate:
         record = self.observer.observed[group]
-        return MergedAggregate(key=group, region=group.split(":", 1)[0], serial=record.serial, anchor=record.anchor)
+        region = group.split(":", 1)[0]
+        return MergedAggregate(
+            key=group, region=region, serial=record.serial, anchor=record.anchor, made_at=record.made_at
+        )
 
     def _announced(self, arrivals: list[decisions.Arrival], blobs: dict[str, bytes | None]) -> list[decisions.Arrival]:
         """The arrivals whose bytes are the payload their marker announced; the others

@@ -1,0 +1,132 @@
+"""Benchmark: what the topology sends across the WAN, per token, and what it costs in loss.
+
+The same run (the default recipe, K = M) on ``tests.support.wan.emulated_wan`` (two
+regions, each its own namespace and moto S3, shaped links, a delaying proxy that counts
+every byte crossing into the region), in three topologies, each a whole run:
+
+* **landed**: no reducers, the syncer in a place of its own: every payload, snapshot and
+  published update crosses the WAN (the topology before reducers);
+* **default**: a reducer in every region (one aggregate per fragment round crosses, the
+  region builds its own version 0 and snapshots) and the syncer in the first region;
+* **default, 2 x 4**: the same with four learners per region.
+
+WAN bytes are what the regions' delaying proxies passed (requests and answers, both
+ways), over the tokens the learners trained.  Targets (issue "Topology for the WAN"):
+the default at least 2.5x fewer WAN bytes per token than the landed topology, its
+held-out loss within 1% of the landed one's at equal tokens, and 2 x 4 no more WAN bytes
+per token than 2 x 2.  One run per topology (a run is several minutes on 2 cores); the
+loss comparison is of one seed (seeds differ by about 2% at this scale: see bench.quality).
+
+    python -m bench.topology            # the default recipe (~20 min on 2 cores; needs root, iproute2)
+    python -m bench.topology --quick    # a tiny model and budget (the test suite)
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from bench._common import benchmark_parser, print_table, write_and_report
+from bench.wan_diloco import REGIONS, SYNCER, diloco_on_wan
+
+QUICK = [
+    "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",
+    "data.sequence_length=32",
+    "training.inner_steps=40",
+    "training.warmup_steps=3",
+    "training.poll_seconds=0.3",
+    "training.heartbeat_seconds=0.5",
+    "sync.sync_interval=5",
+    "sync.evaluation_batches=2",
+    "sync.poll_seconds=0.3",
+    "sync.status_seconds=1",
+]
+MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
+TOPOLOGIES = (
+    ("landed", 2, SYNCER, ["sync.reducers=false"]),
+    ("default", 2, REGIONS[0], []),
+    ("default 2x4", 4, REGIONS[0], []),
+)
+TARGETS = {"fewer_wan_bytes_than_landed": 2.5, "loss_within": 0.01}
+
+
+def run_topology(label: str, per_region: int, syncer_place: str, extra: list[str], args, workdir: Path) -> dict:
+    from tests.support.wan import emulated_wan
+
+    overrides = [*MEASURE, *(QUICK if args.quick else []), f"training.num_learners={per_region * len(REGIONS)}", *extra]
+    with emulated_wan(REGIONS, [SYNCER], rate_mbit=args.link_mbit, latency_ms=args.latency_ms, hostnames=True) as wan:
+        result = diloco_on_wan(wan, overrides, workdir / label.replace(" ", "-"), args.timeout, syncer_place)
+    kinds: dict[str, int] = {}
+    for link in result["links"]:
+        if link["wan"]:
+            kinds[link["source"]] = kinds.get(link["source"], 0) + link["bytes_up"] + link["bytes_down"]
+    return {
+        "topology": label,
+        "learners_per_region": per_region,
+        "syncer_place": syncer_place,
+        "overrides": overrides,
+        "tokens": result["tokens"],
+        "wan_bytes_proxy": result["proxy_wan_bytes"],
+        "wan_bytes_per_token": result["wan_bytes_per_token_proxy"],
+        "wan_bytes_per_token_metered": result["wan_bytes_per_token"],
+        "final_loss": result["final_loss"],
+        "versions": result["versions"],
+        "wall_seconds": result["wall_seconds"],
+        "learners_started_after_seconds": result["learners_started_after_seconds"],
+        "compute_share": result["compute_share"],
+        "metered_wan_bytes_by_source": kinds,
+        "syncer_kinds": result["syncer_kinds"],
+    }
+
+
+def verdicts(rows: dict[str, dict]) -> dict:
+    landed, default, wide = rows["landed"], rows["default"], rows["default 2x4"]
+    ratio = landed["wan_bytes_per_token"] / default["wan_bytes_per_token"]
+    loss_gap = default["final_loss"] / landed["final_loss"] - 1
+    return {
+        "fewer_wan_bytes_than_landed": {
+            "measured": ratio,
+            "target": TARGETS["fewer_wan_bytes_than_landed"],
+            "met": ratio >= TARGETS["fewer_wan_bytes_than_landed"],
+        },
+        "loss_vs_landed": {"measured": loss_gap, "target": TARGETS["loss_within"], "met": abs(loss_gap) <= 0.01},
+        "2x4_not_above_2x2": {
+            "measured": wide["wan_bytes_per_token"] / default["wan_bytes_per_token"],
+            "target": 1.0,
+            "met": wide["wan_bytes_per_token"] <= default["wan_bytes_per_token"],
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = benchmark_parser(__doc__, "a tiny model and budget (~2 minutes)")
+    parser.add_argument("--link-mbit", type=float, default=200.0, help="every link's rate (bytes do not depend on it)")
+    parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency added by the proxies")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
+    args = parser.parse_args(argv)
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="diloco-topology-") as directory:
+        for label, per_region, syncer_place, extra in TOPOLOGIES:
+            started = time.monotonic()
+            print(f"{label}: {per_region} learners per region, syncer in {syncer_place}", flush=True)
+            rows[label] = run_topology(label, per_region, syncer_place, extra, args, Path(directory))
+            row = rows[label]
+            print(
+                f"  {row['wan_bytes_per_token']:.2f} WAN B/token, final loss {row['final_loss']:.4f} "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+    results = {"rows": list(rows.values()), "targets": verdicts(rows)}
+    print_table(
+        results["rows"], ["topology", "learners_per_region", "syncer_place", "wan_bytes_per_token", "final_loss"]
+    )
+    for name, verdict in results["targets"].items():
+        print(f"{name}: {verdict['measured']:.3f} (target {verdict['target']}) {'met' if verdict['met'] else 'MISSED'}")
+    settings = {"link_mbit": args.link_mbit, "latency_ms": args.latency_ms, "regions": list(REGIONS)}
+    write_and_report("topology", args, settings, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
