@@ -30,6 +30,7 @@ from diloco_cli.launch.resolve import (
     Sources,
     check_buckets,
     check_data_source,
+    check_sequence_length,
     create_run_directory,
     new_run_name,
     resolve_entry_point,
@@ -75,6 +76,7 @@ def resolve(
     recipe = load_model(Recipe, recipe_path, overrides, default_name="the default recipe")
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
+    check_sequence_length(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
     spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
     if chaos:
