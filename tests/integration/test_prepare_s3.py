@@ -127,7 +127,15 @@ def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
     batches = []
     for index_url in (east_index, west_index):
         with TokenBatches(
-            index_url, options, shard=1, num_shards=2, rank=0, world_size=1, chunk_bytes=4096, cache_bytes=65536
+            index_url,
+            options,
+            shard=1,
+            num_shards=2,
+            rank=0,
+            world_size=1,
+            chunk_bytes=4096,
+            cache_bytes=65536,
+            seed=0,
         ) as stream:
             batches.append(stream.batch_at(7, 4, 32)[0])
     assert batches[0].equal(batches[1])
