@@ -7,6 +7,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from diloco_cli.launch.devices import device_environment
 from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_supervised
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec
@@ -72,8 +73,9 @@ def start_local(spec: RunSpec, run_dir: Path, learners: list[LearnerSpec], with_
             )
         )
     for learner in learners:
+        command = learner_command(learner, manifest, secret_path)
         records.append(
-            start_supervised(learner.id, "learner", learner_command(learner, manifest, secret_path), run_dir, env)
+            start_supervised(learner.id, "learner", command, run_dir, {**env, **device_environment(learner)})
         )
     return records
 

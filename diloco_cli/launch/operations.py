@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 
+from diloco_cli.launch.devices import device_environment
 from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver, start_local, stop_local
 from diloco_cli.launch.processes import ProcessRecord, belongs_to, is_running
 from diloco_cli.launch.runs import RunRecord
@@ -139,11 +140,8 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
                 else:
                     learner = spec.learner(name)
                     command = command_for(paths, learner_arguments(paths, learner), learner.processes)
-                    started.append(
-                        start_remote_process(
-                            client, host, paths, name, "learner", command, {"OMP_NUM_THREADS": str(threads)}
-                        )
-                    )
+                    env = {"OMP_NUM_THREADS": str(threads), **device_environment(learner)}
+                    started.append(start_remote_process(client, host, paths, name, "learner", command, env))
         finally:
             client.close()
     for process in started:

@@ -15,6 +15,7 @@ from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
+from diloco_cli.launch.devices import device_environment, found_gpus, with_devices
 from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
@@ -114,6 +115,7 @@ def launch(
             show_preflight(reports)
         if any(report.problem for report in reports):
             raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
+        spec = with_devices(spec, regions, found_gpus(regions, {report.host.name: report.facts for report in reports}))
         if dry_run:
             return Launch(spec, None, [], reports)
         run_dir, secret = create_run_directory(runs_dir, spec, launcher="ssh" if reports else "local")
@@ -200,7 +202,11 @@ def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit
             )
         for learner in learners:
             command = command_for(paths, learner_arguments(paths, learner), learner.processes)
-            records.append(start_remote_process(client, host, paths, learner.id, "learner", command, env))
+            records.append(
+                start_remote_process(
+                    client, host, paths, learner.id, "learner", command, {**env, **device_environment(learner)}
+                )
+            )
         emit(f"  {host.name}: started {', '.join(learner.id for learner in learners) or 'the syncer'}")
     return records
 
