@@ -85,6 +85,12 @@ class HostConfig(BaseModel):
 
     @model_validator(mode="after")
     def _gpus_through_the_gpus_list(self) -> HostConfig:
+        repeated = sorted({gpu for gpu in self.gpus or () if (self.gpus or ()).count(gpu) > 1})
+        if repeated:
+            raise ValueError(
+                f"gpus of host {self.name!r} lists {', '.join(map(str, repeated))} more than once: "
+                "each learner gets GPUs of its own; list each GPU once"
+            )
         if "CUDA_VISIBLE_DEVICES" in self.env:
             raise ValueError(
                 f"env of host {self.name!r} sets CUDA_VISIBLE_DEVICES: diloco gives each learner its own GPUs; "

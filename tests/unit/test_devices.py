@@ -73,6 +73,8 @@ def test_a_gpus_list_names_gpus_the_host_has_and_cuda_visible_devices_is_not_set
     assert with_devices(spec, regions, {}).learners[0].devices == (2,)  # no nvidia-smi: the list is believed
     with pytest.raises(ValueError, match="sets CUDA_VISIBLE_DEVICES: diloco gives each learner its own GPUs"):
         HostConfig(name="gpu", address="10.0.0.1", env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(ValueError, match="gpus of host 'gpu' lists 0 more than once"):
+        HostConfig(name="gpu", address="10.0.0.1", gpus=(0, 1, 0))
 
 
 def fake_nvidia_smi(directory: Path, gpus: int) -> dict[str, str]:
