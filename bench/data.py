@@ -81,8 +81,9 @@ def stream_rate(
         world_size=1,
         chunk_bytes=chunk_bytes,
         cache_bytes=cache_bytes,
+        seed=0,
     ) as batches:
-        steps = (len(batches.range) - 1) // sequence_length // batch_size
+        steps = (batches.blocks.tokens - 1) // sequence_length // batch_size
         batches.batch_at(0, batch_size, sequence_length)
         time.sleep(READ_AHEAD_START_SECONDS)
         stalls = []

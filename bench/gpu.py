@@ -17,7 +17,8 @@ In under five minutes on one GPU:
   (the copy onto the device included) in MB/s of fp32 values, on the outer gradient the
   Llama's timed steps made.
 
-Not measured: several learners sharing one GPU (``diloco up`` with a GPU recipe).
+A learner of several processes (DDP, FSDP2) is measured by ``bench.gpu_distributed``,
+two learners on one host by ``bench.gpu_learners``; ``bench/gpu_check.sh`` runs all three.
 
     python -m bench.gpu                        # needs CUDA; without it says so and exits 0
     python -m bench.gpu --device cpu --quick   # the same code paths at tiny sizes (the tests)
@@ -103,9 +104,9 @@ def llama(shape: dict[str, int]) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def training_cases(quick: bool) -> list[TrainingCase]:
+def training_cases(quick: bool, steps: int = 200) -> list[TrainingCase]:
     """The default recipe's model at the recipe's batch, and the Llama at 16 sequences of
-    1024 tokens in micro-batches of 8, eager and compiled; 200 timed steps each.
+    1024 tokens in micro-batches of 8, eager and compiled; ``steps`` timed steps each.
     ``quick``: tiny models, 3 steps, nothing compiled (inductor is slow on a CPU)."""
     if quick:
         gpt, gpt_batch, gpt_sequence, shape, llama_batch, micro_batch, steps, warmup = (
@@ -121,7 +122,7 @@ def training_cases(quick: bool) -> list[TrainingCase]:
     else:
         recipe = Recipe()
         gpt, gpt_batch, gpt_sequence = recipe.model, recipe.training.batch_size, recipe.data.sequence_length
-        shape, llama_batch, micro_batch, steps, warmup = LLAMA_134M, 16, 8, 200, 10
+        shape, llama_batch, micro_batch, warmup = LLAMA_134M, 16, 8, 10
     layers, width = gpt.kwargs["num_layers"], gpt.kwargs["width"]
     default = TrainingCase(
         f"default gpt {layers}x{width}", gpt.build, 256, layers, width, gpt_sequence, gpt_batch, steps, warmup
@@ -287,9 +288,9 @@ def decode_onto(payload: bytes, secret: RunSecret, device: torch.device) -> dict
     return decoded
 
 
-def measure(device: torch.device, quick: bool) -> dict[str, Any]:
+def measure(device: torch.device, quick: bool, steps: int = 200) -> dict[str, Any]:
     """Every measurement; the codec's input is the outer gradient of the last case (a Llama)."""
-    cases = training_cases(quick)
+    cases = training_cases(quick, steps)
     training, delta = [], {}
     for case in cases:
         row, delta = train_and_time(case, device)
@@ -311,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument(
         "--device", choices=["cuda", "cpu"], default="cuda", help="where to measure (cpu: to exercise the code paths)"
     )
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per model")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     started = time.perf_counter()
-    results = measure(device, args.quick)
+    results = measure(device, args.quick, args.steps)
     results["total_seconds"] = time.perf_counter() - started
     settings = {
         "device": args.device,

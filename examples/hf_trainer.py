@@ -1,15 +1,20 @@
 """A Hugging Face `Trainer`, made a learner of a diloco run by `DilocoCallback`.
 
-Run it with `diloco up --recipe examples/hf-trainer.yaml`.  The model is a tiny
-Llama-style `transformers` model built offline from a config (the recipe's model names
-the same config, so the syncer builds the same architecture); the data are byte windows
-of the built-in corpus, so the syncer's held-out loss is in nats per byte.
+Run it with `diloco up examples/hf-trainer.yaml`.  The model is a tiny Llama-style
+`transformers` model built offline from a config (the recipe's model names the same
+config, so the syncer builds the same architecture); the data are byte windows of the
+built-in corpus, so the syncer's held-out loss is in nats per byte.
+
+A learner that is restarted comes back at the step it had reached (`run.step`), with its
+weights and optimizer state; the Trainer starts its own count again at 0, so
+`ResumeSchedule` moves the Trainer's learning-rate schedule on to that step.
 """
 
 import os
+import warnings
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from diloco_cli.data.corpora import builtin_corpus
 from diloco_cli.hf_trainer import DilocoCallback
@@ -36,6 +41,21 @@ class ByteWindows(torch.utils.data.Dataset):
         return {"input_ids": window, "labels": window}  # the model shifts labels itself
 
 
+class ResumeSchedule(TrainerCallback):
+    """After `DilocoCallback` has joined the run: the learning-rate schedule at the step
+    the learner resumed at (0 on a first start)."""
+
+    def __init__(self, learner: DilocoCallback) -> None:
+        self.learner = learner
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs) -> None:
+        with warnings.catch_warnings():  # stepping the schedule before the optimizer is the point here
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(self.learner.run.step):
+                lr_scheduler.step()
+        print(f"starting at step {self.learner.run.step}, learning rate {lr_scheduler.get_last_lr()[0]:.6g}")
+
+
 model = causal_lm("builtin:tiny-llama")
 arguments = TrainingArguments(
     output_dir=os.environ.get("TMPDIR", "/tmp") + "/hf-trainer-learner",
@@ -51,4 +71,5 @@ arguments = TrainingArguments(
 )
 callback = DilocoCallback(tokens_per_step=BATCH * SEQUENCE)
 shard, num_shards = int(os.environ.get("DILOCO_SHARD", "0")), int(os.environ.get("DILOCO_NUM_SHARDS", "1"))
-Trainer(model=model, args=arguments, train_dataset=ByteWindows(shard, num_shards), callbacks=[callback]).train()
+callbacks = [callback, ResumeSchedule(callback)]  # in this order: join first, then move the schedule
+Trainer(model=model, args=arguments, train_dataset=ByteWindows(shard, num_shards), callbacks=callbacks).train()

@@ -14,7 +14,7 @@ from diloco_cli.cli.runs_commands import RUNS_DIR
 
 if TYPE_CHECKING:
     from diloco_cli.data.tokens.progress import Progress
-    from diloco_cli.data.tokens.storage import Retry
+    from diloco_cli.data.tokens.storage import Location, Retry
 
 
 class CorpusFormat(str, Enum):
@@ -39,6 +39,32 @@ def storage_retry() -> Retry:
     return lambda call: call_with_retries(call, RetryPolicy(), meter, "a storage call of diloco prepare")
 
 
+def parse_storage_options(text: str | None) -> dict:
+    """``--storage-options``: a JSON object of filesystem options, as a region file's
+    ``storage_options`` (never credentials)."""
+    import json
+
+    from diloco_cli.config.credentials import refuse_inline_credentials
+    from diloco_cli.config.errors import ConfigError
+
+    if text is None:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise ConfigError(
+            f"--storage-options {text!r} is not a JSON object; give e.g. "
+            '\'{"endpoint_url": "http://localhost:9000"}\' (the storage_options of a region file)'
+        )
+    try:
+        refuse_inline_credentials(options, "--storage-options")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return options
+
+
 def dataset_name(corpus: str) -> str:
     """A dataset name from the corpus's file name: ``data/tiny-stories.jsonl.gz`` is ``tiny-stories``."""
     base = corpus.rstrip("/").rsplit("/", 1)[-1].split(".", 1)[0]
@@ -61,6 +87,15 @@ def prepare(
         "-o",
         metavar="URL",
         help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix).",
+    ),
+    storage_options: str | None = typer.Option(
+        None,
+        "--storage-options",
+        metavar="JSON",
+        help=(
+            "Filesystem options of --output (or --existing), as a region file's storage_options: "
+            'e.g. \'{"endpoint_url": "http://localhost:9000"}\' for an S3-compatible store.'
+        ),
     ),
     regions: Path | None = typer.Option(
         None,
@@ -158,9 +193,15 @@ def prepare(
     """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket;
     resumes after an interruption."""
     from diloco_cli.config.errors import ConfigError
+    from diloco_cli.data.tokens.storage import Location
     from diloco_cli.views.prepare import progress_display, render_prepared
 
     display = progress_display()
+    options = parse_storage_options(storage_options)
+    if options and regions is not None:
+        raise ConfigError(
+            "--storage-options goes with --output or --existing; with --regions each region's storage_options apply"
+        )
     if existing is not None:
         if corpus is not None or output is not None or regions is not None:
             raise ConfigError(
@@ -169,7 +210,17 @@ def prepare(
         if dtype is None or vocab_size is None:
             raise ConfigError("--existing needs --dtype (uint16 or uint32) and --vocab-size N")
         with display:
-            _index_existing(existing, dtype.value, vocab_size, heldout, train, tokenizer, eos_token, overwrite, display)
+            _index_existing(
+                Location(existing, options),
+                dtype.value,
+                vocab_size,
+                heldout,
+                train,
+                tokenizer,
+                eos_token,
+                overwrite,
+                display,
+            )
         return
     if corpus is None:
         raise ConfigError("give a corpus to prepare (or --existing DIR to index shards you have)")
@@ -179,12 +230,11 @@ def prepare(
     from diloco_cli.config.regions import RegionsFile
     from diloco_cli.data.tokens.corpus import Corpus
     from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset, region_locations
-    from diloco_cli.data.tokens.storage import Location
 
     if regions is not None:
         locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
     else:
-        locations = (Location(output),)
+        locations = (Location(output, options),)
     request = PrepareRequest(
         corpus=Corpus(corpus, format=corpus_format.value, text_field=text_field, separator=separator),
         locations=locations,
@@ -202,7 +252,7 @@ def prepare(
 
 
 def _index_existing(
-    directory: str,
+    location: Location,
     dtype: str,
     vocab_size: int,
     heldout: str,
@@ -213,10 +263,8 @@ def _index_existing(
     display: Progress,
 ) -> None:
     from diloco_cli.data.tokens.existing import index_existing
-    from diloco_cli.data.tokens.storage import Location
     from diloco_cli.views.prepare import render_indexed
 
-    location = Location(directory)
     index = index_existing(
         location,
         dtype=dtype,

@@ -37,6 +37,12 @@ class HostConfig(BaseModel):
     """Processes per learner (``torchrun --nproc-per-node``); they train one learner
     together with torch.distributed and only rank 0 talks to storage."""
 
+    gpus: tuple[int, ...] | None = None
+    """The GPUs (as ``nvidia-smi`` numbers them) this host's learners share out, each
+    learner taking the next ``processes_per_learner`` of them; null: every GPU
+    ``nvidia-smi`` shows on the host (none where it is missing).  A host whose learners
+    need more GPUs than this is refused before anything starts."""
+
     address: str | None = None
     """Hostname or IP address to reach over SSH (required unless the host is ``local``)."""
 
@@ -75,6 +81,21 @@ class HostConfig(BaseModel):
     def _remote_hosts_have_an_address(self) -> HostConfig:
         if not self.is_local and not self.address:
             raise ValueError(f"host {self.name!r} needs an address (or name it 'local' to run on this machine)")
+        return self
+
+    @model_validator(mode="after")
+    def _gpus_through_the_gpus_list(self) -> HostConfig:
+        repeated = sorted({gpu for gpu in self.gpus or () if (self.gpus or ()).count(gpu) > 1})
+        if repeated:
+            raise ValueError(
+                f"gpus of host {self.name!r} lists {', '.join(map(str, repeated))} more than once: "
+                "each learner gets GPUs of its own; list each GPU once"
+            )
+        if "CUDA_VISIBLE_DEVICES" in self.env:
+            raise ValueError(
+                f"env of host {self.name!r} sets CUDA_VISIBLE_DEVICES: diloco gives each learner its own GPUs; "
+                "list the GPUs its learners may use in gpus: instead"
+            )
         return self
 
     @model_validator(mode="after")

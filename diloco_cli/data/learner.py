@@ -3,8 +3,9 @@
 Text (the built-in corpus, or a text file at an fsspec URL) is loaded whole and trained
 byte by byte: each learner draws random windows from its own contiguous slice, with a
 generator whose state travels in the checkpoint.  A token dataset (``diloco prepare``)
-is streamed: each process reads only its own token range by ranged reads, the batch of
-step s being a pure function of s, so a resumed learner resumes its data exactly.
+is streamed: each process reads only its own blocks, dealt from the whole dataset, by
+ranged reads, the batch of step s being a pure function of s, so a resumed learner
+resumes its data exactly.
 Either way a learner reads its region's copy of the data when the region names one.
 """
 
@@ -133,6 +134,7 @@ def open_learner_data(
             world_size=world_size,
             chunk_bytes=int(data.chunk_megabytes * MEGABYTE),
             cache_bytes=int(data.cache_megabytes * MEGABYTE),
+            seed=seed,
             read_retry=retried_reads(spec.recipe.storage, source),
         )
         return TokenWindows(batches, data.sequence_length)

@@ -31,7 +31,11 @@ def start_local(spec: RunSpec, run_dir: Path, names: Collection[str]) -> list[Pr
     threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
     records = []
     for service in services(spec, names):
-        env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads), "PYTHONUNBUFFERED": "1"}
+        env = {
+            "OMP_NUM_THREADS": "1" if service.single_threaded else str(threads),
+            "PYTHONUNBUFFERED": "1",
+            **dict(service.environment),
+        }
         command = service.command(sys.executable, manifest, secret_path)
         records.append(start_supervised(service.name, service.kind, command, run_dir, env))
     return records

@@ -79,6 +79,8 @@ def _probe_row(process: dict, host: str, ssh: str, state: dict, alive: bool) -> 
         "supervisor": state.get("state", "unknown") if alive or state else "gone",
         "supervisor_alive": alive,
         "restarts": state.get("restarts", 0),
+        "crashes": state.get("crashes", 0),
+        "last_error": state.get("last_error"),
     }
 
 

@@ -1,8 +1,9 @@
 """Preflight: every SSH host checked in parallel, one table, the first problem per host.
 
 SSH with the expected host key; a usable Python; torch usable (importable there, or named
-in the host's ``install`` list); free disk; clock skew; and, from the host itself, a probe
-object written to, read from and deleted in its region's bucket.
+in the host's ``install`` list); free disk; clock skew; its GPUs (``nvidia-smi``, to share
+out among its learners: :mod:`diloco_cli.launch.devices`); and, from the host itself, a
+probe object written to, read from and deleted in its region's bucket.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from dataclasses import dataclass, field
 import paramiko
 
 from diloco_cli.config.regions import HostConfig, RegionsFile
+from diloco_cli.launch.devices import NVIDIA_SMI_QUERY
 from diloco_cli.launch.ssh import SSHError, SSHTarget, connect, run
 
 MIN_FREE_DISK = 2 << 30
 MAX_CLOCK_SKEW_SECONDS = 5.0
 
-FACTS = r"""
+FACTS = (
+    f"NVIDIA_SMI = {NVIDIA_SMI_QUERY!r}\n"
+    + r"""
 import json, os, shutil, subprocess, sys, sysconfig, time
 venv, work = (os.path.expanduser(a) for a in sys.argv[1:3])
 def torch_in(python):
@@ -31,6 +35,11 @@ def torch_in(python):
     except OSError as error:
         return None, str(error)
     return (out.stdout.strip(), None) if out.returncode == 0 else (None, (out.stderr.strip().splitlines() or ["?"])[-1])
+def gpus():
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(NVIDIA_SMI, capture_output=True, text=True, timeout=60)
+    return [int(line) for line in out.stdout.split() if line.strip().isdigit()]
 existing = work
 while not os.path.exists(existing):
     existing = os.path.dirname(existing) or "/"
@@ -40,9 +49,10 @@ torch_version, torch_error = torch_in(venv_python if has_venv else sys.executabl
 print(json.dumps({"python": sys.version.split()[0], "version_info": list(sys.version_info[:2]),
     "platform": sysconfig.get_platform(),
     "cores": os.cpu_count(), "disk_free": shutil.disk_usage(existing).free, "venv": has_venv,
-    "torch": torch_version, "torch_error": torch_error, "home": os.path.expanduser("~"),
+    "torch": torch_version, "torch_error": torch_error, "home": os.path.expanduser("~"), "gpus": gpus(),
     "compiler": shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None}))
 """
+)
 
 
 def target_of(host: HostConfig, regions: RegionsFile) -> SSHTarget:
@@ -123,6 +133,8 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
         )
     else:
         report.checks["disk"] = f"{free / 2**30:.0f} GiB"
+    gpus = report.facts.get("gpus") or []
+    report.checks["gpus"] = f"{len(gpus)} ({','.join(map(str, gpus))})" if gpus else "none"
     before = time.time()
     remote = float(run(client, "date +%s.%N").stdout.strip() or 0)
     skew = remote - (before + time.time()) / 2

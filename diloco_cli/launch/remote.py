@@ -63,7 +63,7 @@ def start_services(
     records = []
     for service in services(spec, names):
         command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret")
-        env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads)}
+        env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads), **dict(service.environment)}
         records.append(start_remote_process(client, host, paths, service.name, service.kind, command, env))
     return records
 

@@ -22,6 +22,7 @@ from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import RegionName
 from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.launch.runs import write_run_record
+from diloco_cli.models.context import model_context
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerSpec
@@ -124,6 +125,18 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
         raise ConfigError(
             f"{sources.recipe}: data.source {source!r}: no such file; "
             "point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare"
+        )
+
+
+def check_sequence_length(recipe: Recipe, sources: Sources = Sources()) -> None:
+    """``data.sequence_length`` fits the model's context (its positions)."""
+    context = model_context(recipe.model.factory, recipe.model.kwargs)
+    length = recipe.data.sequence_length
+    if context is not None and length > context.positions:
+        raise ConfigError(
+            f"{sources.recipe}: data.sequence_length {length} exceeds the model's {context.positions} positions "
+            f"({context.setting}); lower data.sequence_length to {context.positions} or less, or give the model "
+            "more positions"
         )
 
 

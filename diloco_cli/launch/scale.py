@@ -118,14 +118,38 @@ def _new_learners(
             index += 1
         host = min(hosts, key=lambda name: (hosts[name], name))
         hosts[host] += 1
+        devices = _free_devices(spec.learners + tuple(added), host, processes[host])
         added.append(
             LearnerSpec(
-                id=LearnerId(f"{region}-{index}"), region=region, host=host, shard=shard, processes=processes[host]
+                id=LearnerId(f"{region}-{index}"),
+                region=region,
+                host=host,
+                shard=shard,
+                processes=processes[host],
+                devices=devices,
             )
         )
         taken.add(added[-1].id)
         shard += 1
     return tuple(added)
+
+
+def _free_devices(learners: tuple[LearnerSpec, ...], host: str, count: int) -> tuple[int, ...]:
+    """``count`` GPUs of ``host`` that no active learner holds, from those its learners
+    were given (none for a host without GPUs); ConfigError when too few are free."""
+    on_host = [learner for learner in learners if learner.host == host]
+    given = sorted({device for learner in on_host for device in learner.devices})
+    if not given:
+        return ()
+    held = {device for learner in on_host if not learner.drain for device in learner.devices}
+    free = [device for device in given if device not in held]
+    if len(free) < count:
+        holders = ", ".join(learner.id for learner in on_host if not learner.drain and learner.devices)
+        raise ConfigError(
+            f"host {host}: {len(free)} of its GPUs {', '.join(map(str, given))} are free, a learner needs {count} "
+            f"(held by {holders}); drain a learner there first (--learners -1), or add a host with GPUs"
+        )
+    return tuple(free[:count])
 
 
 @dataclass(frozen=True)

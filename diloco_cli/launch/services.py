@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from diloco_cli.launch.devices import device_environment
 from diloco_cli.store.run_spec import RunSpec
 
 SYNCER = "syncer"
@@ -27,6 +28,8 @@ class Service:
     """What follows ``python -m diloco_cli`` (the manifest and secret file come after)."""
     processes: int = 1
     """Processes of a learner under ``torchrun`` (1: a plain process)."""
+    environment: tuple[tuple[str, str], ...] = ()
+    """What its processes need in their environment besides threads (a learner's GPUs)."""
 
     @property
     def single_threaded(self) -> bool:
@@ -57,7 +60,14 @@ def services(spec: RunSpec, names: Collection[str] | None = None) -> list[Servic
         for reducer in spec.reducers
     ]
     found += [
-        Service(learner.id, "learner", learner.host, ("_learner", "--learner", learner.id), learner.processes)
+        Service(
+            learner.id,
+            "learner",
+            learner.host,
+            ("_learner", "--learner", learner.id),
+            learner.processes,
+            tuple(device_environment(learner).items()),
+        )
         for learner in spec.learners
     ]
     return found if names is None else [service for service in found if service.name in names]

@@ -5,13 +5,16 @@ it), appends the child's output to a log file and records its state in a small J
 On SIGTERM it forwards the signal to the child, waits for it and exits without
 restarting.  A child that exits 0 has finished; any other exit is a crash and is
 restarted after 1, 2, 4 ... up to 30 seconds, until it has crashed ``max_crashes`` times
-in a row without running a minute.
+in a row without running a minute.  The state file keeps the crashes in a row (back to 0
+once a child has run a minute) and the last error line of the log, so that ``status``
+can say that a process is crash-looping and why.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +24,25 @@ from typing import Any
 
 HEALTHY_SECONDS = 60.0
 """A child that ran this long resets the count of consecutive crashes."""
+
+LOG_TAIL_BYTES = 64 << 10
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*")
+"""The last line of a Python traceback: ``ValueError: what went wrong``."""
+
+
+def last_error(log_path: Path) -> str | None:
+    """The line of the log that best says why the child died: the last exception line of
+    its output (the end of a traceback), else its last line, else None."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip() and not line.startswith("[supervisor ")]
+    exceptions = [line for line in lines if EXCEPTION_LINE.match(line)]
+    found = exceptions[-1] if exceptions else lines[-1] if lines else None
+    return found[:300] if found else None
 
 
 def _write_state(path: Path, **state: Any) -> None:
@@ -45,6 +67,7 @@ def supervise(
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     restarts = crashes = 0
+    error: str | None = None
     with open(log_path, "ab", buffering=0) as log:
 
         def note(message: str) -> None:
@@ -54,8 +77,14 @@ def supervise(
             started = time.monotonic()
             note(f"starting (restart {restarts}): {' '.join(command)}")
             child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            _write_state(state_path, state="running", child_pid=child.pid, restarts=restarts, command=command)
-            code = child.wait()
+            running = {"child_pid": child.pid, "restarts": restarts, "last_error": error, "command": command}
+            _write_state(state_path, state="running", crashes=crashes, **running)
+            try:
+                code = child.wait(timeout=HEALTHY_SECONDS)
+            except subprocess.TimeoutExpired:  # healthy: no longer a crash loop
+                if crashes:
+                    _write_state(state_path, state="running", crashes=0, **running)
+                code = child.wait()
             if stopping:
                 note(f"stopped (exit {code})")
                 _write_state(state_path, state="stopped", exit_code=code, restarts=restarts)
@@ -65,13 +94,18 @@ def supervise(
                 _write_state(state_path, state="finished", exit_code=0, restarts=restarts)
                 return 0
             crashes = 1 if time.monotonic() - started >= HEALTHY_SECONDS else crashes + 1
+            error = last_error(log_path)
             if crashes >= max_crashes:
                 note(f"exit {code}: gave up after {crashes} crashes in a row")
-                _write_state(state_path, state="failed", exit_code=code, restarts=restarts)
+                _write_state(
+                    state_path, state="failed", exit_code=code, restarts=restarts, crashes=crashes, last_error=error
+                )
                 return 1
             delay = min(max_backoff, 2.0 ** (crashes - 1))
             note(f"exit {code}: restarting in {delay:.0f} s")
-            _write_state(state_path, state="restarting", exit_code=code, restarts=restarts + 1)
+            _write_state(
+                state_path, state="restarting", exit_code=code, restarts=restarts + 1, crashes=crashes, last_error=error
+            )
             deadline = time.monotonic() + delay
             while time.monotonic() < deadline and not stopping:
                 time.sleep(0.1)

@@ -15,6 +15,7 @@ from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
+from diloco_cli.launch.devices import found_gpus, with_devices
 from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
@@ -23,6 +24,7 @@ from diloco_cli.launch.resolve import (
     Sources,
     check_buckets,
     check_data_source,
+    check_sequence_length,
     create_run_directory,
     new_run_name,
     resolve_entry_point,
@@ -69,6 +71,7 @@ def resolve(
     recipe = load_model(Recipe, recipe_path, overrides, default_name="the default recipe")
     regions = load_model(RegionsFile, regions_path, default_name="the default regions")
     check_data_source(recipe, sources)
+    check_sequence_length(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
     spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
     if chaos:
@@ -106,6 +109,7 @@ def launch(
             show_preflight(reports)
         if any(report.problem for report in reports):
             raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
+        spec = with_devices(spec, regions, found_gpus(regions, {report.host.name: report.facts for report in reports}))
         if dry_run:
             return Launch(spec, None, [], reports)
         run_dir, secret = create_run_directory(runs_dir, spec, launcher="ssh" if reports else "local")

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from diloco_cli.models.context import GPT_DEFAULT_CONTEXT
+
 VOCABULARY_SIZE = 256
 
 
@@ -96,7 +98,7 @@ def byte_gpt(
     num_layers: int = 4,
     width: int = 128,
     num_heads: int = 4,
-    context: int = 128,
+    context: int = GPT_DEFAULT_CONTEXT,
     vocabulary_size: int = VOCABULARY_SIZE,
 ) -> ByteGPT:
     """The factory that recipes name as ``diloco_cli.models.gpt:byte_gpt``."""

@@ -18,7 +18,8 @@ process never imports FSDP2 and DTensor (half a second at every start).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,58 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, no
+    values) and their buffers for real: each parameter is moved to the meta device as it
+    is registered, before the module's own initialisation fills it, while buffers (a
+    rotary embedding's frequencies, a causal mask) keep the values their module computed."""
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter | None) -> None:
+        if parameter is not None and parameter.device.type != "meta":
+            parameter = type(parameter)(parameter.to("meta"), requires_grad=parameter.requires_grad)
+        register(module, name, parameter)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def build_model(
+    build: Callable[[], torch.nn.Module],
+    device: torch.device,
+    group: ProcessGroup,
+    parallelism: str,
+    compile: bool,
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The learner's model (its parameters keep the recipe's names) and the module the
+    training loop calls (:func:`prepare_model`).
+
+    Under FSDP2 (several processes, ``parallelism`` ``fsdp``) the model is never whole,
+    on any rank or GPU: it is built with its parameters on the meta device
+    (:func:`parameters_on_meta`), sharded, and only then does each rank allocate its own
+    shards, on ``device``.  Their values are undefined until installed: the learner
+    installs every parameter (the global weights, or its checkpoint) shard by shard from
+    rank 0 before its first step, which is also why the initial values never need to
+    agree across ranks.  Buffers are the module's own, as built.  Otherwise the model is
+    built whole and moved to ``device``."""
+    if not (group.distributed and parallelism == "fsdp"):
+        model = build()
+        return model, prepare_model(model, device, group, parallelism, compile)
+    with parameters_on_meta():
+        model = build()
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    prepared = prepare_model(model, device, group, parallelism, compile)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, value in buffers.items():
+            model.get_buffer(name).copy_(value)
+    return model, prepared
+
+
 def prepare_model(
     model: torch.nn.Module, device: torch.device, group: ProcessGroup, parallelism: str, compile: bool
 ) -> torch.nn.Module:
@@ -112,9 +165,12 @@ def prepare_model(
     With ``compile`` the module is compiled in place (its type and names unchanged, so
     ``inner_step`` still recognises DDP and FSDP2): the whole module without FSDP2, each
     block before it is sharded with FSDP2 (the way torchtitan does it, so the
-    communication between blocks stays outside the compiled graphs).
+    communication between blocks stays outside the compiled graphs).  FSDP2 moves each
+    shard to the device itself, leaving parameters on the meta device there
+    (:func:`build_model`).
     """
-    model.to(device)
+    if not (group.distributed and parallelism == "fsdp"):
+        model.to(device)
     if not group.distributed:
         prepared = model
     elif parallelism == "ddp":
@@ -174,19 +230,40 @@ def _full_on_storage_rank(tensor: torch.Tensor, group: ProcessGroup) -> torch.Te
 
 def _from_storage_rank(full: torch.Tensor | None, like: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     """Rank 0's ``full`` as this rank holds a tensor laid out like ``like``: its shard,
-    cut exactly as FSDP2 cuts ``like`` (DTensor: scattered from rank 0 by the same
-    placements), or a whole copy (broadcast); on ``like``'s device and in its dtype."""
+    cut exactly as FSDP2 cuts ``like`` (:func:`_scattered_shard`), or a whole copy
+    (broadcast); on ``like``'s device and in its dtype."""
+    if _is_shard(like, group):
+        return _scattered_shard(full, like, group)
     if group.is_storage_rank:
         source = full.to(device=like.device, dtype=like.dtype, copy=True)
     else:
         source = torch.empty(like.shape, device=like.device, dtype=like.dtype)
-    if _is_shard(like, group):
-        from torch.distributed.tensor import distribute_tensor
-
-        return distribute_tensor(source, like.device_mesh, like.placements)
     if group.distributed:
         dist.broadcast(source, src=0)
     return source
+
+
+def _scattered_shard(full: torch.Tensor | None, like: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Rank 0's ``full`` cut as FSDP2 cuts ``like`` (a DTensor sharded on dim 0 over the
+    learner's processes: ``torch.chunk``'s rows, the last shards shorter or empty) and
+    scattered, so that every rank but 0 holds only its own shard, never the whole tensor."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    assert tuple(like.placements) == (Shard(0),), f"FSDP2 shards dim 0 over one mesh dimension, not {like.placements}"
+    rows = -(-like.shape[0] // group.world_size)
+    padded_shape = (rows, *like.shape[1:])
+    received = torch.empty(padded_shape, device=like.device, dtype=like.dtype)
+    pieces = None
+    if group.is_storage_rank:
+        source = full.to(device=like.device, dtype=like.dtype)
+        pieces = [torch.zeros(padded_shape, device=like.device, dtype=like.dtype) for _ in range(group.world_size)]
+        for piece, chunk in zip(pieces, source.split(rows)):
+            piece[: len(chunk)].copy_(chunk)
+    dist.scatter(received, pieces, src=0)
+    local = received[: like.to_local().shape[0]]
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+    )
 
 
 def full_parameters(model: torch.nn.Module, names: Iterable[str], group: ProcessGroup) -> dict[str, torch.Tensor]:

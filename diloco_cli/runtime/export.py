@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -72,9 +74,9 @@ def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: 
     """
     model = spec.recipe.model.build()
     require_hugging_face(model, spec.recipe.model.factory)
-    tokenizer_json = dataset_tokenizer_json(spec.recipe.data)
+    tokenizer = dataset_tokenizer(spec.recipe.data)
     head = load_global_weights(model, spec, secret, region)
-    save_hugging_face(model, output, tokenizer_json)
+    save_hugging_face(model, output, *(tokenizer or (None, None)))
     return head
 
 
@@ -87,22 +89,67 @@ def require_hugging_face(model: torch.nn.Module, factory: str) -> None:
         )
 
 
-def save_hugging_face(model: torch.nn.Module, directory: Path, tokenizer_json: str | None) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (``save_pretrained``: a tied head is
-    stored once and tied again on load) and, given a ``tokenizer.json`` text, the
-    tokenizer as a ``PreTrainedTokenizerFast``, so that ``from_pretrained(directory)``
-    of ``AutoModelForCausalLM`` and ``AutoTokenizer`` both load it."""
+def save_hugging_face(
+    model: torch.nn.Module, directory: Path, tokenizer_json: str | None, eos_token_id: int | None = None
+) -> None:
+    """Write ``config.json``, ``generation_config.json`` and ``model.safetensors``
+    (``save_pretrained``: a tied head is stored once and tied again on load) and, given a
+    ``tokenizer.json`` text, the tokenizer as a ``PreTrainedTokenizerFast``, so that
+    ``from_pretrained(directory)`` of ``AutoModelForCausalLM`` and ``AutoTokenizer`` both
+    load it.
+
+    ``eos_token_id`` is the token that ended every training document (the dataset's):
+    it goes into all three files with the beginning and padding tokens
+    (:func:`special_token_ids`) and the model's context as the longest input, so that
+    ``generate`` stops at the end of a text and the tokenizer pads.  Every file gets the
+    permissions of any file this process creates (``save_pretrained`` writes the weights
+    readable by their owner alone)."""
     transformers = import_transformers()
+    special = special_token_ids(model.config, eos_token_id)
+    context = getattr(model.config, "max_position_embeddings", None)
+    for settings in (model.config, model.generation_config):
+        for key, value in special.items():
+            setattr(settings, key, value)
+    if context is not None:
+        model.generation_config.max_length = context
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     if tokenizer_json is not None:
-        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json))
+        tokenizer_object = Tokenizer.from_str(tokenizer_json)
+        tokens = {
+            key.removesuffix("_id"): tokenizer_object.id_to_token(value)
+            for key, value in special.items()
+            if value is not None
+        }
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer_object, model_max_length=context, **tokens
+        )
         tokenizer.save_pretrained(directory)
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
-def dataset_tokenizer_json(data: DataConfig) -> str | None:
+def special_token_ids(config: Any, eos_token_id: int | None) -> dict[str, int | None]:
+    """``bos_token_id``, ``eos_token_id`` and ``pad_token_id`` for an exported model: the
+    dataset's end-of-document token (else the config's), the config's beginning token,
+    and the config's padding token, else the end-of-text one (as GPT-2 and Llama
+    tokenizers are usually padded)."""
+    eos = eos_token_id if eos_token_id is not None else getattr(config, "eos_token_id", None)
+    pad = getattr(config, "pad_token_id", None)
+    return {
+        "bos_token_id": getattr(config, "bos_token_id", None),
+        "eos_token_id": eos,
+        "pad_token_id": pad if pad is not None else eos,
+    }
+
+
+def dataset_tokenizer(data: DataConfig) -> tuple[str, int | None] | None:
     """The ``tokenizer.json`` text that a token dataset's index names (verified against
-    the index's hash), or None for text data or an index that names none."""
+    the index's hash) with the index's end-of-document token, or None for text data or an
+    index that names no tokenizer."""
     if not data.is_tokens:
         return None
     from diloco_cli.data.tokens.index import UNKNOWN_TOKENIZER, DatasetError
@@ -119,7 +166,7 @@ def dataset_tokenizer_json(data: DataConfig) -> str | None:
             f"{location.url}/{index.tokenizer} does not match the tokenizer_sha256 of {location.index_url}; "
             "prepare the dataset again"
         )
-    return content.decode("utf-8")
+    return content.decode("utf-8"), index.eos_token_id
 
 
 def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
@@ -127,12 +174,12 @@ def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
     model reads bytes), the dataset's tokenizer for a token dataset."""
     if not data.is_tokens:
         return None
-    tokenizer_json = dataset_tokenizer_json(data)
-    if tokenizer_json is None:
+    tokenizer = dataset_tokenizer(data)
+    if tokenizer is None:
         raise ConfigError(
             f"the token dataset {data.source} names no tokenizer, so a prompt cannot be turned into its tokens"
         )
-    return Tokenizer.from_str(tokenizer_json)
+    return Tokenizer.from_str(tokenizer[0])
 
 
 @torch.no_grad()

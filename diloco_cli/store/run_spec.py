@@ -44,6 +44,9 @@ class LearnerSpec(BaseModel):
     """This learner's place in the data: learners are given the data's slices in the
     order of this number (see :meth:`RunSpec.data_partition`)."""
     processes: int = 1
+    devices: tuple[int, ...] = ()
+    """The GPUs of its host that its processes use, one each (``CUDA_VISIBLE_DEVICES``);
+    empty: none given (a host without GPUs, or a run on CPUs)."""
     drain: bool = False
     """Told to leave the run (``diloco scale --learners -N``): it sends what it has
     trained, sees it delivered, and stops; it no longer counts in M."""

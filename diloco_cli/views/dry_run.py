@@ -20,7 +20,9 @@ def render_dry_run(spec: RunSpec) -> str:
         lines.append(f"  region {region.name}: bucket {region.root}")
         for learner in (spec_learner for spec_learner in spec.learners if spec_learner.region == region.name):
             processes = f", {learner.processes} processes (torchrun)" if learner.processes > 1 else ""
-            lines.append(f"    learner {learner.id} on {learner.host}, shard {learner.shard}{processes}")
+            devices = f", GPU{'s' if len(learner.devices) > 1 else ''} {','.join(map(str, learner.devices))}"
+            devices = devices if learner.devices else ""
+            lines.append(f"    learner {learner.id} on {learner.host}, shard {learner.shard}{processes}{devices}")
     lines.append("resolved recipe:")
     document = yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
     lines.extend("  " + line for line in document.splitlines())

@@ -11,7 +11,7 @@ from rich.table import Table
 if TYPE_CHECKING:  # a view renders what launch found; it does not call launch
     from diloco_cli.launch.preflight import HostReport
 
-CHECKS = ("ssh", "python", "torch", "disk", "clock", "bucket")
+CHECKS = ("ssh", "python", "torch", "disk", "clock", "gpus", "bucket")
 
 
 def render_preflight(reports: list[HostReport], width: int = 120) -> str:

@@ -92,7 +92,8 @@ def render_prepared(prepared: Prepared) -> str:
         lines = [f"already complete, nothing to do (--overwrite makes it again): {url}" for url in prepared.index_urls]
         return "\n".join(lines)
     index = prepared.index
-    lines = [
+    lines = [] if prepared.vocab_size_asked is None else [vocabulary_note(prepared.vocab_size_asked, index.vocab_size)]
+    lines += [
         f"{index.train_tokens:,} training tokens in {len(index.train)} shards and "
         f"{index.heldout.tokens:,} held-out tokens "
         f"({index.dtype}, vocab {index.vocab_size:,}, tokenizer sha256 {index.tokenizer_sha256[:12]})",
@@ -103,6 +104,13 @@ def render_prepared(prepared: Prepared) -> str:
         f"index: {url}{' (already complete)' if url in prepared.complete_before else ''}" for url in prepared.index_urls
     ]
     return "\n".join(lines)
+
+
+def vocabulary_note(asked: int, made: int) -> str:
+    return (
+        f"vocabulary: {made:,} tokens made, {asked:,} asked: the corpus has no more pairs to merge; "
+        f"the model's vocab_size must be at least {made:,} (more is harmless)"
+    )
 
 
 def render_indexed(index: DatasetIndex, location: Location) -> str:

@@ -381,11 +381,18 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
     down = set()
     for process in processes or []:
         name, supervisor = process["process"], process["supervisor"]
+        error = f"; last error: {process['last_error']}" if process.get("last_error") else ""
         if supervisor == "failed":
             down.add(name)
             found.append(
-                f"{name} is down: its supervisor gave up after repeated crashes (see `diloco logs {run} {name}`); "
-                f"once the cause is fixed, `diloco resume {run}` restarts it"
+                f"{name} is down: its supervisor gave up after repeated crashes{error} "
+                f"(see `diloco logs {run} {name}`); once the cause is fixed, `diloco resume {run}` restarts it"
+            )
+        elif process.get("crashes") and supervisor in ("running", "restarting") and process["supervisor_alive"]:
+            crashes = process["crashes"]
+            found.append(
+                f"{name} is crash-looping: {crashes} crash{'es' if crashes != 1 else ''} in a row, "
+                f"restarted {plural(process['restarts'], 'time')}{error} (see `diloco logs {run} {name}`)"
             )
         elif not process["supervisor_alive"] and supervisor not in ("finished", "stopped"):
             down.add(name)

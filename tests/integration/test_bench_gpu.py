@@ -45,3 +45,29 @@ def test_the_measurements_run_on_the_cpu(tmp_path):
     for row in results["codec"]:
         assert row["same_payload_as_cpu"] and row["same_values_as_cpu"]
         assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0 and 0 < row["payload_MB"] < row["fp32_MB"]
+
+
+def test_the_whole_gpu_check_runs_on_the_cpu_and_writes_one_document(tmp_path):
+    """bench/gpu_check.sh, as a GPU machine runs it, at tiny sizes on the CPU: one process,
+    DDP and FSDP2 over gloo with 2 processes, two learners on made-up GPUs 0 and 1."""
+    output = tmp_path / "gpu.json"
+    result = subprocess.run(
+        ["bench/gpu_check.sh", "--device", "cpu", "--quick", "--output", str(output)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "PYTHON": sys.executable},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "GPU check passed" in result.stdout
+    results = json.loads(output.read_text())["results"]
+    assert results["passed"] and all(results[part]["ok"] for part in ("single", "ddp", "fsdp", "learners"))
+    for parallelism in ("ddp", "fsdp"):
+        part = results[parallelism]
+        assert part["parallelism"] == parallelism and part["processes"] == 2 and part["backend"] == "gloo"
+        assert part["installs_bit_exact"] and part["tokens_per_second"] > 0
+        assert [peak["rank"] for peak in part["peak_memory_MB"]] == [0, 1]
+    learners = results["learners"]
+    assert learners["ran"] and learners["disjoint_given"]
+    assert sorted(entry["CUDA_VISIBLE_DEVICES"] for entry in learners["learners"].values()) == ["0", "1"]

@@ -1,6 +1,8 @@
 """The command line's front door, as a user's shell runs it: in a process of its own (what it
 imports, its errors, its output into a closed pipe)."""
 
+import os
+
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
@@ -75,3 +77,38 @@ def test_logs_into_a_closed_pipe_end_quietly_and_follow_ends_with_its_process(tm
         timeout=60,
     )
     assert followed.returncode == 0 and followed.stdout.count("a line") == 50_000  # no process: nothing more will come
+
+
+def test_status_says_a_crash_looping_process_restarts_and_why(tmp_path):
+    """A syncer that dies as it starts shows, within seconds, as crash-looping with its
+    restarts and the last line of its traceback, not as a syncer still starting."""
+    import json
+    import time
+
+    from tests.support.runs import TINY_RECIPE, deep_update, diloco, write_yaml
+
+    (tmp_path / "broken_model.py").write_text(
+        "def build(**kwargs):\n    raise RuntimeError('this model cannot be built on this machine')\n"
+    )
+    recipe = write_yaml(
+        tmp_path / "recipe.yaml",
+        deep_update(
+            TINY_RECIPE, {"model": {"factory": "broken_model:build", "kwargs": {}}, "training": {"num_learners": 4}}
+        ),
+    )
+    runs_dir = tmp_path / "runs"
+    environment = {"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    diloco("up", str(recipe), "--name", "loop", "--runs-dir", str(runs_dir), env=environment)
+    deadline, problems = time.monotonic() + 60, []
+    while not any(problem.startswith("syncer is crash-looping") for problem in problems):
+        assert time.monotonic() < deadline, problems
+        time.sleep(1)
+        status = json.loads(diloco("status", "loop", "-o", "json", "--runs-dir", str(runs_dir)).stdout)
+        problems = status["problems"]
+    line = next(problem for problem in problems if problem.startswith("syncer is crash-looping"))
+    assert "crashes in a row, restarted" in line or "1 crash in a row, restarted 1 time" in line
+    assert "last error: RuntimeError: this model cannot be built on this machine" in line
+    assert "`diloco logs loop syncer`" in line
+    shown = diloco("status", "loop", "--runs-dir", str(runs_dir)).stdout
+    assert "! syncer is crash-looping" in shown
+    diloco("down", "loop", "--runs-dir", str(runs_dir))

@@ -127,7 +127,41 @@ def test_regions_get_one_copy_each_in_their_own_bucket(tmp_path, s3):
     batches = []
     for index_url in (east_index, west_index):
         with TokenBatches(
-            index_url, options, shard=1, num_shards=2, rank=0, world_size=1, chunk_bytes=4096, cache_bytes=65536
+            index_url,
+            options,
+            shard=1,
+            num_shards=2,
+            rank=0,
+            world_size=1,
+            chunk_bytes=4096,
+            cache_bytes=65536,
+            seed=0,
         ) as stream:
             batches.append(stream.batch_at(7, 4, 32)[0])
     assert batches[0].equal(batches[1])
+
+
+def test_an_s3_output_takes_storage_options_as_a_region_file_does(tmp_path, s3, monkeypatch):
+    """``-o s3://...`` of an S3-compatible store named by ``--storage-options`` alone (no
+    ``AWS_ENDPOINT_URL``), and the index read back with the same options."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    documents = make_documents(150, seed=8)
+    corpus = write_text_corpus(tmp_path / "notes.txt", documents)
+    bucket = s3.create_bucket("data-options")
+    options = {"endpoint_url": s3.endpoint_url}
+    output = prepare(
+        str(corpus),
+        "-o",
+        f"{bucket}/notes",
+        "--storage-options",
+        json.dumps(options),
+        "--vocab-size",
+        "300",
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
+    assert f"index: {bucket}/notes/index.json" in output
+    files = bucket_files(s3, "data-options/notes")
+    index = DatasetIndex.model_validate_json(files.pop("index.json"))
+    assert_matches_index(index, files)
+    assert decoded_documents(index, files, files["tokenizer.json"], 0.01) == documents

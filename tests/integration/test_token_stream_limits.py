@@ -14,7 +14,7 @@ from diloco_cli.data.tokens.existing import index_existing
 from diloco_cli.data.tokens.storage import Location
 from diloco_cli.data.tokens.stream import TokenBatches
 from tests.support.delay_proxy import delay_proxy
-from tests.support.token_windows import golden_batch
+from tests.support.token_windows import golden_batch, process_tokens
 
 
 def test_read_ahead_hides_the_latency_of_a_slow_bucket(tmp_path, s3):
@@ -40,7 +40,9 @@ def test_read_ahead_hides_the_latency_of_a_slow_bucket(tmp_path, s3):
             world_size=1,
             chunk_bytes=chunk_bytes,
             cache_bytes=16 * chunk_bytes,
+            seed=0,
         ) as batches:
+            mine = process_tokens(tokens[:150_000], batches.blocks)
             started = time.perf_counter()
             batches.batch_at(0, batch_size, sequence_length)
             cold = time.perf_counter() - started
@@ -50,9 +52,7 @@ def test_read_ahead_hides_the_latency_of_a_slow_bucket(tmp_path, s3):
                 started = time.perf_counter()
                 inputs, _ = batches.batch_at(step, batch_size, sequence_length)
                 warm.append(time.perf_counter() - started)
-                assert np.array_equal(
-                    inputs.numpy(), golden_batch(tokens, 0, 150_000, step, batch_size, sequence_length)[:, :-1]
-                )
+                assert np.array_equal(inputs.numpy(), golden_batch(mine, step, batch_size, sequence_length)[:, :-1])
             started = time.perf_counter()
             batches.batch_at(500, batch_size, sequence_length)  # a resume far ahead: nothing read yet
             seek = time.perf_counter() - started
@@ -83,14 +83,14 @@ MEMORY_CHILD = textwrap.dedent(
         pass
     batch_size, sequence_length = 64, 1024
     with TokenBatches(
-        index, {}, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=4 << 20, cache_bytes=32 << 20
+        index, {}, shard=0, num_shards=1, rank=0, world_size=1, chunk_bytes=4 << 20, cache_bytes=32 << 20, seed=0
     ) as batches:
-        steps = (len(batches.range) - 1) // sequence_length // batch_size
+        steps = (batches.blocks.tokens - 1) // sequence_length // batch_size
         total = 0
         for step in range(steps):
             inputs, _ = batches.batch_at(step, batch_size, sequence_length)
             total += int(inputs.sum())
-    print(steps, total)
+    print(steps, total, batches.blocks.block_tokens, *batches.blocks.blocks)
     """
 )
 
@@ -119,7 +119,17 @@ def test_streaming_a_range_larger_than_the_memory_limit(tmp_path):
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    steps, total = map(int, result.stdout.split())
-    used = steps * 64 * 1024  # the inputs of every window the steps took: tokens [0, used)
-    full, rest = divmod(used, 65521)
-    assert steps > 1500 and total == full * (65520 * 65521 // 2) + rest * (rest - 1) // 2
+    steps, total, block_tokens, *blocks = map(int, result.stdout.split())
+
+    def below(position: int) -> int:  # the sum of the stream's tokens [0, position): token i is i % 65521
+        full, rest = divmod(position, 65521)
+        return full * (65520 * 65521 // 2) + rest * (rest - 1) // 2
+
+    used = steps * 64 * 1024  # the inputs of every window the steps took: the process's first `used` tokens
+    expected = 0
+    for number, block in enumerate(blocks):
+        take = min(block_tokens, used - number * block_tokens)
+        if take <= 0:
+            break
+        expected += below(block * block_tokens + take) - below(block * block_tokens)
+    assert steps > 1500 and total == expected

@@ -2,13 +2,18 @@
 
 import numpy as np
 
+from diloco_cli.data.tokens.ranges import ProcessBlocks
 
-def golden_batch(
-    tokens: np.ndarray, start: int, end: int, step: int, batch_size: int, sequence_length: int
-) -> np.ndarray:
-    """Step ``step``'s windows of ``tokens[start:end]``, one by one: window ``w`` is
+
+def process_tokens(tokens: np.ndarray, blocks: ProcessBlocks) -> np.ndarray:
+    """A process's tokens: its blocks of the concatenated training tokens, one after the other."""
+    size = blocks.block_tokens
+    return np.concatenate([tokens[block * size : (block + 1) * size] for block in blocks.blocks])
+
+
+def golden_batch(part: np.ndarray, step: int, batch_size: int, sequence_length: int) -> np.ndarray:
+    """Step ``step``'s windows of a process's tokens ``part``, one by one: window ``w`` is
     ``sequence_length + 1`` tokens from ``w * sequence_length``, ``w`` modulo the windows that fit."""
-    part = tokens[start:end]
     windows = (len(part) - 1) // sequence_length
     rows = []
     for window in range(step * batch_size, (step + 1) * batch_size):

@@ -44,3 +44,21 @@ def test_flops_per_token_counts_every_matrix_multiply_and_attention():
         gpu.flops_per_token(model, case)
         == 6 * (layers * per_layer + d * vocabulary) + 12 * layers * d * case.sequence_length
     )
+
+
+def test_the_gpu_check_runs_one_process_per_gpu_and_judges_what_holds_anywhere(tmp_path):
+    from bench import gpu_check
+
+    assert "--nproc-per-node=1" in gpu_check.parts("cuda", False, 1, tmp_path)["fsdp"]
+    assert "--nproc-per-node=8" in gpu_check.parts("cuda", False, 16, tmp_path)["ddp"]
+    assert "--compile" in gpu_check.parts("cuda", False, 4, tmp_path)["fsdp"]
+    assert "--gpus" not in gpu_check.parts("cuda", False, 4, tmp_path)["learners"]  # nvidia-smi's
+    assert gpu_check.parts("cpu", True, 0, tmp_path)["learners"][-2:] == ["--gpus", "0,1"]
+    codec = [{"same_payload_as_cpu": True, "same_values_as_cpu": True}]
+    exact = {"installs_bit_exact": True}
+    one_gpu = {"ran": False, "refused_in_one_line": True}
+    shared = {"ran": True, "disjoint_given": False, "disjoint_in_nvidia_smi": None}
+    base = {"single": {**exact, "codec": codec}, "ddp": exact, "fsdp": exact}
+    assert gpu_check.verdicts({**base, "learners": one_gpu})
+    assert not gpu_check.verdicts({**base, "learners": shared})
+    assert not gpu_check.verdicts({**base, "fsdp": {"installs_bit_exact": False}, "learners": one_gpu})

@@ -167,3 +167,37 @@ def test_secrets_in_host_environment_or_data_options_are_refused(tmp_path):
         },
     )
     assert load_model(RegionsFile, path).regions[0].storage_options == {"token": "anon"}  # a mode, not a credential
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (
+            {
+                "factory": "diloco_cli.models.hf:causal_lm",
+                "kwargs": {"config": {"model_type": "gpt2", "n_positions": 64}},
+            },
+            "data.sequence_length 128 exceeds the model's 64 positions (n_positions of model.kwargs.config)",
+        ),
+        (
+            {
+                "factory": "diloco_cli.models.hf:causal_lm",
+                "kwargs": {"config": "builtin:tiny-llama", "max_position_embeddings": 64},
+            },
+            "data.sequence_length 128 exceeds the model's 64 positions (max_position_embeddings of model.kwargs)",
+        ),
+        (
+            {"factory": "diloco_cli.models.gpt:byte_gpt", "kwargs": {"num_layers": 2}},
+            "data.sequence_length 256 exceeds the model's 128 positions (model.kwargs.context (the built-in GPT's",
+        ),
+    ],
+    ids=["gpt2-n_positions", "llama-rope", "built-in-default"],
+)
+def test_a_sequence_longer_than_the_models_context_is_refused_at_dry_run(tmp_path, model, expected):
+    """GPT-2 would crash the syncer at its first evaluation, a Llama would train silently on
+    positions it was not made for: both are refused before anything starts."""
+    length = 256 if model["factory"].endswith("byte_gpt") else 128
+    recipe = write_yaml(tmp_path / "recipe.yaml", {"model": model, "data": {"sequence_length": length}})
+    output = up_fails(tmp_path, str(recipe), "--dry-run")
+    assert f"{recipe}: {expected}" in output and "lower data.sequence_length to" in output
+    assert output.strip().count("\n") == 0

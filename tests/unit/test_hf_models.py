@@ -4,6 +4,7 @@ model, exported in Hugging Face format with the dataset's tokenizer, sampled."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.models.gpt import byte_gpt
 from diloco_cli.models.hf import causal_lm
 from diloco_cli.runtime import export
-from diloco_cli.runtime.export import dataset_tokenizer_json, sample_text, sampling_tokenizer, save_hugging_face
+from diloco_cli.runtime.export import dataset_tokenizer, sample_text, sampling_tokenizer, save_hugging_face
 from diloco_cli.store.documents import Head
 from tests.support.runs_on_disk import made_run
 
@@ -212,6 +213,61 @@ def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, o
     assert all(torch.equal(loaded[name], tensor) for name, tensor in global_weights.items())
 
 
+def test_an_exported_model_stops_generating_at_the_end_of_text_and_its_tokenizer_pads(tmp_path, offline, monkeypatch):
+    """The dataset's end-of-document token is the exported model's end of text in
+    config.json, generation_config.json and tokenizer_config.json (padding with it too),
+    its context the tokenizer's longest input, and every file readable as any other."""
+    tokenizer = tiny_tokenizer()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    index = token_dataset(tmp_path / "dataset", tokenizer)
+    recipe = Recipe.model_validate(
+        {
+            "model": {"factory": "diloco_cli.models.hf:causal_lm", "kwargs": {"config": TINY}},
+            "data": {"source": str(index), "sequence_length": 64},
+        }
+    )
+    spec = resolve_run(recipe, RegionsFile(), "hf-run", tmp_path / "runs")
+    global_weights = {name: parameter.detach().clone() for name, parameter in perturbed(built(0)).named_parameters()}
+    head = Head(version=3, fragment_versions={}, snapshot_version=0, recent=(), recent_from=0)
+    monkeypatch.setattr(export, "latest_weights", lambda bucket, secret, fragments: (global_weights, head))
+    export.export_hugging_face(spec, RunSecret.generate(), tmp_path / "hf")
+
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    tokenizer_config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["eos_token_id"] == generation["eos_token_id"] == eos
+    assert config["pad_token_id"] == generation["pad_token_id"] == eos
+    assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
+    assert tokenizer_config["model_max_length"] == generation["max_length"] == 256  # tiny-llama's context
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    loaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    padded = loaded_tokenizer(["hello", "the quick brown fox jumps"], padding=True, return_tensors="pt")
+    assert padded.input_ids.shape[0] == 2 and (padded.input_ids[0] == eos).any()
+    assert padded.attention_mask[0].sum() < padded.attention_mask[1].sum()
+
+    prompt = loaded_tokenizer("hello world", return_tensors="pt").input_ids
+    steps = []
+
+    def end_of_text_on_the_third_token(module, inputs, output):
+        steps.append(1)
+        if len(steps) == 3:
+            output.logits[:, -1, :] = -1e9
+            output.logits[:, -1, eos] = 1e9
+        return output
+
+    model.register_forward_hook(end_of_text_on_the_third_token)
+    generated = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    assert generated.shape[1] == prompt.shape[1] + 3 and generated[0, -1] == eos
+
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~umask and set(modes.values()) == {0o666 & ~umask}, modes
+
+
 def test_export_hf_is_refused_for_the_byte_gpt_before_reading_any_weights(tmp_path):
     runs_dir, _ = made_run(tmp_path)  # a run on disk that never published global weights
     result = CliRunner().invoke(
@@ -227,8 +283,9 @@ def test_the_tokenizer_comes_from_the_token_dataset_index(tmp_path):
     tokenizer = tiny_tokenizer()
     with_tokenizer = DataConfig(source=str(token_dataset(tmp_path / "a", tokenizer)))
     without = DataConfig(source=str(token_dataset(tmp_path / "b", None)))
-    assert dataset_tokenizer_json(with_tokenizer) == tokenizer.to_str()
-    assert dataset_tokenizer_json(without) is None and dataset_tokenizer_json(DataConfig()) is None
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert dataset_tokenizer(with_tokenizer) == (tokenizer.to_str(), eos)
+    assert dataset_tokenizer(without) is None and dataset_tokenizer(DataConfig()) is None
     assert sampling_tokenizer(DataConfig()) is None  # text: the model reads bytes
     assert sampling_tokenizer(with_tokenizer).encode("hello").ids == tokenizer.encode("hello").ids
     with pytest.raises(ConfigError, match="names no tokenizer"):

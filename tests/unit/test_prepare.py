@@ -165,6 +165,16 @@ def test_a_second_tokenizer_is_refused_in_the_same_output(tmp_path):
         ("c.txt", "a\n\nb\n\nc", ["--vocab-size", "100"], "--vocab-size 100 is too small"),
         ("c.txt", "a\n\nb\n\nc", [], "give a tokenizer (--tokenizer tokenizer.json), or --vocab-size N"),
         ("c.txt", "only one document", ["--vocab-size", "300"], "leaves no training tokens"),
+        ("c.txt", "", ["--vocab-size", "300"], "corpus {corpus} is empty: it holds no document"),
+        ("c.txt", "\n\n\n\n", ["--vocab-size", "300"], "is empty: it holds no document"),
+        ("c.jsonl", "\n\n", ["--vocab-size", "300"], "is empty: it holds no document"),
+        ("c.txt", "a\n\nb", ["--vocab-size", "300", "--storage-options", "endpoint"], "is not a JSON object"),
+        (
+            "c.txt",
+            "a\n\nb",
+            ["--vocab-size", "300", "--storage-options", '{"secret": "x"}'],
+            "--storage-options hold credentials (secret)",
+        ),
         ("missing.txt", None, ["--vocab-size", "300"], "no such file"),
     ],
 )
@@ -175,4 +185,19 @@ def test_mistakes_are_one_line_and_say_what_to_do(tmp_path, monkeypatch, corpus_
     result = runner.invoke(app, ["prepare", str(tmp_path / corpus_name), "-o", str(tmp_path / "out"), *arguments])
     assert result.exit_code == 2, result.output
     *progress, error = result.stderr.splitlines()
+    expected = expected.format(corpus=tmp_path / corpus_name)
     assert error.startswith("error: ") and expected in error and "Traceback" not in result.output
+
+
+def test_a_vocabulary_larger_than_the_corpus_supports_says_what_it_got(tmp_path):
+    """A byte-level BPE stops merging when no pair occurs twice: the output says how many
+    tokens it made of the number asked, so that the model's vocab_size can follow."""
+    documents = make_documents(200, seed=6)
+    corpus = write_text_corpus(tmp_path / "corpus.txt", documents)
+    output = prepare(str(corpus), "-o", str(tmp_path / "out"), "--vocab-size", "70000")
+    made = read_dataset(tmp_path / "out")[0].vocab_size
+    assert made < 1000
+    assert f"vocabulary: {made:,} tokens made, 70,000 asked" in output
+    assert f"the model's vocab_size must be at least {made:,}" in output
+    quiet = prepare(str(corpus), "-o", str(tmp_path / "exact"), "--vocab-size", str(made))
+    assert "vocabulary:" not in quiet

@@ -110,3 +110,17 @@ def test_dynamic_local_updates_reach_learners_through_their_notes_without_jitter
     assert intervals == [None, 5, None]
     notes.follow_speeds(spec, {"east-0": 0.1, "east-1": 0.21, "west-0": 0.1})  # H_m 4: moved by 1 of H=10, written
     assert notes.due and notes.notes["east-1"].sync_interval == 4
+
+
+def test_a_learner_added_on_a_gpu_host_takes_a_gpu_no_active_learner_holds(tmp_path):
+    spec = _spec(tmp_path, learners=(("east", "gpu"), ("east", "gpu")))
+    spec = spec.model_copy(
+        update={
+            "learners": tuple(learner.model_copy(update={"devices": (n,)}) for n, learner in enumerate(spec.learners))
+        }
+    )
+    with pytest.raises(ConfigError, match=r"host gpu: 0 of its GPUs 0, 1 are free, a learner needs 1 \(held by east-0"):
+        plan_scale(spec, "east", +1, now=5.0)
+    drained = plan_scale(spec, "east", -1, now=5.0)  # east-1 leaves: GPU 1 is free again
+    added = plan_scale(drained, "east", +1, now=6.0).learners[-1]
+    assert (added.host, added.devices) == ("gpu", (1,))

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from diloco_cli.cli.app import app
 from diloco_cli.data.tokens.existing import index_existing
 from diloco_cli.data.tokens.index import DatasetError
-from diloco_cli.data.tokens.ranges import process_range
+from diloco_cli.data.tokens.ranges import process_blocks
 from diloco_cli.data.tokens.storage import Location
 from diloco_cli.data.tokens.stream import TokenBatches, heldout_tokens
-from tests.support.token_windows import golden_batch
+from tests.support.token_windows import golden_batch, process_tokens
 
 SHARD_SIZES = (1000, 2500, 700)
 HELDOUT_TOKENS = 600
@@ -48,6 +48,7 @@ def stream(
     world_size: int = 1,
     chunk_bytes: int = 600,
     cache_bytes: int = 4800,
+    seed: int = 0,
     **options,
 ) -> TokenBatches:
     return TokenBatches(
@@ -59,6 +60,7 @@ def stream(
         world_size=world_size,
         chunk_bytes=chunk_bytes,
         cache_bytes=cache_bytes,
+        seed=seed,
     )
 
 
@@ -77,22 +79,19 @@ def dataset(tmp_path):
 @pytest.mark.parametrize(
     ("shard", "num_shards", "rank", "world_size"), [(0, 1, 0, 1), (1, 3, 0, 1), (1, 2, 1, 2), (2, 3, 1, 3)]
 )
-def test_batches_are_the_windows_of_the_concatenated_tokens(dataset, shard, num_shards, rank, world_size):
-    """Every step, across file boundaries (tokens 1000 and 3500) and chunk boundaries (300
-    tokens), around the end of the range (several epochs), and again at arbitrary steps
+def test_batches_are_the_windows_of_the_process_blocks(dataset, shard, num_shards, rank, world_size):
+    """Every step, across file boundaries (tokens 1000 and 3500) and block boundaries,
+    around the end of the process's tokens (several epochs), and again at arbitrary steps
     in a fresh stream (a resume)."""
     directory, tokens = dataset
-    total = len(tokens)
-    learner_start, learner_end = shard * total // num_shards, (shard + 1) * total // num_shards
-    start = learner_start + rank * (learner_end - learner_start) // world_size
-    end = learner_start + (rank + 1) * (learner_end - learner_start) // world_size
     batch_size, sequence_length = 3, 40
-    steps_per_epoch = (end - start - 1) // sequence_length // batch_size + 1
     with stream(directory, shard, num_shards, rank, world_size) as batches:
-        assert (batches.range.start, batches.range.end) == (start, end)
+        mine = process_tokens(tokens, batches.blocks)
+        steps_per_epoch = (len(mine) - 1) // sequence_length // batch_size + 1
+        assert len(batches.blocks.blocks) > 1
         for step in range(3 * steps_per_epoch):
             inputs, targets = batches.batch_at(step, batch_size, sequence_length)
-            expected = golden_batch(tokens, start, end, step, batch_size, sequence_length)
+            expected = golden_batch(mine, step, batch_size, sequence_length)
             assert inputs.dtype == targets.dtype == torch.int64
             assert inputs.shape == targets.shape == (batch_size, sequence_length)
             assert np.array_equal(inputs.numpy(), expected[:, :-1]) and np.array_equal(
@@ -101,21 +100,37 @@ def test_batches_are_the_windows_of_the_concatenated_tokens(dataset, shard, num_
     with stream(directory, shard, num_shards, rank, world_size) as resumed:
         for step in (2 * steps_per_epoch + 1, 5, 1000):
             inputs, _ = resumed.batch_at(step, batch_size, sequence_length)
-            assert np.array_equal(
-                inputs.numpy(), golden_batch(tokens, start, end, step, batch_size, sequence_length)[:, :-1]
-            )
+            assert np.array_equal(inputs.numpy(), golden_batch(mine, step, batch_size, sequence_length)[:, :-1])
 
 
-@given(total=st.integers(1, 10**12), num_shards=st.integers(1, 64), world_size=st.integers(1, 16))
-def test_ranges_of_learners_and_ranks_are_disjoint_and_cover_every_training_token(total, num_shards, world_size):
-    ranges = [
-        process_range(total, shard, num_shards, rank, world_size)
+@given(
+    total=st.integers(1, 10**7),
+    num_shards=st.integers(1, 16),
+    world_size=st.integers(1, 4),
+    chunk_tokens=st.integers(256, 1 << 21),
+    seed=st.integers(-(2**31), 2**31),
+)
+def test_blocks_of_learners_and_ranks_are_disjoint_equal_and_cover_the_stream(
+    total, num_shards, world_size, chunk_tokens, seed
+):
+    parts = num_shards * world_size
+    if total < parts:
+        with pytest.raises(DatasetError, match="cannot be shared among"):
+            process_blocks(total, 0, num_shards, 0, world_size, chunk_tokens, seed)
+        return
+    layouts = [
+        process_blocks(total, shard, num_shards, rank, world_size, chunk_tokens, seed)
         for shard in range(num_shards)
         for rank in range(world_size)
     ]
-    assert ranges[0].start == 0 and ranges[-1].end == total
-    assert all(before.end == after.start for before, after in zip(ranges, ranges[1:]))
-    assert all(len(part) >= 0 for part in ranges) and max(map(len, ranges)) - min(map(len, ranges)) <= 2
+    size = layouts[0].block_tokens
+    assert all(layout.block_tokens == size for layout in layouts)
+    assert size <= max(chunk_tokens, 1) or len(layouts[0].blocks) == 1
+    counts = {len(layout.blocks) for layout in layouts}
+    assert len(counts) == 1  # every process gets as many blocks
+    blocks = [block for layout in layouts for block in layout.blocks]
+    assert sorted(blocks) == list(range(len(blocks)))  # no block twice, none left out
+    assert total - len(blocks) < size * len(blocks) <= total  # all but fewer tokens than there are blocks
 
 
 def test_the_heldout_shard_never_reaches_a_training_batch(dataset):
@@ -124,7 +139,7 @@ def test_the_heldout_shard_never_reaches_a_training_batch(dataset):
     for shard in range(2):
         for rank in range(2):
             with stream(directory, shard, 2, rank, 2) as batches:
-                windows = (len(batches.range) - 1) // 16
+                windows = (batches.blocks.tokens - 1) // 16
                 for step in range(windows // 4 + 2):
                     seen.append(batches.batch_at(step, 4, 16)[1].numpy())
     assert np.concatenate([part.ravel() for part in seen]).max() < TRAIN_VOCAB
@@ -154,10 +169,11 @@ def test_nanogpt_shards_are_indexed_where_they_are_and_streamed(tmp_path):
         world_size=1,
         chunk_bytes=1 << 20,
         cache_bytes=4 << 20,
+        seed=0,
     ) as batches:
         assert batches.index.tokenizer is None and batches.tokenizer_sha256 == "unknown" and batches.vocab_size == 50257
         inputs, targets = batches.batch_at(4, 8, 64)
-    expected = golden_batch(train, 2500, 5000, 4, 8, 64)
+        expected = golden_batch(process_tokens(train, batches.blocks), 4, 8, 64)
     assert np.array_equal(inputs.numpy(), expected[:, :-1]) and np.array_equal(targets.numpy(), expected[:, 1:])
 
     wrong = CliRunner().invoke(
@@ -176,3 +192,69 @@ def test_a_shard_shorter_than_its_index_says_is_reported(dataset):
     ):
         for step in range(100):
             batches.batch_at(step, 4, 40)
+
+
+def unigram(tokens: np.ndarray, vocabulary: int) -> np.ndarray:
+    counts = np.bincount(tokens, minlength=vocabulary).astype(np.float64) + 0.5  # smoothed: no empty bin
+    return counts / counts.sum()
+
+
+def largest_kl(distributions: list[np.ndarray]) -> float:
+    """The largest KL divergence (nats) between any two of the distributions, either way."""
+    return max(
+        float(np.sum(p * np.log(p / q)))
+        for i, p in enumerate(distributions)
+        for j, q in enumerate(distributions)
+        if i != j
+    )
+
+
+SORTED_KINDS, KIND_VOCABULARY, VOCABULARY = 8, 1500, 4000
+LEARNERS, FIRST_TOKENS = 4, 1 << 20
+KL_BOUND = 0.05
+"""Nats: the largest unigram KL divergence between two learners' first million tokens
+that a sorted corpus may leave (dealt blocks gave 0.004, contiguous ranges 8.6)."""
+
+
+def test_every_learner_sees_the_same_distribution_of_a_sorted_corpus(tmp_path):
+    """A corpus sorted by kind of text (8 kinds, each its own vocabulary, one after the
+    other, like source files sorted by name): the learners' first million tokens have
+    near-equal unigram distributions, where contiguous ranges would give each learner
+    other kinds of text."""
+    rng = np.random.default_rng(0)
+    per_kind = 2 * LEARNERS * FIRST_TOKENS // SORTED_KINDS  # each learner gets 2M tokens, reads 1M
+    ranks = np.arange(1, KIND_VOCABULARY + 1)
+    zipf = (1 / ranks) / (1 / ranks).sum()
+    kinds = [
+        (kind * (VOCABULARY - KIND_VOCABULARY) // (SORTED_KINDS - 1) + rng.choice(KIND_VOCABULARY, per_kind, p=zipf))
+        for kind in range(SORTED_KINDS)
+    ]
+    tokens = np.concatenate(kinds).astype(np.uint16)
+    directory = tmp_path / "sorted"
+    directory.mkdir()
+    tokens.tofile(directory / "train.bin")
+    tokens[:5000].tofile(directory / "val.bin")
+    index_existing(Location(str(directory)), dtype="uint16", vocab_size=VOCABULARY)
+
+    dealt = []
+    for shard in range(LEARNERS):
+        with TokenBatches(
+            str(directory / "index.json"),
+            {},
+            shard=shard,
+            num_shards=LEARNERS,
+            rank=0,
+            world_size=1,
+            chunk_bytes=4 << 20,  # the recipe's defaults
+            cache_bytes=64 << 20,
+            seed=0,
+        ) as batches:
+            steps = FIRST_TOKENS // (64 * 1024)
+            inputs = [batches.batch_at(step, 64, 1024)[0].numpy().ravel() for step in range(steps)]
+        dealt.append(unigram(np.concatenate(inputs), VOCABULARY))
+    contiguous = [
+        unigram(tokens[shard * len(tokens) // LEARNERS :][:FIRST_TOKENS].astype(np.int64), VOCABULARY)
+        for shard in range(LEARNERS)
+    ]
+    assert largest_kl(contiguous) > 1.0 > KL_BOUND
+    assert largest_kl(dealt) < KL_BOUND, largest_kl(dealt)

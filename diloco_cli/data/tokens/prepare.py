@@ -103,6 +103,9 @@ class Prepared:
     """Files an interrupted run had copied (not sent again)."""
     complete_before: tuple[str, ...] = ()
     """Locations that held this dataset, complete, before this run."""
+    vocab_size_asked: int | None = None
+    """``--vocab-size`` when the tokenizer trained on the corpus came out smaller (the
+    corpus has no more pairs to merge), else None."""
 
 
 def local_path(location: Location) -> Path:
@@ -243,8 +246,10 @@ def prepare_dataset(request: PrepareRequest, retry: Retry = call_once, progress:
         is_complete_with(Location(str(staging)), tokenizer.sha256, retry)
     complete = [location for location in request.locations if is_complete_with(location, tokenizer.sha256, retry)]
     index_urls = tuple(location.index_url for location in request.locations)
+    trained_smaller = request.tokenizer is None and (request.vocab_size or 0) > tokenizer.vocab_size
+    asked = request.vocab_size if trained_smaller else None
     if len(complete) == len(request.locations):
-        return Prepared(index=None, index_urls=index_urls, complete_before=index_urls)
+        return Prepared(index=None, index_urls=index_urls, complete_before=index_urls, vocab_size_asked=asked)
 
     staging.mkdir(parents=True, exist_ok=True)
     staged = staging / TOKENIZER_NAME
@@ -280,4 +285,5 @@ def prepare_dataset(request: PrepareRequest, retry: Retry = call_once, progress:
         shards_reused=tokenized.reused,
         uploads_skipped=skipped,
         complete_before=tuple(location.index_url for location in complete),
+        vocab_size_asked=asked,
     )

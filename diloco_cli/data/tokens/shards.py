@@ -150,10 +150,15 @@ def verified(record: ProgressRecord, staging: Path) -> ProgressRecord:
 
 
 class TrainShardWriter:
-    """Cuts the training token stream into shards and records each one as it finishes."""
+    """Cuts the training token stream into shards and records each one as it finishes.
 
-    def __init__(self, staging: Path, record: ProgressRecord, progress: Progress) -> None:
+    The held-out file in the making (``heldout``) is flushed to disk before each record:
+    the record counts its tokens, and a run killed without a chance to flush (SIGKILL,
+    SIGTERM's default) must find them there, or the rerun starts over."""
+
+    def __init__(self, staging: Path, record: ProgressRecord, progress: Progress, heldout: BinaryIO) -> None:
         self.staging = staging
+        self.heldout = heldout
         self.record = record
         self.progress = progress
         self.shard_tokens = record.settings.shard_tokens
@@ -195,6 +200,8 @@ class TrainShardWriter:
         self.handle.close()
         name = self.name
         os.replace(self.staging / (name + PARTIAL_SUFFIX), self.staging / name)
+        self.heldout.flush()
+        os.fsync(self.heldout.fileno())
         shard = FinishedShard(name=name, tokens=self.written, sha256=self.digest.hexdigest(), end=self.end)
         self.record = self.record.model_copy(update={"train": (*self.record.train, shard)})
         save_progress(self.staging, self.record)
@@ -272,8 +279,9 @@ def tokenize_corpus(
     start = record.start
     dtype = np.dtype(settings.dtype).newbyteorder("<")
     heldout_tokens = start.heldout_tokens
-    writer = TrainShardWriter(staging, record, progress)
+    read = start.document
     with open(staging / (HELDOUT_NAME + PARTIAL_SUFFIX), "ab") as heldout:
+        writer = TrainShardWriter(staging, record, progress, heldout)
         for number, ids in encoded_documents(corpus, files, tokenizer, start.document, progress):
             skipped = start.skip_tokens if number == start.document else 0
             tokens = np.array([*ids, settings.eos_token_id], dtype=dtype)[skipped:]
@@ -282,7 +290,13 @@ def tokenize_corpus(
                 heldout_tokens += len(tokens)
             else:
                 writer.write(tokens, number, skipped, heldout_tokens)
+            read = number + 1
         writer.finish()
+    if read == 0:
+        raise DatasetError(
+            f"corpus {corpus.url} is empty: it holds no document (no text, no JSON line or row with text); "
+            "give a corpus with text in it"
+        )
     if not writer.record.train:
         raise DatasetError(
             f"corpus {corpus.url} leaves no training tokens: all of its documents are held out; "

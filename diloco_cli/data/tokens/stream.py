@@ -1,12 +1,13 @@
 """Streaming a learner's training tokens from a dataset by ranged reads.
 
-A process reads only its own range of the training tokens (:mod:`~diloco_cli.data.tokens.ranges`),
-in chunks of ``chunk_bytes`` read by ``cat_file(path, start, end)`` (a chunk may span
-two shard files), never a whole shard.  While a step trains on the chunks it needs, the
-next chunks in reading order are read ahead on background threads, and no more than
-``cache_bytes`` of chunks are held at once (:class:`~diloco_cli.data.tokens.chunks.ChunkCache`).
-A step's windows are a function of the step alone, so :meth:`TokenBatches.batch_at` at
-any step (a resume) reads what an uninterrupted run would have read there.
+A process reads only its own blocks of the training tokens, dealt from the whole stream
+(:mod:`~diloco_cli.data.tokens.ranges`), each block by one ``cat_file(path, start, end)``
+of at most ``chunk_bytes`` (a block may span two shard files), never a whole shard.
+While a step trains on the blocks it needs, the next ones in reading order are read
+ahead on background threads, and no more than ``cache_bytes`` of them are held at once
+(:class:`~diloco_cli.data.tokens.chunks.ChunkCache`).  A step's windows are a function
+of the step alone, so :meth:`TokenBatches.batch_at` at any step (a resume) reads what an
+uninterrupted run would have read there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from diloco_cli.data.tokens.chunks import ChunkCache
 from diloco_cli.data.tokens.index import DatasetError, DatasetIndex
-from diloco_cli.data.tokens.ranges import FileLayout, Segment, process_range, window_runs, windows_per_epoch
+from diloco_cli.data.tokens.ranges import FileLayout, Segment, process_blocks, window_runs, windows_per_epoch
 from diloco_cli.data.tokens.storage import Location, call_once, join, read_index
 
 ReadRetry = Callable[[Callable[[], bytes]], bytes]
@@ -54,10 +55,11 @@ class ShardReader:
 
 
 class TokenBatches:
-    """Batches of one process's range of a token dataset's training tokens.
+    """Batches of one process's blocks of a token dataset's training tokens.
 
-    Learner ``shard`` of ``num_shards``, process ``rank`` of ``world_size`` (see
-    :func:`~diloco_cli.data.tokens.ranges.process_range`); ``read_retry`` runs each ranged
+    Learner ``shard`` of ``num_shards``, process ``rank`` of ``world_size``, blocks dealt
+    in the order ``seed`` draws (see :func:`~diloco_cli.data.tokens.ranges.process_blocks`;
+    every process of a run must be given the same seed); ``read_retry`` runs each ranged
     read under the caller's retry policy.
     """
 
@@ -72,13 +74,22 @@ class TokenBatches:
         world_size: int,
         chunk_bytes: int,
         cache_bytes: int,
+        seed: int,
         read_retry: ReadRetry | None = None,
     ) -> None:
         self._reader = ShardReader(index_url, storage_options, read_retry)
         self.index = self._reader.index
         self._layout = FileLayout([entry.tokens for entry in self.index.train])
-        self.range = process_range(self._layout.total, shard, num_shards, rank, world_size)
-        self._chunk_tokens = max(1, chunk_bytes // self.index.item_bytes)
+        self.blocks = process_blocks(
+            self._layout.total,
+            shard,
+            num_shards,
+            rank,
+            world_size,
+            max(1, chunk_bytes // self.index.item_bytes),
+            seed,
+        )
+        self._chunk_tokens = self.blocks.block_tokens  # a block is read at once: the cache's unit
         capacity = cache_bytes // (self._chunk_tokens * self.index.item_bytes)
         if capacity < 2:
             raise DatasetError(
@@ -100,9 +111,9 @@ class TokenBatches:
         return self.index.tokenizer_sha256
 
     def _read_chunk(self, chunk: int) -> np.ndarray:
-        """Chunk ``chunk`` of this process's range, from one or two shard files."""
-        start = self.range.start + chunk * self._chunk_tokens
-        end = min(start + self._chunk_tokens, self.range.end)
+        """This process's block number ``chunk``, from one or more shard files."""
+        start = self.blocks.start_of(chunk)
+        end = start + self._chunk_tokens
         pieces = self._layout.segments(start, end)
         if len(pieces) == 1:
             return self._read_segment(pieces[0])
@@ -120,7 +131,8 @@ class TokenBatches:
         return range(start // self._chunk_tokens, (end - 1) // self._chunk_tokens + 1)
 
     def _tokens(self, start: int, end: int) -> np.ndarray:
-        """Tokens ``[start, end)`` of the range (offsets within it), from held chunks."""
+        """Tokens ``[start, end)`` of this process's tokens (its blocks one after the
+        other), from held chunks."""
         tokens = np.empty(end - start, dtype=self._reader.dtype)
         for chunk in self._chunks_of(start, end):
             first = chunk * self._chunk_tokens
@@ -131,8 +143,8 @@ class TokenBatches:
     def batch_at(self, step: int, batch_size: int, sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets (int64, ``[batch_size, sequence_length]``) of
         inner step ``step`` (from 0): windows ``step * batch_size`` onwards of this
-        process's range, wrapping around at its end (see :mod:`~diloco_cli.data.tokens.ranges`)."""
-        windows = windows_per_epoch(len(self.range), sequence_length)
+        process's tokens, wrapping around at their end (see :mod:`~diloco_cli.data.tokens.ranges`)."""
+        windows = windows_per_epoch(self.blocks.tokens, sequence_length)
         spans = [
             (first * sequence_length, (first + count) * sequence_length + 1)
             for first, count in window_runs(step, batch_size, windows)

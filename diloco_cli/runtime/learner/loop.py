@@ -21,7 +21,7 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import LearnerId
 from diloco_cli.data.learner import LearnerData, open_learner_data
-from diloco_cli.runtime.distributed import choose_device, join_process_group, leave_process_group, prepare_model
+from diloco_cli.runtime.distributed import build_model, choose_device, join_process_group, leave_process_group
 from diloco_cli.runtime.learner.sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.store.run_spec import RunSpec
@@ -55,8 +55,9 @@ class Learner:
         if training.threads_per_learner:
             torch.set_num_threads(training.threads_per_learner)
         torch.manual_seed(training.seed)
-        self.model = self.recipe.model.build().to(self.device)
-        self.trained_model = prepare_model(self.model, self.device, self.group, training.parallelism, training.compile)
+        self.model, self.trained_model = build_model(
+            self.recipe.model.build, self.device, self.group, training.parallelism, training.compile
+        )
         self.optimizer = make_inner_optimizer(self.model, training.learning_rate, training.weight_decay, training.betas)
         self.schedule = InnerSchedule(
             training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction
