@@ -187,7 +187,7 @@ def test_the_default_placement_matches_a_hand_calculation(planned_default):
 
 
 def test_the_plan_names_its_placement_and_what_it_saves(planned_default):
-    plan, _ = planned_default
+    plan, text = planned_default
     placement, shape = plan["placement"], RunShape.model_validate(plan["shape"])
     assert placement["wan_bytes_per_token"] == plan["diloco"]["wan_bytes_per_token"]
     # the same shape without reducers, then with local-a's link over the WAN too
@@ -202,6 +202,12 @@ def test_the_plan_names_its_placement_and_what_it_saves(planned_default):
         2 * placement["no_reducers_wan_bytes_per_token"]
     )
     assert placement["wan_bytes_per_token"] < 0.75 * placement["no_reducers_wan_bytes_per_token"]
+    assert "placement: the syncer in region local-a (its link is local), a reducer beside each region's bucket" in text
+    no_reducers = placement["no_reducers_wan_bytes_per_token"]
+    apart_ratio = placement["apart_no_reducers_wan_bytes_per_token"] / placement["wan_bytes_per_token"]
+    assert f"placed otherwise {no_reducers:.1f} B without reducers" in text
+    assert f"with the syncer in its own place and no reducers ({apart_ratio:.1f}x)" in text
+    assert "local-a                   2   local     0" in text
 
 
 def test_with_reducers_more_learners_per_region_send_no_more_over_the_wan():
@@ -239,6 +245,8 @@ def test_text_shows_the_same_numbers_as_json(planned):
     text = render_traffic_plan(TrafficPlan.model_validate(plan))
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
+    assert "placement: the syncer in a place of its own" in text and "no reducers (sync.reducers: false)" in text
+    assert "placed otherwise" not in text  # the placement all others are measured against
     assert (
         f"useful share     {100 * d['compute_share']:.1f}%" in text
         and f"computing        {100 * d['cpu_share']:.1f}%" in text
