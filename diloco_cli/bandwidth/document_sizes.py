@@ -1,10 +1,11 @@
 """Sizes of the sealed JSON documents the traffic model counts besides payloads: the
-head, heartbeats, the syncer's status, and the storage counters inside them.
+head, heartbeats, the syncer's status, a reducer's status, and the storage counters
+inside them.
 
 Each is a constant part plus parts that grow with the fragments, the learners, the
 regions, the evaluations so far and the counters' history;
 :mod:`diloco_cli.bandwidth.model` calls :func:`head_bytes`, :func:`heartbeat_bytes` and
-:func:`status_bytes` with a run's numbers.  The constants were measured on sealed
+:func:`status_bytes` and :func:`reducer_status_bytes` with a run's numbers.  The constants were measured on sealed
 documents built with :mod:`diloco_cli.store.documents` (a test checks these estimates
 against real ones): JSON with ``", "`` and ``": "`` separators, 5-digit versions.
 """
@@ -37,6 +38,13 @@ STATUS_BYTES_PER_LISTED_NAME = 4
 EVALUATION_BYTES = 83
 """Per held-out evaluation the status lists (every one of the run so far)."""
 
+REDUCER_STATUS_BYTES = 550
+"""A sealed ``reducer/status.json`` without fragments or learners (its counters empty)."""
+REDUCER_STATUS_BYTES_PER_FRAGMENT = 30
+"""Per fragment: its version and its keys in the in-flight and waiting lists."""
+REDUCER_STATUS_BYTES_PER_LEARNER = 24
+"""Per learner of the region, besides its name: the time of its heartbeat last seen."""
+
 COUNTERS_BYTES_PER_KIND = 144
 """Storage counters (``store.metering``) per kind of object counted."""
 COUNTERS_BYTES_PER_SAMPLE = 38
@@ -47,6 +55,9 @@ listing, control."""
 SYNCER_KINDS = 8
 """Kinds the syncer's counters of one region hold: payload, marker, heartbeat, update,
 snapshot, head, status, listing."""
+REDUCER_KINDS = 10
+"""Kinds a reducer's counters hold: payload, marker, aggregate, reducer, heartbeat, head,
+update, snapshot, listing, control."""
 HOME_KINDS = 2
 """Kinds the syncer's counters of its home store hold: home, listing."""
 
@@ -101,4 +112,24 @@ def status_bytes(
         + num_regions * per_region
         + counters_bytes(HOME_KINDS, samples)
         + EVALUATION_BYTES * evaluations
+    )
+
+
+def reducer_status_bytes(
+    num_fragments: int, region_learners: int, samples: float, learner_id_bytes: float = 10.0
+) -> float:
+    """A region's sealed reducer status::
+
+        550 + 30 P + M_r (L + 24)               per learner its heartbeat's time
+            + P M_r (L + 4)                     per fragment, each learner in flight or waiting
+            + counters(10 kinds, samples)
+
+    with M_r the region's learners and L a learner id's length."""
+    name = learner_id_bytes + STATUS_BYTES_PER_LISTED_NAME
+    return (
+        REDUCER_STATUS_BYTES
+        + REDUCER_STATUS_BYTES_PER_FRAGMENT * num_fragments
+        + region_learners * (learner_id_bytes + REDUCER_STATUS_BYTES_PER_LEARNER)
+        + num_fragments * region_learners * name
+        + counters_bytes(REDUCER_KINDS, samples)
     )

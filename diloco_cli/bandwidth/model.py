@@ -11,17 +11,25 @@ Notation: M learners, M_r of them in region r, K the quorum, P fragments, H inne
 steps between two sends of a fragment, S ``snapshot_every``, t the compute time of one
 inner step, o the training thread's overhead per step, T = t + o.
 
-Every region r has one wide-area link, between its bucket and the syncer.  A learner
-only talks to its own region's bucket (region-local, not WAN).  Directions are seen
-from the syncer: *down* is what it reads from a bucket, *up* what it writes there.  Per
-second, on the link of region r (docs/bandwidth.md has the table):
+Every region r has one wide-area link, between its bucket and the syncer: none when
+the syncer runs in that region (the default: the first region), whose link is local.  A
+learner only talks to its own region's bucket (region-local, not WAN).  Directions are
+seen from the syncer: *down* is what it reads from a bucket, *up* what it writes there.
+Per second, on the link of region r (docs/bandwidth.md has the tables):
 
-* down: each of the M_r learners' payloads, P every H steps, and their markers; its
-  heartbeats (one each every ``status_seconds``, 2 s); a listing of ``payloads/`` per poll; a listing of
-  the whole run now and then (leftovers) and of ``global/`` per snapshot (garbage).
+* down, with reducers (``sync.reducers``, the default): the region's aggregates, about
+  min(M_r P/(H T), merges) of them (one per fragment round under K = M), each the size
+  of one learner payload of its fragment, and their markers (which list the sends they
+  hold); a listing of ``aggregates/`` per poll; the heartbeats, and the reducer's status
+  as often; a listing of the whole run now and then (leftovers).  The learners' payloads,
+  the snapshots and the garbage collection stay in the region.
+* down, without reducers: each of the M_r learners' payloads, P every H steps, and their
+  markers; its heartbeats (one each every ``status_seconds``, 2 s); a listing of
+  ``payloads/`` per poll; a listing of the whole run now and then (leftovers) and of
+  ``global/`` per snapshot (garbage).
 * up: per merge (K = M: P/(H T) merges per second; K < M: up to M/K times as many) the
-  update and its marker, the head; a snapshot and its marker every S merges; the
-  syncer's status every ``status_seconds`` (2 s).
+  update and its marker, the head; without reducers a snapshot and its marker every S
+  merges; the syncer's status every ``status_seconds`` (2 s).
 
 The syncer decides on one thread but calls every region's bucket at once, each region's
 calls in order; so besides each link's utilization (its busier direction over its
@@ -37,7 +45,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diloco_cli.bandwidth.document_sizes import head_bytes, heartbeat_bytes, history_samples, status_bytes
+from diloco_cli.bandwidth.document_sizes import (
+    head_bytes,
+    heartbeat_bytes,
+    history_samples,
+    reducer_status_bytes,
+    status_bytes,
+)
 from diloco_cli.config.recipe import SyncConfig, TrainingConfig
 from diloco_cli.store.metering import LIST_PAGE_KEYS, LISTING_BYTES_PER_KEY, LISTING_BYTES_PER_REQUEST
 
@@ -75,6 +89,15 @@ CHECKPOINTS_KEPT = 2
 
 SNAPSHOTS_KEPT = 2
 """Snapshots a bucket holds (the head's and the previous one)."""
+
+AGGREGATES_WAITING_PER_FRAGMENT = 1.0
+"""Aggregates of one fragment that sit in a region's bucket, on average, when the syncer
+lists its ``aggregates/``: each waits from its forwarding until its round merges and the
+reducer clears it.  Each is listed with its marker."""
+
+RESIDUALS_KEPT_PER_FRAGMENT = 2
+"""A reducer keeps, per fragment, its error feedback after the newest merged aggregate
+and after the one in flight (each with a marker)."""
 
 # ---------------------------------------------------------------------------- inputs
 
@@ -139,6 +162,11 @@ class RunShape(BaseModel):
     uploads: CodecCost
     updates: CodecCost
     payload_marker_bytes: int
+    aggregate_marker_bytes: int
+    """An aggregate's marker holding no send (fragment, serial, anchor, size)."""
+    aggregate_marker_bytes_per_send: int
+    """What each send an aggregate holds adds to its marker (payload key, learner,
+    sequence, base version, counters)."""
     update_marker_bytes: int
     snapshot_bytes: int
     snapshot_marker_bytes: int
@@ -156,6 +184,9 @@ class RunShape(BaseModel):
     (``sync.status_seconds``; heartbeats at most as often as learners write them)."""
     leftover_seconds: float = recipe_default(SyncConfig, "leftover_seconds")
     delete_consumed_payloads: bool = recipe_default(SyncConfig, "delete_consumed_payloads")
+    reducers: bool = recipe_default(SyncConfig, "reducers")
+    """A reducer in every region (``sync.reducers``): the syncer reads the regions'
+    aggregates instead of the learners' payloads, and writes no snapshot."""
     key_prefix_bytes: int = 40
     """Length of the run's root inside a bucket (``runs/<run>/``): listed keys carry it."""
     learner_id_bytes: float = 10.0
@@ -175,8 +206,8 @@ class Flow(BaseModel):
     model_config = FROZEN
 
     kind: str
-    """payload, marker, heartbeat, listing, update, snapshot, head, status (the kinds of
-    ``store.metering``)."""
+    """payload, aggregate, marker, heartbeat, reducer (its status), listing, update,
+    snapshot, head, status (the kinds of ``store.metering``)."""
     direction: Literal["up", "down"]
     """Seen from the syncer: up is written to the bucket, down read from it."""
     bytes_per_second: float
@@ -215,7 +246,8 @@ class LinkTraffic(BaseModel):
     syncer_seconds_per_second: float
     """The syncer's I/O time on this link per second, polling listings left out."""
     poll_seconds: float
-    """The syncer's time for one listing of this region's payloads."""
+    """The syncer's time for one listing of this region's arrivals (payloads, or with
+    reducers aggregates)."""
 
 
 class DiLoCoPrediction(BaseModel):
@@ -363,28 +395,79 @@ def _flow(
     )
 
 
-def link_flows(shape: RunShape, link: Link, period: float, head: float, status: float, beat: float) -> tuple[Flow, ...]:
-    """Every kind of object crossing ``link``, per second (see the module docstring)."""
+Flows = tuple[tuple[Flow, ...], tuple[Flow, ...]]
+"""What arrives on a link, and the listings that find it and the rest."""
+
+
+def link_flows(
+    shape: RunShape, link: Link, period: float, head: float, status: float, beat: float, samples: float
+) -> tuple[Flow, ...]:
+    """Every kind of object crossing ``link``, per second (see the module docstring):
+    what arrives and its listings (:func:`_payload_flows`, or :func:`_aggregate_flows`
+    with reducers), the heartbeats, then what the syncer publishes."""
     s = shape
-    P, S, learners = s.num_fragments, s.snapshot_every, link.learners
+    P, learners = s.num_fragments, link.learners
     sends = learners * P / (s.sync_interval * period)
     merges = s.num_learners / s.quorum * P / (s.sync_interval * period)
-    payload = sum(s.uploads.bytes) / P
     update = sum(s.updates.bytes) / P
-    deletes = 2 * sends if s.delete_consumed_payloads else 0.0
-    beats = learners / _turn_interval(min(s.status_seconds, s.heartbeat_seconds), s.poll_seconds)
+    beat_every = _turn_interval(min(s.status_seconds, s.heartbeat_seconds), s.poll_seconds)
     status_every = _turn_interval(s.status_seconds, s.poll_seconds)
+    beats = learners / beat_every
+    if s.reducers:
+        arrivals, listings = _aggregate_flows(s, link, sends, merges, beat_every, samples)
+        snapshots = 0.0  # each region's reducer writes its own
+    else:
+        arrivals, listings = _payload_flows(s, link, sends, merges)
+        snapshots = merges / s.snapshot_every
+    snapshot = (
+        () if s.reducers else (_flow("snapshot", "up", snapshots * s.snapshot_bytes, put=snapshots, get=snapshots),)
+    )
+    return (
+        *arrivals,
+        _flow("heartbeat", "down", beats * beat, get=beats),
+        *listings,
+        # publish_update and write_snapshot first check that the marker is not there (a HEAD)
+        _flow("update", "up", merges * update, put=merges, get=merges),
+        _flow(
+            "marker", "up", merges * s.update_marker_bytes + snapshots * s.snapshot_marker_bytes, put=merges + snapshots
+        ),
+        *snapshot,
+        _flow("head", "up", merges * head, put=merges),
+        _flow("status", "up", status / status_every, put=1 / status_every),
+    )
+
+
+def _sweep(shape: RunShape, learners: int) -> tuple[float, float]:
+    """Bytes and LIST requests per second of listing one region's whole run for
+    leftovers, every ``leftover_seconds / 4``.  Its keys: manifest, head, status, per
+    learner its heartbeat, epoch, checkpoints and waiting payloads, the updates (1.5 S
+    on average) and snapshots; with reducers also the aggregates waiting, the reducer's
+    error feedback, its status and its epoch."""
+    keys = (
+        3
+        + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * PAYLOADS_WAITING_PER_LEARNER)
+        + 2 * 1.5 * shape.snapshot_every
+        + 2 * SNAPSHOTS_KEPT
+    )
+    if shape.reducers:
+        keys += 2 * shape.num_fragments * (AGGREGATES_WAITING_PER_FRAGMENT + RESIDUALS_KEPT_PER_FRAGMENT) + 2
+    every = max(1.0, shape.leftover_seconds / SWEEP_FRACTION)
+    return listing_bytes(keys, shape.key_prefix_bytes + 40) / every, listing_requests(keys) / every
+
+
+def _payload_flows(shape: RunShape, link: Link, sends: float, merges: float) -> Flows:
+    """Without reducers: the learners' payloads and markers (deleted once merged); the
+    listing of ``payloads/`` per poll, the listing for leftovers and the garbage
+    collection's after each snapshot."""
+    s = shape
+    P, S, learners = s.num_fragments, s.snapshot_every, link.learners
+    payload = sum(s.uploads.bytes) / P
+    deletes = 2 * sends if s.delete_consumed_payloads else 0.0
     prefix = s.key_prefix_bytes
     payload_key = prefix + len("payloads//000-000001000001.dlc.ready") + s.learner_id_bytes
     waiting = 2 * learners * PAYLOADS_WAITING_PER_LEARNER
     poll = listing_bytes(waiting, payload_key)
-    # the whole run, for leftovers: manifest, head, status, per learner its heartbeat,
-    # epoch, checkpoints and waiting payloads, the updates (1.5 S on average) and snapshots
-    run_keys = (
-        3 + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * PAYLOADS_WAITING_PER_LEARNER) + 2 * 1.5 * S + 2 * SNAPSHOTS_KEPT
-    )
-    sweep_every = max(1.0, s.leftover_seconds / SWEEP_FRACTION)
-    sweep = listing_bytes(run_keys, prefix + 40) / sweep_every
+    sweep, sweep_requests = _sweep(s, learners)
     # garbage collection after each snapshot: list global/updates (up to 2S with markers)
     # and global/snapshots, delete S updates and a snapshot (with their markers)
     snapshots = merges / S
@@ -393,23 +476,50 @@ def link_flows(shape: RunShape, link: Link, period: float, head: float, status: 
     return (
         _flow("payload", "down", sends * payload, get=sends, delete=deletes),
         _flow("marker", "down", sends * s.payload_marker_bytes, get=sends),
-        _flow("heartbeat", "down", beats * beat, get=beats),
+    ), (
         _flow("listing", "down", poll / s.poll_seconds, put=listing_requests(waiting) / s.poll_seconds, polling=True),
         _flow(
             "listing",
             "down",
             sweep + snapshots * gc_list,
-            put=listing_requests(run_keys) / sweep_every + snapshots * gc_requests,
+            put=sweep_requests + snapshots * gc_requests,
             delete=snapshots * (2 * S + 2),
         ),
-        # publish_update and write_snapshot first check that the marker is not there (a HEAD)
-        _flow("update", "up", merges * update, put=merges, get=merges),
+    )
+
+
+def _aggregate_flows(
+    shape: RunShape, link: Link, sends: float, merges: float, beat_every: float, samples: float
+) -> Flows:
+    """With reducers: the region's aggregates, about ``min(sends_r, merges)`` per second
+    (:mod:`diloco_cli.runtime.reducer.forwarding`: under K = M one per fragment round,
+    under K < M one once the region's share of the quorum arrived), each the size of one
+    learner payload of its fragment (the learner codec's), and their markers (one send
+    listed per learner send); the listing of ``aggregates/`` per poll; the reducer's
+    status each time the heartbeats are read; the listing for leftovers.  The reducer
+    deletes what was merged and collects the garbage, in the region."""
+    s = shape
+    P, learners = s.num_fragments, link.learners
+    aggregates = min(sends, merges)
+    payload = sum(s.uploads.bytes) / P
+    aggregate_key = s.key_prefix_bytes + len("aggregates/000-000001000001.dlc.ready")
+    waiting = 2 * P * AGGREGATES_WAITING_PER_FRAGMENT if learners else 0.0
+    poll = listing_bytes(waiting, aggregate_key)
+    reads = 1 / beat_every if learners else 0.0
+    reducer_status = reducer_status_bytes(P, learners, samples, s.learner_id_bytes)
+    sweep, sweep_requests = _sweep(s, learners)
+    return (
+        _flow("aggregate", "down", aggregates * payload, get=aggregates),
         _flow(
-            "marker", "up", merges * s.update_marker_bytes + snapshots * s.snapshot_marker_bytes, put=merges + snapshots
+            "marker",
+            "down",
+            aggregates * s.aggregate_marker_bytes + sends * s.aggregate_marker_bytes_per_send,
+            get=aggregates,
         ),
-        _flow("snapshot", "up", snapshots * s.snapshot_bytes, put=snapshots, get=snapshots),
-        _flow("head", "up", merges * head, put=merges),
-        _flow("status", "up", status / status_every, put=1 / status_every),
+        _flow("reducer", "down", reads * reducer_status, get=reads),
+    ), (
+        _flow("listing", "down", poll / s.poll_seconds, put=listing_requests(waiting) / s.poll_seconds, polling=True),
+        _flow("listing", "down", sweep, put=sweep_requests),
     )
 
 
@@ -421,8 +531,10 @@ def _seconds(flows: tuple[Flow, ...], link: Link) -> float:
     return sum(f.bytes_per_second / link.bytes_per_second + f.requests_per_second * round_trip for f in flows)
 
 
-def link_traffic(shape: RunShape, link: Link, period: float, head: float, status: float, beat: float) -> LinkTraffic:
-    flows = link_flows(shape, link, period, head, status, beat)
+def link_traffic(
+    shape: RunShape, link: Link, period: float, head: float, status: float, beat: float, samples: float
+) -> LinkTraffic:
+    flows = link_flows(shape, link, period, head, status, beat, samples)
     up = sum(f.bytes_per_second for f in flows if f.direction == "up")
     down = sum(f.bytes_per_second for f in flows if f.direction == "down")
     polling = [f for f in flows if f.polling]
@@ -460,7 +572,9 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     """Traffic per link, compute share and token rates of a Decoupled DiLoCo run.
 
     ``T = t + o``; per second M P/(H T) payloads are sent and (M/K) P/(H T) versions
-    published; each link carries the flows of :func:`link_flows`.  Learners never wait
+    published (with reducers, about min(M_r P/(H T), merges) aggregates cross from each
+    region instead of its M_r P/(H T) payloads); each link carries the flows of
+    :func:`link_flows`, a link local to the syncer no WAN bytes.  Learners never wait
     for the network (uploads run in the background and the outbox folds unsent payloads
     into newer ones), so the network shows as a factor on useful work::
 
@@ -483,7 +597,7 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
         M, len(s.links), P, versions / s.evaluate_every / 2, samples, s.learner_id_bytes, s.region_name_bytes
     )
     beat = heartbeat_bytes(P, samples)
-    links = tuple(link_traffic(s, link, period, head, status, beat) for link in s.links)
+    links = tuple(link_traffic(s, link, period, head, status, beat, samples) for link in s.links)
     # the syncer calls every region at once (runtime.syncer.fanout): the slowest region sets its pace
     busy = max(link.syncer_seconds_per_second for link in links) + merges * max(link.poll_seconds for link in links)
     factor, bottleneck = 1.0, "none"

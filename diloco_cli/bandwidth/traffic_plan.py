@@ -16,8 +16,10 @@ regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need (
   its digest, and to encode a checkpoint, timed on the same samples.
 
 Then the plan predicts the run on the given links, synchronous data-parallel training
-beside it, the smallest H (and codecs) that reach a target compute share, and, where
-the buckets are in a cloud, what the traffic costs.
+beside it, the smallest H (and codecs) that reach a target compute share, what its
+placement (the syncer in a region, a reducer in each) saves against the same run without
+reducers and with the syncer in a place of its own, and, where the buckets are in a
+cloud, what the traffic costs.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices,
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.store.region import SEQUENCE_PER_EPOCH
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.store.aggregates import SendRecord
+from diloco_cli.store.region import SEQUENCE_PER_EPOCH, payload_key
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -124,6 +128,27 @@ class Costs(BaseModel):
     data_parallel_dollars_to_budget: float
 
 
+class Placement(BaseModel):
+    """Where the syncer runs, whether each region has a reducer, and what that placement
+    saves: the run's WAN bytes per token beside the same run placed otherwise."""
+
+    model_config = FROZEN
+
+    syncer_region: str | None
+    """The region whose network the syncer is in (its link is local), or None: a place of
+    its own, every region's link crossing the WAN."""
+    reducers: bool
+    """A reducer beside every region's bucket (``sync.reducers``)."""
+    wan_bytes_per_token: float
+    """As planned (``diloco.wan_bytes_per_token``)."""
+    no_reducers_wan_bytes_per_token: float
+    """The syncer where it is, without reducers: every learner payload and the snapshots
+    cross the WAN."""
+    apart_no_reducers_wan_bytes_per_token: float
+    """The syncer in a place of its own and no reducers: every region's link crosses the
+    WAN with every payload and snapshot."""
+
+
 class TrafficPlan(BaseModel):
     """What a run will ask of the network, and what it gets done."""
 
@@ -145,6 +170,7 @@ class TrafficPlan(BaseModel):
     latency_ms: dict[str, float]
     shape: RunShape
     """Everything the prediction was computed from (payload sizes included)."""
+    placement: Placement
     diloco: DiLoCoPrediction
     time_to_budget_seconds: float
     data_parallel: DataParallelPrediction
@@ -173,7 +199,9 @@ class _Region(BaseModel):
 def _layout(
     recipe: Recipe, regions: RegionsFile | None, num_learners: int | None, num_regions: int | None, run: str
 ) -> tuple[list[_Region], str | None, str | None]:
-    """The regions with their learners, and the syncer's (region, provider)."""
+    """The regions with their learners, and the syncer's (region, provider): the region
+    file's placement (:meth:`RegionsFile.syncer_region`), or without one the default's,
+    the first region."""
     if regions is None:
         learners = num_learners or recipe.training.num_learners
         default = RegionsFile()
@@ -196,7 +224,7 @@ def _layout(
                         key_prefix_bytes=len(f"runs/{run}/"),
                     )
                 )
-            return found, None, None
+            return found, found[0].name, None  # the default placement: the syncer in the first region
     elif num_learners is not None and num_learners != regions.num_learners:
         raise ConfigError(
             f"the region file places {regions.num_learners} learners; leave M to it (it was asked for {num_learners})"
@@ -231,6 +259,36 @@ def _per_region(value: float, by_region: Mapping[str, float] | None, names: list
     if unknown:
         raise ConfigError(f"{what} names region(s) {', '.join(unknown)}; the regions are {', '.join(names)}")
     return {name: float(by_region.get(name, value)) for name in names}
+
+
+def _links(
+    layout: list[_Region], rates: dict[str, float], latencies: dict[str, float], syncer_region: str | None
+) -> tuple[Link, ...]:
+    """Each region's link to the syncer: local (no rate, no latency) for the syncer's own region."""
+    return tuple(
+        Link(
+            region=r.name,
+            learners=r.learners,
+            rate_mbit=None if r.name == syncer_region else rates[r.name],
+            latency_ms=0.0 if r.name == syncer_region else latencies[r.name],
+        )
+        for r in layout
+    )
+
+
+def _placement(
+    shape: RunShape, diloco: DiLoCoPrediction, apart: tuple[Link, ...], syncer_region: str | None
+) -> Placement:
+    """The planned placement's WAN bytes per token beside the same run without reducers,
+    and with the syncer on ``apart`` links (every one over the WAN) without reducers."""
+    alone = shape.model_copy(update={"reducers": False})
+    return Placement(
+        syncer_region=syncer_region,
+        reducers=shape.reducers,
+        wan_bytes_per_token=diloco.wan_bytes_per_token,
+        no_reducers_wan_bytes_per_token=predict(alone).wan_bytes_per_token,
+        apart_no_reducers_wan_bytes_per_token=predict(alone.model_copy(update={"links": apart})).wan_bytes_per_token,
+    )
 
 
 # ----------------------------------------------------------------------------- plan
@@ -306,15 +364,7 @@ def build_traffic_plan(
     names = [region.name for region in layout]
     rates = _per_region(link_mbit, region_link_mbit, names, "a link rate")
     latencies = _per_region(latency_ms, region_latency_ms, names, "a latency")
-    links = tuple(
-        Link(
-            region=r.name,
-            learners=r.learners,
-            rate_mbit=None if r.name == syncer_region else rates[r.name],
-            latency_ms=0.0 if r.name == syncer_region else latencies[r.name],
-        )
-        for r in layout
-    )
+    links = _links(layout, rates, latencies, syncer_region)
     M, P = sum(r.learners for r in layout), sync.num_fragments
     K = recipe.quorum
 
@@ -367,15 +417,38 @@ def build_traffic_plan(
                 codec=codec, bytes=tuple(b for b, _ in measured), seconds=tuple(s for _, s in measured)
             )
     upload_codec, publish_codec = sync.learner_codec.codec.value, sync.update_codec.codec.value
+    sequence = 9 * SEQUENCE_PER_EPOCH + version  # a send in epoch 9: a learner restarted a few times
     payload_marker = sizer.marker_bytes(
         {
             **{k: upload_meta[k] for k in ("step", "loss", "sent_at", "base_version", "c_steps", "c_tokens")},
             "learner": learner_id,
             "fragment": P - 1,
-            "sequence": 9 * SEQUENCE_PER_EPOCH + version,  # a send in epoch 9: a learner restarted a few times
+            "sequence": sequence,
             "bytes": max(uploads[upload_codec].bytes),
         }
     )
+    send = SendRecord(
+        payload_key(LearnerId(learner_id), FragmentIndex(P - 1), sequence),
+        LearnerId(learner_id),
+        sequence,
+        Version(version),
+        sync.sync_interval,
+        sync.sync_interval * tokens_per_step,
+    )
+
+    def aggregate_marker(sends: int) -> int:
+        """The marker of an aggregate holding ``sends`` sends (``store.aggregates.write_aggregate``)."""
+        return sizer.marker_bytes(
+            {
+                "fragment": P - 1,
+                "serial": sequence,
+                "anchor": version,
+                "sends": [send.to_json()] * sends,
+                "resync": [],
+                "bytes": max(uploads[upload_codec].bytes),
+            }
+        )
+
     shape = RunShape(
         links=links,
         quorum=K,
@@ -387,6 +460,8 @@ def build_traffic_plan(
         uploads=uploads[upload_codec],
         updates=updates[publish_codec],
         payload_marker_bytes=payload_marker,
+        aggregate_marker_bytes=aggregate_marker(0),
+        aggregate_marker_bytes_per_send=aggregate_marker(1) - aggregate_marker(0),
         update_marker_bytes=sizer.marker_bytes({"version": version, "fragment": P - 1}),
         snapshot_bytes=sizer.snapshot_bytes(
             fragments, {"version": version, "fragment_versions": {str(p): version - p for p in range(P)}}
@@ -401,11 +476,13 @@ def build_traffic_plan(
         status_seconds=sync.status_seconds,
         leftover_seconds=sync.leftover_seconds,
         delete_consumed_payloads=sync.delete_consumed_payloads,
+        reducers=sync.reducers,
         key_prefix_bytes=max((r.key_prefix_bytes for r in layout), default=0),
         learner_id_bytes=sum(len(i) for r in layout for i in r.learner_ids) / max(1, M),
         region_name_bytes=sum(len(n) for n in names) / len(names),
     )
     diloco = predict(shape)
+    placement = _placement(shape, diloco, _links(layout, rates, latencies, None), syncer_region)
     data_parallel = predict_data_parallel(total, links, step_seconds, tokens_per_step, bytes_per_value)
     suggestion = _suggest(shape, uploads, updates, target_compute_share)
     costs = _costs(prices, layout, syncer_region, syncer_provider, diloco, data_parallel, budget)
@@ -421,6 +498,7 @@ def build_traffic_plan(
         link_mbit={link.region: link.rate_mbit for link in links},
         latency_ms={link.region: link.latency_ms for link in links},
         shape=shape,
+        placement=placement,
         diloco=diloco,
         time_to_budget_seconds=budget / diloco.useful_tokens_per_second,
         data_parallel=data_parallel,

@@ -10,10 +10,13 @@ from diloco_cli.cli.errors import reported
 from diloco_cli.cli.runs_commands import Output
 
 PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds, tokens_budget,
-shape (every input: links, codecs' payload sizes, markers, snapshot), diloco (per link
-its flows by kind and direction, bytes/s up and down, requests/s, utilization; syncer_busy,
-compute_share, bottleneck, wan_bytes_per_token), time_to_budget_seconds, data_parallel,
-bytes_ratio, suggestion, costs."""
+shape (every input: links, codecs' payload sizes, markers, snapshot, reducers), placement
+(syncer_region: the region the syncer runs in, null for a place of its own; reducers;
+wan_bytes_per_token as planned, no_reducers_wan_bytes_per_token: the syncer where it is
+without reducers, apart_no_reducers_wan_bytes_per_token: the syncer in its own place
+without reducers), diloco (per link its flows by kind and direction, bytes/s up and down,
+requests/s, utilization; syncer_busy, compute_share, bottleneck, wan_bytes_per_token),
+time_to_budget_seconds, data_parallel, bytes_ratio, suggestion, costs."""
 
 
 def _per_region(values: list[str], option: str) -> tuple[float | None, dict[str, float]]:
@@ -48,7 +51,7 @@ def plan(
         "-r",
         help=(
             "Region file: M, the regions and where the syncer runs come from it "
-            "(default: the recipe's M over two regions)."
+            "(default: the recipe's M over two regions, the syncer in the first)."
         ),
     ),
     parameters: int | None = typer.Option(

@@ -22,6 +22,38 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _per_token(count: float) -> str:
+    """Bytes per token: tenths of a byte below 100 B."""
+    return f"{count:.1f} B" if abs(count) < 100 else human_bytes(count)
+
+
+def _placement(plan: TrafficPlan) -> str:
+    """Where the syncer runs, and whether the regions have reducers."""
+    p = plan.placement
+    syncer = (
+        f"the syncer in region {p.syncer_region} (its link is local)"
+        if p.syncer_region is not None
+        else "the syncer in a place of its own (every region's link crosses the WAN)"
+    )
+    reducers = "a reducer beside each region's bucket" if p.reducers else "no reducers (sync.reducers: false)"
+    return f"placement: {syncer}, {reducers}"
+
+
+def _other_placements(plan: TrafficPlan) -> list[str]:
+    """The same run's WAN bytes per token placed otherwise: what this placement saves."""
+    p = plan.placement
+    others = []
+    if p.reducers:
+        others.append((p.no_reducers_wan_bytes_per_token, "without reducers"))
+    if p.syncer_region is not None:
+        apart = "with the syncer in its own place" + (" and no reducers" if p.reducers else "")
+        others.append((p.apart_no_reducers_wan_bytes_per_token, apart))
+    if not others:
+        return []
+    ratio = lambda value: f" ({value / p.wan_bytes_per_token:.1f}x)" if p.wan_bytes_per_token else ""  # noqa: E731
+    return ["  placed otherwise " + ", ".join(f"{_per_token(v)} {label}{ratio(v)}" for v, label in others)]
+
+
 def render_traffic_plan(plan: TrafficPlan) -> str:
     """The plan as a few lines and a table per link."""
     shape, d, dp, s = plan.shape, plan.diloco, plan.data_parallel, plan.suggestion
@@ -39,6 +71,7 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"update {' + '.join(human_bytes(b) for b in shape.updates.bytes)}; "
         f"snapshot {human_bytes(shape.snapshot_bytes)}",
         f"budget {plan.tokens_budget:,} tokens",
+        _placement(plan),
         "",
         f"{'region<->syncer':<18} {'learners':>8} {'Mbit/s':>7} {'ms':>5} {'up MB/s':>8} {'down MB/s':>9} "
         f"{'util':>6} {'PUT+LIST/s':>10} {'GET/s':>6} {'DEL/s':>6}",
@@ -62,8 +95,9 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"  useful share     {_share(d.compute_share)} "
         f"(the share of that work the links and syncer carry to a merge on time; bottleneck: {d.bottleneck})",
         f"  time to budget   {human_duration(plan.time_to_budget_seconds)}",
-        f"  WAN bytes/token  {human_bytes(d.wan_bytes_per_token)} "
+        f"  WAN bytes/token  {_per_token(d.wan_bytes_per_token)} "
         f"({human_bytes(d.wan_bytes_per_second)}/s over all links)",
+        *_other_placements(plan),
     ]
     if s.reached:
         half = f" (H={s.half_interval}: {_share(s.half_interval_compute_share)})" if s.half_interval else ""

@@ -32,21 +32,42 @@ STEP = 1.0  # --step-seconds
 RATE = 10e6 / 8  # --link-mbit 10, in bytes per second
 LATENCY = 0.040  # --latency-ms 40, one way
 ARGS = ["plan", "--step-seconds", "1", "--link-mbit", "10", "--latency-ms", "40"]
+APART = "syncer:\n  host: local\n"
+"""A region file of the default regions with the syncer in a place of its own."""
 
 
-@pytest.fixture(scope="module")
-def planned():
-    """``diloco plan`` on the default recipe, as JSON and as text."""
-    as_json = runner.invoke(app, [*ARGS, "--output", "json"])
+def plan_of(args: list[str]) -> tuple[dict, str]:
+    """``diloco plan`` with ``args``, as JSON and as text."""
+    as_json = runner.invoke(app, [*args, "--output", "json"])
     assert as_json.exit_code == 0, as_json.output
-    as_text = runner.invoke(app, ARGS)
+    as_text = runner.invoke(app, args)
     assert as_text.exit_code == 0, as_text.output
     return json.loads(as_json.output), as_text.output
 
 
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """``diloco plan`` on the default recipe placed the way runs were before reducers and
+    the syncer in a region: the syncer in a place of its own (every link over the WAN),
+    no reducers (every payload and snapshot crosses)."""
+    regions = tmp_path_factory.mktemp("regions") / "apart.yaml"
+    regions.write_text(APART)
+    return plan_of([*ARGS, "--regions", str(regions), "--set", "sync.reducers=false"])
+
+
+@pytest.fixture(scope="module")
+def planned_default():
+    """``diloco plan`` on the default recipe and regions as they are: the syncer in the
+    first region (local-a), a reducer in each region."""
+    return plan_of(ARGS)
+
+
 def test_the_default_recipe_matches_a_hand_calculation(planned):
+    """The syncer apart and no reducers: every link carries its learners' payloads."""
     plan, _ = planned
     shape, d = plan["shape"], plan["diloco"]
+    assert plan["placement"]["syncer_region"] is None and not shape["reducers"]
+    assert all(link["wan"] for link in d["links"])
     assert plan["parameters"] == PARAMETERS and sum(plan["fragment_parameters"]) == PARAMETERS
     assert plan["tokens_budget"] == BUDGET and plan["tokens_per_step"] == TOKENS_PER_STEP
 
@@ -109,12 +130,123 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
     assert plan["bytes_ratio"] > 10  # what Decoupled DiLoCo saves
 
 
+def test_the_default_placement_matches_a_hand_calculation(planned_default):
+    """The syncer in local-a, a reducer in each region: local-b's link carries one
+    aggregate per fragment round down (not its two learners' payloads), the update and
+    head per merge up, and no snapshot; local-a's link is local."""
+    plan, _ = planned_default
+    shape, d = plan["shape"], plan["diloco"]
+    assert shape["reducers"] and plan["placement"]["syncer_region"] == "local-a"
+    period = d["period_seconds"]
+    round_every = H * period  # each fragment is sent, and merged, once per H steps (K = M)
+    samples = document_sizes.history_samples(300 * period)  # 15: one per 20 s of the run
+    learner_id, region_name = len("local-a-0"), len("local-a")
+    prefix = shape["key_prefix_bytes"]
+    assert (shape["learner_id_bytes"], shape["region_name_bytes"]) == (learner_id, region_name)
+
+    def listing(keys: float, key_bytes: float) -> float:  # one page: 300 B, then 210 B and the key per key
+        return 300 + keys * (210 + key_bytes)
+
+    # an aggregate per fragment round, a learner payload's size; its marker lists the 2 sends it holds
+    aggregate = sum(shape["uploads"]["bytes"]) / round_every
+    marker_down = (P * shape["aggregate_marker_bytes"] + 2 * P * shape["aggregate_marker_bytes_per_send"]) / round_every
+    assert 50 < shape["aggregate_marker_bytes_per_send"] < 120  # a send listed: key, learner, numbers
+    # every 2 s (sync.status_seconds) the 2 heartbeats and the reducer's status
+    heartbeats = 2 * document_sizes.heartbeat_bytes(P, samples) / 2
+    reducer = document_sizes.reducer_status_bytes(P, 2, samples, learner_id) / 2
+    # aggregates/ every poll (0.5 s): one aggregate and marker per fragment in flight
+    poll = listing(2 * P, prefix + len("aggregates/000-000001000001.dlc.ready")) / 0.5
+    # the whole run every 900/4 s: 3 documents, 8 keys per learner, 1.5 S updates and 2
+    # snapshots with markers, 2 keys per fragment in flight, 4 of error feedback, 2 reducer documents
+    run_keys = 3 + 2 * 8 + 2 * 1.5 * 20 + 2 * 2 + 2 * P * 3 + 2
+    sweep = listing(run_keys, prefix + 40) / 225
+    down = aggregate + marker_down + heartbeats + reducer + poll + sweep
+    # per merge (P per round) an update and its marker, the head; the status every 2 s
+    versions = M / K * P * 300 / H  # published over the run: 24, an evaluation every 4
+    up = (
+        sum(shape["updates"]["bytes"]) / round_every
+        + P * (shape["update_marker_bytes"] + document_sizes.head_bytes(P, 1.5 * 20)) / round_every
+        + document_sizes.status_bytes(M, 2, P, versions / 4 / 2, samples, learner_id, region_name) / 2
+    )
+    links = {link["region"]: link for link in d["links"]}
+    for link in links.values():
+        flows = {(f["kind"], f["direction"]) for f in link["flows"]}
+        assert ("payload", "down") not in flows and ("snapshot", "up") not in flows  # they stay in the region
+        assert link["delete_per_second"] == 0  # the reducer deletes what was merged, in its region
+        assert link["down_bytes_per_second"] == pytest.approx(down)
+        assert link["up_bytes_per_second"] == pytest.approx(up)
+    assert (
+        not links["local-a"]["wan"]
+        and links["local-a"]["rate_mbit"] is None
+        and links["local-a"]["utilization"] is None
+    )
+    assert links["local-b"]["wan"] and links["local-b"]["utilization"] == pytest.approx(max(up, down) / RATE)
+    # only local-b's link crosses the WAN
+    assert d["wan_bytes_per_second"] == pytest.approx(up + down)
+    assert d["wan_bytes_per_token"] == pytest.approx((up + down) / (M * TOKENS_PER_STEP / period))
+
+
+def test_the_plan_names_its_placement_and_what_it_saves(planned_default):
+    plan, text = planned_default
+    placement, shape = plan["placement"], RunShape.model_validate(plan["shape"])
+    assert placement["wan_bytes_per_token"] == plan["diloco"]["wan_bytes_per_token"]
+    # the same shape without reducers, then with local-a's link over the WAN too
+    alone = shape.model_copy(update={"reducers": False})
+    assert placement["no_reducers_wan_bytes_per_token"] == pytest.approx(predict(alone).wan_bytes_per_token)
+    apart = tuple(link.model_copy(update={"rate_mbit": 10.0, "latency_ms": 40.0}) for link in shape.links)
+    assert placement["apart_no_reducers_wan_bytes_per_token"] == pytest.approx(
+        predict(alone.model_copy(update={"links": apart})).wan_bytes_per_token
+    )
+    # a local link saves half (two regions alike); reducers more than a quarter of the rest
+    assert placement["apart_no_reducers_wan_bytes_per_token"] == pytest.approx(
+        2 * placement["no_reducers_wan_bytes_per_token"]
+    )
+    assert placement["wan_bytes_per_token"] < 0.75 * placement["no_reducers_wan_bytes_per_token"]
+    assert "placement: the syncer in region local-a (its link is local), a reducer beside each region's bucket" in text
+    no_reducers = placement["no_reducers_wan_bytes_per_token"]
+    apart_ratio = placement["apart_no_reducers_wan_bytes_per_token"] / placement["wan_bytes_per_token"]
+    assert f"placed otherwise {no_reducers:.1f} B without reducers" in text
+    assert f"with the syncer in its own place and no reducers ({apart_ratio:.1f}x)" in text
+    assert "local-a                   2   local     0" in text
+
+
+def test_with_reducers_more_learners_per_region_send_no_more_over_the_wan():
+    """K = M: a region forwards one aggregate per fragment round whatever its M_r, so
+    twice the learners per region train twice the tokens for about the same WAN bytes."""
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
+    from diloco_cli.config.recipe import Recipe
+
+    def plan(learners: int):
+        return build_traffic_plan(
+            Recipe(), num_learners=learners, num_regions=2, parameters=1_000_000, step_seconds=1.0, link_mbit=10
+        )
+
+    two, four = plan(4), plan(8)  # 2 x 2 and 2 x 4 learners
+    for each in (two, four):
+        assert each.placement.syncer_region == "region-0"  # the default placement without a region file
+        assert [link.wan for link in each.diloco.links] == [False, True]
+
+    def aggregates(each) -> float:
+        wan = each.diloco.links[1]
+        return next(f.bytes_per_second for f in wan.flows if f.kind == "aggregate")
+
+    # the same aggregates per second from a region of 2 as from a region of 4 (equal step times)
+    assert aggregates(two) == pytest.approx(aggregates(four), rel=0.02)
+    assert four.diloco.trained_tokens_per_second == pytest.approx(2 * two.diloco.trained_tokens_per_second, rel=0.02)
+    assert four.diloco.wan_bytes_per_token < 0.75 * two.diloco.wan_bytes_per_token
+    # without reducers each learner's payloads cross: what reducers save grows with M_r
+    saved = lambda each: each.placement.no_reducers_wan_bytes_per_token / each.placement.wan_bytes_per_token  # noqa: E731
+    assert saved(four) > saved(two) > 1
+
+
 def test_text_shows_the_same_numbers_as_json(planned):
     plan, _ = planned
     # the same plan (a second one would time its encodes anew)
     text = render_traffic_plan(TrafficPlan.model_validate(plan))
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
+    assert "placement: the syncer in a place of its own" in text and "no reducers (sync.reducers: false)" in text
+    assert "placed otherwise" not in text  # the placement all others are measured against
     assert (
         f"useful share     {100 * d['compute_share']:.1f}%" in text
         and f"computing        {100 * d['cpu_share']:.1f}%" in text
@@ -180,9 +312,12 @@ def test_a_saturated_run_keeps_only_what_the_network_carries():
         uploads=cost,
         updates=cost,
         payload_marker_bytes=0,
+        aggregate_marker_bytes=0,
+        aggregate_marker_bytes_per_send=0,
         update_marker_bytes=0,
         snapshot_bytes=0,
         snapshot_marker_bytes=0,
+        reducers=False,
     )
     d = predict(shape)
     # 2 MB/s of payloads down and 2 MB/s of updates up, one after another: busy about 4
@@ -202,6 +337,7 @@ def test_document_size_estimates_match_real_sealed_documents():
         Heartbeat,
         LastMerge,
         LearnerState,
+        ReducerStatus,
         Refusals,
         SyncerPhase,
         SyncerStatus,
@@ -276,6 +412,29 @@ def test_document_size_estimates_match_real_sealed_documents():
     )
     estimate = document_sizes.status_bytes(16, 4, 2, 50, samples, learner_id_bytes=10, region_name_bytes=8)
     assert len(seal(status, "global/syncer.json", secret)) == pytest.approx(estimate, rel=0.1)
+    reducer_names = [f"local-a-{i}" for i in range(4)]
+    reducer = ReducerStatus(
+        region="local-a",
+        version=12345,
+        fragment_versions={0: 12344, 1: 12345},
+        aggregates=1234,
+        sends=2468,
+        voided=12,
+        in_flight={p: reducer_names[:2] for p in range(2)},
+        waiting={p: reducer_names[2:] for p in range(2)},
+        snapshot_version=12340,
+        initial_weights="match",
+        heartbeats_seen=dict.fromkeys(reducer_names, now),
+        storage=counters(
+            ("payload", "marker", "aggregate", "reducer", "heartbeat", "head", "update", "snapshot", "listing")
+            + ("control",)
+        ),
+        started_at=now,
+        time=now,
+    )
+    assert len(seal(reducer, "reducer/status.json", secret)) == pytest.approx(
+        document_sizes.reducer_status_bytes(2, 4, samples, learner_id_bytes=9), rel=0.1
+    )
     # a history sample's size, sealed
     longer = beat.model_copy(
         update={"storage": region_counters.model_copy(update={"history": region_counters.history * 90})}
@@ -426,10 +585,12 @@ def test_a_two_cloud_plan_prices_its_links():
     from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
     from diloco_cli.config.loading import load_model
     from diloco_cli.config.recipe import Recipe
-    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.config.regions import RegionsFile, SyncerPlacement
 
     regions = load_model(RegionsFile, Path(__file__).resolve().parents[2] / "regions" / "two-cloud.yaml")
-    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    regions = regions.model_copy(update={"syncer": SyncerPlacement(host="local")})  # outside any cloud
+    recipe = Recipe.model_validate({"sync": {"reducers": False}})
+    plan = build_traffic_plan(recipe, regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
     costs = plan.costs
     assert costs is not None and costs.syncer_provider is None  # the syncer runs here, outside any cloud
     by_region = {link.region: link for link in costs.links}
@@ -443,3 +604,27 @@ def test_a_two_cloud_plan_prices_its_links():
     assert math.isclose(
         costs.diloco_dollars_per_hour, sum(c.egress_dollars_per_hour + c.request_dollars_per_hour for c in costs.links)
     )
+
+
+def test_a_two_cloud_plan_with_the_syncer_in_its_first_region():
+    """regions/two-cloud.yaml as written: the syncer on gpu-a, in aws-use1."""
+    from pathlib import Path
+
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
+    from diloco_cli.config.loading import load_model
+    from diloco_cli.config.recipe import Recipe
+    from diloco_cli.config.regions import RegionsFile
+
+    regions = load_model(RegionsFile, Path(__file__).resolve().parents[2] / "regions" / "two-cloud.yaml")
+    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    costs = plan.costs
+    assert plan.placement.syncer_region == costs.syncer_region == "aws-use1" and costs.syncer_provider == "aws"
+    by_region = {link.region: link for link in costs.links}
+    links = {link.region: link for link in plan.diloco.links}
+    assert not links["aws-use1"].wan and by_region["aws-use1"].egress_dollars_per_hour == 0  # in its own region
+    gcp = links["gcp-euw4"]
+    # read from GCS by a syncer in AWS (GCP's internet egress), written to it from AWS (AWS's)
+    assert by_region["gcp-euw4"].egress_dollars_per_hour == pytest.approx(
+        3600 * (gcp.down_bytes_per_second * 0.12 + gcp.up_bytes_per_second * 0.09) / GB
+    )
+    assert plan.diloco.wan_bytes_per_second == pytest.approx(gcp.up_bytes_per_second + gcp.down_bytes_per_second)
