@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import finite
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 
@@ -26,7 +27,9 @@ def scale(
         "--wait/--no-wait",
         help="After -N, wait until the drained learners stopped and everything they trained is merged.",
     ),
-    timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="How long to wait for a drain."),
+    timeout: float = typer.Option(
+        900.0, "--timeout", metavar="SECONDS", parser=finite(minimum=0), help="How long to wait for a drain."
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Change how many learners a running run has. New learners start from the newest global weights; drained ones

@@ -87,6 +87,7 @@ def prepare(
         "--vocab-size",
         metavar="N",
         min=1,
+        max=2**32,
         help=(
             "Without --tokenizer: train a byte-level BPE of N tokens on the corpus. "
             "With --existing: every token id is below N."

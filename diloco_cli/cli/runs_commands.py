@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import finite
 
 
 class Output(str, Enum):
@@ -86,7 +87,7 @@ def up(
 @reported
 def down(
     run: str = typer.Argument(..., help="The run to stop."),
-    timeout: float = typer.Option(30.0, help="Seconds to wait after SIGTERM before SIGKILL."),
+    timeout: float = typer.Option(30.0, parser=finite(minimum=0), help="Seconds to wait after SIGTERM before SIGKILL."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
@@ -128,6 +129,7 @@ def rm(
         None,
         "--older-than",
         metavar="DAYS",
+        parser=finite(minimum=0),
         help="Also remove every finished or stopped run created more than DAYS days ago.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
@@ -139,14 +141,18 @@ def rm(
     from diloco_cli.launch.removal import plan_removal, remove_run, runs_to_prune
     from diloco_cli.launch.runs import load_run
 
+    if not names and older_than is None:
+        raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
     records = [load_run(runs_dir, name) for name in names or []]
     records += [
         r
         for r in (runs_to_prune(runs_dir.resolve(), older_than) if older_than is not None else [])
         if r.name not in (names or [])
     ]
-    if not records:
-        raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
+    if not records:  # a cron job's usual day
+        typer.echo(
+            f"nothing to remove: no finished or stopped run in {runs_dir.resolve()} is older than {older_than:g} days"
+        )
     for record in records:
         removal = plan_removal(record)
         if not dry_run:

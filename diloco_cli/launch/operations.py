@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict
 
-from diloco_cli.launch.local import CHAOS_PROCESS, start_chaos_driver, start_local, stop_local
+from diloco_cli.launch.local import CHAOS_PROCESS, learner_threads, start_chaos_driver, start_local, stop_local
 from diloco_cli.launch.processes import ProcessRecord, belongs_to, is_running
 from diloco_cli.launch.runs import RunRecord
 
@@ -125,9 +125,7 @@ def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda l
         client, host = connect_recorded_host(record.hosts, record.ssh, host_name)
         try:
             paths = remote_paths(client, host, spec.run)
-            processes = sum(learner.processes for learner in spec.active_learners if learner.host == host_name) or 1
-            cores = int(run_over_ssh(client, "nproc").stdout.strip() or "1")
-            threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
+            threads = learner_threads(spec, host_name, int(run_over_ssh(client, "nproc").stdout.strip() or "1"))
             for name in (n for n in names if placement[n] == host_name):
                 if name == "syncer":
                     command = command_for(paths, syncer_arguments(paths), 1)

@@ -15,7 +15,7 @@ from diloco_cli.config.loading import ConfigError, load_model
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
-from diloco_cli.launch.local import process_records_json, start_chaos_driver, start_local
+from diloco_cli.launch.local import learner_threads, process_records_json, start_chaos_driver, start_local
 from diloco_cli.launch.preflight import HostReport, preflight, probe_buckets_from_hosts
 from diloco_cli.launch.processes import ProcessRecord, is_running, stop_supervised
 from diloco_cli.launch.remote import (
@@ -181,9 +181,7 @@ def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit
         paths = remote_paths(client, host, spec.run)
         install_run_files(client, paths, spec, secret)
         learners = [learner for learner in spec.learners if learner.host == host.name]
-        processes = sum(learner.processes for learner in learners) or 1
-        threads = spec.recipe.training.threads_per_learner or max(1, int(report.facts.get("cores", 1)) // processes)
-        env = {"OMP_NUM_THREADS": str(threads)}
+        env = {"OMP_NUM_THREADS": str(learner_threads(spec, host.name, int(report.facts.get("cores", 1))))}
         if spec.syncer.host == host.name:
             records.append(
                 start_remote_process(

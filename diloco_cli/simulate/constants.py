@@ -17,6 +17,9 @@ DAY = 24 * HOUR
 DEFAULT_CHIPS = (150_000, 300_000, 600_000, 1_200_000, 2_400_000)
 DEFAULT_LEARNERS = (1, 2, 4, 8, 16)
 
+MAX_CHIPS = 100_000_000
+"""The largest cluster simulated: its interruptions, one by one, take about a minute."""
+
 CALIBRATION_CHIPS = 1_200_000
 SOURCE_GOODPUT = {"plain": 0.27, "elastic": 0.58, "diloco M=8": 0.88}
 """What the source reports at 1.2M chips with a per-chip MTBI of one year (its goodput
@@ -110,6 +113,8 @@ def parse_chip_count(text: str) -> int:
         raise ValueError(f"{text!r} is not a chip count (e.g. 150000, 150k, 1.2M)") from None
     if not math.isfinite(value) or value < 1:
         raise ValueError(f"{text!r} is not a chip count (e.g. 150000, 150k, 1.2M)")
+    if value > MAX_CHIPS:
+        raise ValueError(f"{text!r}: at most {chip_label(MAX_CHIPS)} chips (the simulated time grows with the size)")
     return round(value)
 
 
