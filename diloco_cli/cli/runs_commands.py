@@ -50,7 +50,7 @@ def up(
         metavar="SPEC",
         help=(
             "Inject faults reproducibly, "
-            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/chaos.md)."
+            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/resilience.md)."
         ),
     ),
     runs_dir: Path = RUNS_DIR,
