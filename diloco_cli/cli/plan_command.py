@@ -110,13 +110,11 @@ def plan(
     the learners busy; synchronous data-parallel training on the same links beside it."""
     from diloco_cli.bandwidth.prices import load_prices
     from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.recipe import Recipe
-    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.config.files import load_recipe, load_regions
     from diloco_cli.views.traffic_plan import render_traffic_plan
 
-    loaded = load_model(Recipe, recipe, overrides, default_name="the default recipe")
-    placed = load_model(RegionsFile, regions) if regions is not None else None
+    loaded = load_recipe(recipe, overrides)
+    placed = load_regions(regions) if regions is not None else None
     rate, rates = _per_region(link_mbit, "--link-mbit", finite(above=0, maximum=MAX_LINK_MBIT))
     latency, latencies = _per_region(latency_ms, "--latency-ms", finite(minimum=0, maximum=MAX_LATENCY_MS))
     result = build_traffic_plan(

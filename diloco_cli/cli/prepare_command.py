@@ -176,14 +176,13 @@ def prepare(
         raise ConfigError("give a corpus to prepare (or --existing DIR to index shards you have)")
     if (output is None) == (regions is None):
         raise ConfigError("give one of --output URL (one location) and --regions FILE (a copy in each region's bucket)")
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.config.files import load_regions
     from diloco_cli.data.tokens.corpus import Corpus
     from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset, region_locations
     from diloco_cli.data.tokens.storage import Location
 
     if regions is not None:
-        locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
+        locations = region_locations(load_regions(regions), name or dataset_name(corpus), str(runs_dir))
     else:
         locations = (Location(output),)
     request = PrepareRequest(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,6 +94,29 @@ def deep_merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return result
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """`` at line 3, column 16: expected ',' or ']' (in a flow sequence from line 3)``: a
+    YAML error where it is, in one line."""
+    mark = getattr(error, "problem_mark", None)
+    problem = " ".join(str(getattr(error, "problem", None) or error).split())
+    if mark is None:
+        return f": {problem}"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and context_mark is not None and context_mark.line != mark.line:
+        where += f" ({context.removeprefix('while ')} from line {context_mark.line + 1})"
+    return where
+
+
+def look_alike(data: dict[str, Any], model: type[BaseModel], look_alikes: Mapping[type[BaseModel], str]) -> str | None:
+    """What the document is instead, when its top-level keys are none of ``model``'s
+    own but all of another's (a region file given as a recipe)."""
+    keys = set(data)
+    if not keys or keys & set(model.model_fields):
+        return None
+    return next((what for other, what in look_alikes.items() if keys <= set(other.model_fields)), None)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         with path.open() as handle:  # a named stream: YAML errors then name the file
@@ -101,7 +124,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{path}: not valid YAML{yaml_problem(error)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -110,10 +133,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def load_model(
-    model: type[Model], path: Path | None, overrides: Sequence[str] = (), default_name: str = "defaults"
+    model: type[Model],
+    path: Path | None,
+    overrides: Sequence[str] = (),
+    default_name: str = "defaults",
+    look_alikes: Mapping[type[BaseModel], str] | None = None,
 ) -> Model:
-    """Validate a YAML file (or the defaults when ``path`` is None) plus overrides."""
+    """Validate a YAML file (or the defaults when ``path`` is None) plus overrides.
+    ``look_alikes``: other kinds of file a user may give here by mistake, each with what
+    to say (``a region file, not a recipe: give it with --regions``)."""
     data = read_yaml(path) if path is not None else {}
+    if path is not None and (mistaken := look_alike(data, model, look_alikes or {})):
+        raise ConfigError(f"{path} (keys: {', '.join(data)}) looks like {mistaken}")
     data = apply_overrides(data, overrides)
     source = str(path) if path is not None else default_name
     if overrides:

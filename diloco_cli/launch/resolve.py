@@ -153,14 +153,19 @@ def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:
         raise StorageError(f"{sources.regions}: syncer.home: {error}") from None
 
 
+def check_new_run(runs_dir: Path, run: str) -> None:
+    """No run of that name was started here (``up`` and ``up --dry-run`` alike)."""
+    if (runs_dir / run).exists():
+        raise ConfigError(
+            f"run {run} already exists in {runs_dir}; "
+            f"pick another --name, or `diloco resume {run}` to restart what of it is down"
+        )
+
+
 def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[Path, RunSecret]:
     """``runs/<run>/`` with the run record and the secret (readable by its owner only)."""
     run_dir = runs_dir / spec.run
-    if run_dir.exists():
-        raise ConfigError(
-            f"run {spec.run} already exists in {runs_dir}; "
-            f"pick another --name, or `diloco resume {spec.run}` to restart what of it is down"
-        )
+    check_new_run(runs_dir, spec.run)
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "processes").mkdir()
     secret = RunSecret.generate()

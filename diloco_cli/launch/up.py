@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from diloco_cli.config.chaos import parse_chaos
-from diloco_cli.config.loading import ConfigError, load_model
-from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.files import load_recipe, load_regions
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
 from diloco_cli.launch.local import learner_threads, process_records_json, start_chaos_driver, start_local
@@ -30,6 +30,7 @@ from diloco_cli.launch.resolve import (
     Sources,
     check_buckets,
     check_data_source,
+    check_new_run,
     create_run_directory,
     new_run_name,
     resolve_entry_point,
@@ -72,8 +73,8 @@ def resolve(
         recipe=str(recipe_path) if recipe_path else Sources.recipe,
         regions=str(regions_path) if regions_path else Sources.regions,
     )
-    recipe = load_model(Recipe, recipe_path, overrides, default_name="the default recipe")
-    regions = load_model(RegionsFile, regions_path, default_name="the default regions")
+    recipe = load_recipe(recipe_path, overrides)
+    regions = load_regions(regions_path)
     check_data_source(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
     spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)
@@ -106,13 +107,16 @@ def launch(
 ) -> Launch:
     runs_dir = runs_dir.resolve()  # processes start elsewhere: every path they get is absolute
     spec, regions, sources = resolve(recipe_path, regions_path, overrides, name, runs_dir, chaos)
+    check_new_run(runs_dir, spec.run)
     reports = preflight(regions, accept_new_host_keys)
     try:
         if reports:
             show_preflight(reports)
         if any(report.problem for report in reports):
             raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
-        if dry_run:
+        if dry_run:  # what the real one checks before it starts anything (hosts probe theirs in preflight)
+            if spec.syncer.host == "local":
+                check_buckets(spec, sources)
             return Launch(spec, None, [], reports)
         run_dir, secret = create_run_directory(runs_dir, spec, launcher="ssh" if reports else "local")
         try:
