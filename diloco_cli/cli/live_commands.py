@@ -37,29 +37,22 @@ def scale(
     record keeps each change."""
     from diloco_cli.launch.runs import load_run
     from diloco_cli.launch.scale import parse_change, scale_run, wait_for_drain
+    from diloco_cli.views.scale import render_change, render_drained, render_unfinished
 
     change = parse_change(learners)
     record = load_run(runs_dir, run)
     spec = scale_run(record, region, change, emit=typer.echo)
     last = spec.scaling[-1]
-    verb = f"added {', '.join(last.added)}" if last.added else f"draining {', '.join(last.drained)}"
-    typer.echo(f"run {record.name}: {verb} in region {region}; M is now {last.learners_after} (K={spec.recipe.quorum})")
+    typer.echo(render_change(record.name, last, spec.recipe.quorum))
     if last.drained and wait:
         typer.echo(
             f"waiting (up to {timeout:.0f} s) for the drained learners to stop with their work merged; "
             "Ctrl-C stops waiting, not the drain"
         )
-        outcomes = wait_for_drain(record, last.drained, timeout, emit=typer.echo)
-        unfinished = [o for o in outcomes if o.merged < o.tokens or o.tokens == 0]
+        outcomes = wait_for_drain(record, last.drained, timeout, lambda outcome: typer.echo(render_drained(outcome)))
+        unfinished = [outcome for outcome in outcomes if not outcome.done]
         if unfinished:
-            typer.echo(
-                "error: after {:.0f} s, not drained yet: {}; `diloco status {}` shows them".format(
-                    timeout,
-                    ", ".join(f"{o.learner} ({o.merged:,} of {o.tokens:,} tokens merged)" for o in unfinished),
-                    record.name,
-                ),
-                err=True,
-            )
+            typer.echo(render_unfinished(record.name, unfinished, timeout), err=True)
             raise typer.Exit(1)
 
 

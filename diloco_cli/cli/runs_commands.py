@@ -92,13 +92,12 @@ def down(
 ) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
     from diloco_cli.launch.operations import stop_run
-    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.runs import load_run, summarize_run
+    from diloco_cli.views.runs import render_stopped
 
     record = load_run(runs_dir, run)
     outcome = stop_run(record, timeout)
-    for process, (host, how) in outcome.items():
-        typer.echo(f"  {process:<16} {host:<12} {how}")
-    typer.echo(f"run {record.name} is down")
+    typer.echo(render_stopped(record.name, outcome, summarize_run(record).state))
 
 
 @reported
@@ -197,10 +196,12 @@ def logs(
         pass
 
 
-STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
-version, tokens, heldout_loss, elapsed_seconds, problems[] (what is down and what to run);
+STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting,
+syncer down), version, tokens, heldout_loss, heldout_version (the version it was measured
+at), elapsed_seconds, problems[] (what is down and what to run);
 learners[] with learner, region, host, state, step, total_steps, tokens, loss,
-steps_per_second, base_version, staleness, last_seen_seconds, restarts, bytes_up,
+steps_per_second, base_version, staleness, last_seen_seconds, restarts (as its supervisor
+counts them, when known), bytes_up,
 bytes_down, unsent, retries, refusals; syncer with state, last_report_seconds, last_merge,
 last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
 grace_seconds, live_learners, reasons (per fragment, why it is not merging now), repairs,
@@ -244,9 +245,15 @@ def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, mani
         show_status(read_run_spec(manifest), output, watch)
         return
     from diloco_cli.launch.operations import probe_run
-    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.runs import load_run, newest_run
+    from diloco_cli.views.runs import no_runs
 
-    record = load_run(runs_dir, run)
+    record = load_run(runs_dir, run) if run is not None else newest_run(runs_dir)
+    if record is None:  # as `diloco runs` says it: nothing to show is no mistake
+        typer.echo("null" if output == "json" else no_runs(runs_dir))
+        if output == "json":
+            typer.echo(no_runs(runs_dir), err=True)
+        return
     supervisors = lambda: probe_run(record, remote=probe)  # noqa: E731 - asked again at every refresh
     show_status(record.spec, output, watch, secret=record.secret(), processes=supervisors, probed=probe)
 
