@@ -43,6 +43,8 @@ def reported(function: Function) -> Function:
         except BrokenPipeError:
             silence_stdout()
             raise typer.Exit(0) from None
+        except typer.Exit:  # an exit code decided (recent typers make it a RuntimeError)
+            raise
         except Exception as error:
             # imported here, not at start: `diloco --help` must not pay for them
             from diloco_cli.codec.errors import PayloadError
@@ -90,3 +92,12 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, context: Any) -> Any:
+        """Run the command; Ctrl-C where the command does not handle it itself is one
+        line and exit code 130 (typer's own is silence)."""
+        try:
+            return super().invoke(context)
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None

@@ -10,6 +10,7 @@ import typer
 
 from diloco_cli.cli.errors import reported
 from diloco_cli.cli.numbers import finite
+from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
 
 
 class Output(str, Enum):
@@ -55,31 +56,39 @@ def up(
     ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine."""
-    from diloco_cli.launch.up import launch
-    from diloco_cli.views.dry_run import render_dry_run
-    from diloco_cli.views.preflight import render_preflight
-
+    """Start a run: the syncer and every learner, detached. With no arguments, the default job on this machine.
+    Ctrl-C before a process starts leaves nothing; after, the start is finished and said, and the run goes on."""
+    with held_back("") as loading:  # a module cut off half-way through its import breaks what follows
+        from diloco_cli.launch.up import launch
+        from diloco_cli.views.dry_run import render_dry_run
+        from diloco_cli.views.preflight import render_preflight
+        from diloco_cli.views.runs import render_started
+    if loading.happened:
+        typer.echo(NOTHING_STARTED, err=True)
+        raise typer.Exit(130)
     show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
-    result = launch(
-        recipe,
-        regions,
-        overrides,
-        name,
-        runs_dir,
-        dry_run,
-        accept_new_host_keys,
-        emit=typer.echo,
-        show_preflight=show_preflight,
-        chaos=chaos,
-    )
+    try:
+        result = launch(
+            recipe,
+            regions,
+            overrides,
+            name,
+            runs_dir,
+            dry_run,
+            accept_new_host_keys,
+            emit=typer.echo,
+            show_preflight=show_preflight,
+            chaos=chaos,
+            announce=lambda spec: typer.echo(render_started(spec)),
+        )
+    except Interrupted as interrupted:
+        typer.echo(str(interrupted), err=True)
+        raise typer.Exit(130) from None
     if dry_run:
         typer.echo(render_dry_run(result.spec))
         return
-    typer.echo(f"started run {result.spec.run}: syncer and {len(result.spec.learners)} learners")
-    typer.echo(f"  watch it:   diloco status {result.spec.run} --watch")
-    typer.echo(f"  its logs:   diloco logs {result.spec.run} [LEARNER] --follow")
-    typer.echo(f"  stop it:    diloco down {result.spec.run}")
+    if result.interrupted:  # said when it came; the run is started and named
+        raise typer.Exit(130)
     if watch:
         _show_status(runs_dir, result.spec.run, "text", watch=True, manifest=None, probe=False)
 

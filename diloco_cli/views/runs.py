@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from diloco_cli.launch.runs import RunSummary
+    from diloco_cli.store.run_spec import RunSpec
 
 
 def no_runs(runs_dir: Path) -> str:
@@ -42,3 +43,15 @@ def render_stopped(run: str, outcome: dict[str, tuple[str, str]], state: str) ->
     else:
         lines.append(f"run {run} is {state}: nothing of it was running")
     return "\n".join(lines)
+
+
+def render_started(spec: RunSpec) -> str:
+    """What ``up`` says once a run is started: its name and the commands to follow it."""
+    return "\n".join(
+        [
+            f"started run {spec.run}: syncer and {len(spec.learners)} learners",
+            f"  watch it:   diloco status {spec.run} --watch",
+            f"  its logs:   diloco logs {spec.run} [LEARNER] --follow",
+            f"  stop it:    diloco down {spec.run}",
+        ]
+    )
