@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,12 +40,37 @@ def _allowed_keys(model: type[BaseModel], location: Sequence[Any]) -> list[str]:
     return sorted(current.model_fields) if current else []
 
 
+def _union_branch(model: type[BaseModel], location: Sequence[Any]) -> bool:
+    """Whether the last part of ``location`` names a branch of a union-typed field (pydantic
+    reports each branch's complaint under it), not a key."""
+    if len(location) < 2 or not isinstance(location[-1], str):
+        return False
+    current: type[BaseModel] | None = model
+    field = None
+    for key in location[:-1]:
+        if isinstance(key, int):
+            continue
+        field = current.model_fields.get(key) if current else None
+        current = _model_in(field.annotation) if field else None
+    if field is None or current is not None:
+        return False
+    return typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+
+
 def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
-    """One line per problem: ``source: key.path: what is wrong``."""
-    lines = []
+    """One line per problem: ``source: key.path: what is wrong``.  A value that fits
+    none of a key's kinds (``auto`` or a number) is one problem: ``... or ...``."""
+    lines: list[str] = []
+    alternatives: dict[str, int] = {}  # key -> its line, for a union's other branches
     for problem in error.errors():
         location = list(problem["loc"])
+        if problem["type"] != "extra_forbidden" and _union_branch(model, location):
+            location = location[:-1]  # a union's branch ('float', "literal['auto']"), not a key
         key = ".".join(str(part) for part in location) or "(top level)"
+        if key in alternatives:
+            other = problem["msg"].removeprefix("Input should be ")
+            lines[alternatives[key]] = lines[alternatives[key]].replace(" (got", f" or {other} (got", 1)
+            continue
         if problem["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, location)
             close = difflib.get_close_matches(str(location[-1]), allowed, n=1)
@@ -56,6 +82,7 @@ def describe_validation_error(error: ValidationError, model: type[BaseModel], so
         else:
             got = problem.get("input")
             shown = f" (got {got!r})" if got is not None and not isinstance(got, dict | list) else ""
+            alternatives[key] = len(lines)
             lines.append(f"{source}: {key}: {problem['msg']}{shown}")
     return "\n".join(lines)
 

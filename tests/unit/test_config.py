@@ -166,3 +166,15 @@ def test_secrets_in_host_environment_or_data_options_are_refused(tmp_path):
         },
     )
     assert load_model(RegionsFile, path).regions[0].storage_options == {"token": "anon"}  # a mode, not a credential
+
+
+def test_nan_and_infinity_are_refused_in_one_line_per_key(tmp_path):
+    """A recipe's numbers are finite: a learning rate of inf trained garbage; a value that
+    fits none of a key's kinds (a number or 'auto') is one line, not one per kind."""
+    output = up_fails(
+        tmp_path, "--dry-run", "--set", "training.learning_rate=inf", "--set", "sync.outer_learning_rate=nan"
+    )
+    lines = output.strip().splitlines()
+    assert len(lines) == 2, output
+    assert lines[0].endswith("training.learning_rate: Input should be a finite number (got 'inf')")
+    assert lines[1].endswith("sync.outer_learning_rate: Input should be a finite number or 'auto' (got 'nan')")
