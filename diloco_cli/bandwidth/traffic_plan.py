@@ -352,10 +352,10 @@ def build_traffic_plan(
         raise ConfigError("--parameters plans without building the model: give --step-seconds too")
     if not 0 < target_compute_share <= 1:
         raise ConfigError(f"the target compute share must be in (0, 1], got {target_compute_share}")
-    if link_mbit <= 0 or any(v <= 0 for v in (region_link_mbit or {}).values()):
-        raise ConfigError("link rates must be positive (Mbit/s)")
-    if latency_ms < 0 or any(v < 0 for v in (region_latency_ms or {}).values()):
-        raise ConfigError("latencies cannot be negative (ms)")
+    if not all(0 < v < math.inf for v in (link_mbit, *(region_link_mbit or {}).values())):
+        raise ConfigError("link rates must be positive and finite (Mbit/s)")
+    if not all(0 <= v < math.inf for v in (latency_ms, *(region_latency_ms or {}).values())):
+        raise ConfigError("latencies must be finite and not negative (ms)")
     learners = regions.num_learners if regions is not None else num_learners
     recipe = _recipe_with(recipe, learners, sync_interval, num_fragments, learner_codec, update_codec)
     sync, training = recipe.sync, recipe.training
@@ -378,8 +378,8 @@ def build_traffic_plan(
     measured_on = None
     if step_seconds is None:
         step_seconds, measured_on = measure_step_seconds(recipe)
-    if step_seconds <= 0:
-        raise ConfigError(f"the step time must be positive, got {step_seconds}")
+    if not 0 < step_seconds < math.inf:
+        raise ConfigError(f"the step time must be positive and finite, got {step_seconds}")
     tokens_per_step = training.batch_size * recipe.data.sequence_length
     budget = tokens if tokens is not None else M * training.inner_steps * tokens_per_step
     if budget <= 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -18,9 +17,11 @@ from diloco_cli.cli import (
     runs_commands,
     simulate_command,
 )
+from diloco_cli.cli.errors import OneLineErrors, silence_stdout
 
 app = typer.Typer(
     name="diloco",
+    cls=OneLineErrors,
     add_completion=False,
     rich_markup_mode=None,  # click's plain help: no metavar after flags, and no rich to import
     pretty_exceptions_enable=False,
@@ -63,7 +64,9 @@ internal.register(app)
 
 def main() -> None:
     try:
-        app()
-    except BrokenPipeError:  # `diloco logs RUN | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+        app(prog_name="diloco")
+    finally:
+        try:  # what is still buffered, while a closed pipe can still be told from a failure
+            sys.stdout.flush()
+        except BrokenPipeError:  # `diloco runs | head -1`: the reader has all it wanted
+            silence_stdout()

@@ -1,28 +1,50 @@
-"""Turning user mistakes into one clear message and a non-zero exit."""
+"""Turning user mistakes into one clear line and a non-zero exit, and a closed pipe into a
+quiet success."""
 
 from __future__ import annotations
 
 import functools
+import io
+import os
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 Function = TypeVar("Function", bound=Callable)
 EXIT_USER_ERROR = 2
+ClickException = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "ClickException")
+"""The base of the usage errors of the click that typer parses with (recent typers carry
+their own copy of click, older ones use the package)."""
+
+
+def silence_stdout() -> None:
+    """Point standard output at /dev/null: the reader of a pipe went away (``diloco logs
+    RUN | head``), and what is still buffered must not fail again when Python exits."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # not a real file (a test's runner)
+        return
+    os.dup2(os.open(os.devnull, os.O_WRONLY), descriptor)
 
 
 def reported(function: Function) -> Function:
     """Print ConfigError, StorageError, PayloadError (an object refused as damaged or
     forged) and OSError (a file or host that is not there) as ``error: ...`` and exit
-    with code 2: every mistake is one line, never a traceback."""
+    with code 2: every mistake is one line, never a traceback.  A pipe closed by its
+    reader ends the command with success."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         except BrokenPipeError:
-            raise  # the reader went away: main() ends quietly
+            silence_stdout()
+            raise typer.Exit(0) from None
+        except typer.Exit:  # an exit code decided (recent typers make it a RuntimeError)
+            raise
         except Exception as error:
             # imported here, not at start: `diloco --help` must not pay for them
             from diloco_cli.codec.errors import PayloadError
@@ -35,3 +57,47 @@ def reported(function: Function) -> Function:
             raise typer.Exit(EXIT_USER_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def usage_line(error: Exception) -> str:
+    """A command-line mistake as one line: which command, what is wrong, where to look."""
+    message = " ".join(error.format_message().split()).replace("Value error, ", "").rstrip(".")
+    context = getattr(error, "ctx", None)
+    if context is None:
+        return f"error: {message}"
+    command = context.command_path
+    return f"error: {command}: {message} (`{command} --help` says what it takes)"
+
+
+class OneLineErrors(TyperGroup):
+    """The ``diloco`` command group: a mistake on the command line (an unknown option, a
+    value of the wrong kind or out of range, a missing argument) is one line on stderr
+    and exit code 2, instead of click's usage block."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as error:
+            typer.echo(usage_line(error), err=True)
+            code = error.exit_code
+        except typer.Abort:  # end of input at a prompt
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, context: Any) -> Any:
+        """Run the command; Ctrl-C where the command does not handle it itself is one
+        line and exit code 130 (typer's own is silence)."""
+        try:
+            return super().invoke(context)
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import finite
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 
@@ -26,7 +27,9 @@ def scale(
         "--wait/--no-wait",
         help="After -N, wait until the drained learners stopped and everything they trained is merged.",
     ),
-    timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="How long to wait for a drain."),
+    timeout: float = typer.Option(
+        900.0, "--timeout", metavar="SECONDS", parser=finite(minimum=0), help="How long to wait for a drain."
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Change how many learners a running run has. New learners start from the newest global weights; drained ones
@@ -34,29 +37,22 @@ def scale(
     record keeps each change."""
     from diloco_cli.launch.runs import load_run
     from diloco_cli.launch.scale import parse_change, scale_run, wait_for_drain
+    from diloco_cli.views.scale import render_change, render_drained, render_unfinished
 
     change = parse_change(learners)
     record = load_run(runs_dir, run)
     spec = scale_run(record, region, change, emit=typer.echo)
     last = spec.scaling[-1]
-    verb = f"added {', '.join(last.added)}" if last.added else f"draining {', '.join(last.drained)}"
-    typer.echo(f"run {record.name}: {verb} in region {region}; M is now {last.learners_after} (K={spec.recipe.quorum})")
+    typer.echo(render_change(record.name, last, spec.recipe.quorum))
     if last.drained and wait:
         typer.echo(
             f"waiting (up to {timeout:.0f} s) for the drained learners to stop with their work merged; "
             "Ctrl-C stops waiting, not the drain"
         )
-        outcomes = wait_for_drain(record, last.drained, timeout, emit=typer.echo)
-        unfinished = [o for o in outcomes if o.merged < o.tokens or o.tokens == 0]
+        outcomes = wait_for_drain(record, last.drained, timeout, lambda outcome: typer.echo(render_drained(outcome)))
+        unfinished = [outcome for outcome in outcomes if not outcome.done]
         if unfinished:
-            typer.echo(
-                "error: after {:.0f} s, not drained yet: {}; `diloco status {}` shows them".format(
-                    timeout,
-                    ", ".join(f"{o.learner} ({o.merged:,} of {o.tokens:,} tokens merged)" for o in unfinished),
-                    record.name,
-                ),
-                err=True,
-            )
+            typer.echo(render_unfinished(record.name, unfinished, timeout), err=True)
             raise typer.Exit(1)
 
 

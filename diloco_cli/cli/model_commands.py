@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import MAX_SAMPLE_TOKENS, MAX_SEED, finite
 from diloco_cli.cli.runs_commands import RUNS_DIR
 
 
@@ -20,7 +21,11 @@ class ExportFormat(str, Enum):
 def export(
     run: str = typer.Argument(..., help="The run."),
     output: Path = typer.Option(
-        ..., "--output", "-o", help="Where to write: a .safetensors file, or a directory for --format hf."
+        ...,
+        "--output",
+        "-o",
+        help="Where to write: a .safetensors file (or a directory, to write model.safetensors in it); "
+        "a directory for --format hf.",
     ),
     export_format: ExportFormat = typer.Option(
         ExportFormat.SAFETENSORS,
@@ -32,14 +37,13 @@ def export(
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Write the global weights, loadable into the recipe's model or with transformers."""
+    from diloco_cli.launch.model import export_run
     from diloco_cli.launch.runs import load_run
-    from diloco_cli.runtime.export import export_hugging_face, export_safetensors
 
     record = load_run(runs_dir, run)
-    exporter = export_hugging_face if export_format is ExportFormat.HF else export_safetensors
-    head = exporter(record.spec, record.secret(), output, region)
+    written, head = export_run(record, output, export_format is ExportFormat.HF, region)
     typer.echo(
-        f"wrote {output}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})"
+        f"wrote {written}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})"
     )
 
 
@@ -47,23 +51,24 @@ def export(
 def sample(
     run: str = typer.Argument(..., help="The run."),
     prompt: str = typer.Option("\n", "--prompt", "-p", help="Text to continue.", show_default="a new line"),
-    length: int = typer.Option(300, "--length", "-n", help="Tokens to generate (bytes, for a run on text)."),
-    temperature: float = typer.Option(0.8, help="Sampling temperature (0 picks the likeliest token)."),
-    top_k: int = typer.Option(40, "--top-k", help="Sample among the k likeliest tokens."),
-    seed: int = typer.Option(0, help="Random seed."),
+    length: int = typer.Option(
+        300, "--length", "-n", min=1, max=MAX_SAMPLE_TOKENS, help="Tokens to generate (bytes, for a run on text)."
+    ),
+    temperature: float = typer.Option(
+        0.8, parser=finite(minimum=0), help="Sampling temperature (0 picks the likeliest token)."
+    ),
+    top_k: int = typer.Option(40, "--top-k", min=0, help="Sample among the k likeliest tokens (0: among all)."),
+    seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Random seed."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Continue a prompt with the run's global model, to see what it has learned (a run on
     a token dataset encodes and decodes with the tokenizer its index names)."""
+    from diloco_cli.launch.model import sample_run
     from diloco_cli.launch.runs import load_run
-    from diloco_cli.runtime.export import global_model, sample_text, sampling_tokenizer
 
-    record = load_run(runs_dir, run)
-    data = record.spec.recipe.data
-    tokenizer = sampling_tokenizer(data)
-    model, head = global_model(record.spec, record.secret())
+    head, text = sample_run(load_run(runs_dir, run), prompt, length, temperature, top_k, seed)
     typer.echo(f"[global version {head.version}]", err=True)
-    typer.echo(sample_text(model, prompt, length, temperature, top_k, seed, data.sequence_length, tokenizer))
+    typer.echo(text)
 
 
 def register(app: typer.Typer) -> None:

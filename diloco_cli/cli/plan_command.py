@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import finite
 from diloco_cli.cli.runs_commands import Output
+
+MAX_LINK_MBIT = 10_000_000.0
+"""10 Tbit/s: beyond any link between regions."""
+MAX_LATENCY_MS = 60_000.0
+"""A minute one way: beyond any link that still carries a run."""
+MAX_STEP_SECONDS = 86_400.0
+"""A day per inner step."""
 
 PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds, tokens_budget,
 shape (every input: links, codecs' payload sizes, markers, snapshot, reducers), placement
@@ -19,7 +28,7 @@ requests/s, utilization; syncer_busy, compute_share, bottleneck, wan_bytes_per_t
 time_to_budget_seconds, data_parallel, bytes_ratio, suggestion, costs."""
 
 
-def _per_region(values: list[str], option: str) -> tuple[float | None, dict[str, float]]:
+def _per_region(values: list[str], option: str, parse: Callable[[str], float]) -> tuple[float | None, dict[str, float]]:
     """``R`` (every region) and ``REGION=R`` (one region) values of a repeatable option."""
     from diloco_cli.config.errors import ConfigError
 
@@ -27,9 +36,10 @@ def _per_region(values: list[str], option: str) -> tuple[float | None, dict[str,
     for value in values:
         region, separator, number = value.rpartition("=")
         try:
-            parsed = float(number)
-        except ValueError:
-            raise ConfigError(f"{option} {value!r}: expected a number, or REGION=NUMBER for one region") from None
+            parsed = parse(number)
+        except ValueError as error:
+            given = f"{value!r}: " if separator else ""
+            raise ConfigError(f"{option} {given}{error} (or REGION=NUMBER for one region)") from None
         if separator:
             by_region[region] = parsed
         else:
@@ -55,12 +65,17 @@ def plan(
         ),
     ),
     parameters: int | None = typer.Option(
-        None, "--parameters", metavar="N", help="Plan an N-parameter model without building it (needs --step-seconds)."
+        None,
+        "--parameters",
+        metavar="N",
+        min=1,
+        help="Plan an N-parameter model without building it (needs --step-seconds).",
     ),
     step_seconds: float | None = typer.Option(
         None,
         "--step-seconds",
         metavar="S",
+        parser=finite(above=0, maximum=MAX_STEP_SECONDS),
         help="Compute seconds of one inner step (default: measured with a short trial here).",
     ),
     link_mbit: list[str] = typer.Option(
@@ -76,12 +91,17 @@ def plan(
         help="Each link's one-way latency in ms, or REGION=L (repeatable) [default: 20].",
     ),
     target: float = typer.Option(
-        0.9, "--target-compute-share", metavar="SHARE", help="The compute share the suggested H must reach."
+        0.9,
+        "--target-compute-share",
+        metavar="SHARE",
+        parser=finite(above=0, maximum=1),
+        help="The compute share the suggested H must reach.",
     ),
     tokens: int | None = typer.Option(
         None,
         "--tokens",
         metavar="BUDGET",
+        min=1,
         help="Tokens to train (default: the recipe's M x inner_steps x batch x sequence length).",
     ),
     prices: Path | None = typer.Option(
@@ -93,15 +113,13 @@ def plan(
     the learners busy; synchronous data-parallel training on the same links beside it."""
     from diloco_cli.bandwidth.prices import load_prices
     from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.recipe import Recipe
-    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.config.files import load_recipe, load_regions
     from diloco_cli.views.traffic_plan import render_traffic_plan
 
-    loaded = load_model(Recipe, recipe, overrides, default_name="the default recipe")
-    placed = load_model(RegionsFile, regions) if regions is not None else None
-    rate, rates = _per_region(link_mbit, "--link-mbit")
-    latency, latencies = _per_region(latency_ms, "--latency-ms")
+    loaded = load_recipe(recipe, overrides)
+    placed = load_regions(regions) if regions is not None else None
+    rate, rates = _per_region(link_mbit, "--link-mbit", finite(above=0, maximum=MAX_LINK_MBIT))
+    latency, latencies = _per_region(latency_ms, "--latency-ms", finite(minimum=0, maximum=MAX_LATENCY_MS))
     result = build_traffic_plan(
         loaded,
         placed,

@@ -122,6 +122,7 @@ def prepare(
         "--vocab-size",
         metavar="N",
         min=1,
+        max=2**32,
         help=(
             "Without --tokenizer: train a byte-level BPE of N tokens on the corpus. "
             "With --existing: every token id is below N."
@@ -226,13 +227,12 @@ def prepare(
         raise ConfigError("give a corpus to prepare (or --existing DIR to index shards you have)")
     if (output is None) == (regions is None):
         raise ConfigError("give one of --output URL (one location) and --regions FILE (a copy in each region's bucket)")
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.config.files import load_regions
     from diloco_cli.data.tokens.corpus import Corpus
     from diloco_cli.data.tokens.prepare import PrepareRequest, prepare_dataset, region_locations
 
     if regions is not None:
-        locations = region_locations(load_model(RegionsFile, regions), name or dataset_name(corpus), str(runs_dir))
+        locations = region_locations(load_regions(regions), name or dataset_name(corpus), str(runs_dir))
     else:
         locations = (Location(output, options),)
     request = PrepareRequest(

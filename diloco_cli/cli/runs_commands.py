@@ -9,6 +9,8 @@ from pathlib import Path
 import typer
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.numbers import finite
+from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
 
 
 class Output(str, Enum):
@@ -49,37 +51,44 @@ def up(
         metavar="SPEC",
         help=(
             "Inject faults reproducibly, "
-            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/chaos.md)."
+            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/resilience.md)."
         ),
     ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
-    """Start a run (syncer, reducers, learners), detached. With no arguments, the default job on this machine."""
-    from diloco_cli.launch.up import launch
-    from diloco_cli.views.dry_run import render_dry_run
-    from diloco_cli.views.preflight import render_preflight
-
+    """Start a run (syncer, reducers, learners), detached. With no arguments, the default job on this machine.
+    Ctrl-C before a process starts leaves nothing; after, the start is finished and said, and the run goes on."""
+    with held_back("") as loading:  # a module cut off half-way through its import breaks what follows
+        from diloco_cli.launch.up import launch
+        from diloco_cli.views.dry_run import render_dry_run
+        from diloco_cli.views.preflight import render_preflight
+        from diloco_cli.views.runs import render_started
+    if loading.happened:
+        typer.echo(NOTHING_STARTED, err=True)
+        raise typer.Exit(130)
     show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
-    result = launch(
-        recipe,
-        regions,
-        overrides,
-        name,
-        runs_dir,
-        dry_run,
-        accept_new_host_keys,
-        emit=typer.echo,
-        show_preflight=show_preflight,
-        chaos=chaos,
-    )
+    try:
+        result = launch(
+            recipe,
+            regions,
+            overrides,
+            name,
+            runs_dir,
+            dry_run,
+            accept_new_host_keys,
+            emit=typer.echo,
+            show_preflight=show_preflight,
+            chaos=chaos,
+            announce=lambda spec: typer.echo(render_started(spec)),
+        )
+    except Interrupted as interrupted:
+        typer.echo(str(interrupted), err=True)
+        raise typer.Exit(130) from None
     if dry_run:
         typer.echo(render_dry_run(result.spec))
         return
-    reducers = f", {len(result.spec.reducers)} reducers" if result.spec.reducers else ""
-    typer.echo(f"started run {result.spec.run}: syncer{reducers} and {len(result.spec.learners)} learners")
-    typer.echo(f"  watch it:   diloco status {result.spec.run} --watch")
-    typer.echo(f"  its logs:   diloco logs {result.spec.run} [LEARNER] --follow")
-    typer.echo(f"  stop it:    diloco down {result.spec.run}")
+    if result.interrupted:  # said when it came; the run is started and named
+        raise typer.Exit(130)
     if watch:
         _show_status(runs_dir, result.spec.run, "text", watch=True, manifest=None, probe=False)
 
@@ -87,18 +96,17 @@ def up(
 @reported
 def down(
     run: str = typer.Argument(..., help="The run to stop."),
-    timeout: float = typer.Option(30.0, help="Seconds to wait after SIGTERM before SIGKILL."),
+    timeout: float = typer.Option(30.0, parser=finite(minimum=0), help="Seconds to wait after SIGTERM before SIGKILL."),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
     from diloco_cli.launch.operations import stop_run
-    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.runs import load_run, summarize_run
+    from diloco_cli.views.runs import render_stopped
 
     record = load_run(runs_dir, run)
     outcome = stop_run(record, timeout)
-    for process, (host, how) in outcome.items():
-        typer.echo(f"  {process:<16} {host:<12} {how}")
-    typer.echo(f"run {record.name} is down")
+    typer.echo(render_stopped(record.name, outcome, summarize_run(record).state))
 
 
 @reported
@@ -129,6 +137,7 @@ def rm(
         None,
         "--older-than",
         metavar="DAYS",
+        parser=finite(minimum=0),
         help="Also remove every finished or stopped run created more than DAYS days ago.",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
@@ -140,14 +149,18 @@ def rm(
     from diloco_cli.launch.removal import plan_removal, remove_run, runs_to_prune
     from diloco_cli.launch.runs import load_run
 
+    if not names and older_than is None:
+        raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
     records = [load_run(runs_dir, name) for name in names or []]
     records += [
         r
         for r in (runs_to_prune(runs_dir.resolve(), older_than) if older_than is not None else [])
         if r.name not in (names or [])
     ]
-    if not records:
-        raise ConfigError("name the runs to remove, or give --older-than DAYS (`diloco runs` lists them)")
+    if not records:  # a cron job's usual day
+        typer.echo(
+            f"nothing to remove: no finished or stopped run in {runs_dir.resolve()} is older than {older_than:g} days"
+        )
     for record in records:
         removal = plan_removal(record)
         if not dry_run:
@@ -192,10 +205,12 @@ def logs(
         pass
 
 
-STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting),
-version, tokens, heldout_loss, elapsed_seconds, problems[] (what is down and what to run);
+STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting,
+syncer down), version, tokens, heldout_loss, heldout_version (the version it was measured
+at), elapsed_seconds, problems[] (what is down and what to run);
 learners[] with learner, region, host, state, step, total_steps, tokens, loss,
-steps_per_second, base_version, staleness, last_seen_seconds, restarts, bytes_up,
+steps_per_second, base_version, staleness, last_seen_seconds, restarts (as its supervisor
+counts them, when known), bytes_up,
 bytes_down, unsent, retries, refusals; syncer with state, last_report_seconds, last_merge,
 last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
 grace_seconds, live_learners, reasons (per fragment, why it is not merging now), repairs,
@@ -239,9 +254,15 @@ def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, mani
         show_status(read_run_spec(manifest), output, watch)
         return
     from diloco_cli.launch.operations import probe_run
-    from diloco_cli.launch.runs import load_run
+    from diloco_cli.launch.runs import load_run, newest_run
+    from diloco_cli.views.runs import no_runs
 
-    record = load_run(runs_dir, run)
+    record = load_run(runs_dir, run) if run is not None else newest_run(runs_dir)
+    if record is None:  # as `diloco runs` says it: nothing to show is no mistake
+        typer.echo("null" if output == "json" else no_runs(runs_dir))
+        if output == "json":
+            typer.echo(no_runs(runs_dir), err=True)
+        return
     supervisors = lambda: probe_run(record, remote=probe)  # noqa: E731 - asked again at every refresh
     show_status(record.spec, output, watch, secret=record.secret(), processes=supervisors, probed=probe)
 

@@ -34,7 +34,12 @@ def goodput(
         help="Cluster size in chips, e.g. 150k or 1.2M (repeatable) [default: 150k 300k 600k 1.2M 2.4M].",
     ),
     learners: list[int] = typer.Option(
-        [], "--learners", "-m", metavar="M", help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16]."
+        [],
+        "--learners",
+        "-m",
+        metavar="M",
+        min=1,
+        help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16].",
     ),
     overrides: list[str] = typer.Option(
         [],

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,12 +40,37 @@ def _allowed_keys(model: type[BaseModel], location: Sequence[Any]) -> list[str]:
     return sorted(current.model_fields) if current else []
 
 
+def _union_branch(model: type[BaseModel], location: Sequence[Any]) -> bool:
+    """Whether the last part of ``location`` names a branch of a union-typed field (pydantic
+    reports each branch's complaint under it), not a key."""
+    if len(location) < 2 or not isinstance(location[-1], str):
+        return False
+    current: type[BaseModel] | None = model
+    field = None
+    for key in location[:-1]:
+        if isinstance(key, int):
+            continue
+        field = current.model_fields.get(key) if current else None
+        current = _model_in(field.annotation) if field else None
+    if field is None or current is not None:
+        return False
+    return typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+
+
 def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
-    """One line per problem: ``source: key.path: what is wrong``."""
-    lines = []
+    """One line per problem: ``source: key.path: what is wrong``.  A value that fits
+    none of a key's kinds (``auto`` or a number) is one problem: ``... or ...``."""
+    lines: list[str] = []
+    alternatives: dict[str, int] = {}  # key -> its line, for a union's other branches
     for problem in error.errors():
         location = list(problem["loc"])
+        if problem["type"] != "extra_forbidden" and _union_branch(model, location):
+            location = location[:-1]  # a union's branch ('float', "literal['auto']"), not a key
         key = ".".join(str(part) for part in location) or "(top level)"
+        if key in alternatives:
+            other = problem["msg"].removeprefix("Input should be ")
+            lines[alternatives[key]] = lines[alternatives[key]].replace(" (got", f" or {other} (got", 1)
+            continue
         if problem["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, location)
             close = difflib.get_close_matches(str(location[-1]), allowed, n=1)
@@ -56,6 +82,7 @@ def describe_validation_error(error: ValidationError, model: type[BaseModel], so
         else:
             got = problem.get("input")
             shown = f" (got {got!r})" if got is not None and not isinstance(got, dict | list) else ""
+            alternatives[key] = len(lines)
             lines.append(f"{source}: {key}: {problem['msg']}{shown}")
     return "\n".join(lines)
 
@@ -94,6 +121,29 @@ def deep_merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return result
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """`` at line 3, column 16: expected ',' or ']' (in a flow sequence from line 3)``: a
+    YAML error where it is, in one line."""
+    mark = getattr(error, "problem_mark", None)
+    problem = " ".join(str(getattr(error, "problem", None) or error).split())
+    if mark is None:
+        return f": {problem}"
+    where = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and context_mark is not None and context_mark.line != mark.line:
+        where += f" ({context.removeprefix('while ')} from line {context_mark.line + 1})"
+    return where
+
+
+def look_alike(data: dict[str, Any], model: type[BaseModel], look_alikes: Mapping[type[BaseModel], str]) -> str | None:
+    """What the document is instead, when its top-level keys are none of ``model``'s
+    own but all of another's (a region file given as a recipe)."""
+    keys = set(data)
+    if not keys or keys & set(model.model_fields):
+        return None
+    return next((what for other, what in look_alikes.items() if keys <= set(other.model_fields)), None)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         with path.open() as handle:  # a named stream: YAML errors then name the file
@@ -101,7 +151,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{path}: not valid YAML{yaml_problem(error)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -110,10 +160,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def load_model(
-    model: type[Model], path: Path | None, overrides: Sequence[str] = (), default_name: str = "defaults"
+    model: type[Model],
+    path: Path | None,
+    overrides: Sequence[str] = (),
+    default_name: str = "defaults",
+    look_alikes: Mapping[type[BaseModel], str] | None = None,
 ) -> Model:
-    """Validate a YAML file (or the defaults when ``path`` is None) plus overrides."""
+    """Validate a YAML file (or the defaults when ``path`` is None) plus overrides.
+    ``look_alikes``: other kinds of file a user may give here by mistake, each with what
+    to say (``a region file, not a recipe: give it with --regions``)."""
     data = read_yaml(path) if path is not None else {}
+    if path is not None and (mistaken := look_alike(data, model, look_alikes or {})):
+        raise ConfigError(f"{path} (keys: {', '.join(data)}) looks like {mistaken}")
     data = apply_overrides(data, overrides)
     source = str(path) if path is not None else default_name
     if overrides:

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from diloco_cli.codec import Codec, CodecSpec
 from diloco_cli.config.credentials import refuse_inline_credentials
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+"""Every section: read-only once loaded, no unknown key, no nan or infinity in a number."""
 
 
 class ModelConfig(BaseModel):
@@ -199,7 +200,7 @@ class SyncConfig(BaseModel):
     """Nesterov outer learning rate; ``auto`` is sqrt(K/M): 1.0 (plain averaging) when
     K = M, 0.5 for K=1 of 4.  With K < M merges come up to M/K times as often, but each
     stale learner's anchored outer gradient also pulls the global model back toward its
-    base, so K/M undershoots (measured in bench/quality.py; see the README)."""
+    base, so K/M undershoots (measured in bench/quality.py; see docs/algorithm.md)."""
 
     install: Literal["auto", "overwrite", "keep-unsent"] = "auto"
     """What a learner does with a newer global version of a fragment.  ``overwrite``

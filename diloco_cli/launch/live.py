@@ -8,28 +8,59 @@ for learners and outages, each learner for its region's outages.
 
 from __future__ import annotations
 
+import time
+
 from diloco_cli.config.errors import ConfigError
+from diloco_cli.launch.processes import belongs_to, is_running
 from diloco_cli.launch.resolve import write_manifests
-from diloco_cli.launch.runs import RunRecord
+from diloco_cli.launch.runs import SYNCER_SILENT_SECONDS, RunRecord
 from diloco_cli.store.documents import SyncerPhase
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.run_spec import RunSpec
 
 
 def check_running(record: RunRecord, verb: str) -> None:
-    """A run can be changed while its syncer runs (it is the one that follows)."""
-    phases = []
+    """A run can be changed while its syncer runs: it is the one that follows the
+    manifest, tells drained learners to leave and merges the new ones.  A change made
+    while it is down would wait, unsaid, until ``resume``; it is refused instead."""
+    statuses = []
     for bucket in record.spec.buckets(record.secret()):
         try:
             status = bucket.read_syncer_status()
         except (StorageError, ValueError):
             continue
         if status is not None:
-            phases.append(status.state)
+            statuses.append(status)
+    phases = [status.state for status in statuses]
+    name = record.name
     if SyncerPhase.FINISHED in phases:
-        raise ConfigError(f"run {record.name} has finished; there is nothing to {verb}")
+        raise ConfigError(f"run {name} has finished; there is nothing to {verb}")
     if phases and all(phase == SyncerPhase.STOPPED for phase in phases):
-        raise ConfigError(f"run {record.name} is stopped; `diloco resume {record.name}` first, then {verb} it")
+        raise ConfigError(f"run {name} is stopped; `diloco resume {name}` first, then {verb} it")
+    down = _syncer_down(record, max((status.time for status in statuses), default=None))
+    if down:
+        raise ConfigError(
+            f"the syncer of run {name} is down ({down}), and it is the one that carries a {verb} out; "
+            f"`diloco resume {name}` starts it again, then {verb} the run"
+        )
+
+
+def _syncer_down(record: RunRecord, reported_at: float | None) -> str | None:
+    """Why the run's syncer is down, or None: its supervisor here gave up or is gone (or
+    it never started), or, on an SSH host, it has not reported for a while."""
+    if record.placement()["syncer"] == "local":
+        process = next((p for p in record.processes if p["name"] == "syncer"), None)
+        if process is None:
+            return "it was never started"
+        state = (record.process_state("syncer") or {}).get("state", "unknown")
+        if state == "failed":
+            return "its supervisor gave up after repeated crashes"
+        if not (is_running(process["pid"]) and belongs_to(process["pid"], record.directory)):
+            return "its supervisor is gone"
+        return None
+    if reported_at is not None and time.time() - reported_at > SYNCER_SILENT_SECONDS:
+        return f"it has not reported for {time.time() - reported_at:.0f} s"
+    return None
 
 
 def publish_spec(record: RunRecord, spec: RunSpec) -> None:

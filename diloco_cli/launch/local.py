@@ -22,13 +22,21 @@ def start_chaos_driver(run_dir: Path) -> ProcessRecord:
     return start_supervised(CHAOS_PROCESS, "chaos", command, run_dir, {"PYTHONUNBUFFERED": "1"})
 
 
+def learner_threads(spec: RunSpec, host: str, cores: int) -> int:
+    """CPU threads for each process of a learner on ``host`` (``local``: this machine),
+    which has ``cores`` cores: the recipe's ``training.threads_per_learner``, else the
+    cores shared out among every learner process the run places there (``resume`` starts
+    only some, ``diloco sample`` none, and they get the same share)."""
+    processes = sum(learner.processes for learner in spec.active_learners if learner.host == host) or 1
+    return spec.recipe.training.threads_per_learner or max(1, cores // processes)
+
+
 def start_local(spec: RunSpec, run_dir: Path, names: Collection[str]) -> list[ProcessRecord]:
-    """Start these processes of the run here (:mod:`~diloco_cli.launch.services`); CPU
-    threads are shared out among every learner the run places on this machine
-    (``resume`` starts only some); the syncer and reducers take one thread each."""
+    """Start these processes of the run here (:mod:`~diloco_cli.launch.services`): each
+    learner with its share of this machine's CPU threads (:func:`learner_threads`), the
+    syncer and reducers with one thread each."""
     manifest, secret_path = str(run_dir / "run.json"), str(run_dir / "secret")
-    processes = sum(learner.processes for learner in spec.active_learners if learner.host == "local") or 1
-    threads = spec.recipe.training.threads_per_learner or max(1, (os.cpu_count() or 1) // processes)
+    threads = learner_threads(spec, "local", os.cpu_count() or 1)
     records = []
     for service in services(spec, names):
         env = {

@@ -18,6 +18,7 @@ import paramiko
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.regions import HostConfig
+from diloco_cli.launch.local import learner_threads
 from diloco_cli.launch.processes import ProcessRecord
 from diloco_cli.launch.services import services
 from diloco_cli.launch.ssh import SSHError, expand_home, put_text, run
@@ -58,8 +59,7 @@ def start_services(
 ) -> list[ProcessRecord]:
     """Start these processes of the run on ``host`` (:mod:`~diloco_cli.launch.services`):
     its learners share its ``cores``; the syncer and reducers take one thread each."""
-    processes = sum(learner.processes for learner in spec.active_learners if learner.host == host.name) or 1
-    threads = spec.recipe.training.threads_per_learner or max(1, cores // processes)
+    threads = learner_threads(spec, host.name, cores)
     records = []
     for service in services(spec, names):
         command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,22 +179,31 @@ def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:
         raise StorageError(f"{sources.regions}: syncer.home: {error}") from None
 
 
+def check_new_run(runs_dir: Path, run: str) -> None:
+    """No run of that name was started here (``up`` and ``up --dry-run`` alike)."""
+    if (runs_dir / run).exists():
+        raise ConfigError(
+            f"run {run} already exists in {runs_dir}; "
+            f"pick another --name, or `diloco resume {run}` to restart what of it is down"
+        )
+
+
 def create_run_directory(runs_dir: Path, spec: RunSpec, launcher: str) -> tuple[Path, RunSecret]:
     """``runs/<run>/`` with the run record and the secret (readable by its owner only)."""
     run_dir = runs_dir / spec.run
-    if run_dir.exists():
-        raise ConfigError(
-            f"run {spec.run} already exists in {runs_dir}; "
-            f"pick another --name, or `diloco resume {spec.run}` to restart what of it is down"
-        )
+    check_new_run(runs_dir, spec.run)
     (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "processes").mkdir()
-    secret = RunSecret.generate()
-    secret_path = run_dir / "secret"
-    descriptor = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret.to_hex())
-    write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": launcher, "processes": []})
+    try:
+        (run_dir / "processes").mkdir()
+        secret = RunSecret.generate()
+        secret_path = run_dir / "secret"
+        descriptor = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secret.to_hex())
+        write_run_record(run_dir, {"spec": json.loads(spec.to_json()), "launcher": launcher, "processes": []})
+    except BaseException:  # a Ctrl-C half-way: no half-made run
+        shutil.rmtree(run_dir)
+        raise
     return run_dir, secret
 
 
@@ -201,3 +211,13 @@ def write_manifests(spec: RunSpec) -> None:
     """The manifest into every region's bucket (no secret, no credential in it)."""
     for bucket in spec.buckets(None):
         bucket.write_manifest(spec.to_json())
+
+
+def remove_manifests(spec: RunSpec) -> None:
+    """Take back what :func:`write_manifests` wrote, as far as it got (a run interrupted
+    before it started leaves nothing)."""
+    for bucket in spec.buckets(None):
+        try:
+            bucket.delete_manifest()
+        except Exception:  # as far as it gets: the run is being given up anyway
+            continue

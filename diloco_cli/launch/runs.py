@@ -108,10 +108,10 @@ def load_run(runs_dir: Path, name: str | None) -> RunRecord:
     """A run by name, or the newest run when ``name`` is None."""
     runs_dir = runs_dir.resolve()
     if name is None:
-        records = list_runs(runs_dir)
-        if not records:
+        newest = newest_run(runs_dir)
+        if newest is None:
             raise ConfigError(f"no runs in {runs_dir}; start one with `diloco up`")
-        return records[-1]
+        return newest
     directory = runs_dir / name
     try:
         document = json.loads((directory / "run.json").read_text())
@@ -121,6 +121,12 @@ def load_run(runs_dir: Path, name: str | None) -> RunRecord:
     if not isinstance(document, dict) or "spec" not in document or "processes" not in document:
         raise ConfigError(f"{directory / 'run.json'} is not a run record of diloco")
     return RunRecord(directory, document)
+
+
+def newest_run(runs_dir: Path) -> RunRecord | None:
+    """The run started last here, or None when none was."""
+    records = list_runs(runs_dir.resolve())
+    return records[-1] if records else None
 
 
 def list_runs(runs_dir: Path) -> list[RunRecord]:

@@ -78,14 +78,21 @@ def plan_scale(spec: RunSpec, region: str, change: int, now: float) -> RunSpec:
             f"draining {', '.join(drained)} would leave run {spec.run} without learners; "
             f"stop it with `diloco down {spec.run}`"
         )
+    quorum = spec.recipe.sync.quorum
+    if quorum is not None and remaining < quorum:
+        now_active = len(spec.active_learners)
+        raise ConfigError(
+            f"draining {', '.join(drained)} would leave run {spec.run} with M={remaining} learners, fewer than its "
+            f"quorum K={quorum} (it has M={now_active} now); drain at most {now_active - quorum} "
+            "(a run's sync.quorum is set when it starts)"
+        )
     document = spec.recipe.model_dump(mode="json")
     document["training"]["num_learners"] = remaining
     try:
         recipe = Recipe.model_validate(document)
-    except ValidationError as error:
+    except ValidationError as error:  # an invariant of the recipe a change could break
         raise ConfigError(
-            f"run {spec.run} with M={remaining} learners: {error.errors()[0]['msg'].removeprefix('Value error, ')}; "
-            "lower sync.quorum first"
+            f"run {spec.run} with M={remaining} learners: {error.errors()[0]['msg'].removeprefix('Value error, ')}"
         ) from None
     change_record = ScaleChange(
         time=now,
@@ -157,9 +164,21 @@ class DrainOutcome:
     learner: LearnerId
     tokens: int
     """Tokens it trained."""
-    merged: int
-    """Of those, tokens that ended in a merge or were overwritten by an install (the
-    smallest over fragments): all of them once its last payloads are merged."""
+    merged: tuple[int, ...] = ()
+    """Per fragment, of those tokens, the ones its merged payloads carried."""
+    overwritten: tuple[int, ...] = ()
+    """Per fragment, the ones an install of newer global weights overwrote before they
+    were sent (counted by the learner; none with installs that keep the unsent work)."""
+
+    @property
+    def accounted(self) -> int:
+        """Tokens merged or overwritten, in the fragment with the fewest: every token it
+        trained once its last payloads are merged."""
+        return min((m + o for m, o in zip(self.merged, self.overwritten)), default=0)
+
+    @property
+    def done(self) -> bool:
+        return self.tokens > 0 and self.accounted >= self.tokens
 
 
 def scale_run(record: RunRecord, region: str, change: int, emit: Emit = lambda line: None) -> RunSpec:
@@ -179,11 +198,12 @@ def wait_for_drain(
     record: RunRecord,
     learners: tuple[LearnerId, ...],
     timeout: float,
-    emit: Emit = lambda line: None,
+    drained: Callable[[DrainOutcome], None] = lambda outcome: None,
     look_seconds: float = 2.0,
 ) -> list[DrainOutcome]:
     """Wait until each drained learner has stopped and everything it trained is merged
-    (or ``timeout`` passes); returns how far each got."""
+    or overwritten by an install (or ``timeout`` passes), calling ``drained`` as each
+    is; returns how far each got."""
     spec, secret = record.spec, record.secret()
     home = spec.home(secret)
     deadline = time.monotonic() + timeout
@@ -199,11 +219,16 @@ def wait_for_drain(
                 continue
             history = history if history is not None else home.history()
             fragments = range(spec.recipe.sync.num_fragments)
-            merged = min(tokens_merged(history, learner, f) + beat.tokens_overwritten.get(f, 0) for f in fragments)
-            outcomes[learner] = DrainOutcome(learner, beat.tokens, merged)
-            if merged >= beat.tokens:
+            outcome = DrainOutcome(
+                learner,
+                beat.tokens,
+                merged=tuple(tokens_merged(history, learner, f) for f in fragments),
+                overwritten=tuple(beat.tokens_overwritten.get(f, 0) for f in fragments),
+            )
+            outcomes[learner] = outcome
+            if outcome.done:
                 pending.discard(learner)
-                emit(f"  {learner:<16} drained: it stopped, and all {beat.tokens:,} tokens it trained are merged")
+                drained(outcome)
         if pending:
             time.sleep(look_seconds)
-    return [outcomes.get(learner, DrainOutcome(learner, 0, 0)) for learner in learners]
+    return [outcomes.get(learner, DrainOutcome(learner, 0)) for learner in learners]

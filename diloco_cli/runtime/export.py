@@ -28,19 +28,30 @@ from diloco_cli.store.documents import Head
 from diloco_cli.store.run_spec import RunSpec
 
 
+def seeded_model(spec: RunSpec) -> torch.nn.Module:
+    """The recipe's model built from its seed: its weights are version 0, as the syncer's."""
+    torch.manual_seed(spec.recipe.training.seed)
+    return spec.recipe.model.build()
+
+
 def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) -> tuple[torch.nn.Module, Head]:
     """The recipe's model holding the newest global weights, read from one region."""
-    model = spec.recipe.model.build()
+    model = seeded_model(spec)
     head = load_global_weights(model, spec, secret, region)
     return model, head
 
 
 def load_global_weights(model: torch.nn.Module, spec: RunSpec, secret: RunSecret, region: str | None = None) -> Head:
     """Copy the newest global weights, read from one region, into a freshly built
-    recipe model and put it in eval mode; returns the head they were read at."""
+    recipe model (from the recipe's seed: its weights are then version 0, which saves
+    reading a snapshot while the head still lists every update) and put it in eval mode;
+    returns the head they were read at."""
     bucket = spec.bucket(region or spec.regions[0].name, secret)
     fragments = fragments_of_model(model, spec.recipe.sync.num_fragments)
-    parameters, head = latest_weights(bucket, secret, fragments)
+    initial = {
+        name: parameter.detach().to("cpu", torch.float32).clone() for name, parameter in model.named_parameters()
+    }
+    parameters, head = latest_weights(bucket, secret, fragments, initial)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(parameters[name])
@@ -72,7 +83,7 @@ def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: 
     The model's kind and the tokenizer are checked before the weights are read, so a
     wrong format fails at once, even for a run that has published nothing yet.
     """
-    model = spec.recipe.model.build()
+    model = seeded_model(spec)
     require_hugging_face(model, spec.recipe.model.factory)
     tokenizer = dataset_tokenizer(spec.recipe.data)
     head = load_global_weights(model, spec, secret, region)

@@ -234,10 +234,14 @@ def apply_fetch(
 
 
 def latest_weights(
-    bucket: RegionBucket, secret: RunSecret, fragments: tuple[Fragment, ...]
+    bucket: RegionBucket,
+    secret: RunSecret,
+    fragments: tuple[Fragment, ...],
+    initial: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], Head]:
-    """The newest global weights of every parameter, reconstructed exactly (for export)."""
-    reader = GlobalReader(bucket, secret, fragments)
+    """The newest global weights of every parameter, reconstructed exactly (for export);
+    ``initial``: the reader's own version 0, if it has one (see :class:`GlobalReader`)."""
+    reader = GlobalReader(bucket, secret, fragments, initial)
     head = reader.head()
     if head is None:
         raise FileNotFoundError(f"{bucket.store.root} has no global weights yet (no global/head.json)")

@@ -3,13 +3,18 @@ it should reproduce where the answer is known exactly.
 
 Failures are a Poisson process of rate ``rate`` per second.  A job that saves its work
 every ``interval`` seconds of training at a cost of ``save`` seconds, and restarts in
-``restart`` seconds after a failure (a failure during a restart starts it over), completes
-one save segment of ``interval + save`` seconds in expected wall time
+``restart`` seconds after a failure (failures during a restart are taken by it: the job
+is down already), completes one save segment of ``s = interval + save`` seconds in
+expected wall time
 
-    E[T] = exp(rate * restart) * (exp(rate * (interval + save)) - 1) / rate
+    E[T] = (exp(rate * s) - 1) * (1 / rate + restart)
 
-(Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
-FGCS 22(3), 2006, eq. 13 without the downtime term), so its goodput is ``interval / E[T]``.
+A renewal argument: an attempt at a segment succeeds with probability exp(-rate s); the
+exp(rate s) - 1 failed attempts expected before it each run 1/rate - s / (exp(rate s) - 1)
+on average and then restart.  (With restarts that start over when hit, Daly's 2006 model,
+"A higher order estimate of the optimum checkpoint interval for restart dumps", FGCS
+22(3), eq. 13, the factor is exp(rate restart) / rate instead: it compounds as failures
+come faster.)  The goodput is ``interval / E[T]``.
 """
 
 from __future__ import annotations
@@ -39,14 +44,13 @@ def restart_goodput(rate: float, interval: float, save: float, restart: float) -
         return 1.0 if math.isinf(interval) else interval / (interval + save)
     if math.isinf(interval):
         return 0.0
-    return rate * interval * math.exp(-rate * restart) / math.expm1(rate * (interval + save))
+    return rate * interval / ((1.0 + rate * restart) * math.expm1(rate * (interval + save)))
 
 
 def elastic_uptime(change_rate: float, pause: float) -> float:
     """Share of wall time an elastic job trains when membership changes arrive as a Poisson
-    process of rate ``change_rate`` (failures and repairs) and each costs a pause of
-    ``pause`` seconds, changes during a pause being taken by one more pause: a pause phase
-    lasts ``pause * exp(change_rate * pause)`` on average, so the uptime is
-    ``1 / (1 + change_rate * pause * exp(change_rate * pause))``."""
-    load = change_rate * pause
-    return 1.0 / (1.0 + load * math.exp(load))
+    process of rate ``change_rate`` (failures and repairs) while it trains, each starting
+    a pause of ``pause`` seconds that also takes the changes arriving during it: it
+    trains ``1 / change_rate`` on average, then pauses ``pause``, so the uptime is
+    ``1 / (1 + change_rate * pause)``."""
+    return 1.0 / (1.0 + change_rate * pause)

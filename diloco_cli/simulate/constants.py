@@ -17,6 +17,9 @@ DAY = 24 * HOUR
 DEFAULT_CHIPS = (150_000, 300_000, 600_000, 1_200_000, 2_400_000)
 DEFAULT_LEARNERS = (1, 2, 4, 8, 16)
 
+MAX_CHIPS = 100_000_000
+"""The largest cluster simulated: its interruptions, one by one, take about a minute."""
+
 CALIBRATION_CHIPS = 1_200_000
 SOURCE_GOODPUT = {"plain": 0.27, "elastic": 0.58, "diloco M=8": 0.88}
 """What the source reports at 1.2M chips with a per-chip MTBI of one year (its goodput
@@ -46,10 +49,10 @@ class GoodputConstants(BaseModel):
     with none left, the job waits for a repair.  Spares count in the total chip-time.
     Elastic data-parallel keeps none: it trains on every slice that is up."""
 
-    restart_seconds: float = Field(default=23.5, ge=0)
+    restart_seconds: float = Field(default=37.5, ge=0)
     """Plain data-parallel: seconds to restart the whole job on a spare and reload the
-    last checkpoint (from host memory).  An interruption during a restart starts it over.
-    Fitted: 27% goodput at 1.2M chips."""
+    last checkpoint (from host memory).  A slice that fails during a restart is swapped
+    within it.  Fitted: 27% goodput at 1.2M chips."""
 
     checkpoint_seconds: float = Field(default=2.0, ge=0)
     """Plain data-parallel: seconds the job stops to take one checkpoint (the blocking
@@ -59,24 +62,24 @@ class GoodputConstants(BaseModel):
     """Plain data-parallel: seconds of training between checkpoints; empty: Daly's
     optimum for the job's mean time between failures."""
 
-    reconfigure_seconds: float = Field(default=6.0, ge=0)
+    reconfigure_seconds: float = Field(default=9.5, ge=0)
     """Elastic data-parallel: seconds the whole job pauses to shrink around a failed slice
     or grow back onto a repaired one (no work is lost; changes that arrive during a pause
-    are taken by one more pause).  Fitted: 58% goodput at 1.2M chips."""
+    are taken by it).  Fitted: 58% goodput at 1.2M chips."""
 
-    learner_restart_seconds: float = Field(default=13.0, ge=0)
+    learner_restart_seconds: float = Field(default=13.5, ge=0)
     """Decoupled DiLoCo: seconds for one learner (1/M of the chips) to restart on a spare
-    and resync from the global weights.  An interruption during it starts it over.
-    Fitted: 88% goodput at 1.2M chips with M=8."""
+    and resync from the global weights.  A slice of it that fails meanwhile is swapped
+    within it.  Fitted: 88% goodput at 1.2M chips with M=8."""
 
     send_interval_seconds: float = Field(default=20.0, gt=0)
     """Decoupled DiLoCo: seconds of training between two sends of a learner (H inner
     steps); what a learner did since its last send is lost when it fails."""
 
-    horizon_days: float = Field(default=7.0, gt=0)
-    """Simulated wall time per replica, in days."""
+    horizon_days: float = Field(default=7.0, gt=0, le=3650)
+    """Simulated wall time per replica, in days (at most ten years)."""
 
-    replicas: int = Field(default=2, ge=1)
+    replicas: int = Field(default=2, ge=1, le=1000)
     """Independent replicas per cell (seeded from ``--seed``); the table shows their mean."""
 
     @property
@@ -110,6 +113,8 @@ def parse_chip_count(text: str) -> int:
         raise ValueError(f"{text!r} is not a chip count (e.g. 150000, 150k, 1.2M)") from None
     if not math.isfinite(value) or value < 1:
         raise ValueError(f"{text!r} is not a chip count (e.g. 150000, 150k, 1.2M)")
+    if value > MAX_CHIPS:
+        raise ValueError(f"{text!r}: at most {chip_label(MAX_CHIPS)} chips (the simulated time grows with the size)")
     return round(value)
 
 

@@ -3,8 +3,9 @@ whenever a slice fails (shrink) or comes back from repair (grow).
 
 No work is lost: the replicas hold the model, so the job drops the failed slice's
 replica, re-forms its collectives and goes on.  But every change of membership stops all
-chips for ``pause`` seconds, and changes that arrive during a pause are taken by one more
-pause once it ends.  It keeps no spares: slices in repair simply do not train.
+chips for ``pause`` seconds; changes that arrive during a pause are taken by that same
+pause (the job re-forms with the slices that are up when it ends).  It keeps no spares:
+slices in repair simply do not train.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ def simulate_elastic(cluster: Cluster, pause: float, rng: random.Random) -> Outc
     """One replica: every slice up and training at time zero."""
     up = cluster.slices
     running, since = True, 0.0  # training since, or pausing until
-    changed = False  # a change arrived during the current pause
     repairs: deque[float] = deque()
     useful, up_seconds = 0.0, 0.0
     interruptions = 0
@@ -35,10 +35,7 @@ def simulate_elastic(cluster: Cluster, pause: float, rng: random.Random) -> Outc
         if now >= horizon:
             break
         if now == pause_end:
-            if changed:
-                changed, since = False, now + pause
-            else:
-                running, since = True, now
+            running, since = True, now
             continue
         if now == candidate:
             candidate = cluster.next_candidate(now, rng)
@@ -54,9 +51,7 @@ def simulate_elastic(cluster: Cluster, pause: float, rng: random.Random) -> Outc
             useful += up * (now - since)
             up_seconds += now - since
             running, since = False, now + pause
-        else:
-            changed = True
-        up += change
+        up += change  # during a pause, the pause takes it
     if running:
         useful += up * (horizon - since)
         up_seconds += horizon - since

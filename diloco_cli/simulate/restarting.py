@@ -5,10 +5,12 @@ Both are the same machine.  A *group* of slices trains while all its slices are 
 keeping its work every ``interval`` seconds of training at a cost of ``save`` seconds
 (plain: a checkpoint; a learner: a send, free, since it overlaps training).  When one of
 its slices fails it stops, loses what it did since it last kept its work, swaps the slice
-for a spare and restarts, which takes ``restart`` seconds; an interruption of one of its
-slices during the restart starts it over.  With no spare left it waits for the next
-repaired slice.  Groups share the spares and nothing else: one learner's failure never
-stops another.
+for a spare and restarts, which takes ``restart`` seconds.  A slice of it that fails
+while it restarts is swapped for a spare too, within the same restart: the group is
+down already, and comes back once with every slice it was given (so the cost of a
+failure does not compound as failures come faster).  With no spare left it waits for
+the next repaired slice, then restarts.  Groups share the spares and nothing else: one
+learner's failure never stops another.
 
 Between events a running group's progress is deterministic, so what it kept is counted
 in closed form when it stops: ``floor(ran / (interval + save))`` segments of ``interval``.
@@ -97,7 +99,8 @@ def simulate_restarting(
                 index -= up[group]
                 group += 1
             up[group] -= 1
-            if phase[group] == RUNNING:
+            was_running = phase[group] == RUNNING
+            if was_running:
                 useful += size[group] * kept_work(now - since[group], interval, save)
                 running -= 1
                 if running == 0:
@@ -108,7 +111,9 @@ def simulate_restarting(
             spares -= taken
             up[group] += taken
             if up[group] == size[group]:
-                start_restart(group, now)  # a restart in progress starts over
+                if was_running:
+                    start_restart(group, now)
+                # else: restarting already, the swapped slice comes up with the rest
             else:
                 attempt[group] += 1
                 phase[group] = WAITING

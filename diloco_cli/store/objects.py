@@ -3,13 +3,15 @@ marked objects, sealed documents, every call under the retry policy and metered.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import DocumentType, seal, unseal
 from diloco_cli.store.faults import StorageFaults
-from diloco_cli.store.filesystem import StorageError, open_filesystem, write_whole
+from diloco_cli.store.filesystem import StorageError, open_filesystem, protocol_of, write_whole
 from diloco_cli.store.metering import StorageMeter, listing_bytes
 from diloco_cli.store.retry import RetryPolicy, call_with_retries
 
@@ -172,8 +174,10 @@ class ObjectStore:
 
     def probe(self) -> None:
         """Write, read and delete a probe object (once, no retries: preflight wants a
-        quick answer); StorageError names the bucket if any step fails."""
+        quick answer); StorageError names the bucket if any step fails.  On a local
+        filesystem the folders the write made are removed too: a probe leaves nothing."""
         key = "diloco-probe"
+        made = self._missing_local_folders()
         try:
             write_whole(self._filesystem, self._full(key), b"probe")
             if self._filesystem.cat_file(self._full(key)) != b"probe":
@@ -186,3 +190,19 @@ class ObjectStore:
                 f"bucket {self.root} cannot be written, read and deleted: {type(error).__name__}: {error}. "
                 "Check the URL, that the bucket exists, and the credentials in the environment."
             ) from None
+        finally:
+            for folder in made:  # the deepest first; one that holds something stays
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+
+    def _missing_local_folders(self) -> list[str]:
+        """The folders above a local store's root that do not exist yet, deepest first."""
+        if protocol_of(self.root) != "file":
+            return []
+        missing, folder = [], Path(self._path)
+        while not folder.exists() and folder != folder.parent:
+            missing.append(str(folder))
+            folder = folder.parent
+        return missing

@@ -154,6 +154,10 @@ class RegionBucket:
     def write_manifest(self, manifest_json: str) -> None:
         self.store.put("manifest.json", manifest_json.encode())
 
+    def delete_manifest(self) -> None:
+        """Take the manifest back (a run interrupted before it started)."""
+        self.store.delete("manifest.json")
+
     # -------------------------------------------------------------- learner payloads
 
     def send_payload(

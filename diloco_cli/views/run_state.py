@@ -42,6 +42,9 @@ class LearnerRow:
     """Global versions since the oldest fragment this learner holds."""
     last_seen_seconds: float | None
     restarts: int
+    """As its supervisor counts them (a kill before the first heartbeat too) when the caller
+    asked the supervisors, else as its heartbeats do; the higher of the two when both are
+    known (a ``resume`` starts a new supervisor, counting from 0 again)."""
     bytes_up: int
     bytes_down: int
     unsent: int
@@ -121,6 +124,8 @@ class RunStatus:
     version: int
     tokens: int
     heldout_loss: float | None
+    heldout_version: int | None
+    """The global version the held-out loss was measured at (evaluations lag the merges)."""
     elapsed_seconds: float
     learners: list[LearnerRow]
     syncer: SyncerSummary
@@ -225,7 +230,13 @@ def collect_status(
         latest = region_refusals[name].latest
         regions[name].latest_refusal = latest.model_dump() if latest else None
     evaluations = [e.model_dump() for e in syncer.evaluations] if syncer else []
+    down = processes_down(processes)
+    for row in rows:  # a supervisor also counts the kills that came before a first heartbeat
+        recorded = next((p.get("restarts", 0) for p in processes or [] if p["process"] == row.learner), 0)
+        row.restarts = max(row.restarts, recorded)
     state = run_state(syncer, now)
+    if "syncer" in down and state not in ("finished", "stopped"):
+        state = "syncer down"
     silent = state == "syncer not reporting"
     status = RunStatus(
         run=spec.run,
@@ -233,11 +244,12 @@ def collect_status(
         version=version,
         tokens=sum(row.tokens for row in rows),
         heldout_loss=evaluations[-1]["loss"] if evaluations else None,
+        heldout_version=evaluations[-1]["version"] if evaluations else None,
         elapsed_seconds=(syncer.time if syncer else now) - spec.created
         if state in ("finished", "stopped")
         else now - spec.created,
         learners=rows,
-        syncer=_syncer_summary(syncer, silent, now),
+        syncer=_syncer_summary(syncer, silent, now, down=state == "syncer down"),
         regions=list(regions.values()),
         evaluations=evaluations,
     )
@@ -246,7 +258,7 @@ def collect_status(
     if spec.chaos is not None:
         status.chaos = chaos_line(read.chaos, now)
     if spec.scaling:
-        status.scaling = scaling_line(spec, now)
+        status.scaling = scaling_line(spec, {row.learner: row.state for row in rows}, now)
     status.reducers = [_reducer_summary(r.region, read.reducers.get(r.region), now) for r in spec.reducers]
     for reducer in read.reducers.values():
         if reducer.region in regions:
@@ -282,7 +294,8 @@ def _reducer_summary(region: str, reducer: ReducerStatus | None, now: float) -> 
 
 
 def run_state(syncer: SyncerStatus | None, now: float) -> str:
-    """starting, running, finished, stopped, or syncer not reporting."""
+    """starting, running, finished, stopped, or syncer not reporting (``collect_status``
+    says syncer down when its supervisor says so)."""
     if syncer is None:
         return "starting"
     if syncer.state.value not in ("finished", "stopped") and now - syncer.time > SYNCER_SILENT_SECONDS:
@@ -303,12 +316,15 @@ def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool)
     region.failures += counters.failures
 
 
-def scaling_line(spec: RunSpec, now: float) -> str:
-    """``M=3 after 2 changes: +1 in a 4 min ago (added a-2); -1 in a 1 min ago (draining a-2)``"""
+def scaling_line(spec: RunSpec, states: dict[str, str], now: float) -> str:
+    """``M=3 after 2 changes: +1 in a 4 min ago (added a-2); -1 in a 1 min ago (draining a-2)``;
+    ``drained`` once every learner of a drain has finished (``states``: by learner)."""
     changes = []
     for change in spec.scaling[-3:]:
         count = len(change.added) - len(change.drained)
-        who = f"added {', '.join(change.added)}" if change.added else f"draining {', '.join(change.drained)}"
+        done = all(states.get(learner) == "drained" for learner in change.drained)
+        verb = "drained" if done else "draining"
+        who = f"added {', '.join(change.added)}" if change.added else f"{verb} {', '.join(change.drained)}"
         changes.append(f"{count:+d} in {change.region} {ago(now - change.time)} ({who})")
     earlier = f"{len(spec.scaling) - 3} earlier; " if len(spec.scaling) > 3 else ""
     return (
@@ -350,12 +366,14 @@ def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: i
     )
 
 
-def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float) -> SyncerSummary:
+def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float, down: bool = False) -> SyncerSummary:
+    """The syncer as its last report shows it; ``down``: its supervisor says it is not
+    running, whatever that report said."""
     if syncer is None:
-        return SyncerSummary("starting", None, None, None, 0, 0, None, None, None, [], {})
+        return SyncerSummary("down" if down else "starting", None, None, None, 0, 0, None, None, None, [], {})
     merge = syncer.last_merge
     return SyncerSummary(
-        state="not reporting" if silent else syncer.state.value,
+        state="down" if down else "not reporting" if silent else syncer.state.value,
         last_report_seconds=now - syncer.time,
         last_merge_seconds_ago=now - merge.time if merge else None,
         last_merge=merge.model_dump() if merge else None,
@@ -374,29 +392,39 @@ def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float) -> Sy
     )
 
 
+def processes_down(processes: list[dict] | None) -> dict[str, str]:
+    """The processes whose supervisor gave up (``failed``) or is gone without finishing
+    (``gone``), from the supervisors' rows (``probe_run``)."""
+    down = {}
+    for process in processes or []:
+        if process["supervisor"] == "failed":
+            down[process["process"]] = "failed"
+        elif not process["supervisor_alive"] and process["supervisor"] not in ("finished", "stopped"):
+            down[process["process"]] = "gone"
+    return down
+
+
 def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
     """What is down or was left behind, each with what to run."""
     run = status.run
     found = []
-    down = set()
+    down = processes_down(processes)
     for process in processes or []:
-        name, supervisor = process["process"], process["supervisor"]
+        name = process["process"]
         error = f"; last error: {process['last_error']}" if process.get("last_error") else ""
-        if supervisor == "failed":
-            down.add(name)
+        if down.get(name) == "failed":
             found.append(
                 f"{name} is down: its supervisor gave up after repeated crashes{error} "
                 f"(see `diloco logs {run} {name}`); once the cause is fixed, `diloco resume {run}` restarts it"
             )
-        elif process.get("crashes") and supervisor in ("running", "restarting") and process["supervisor_alive"]:
+        elif down.get(name) == "gone":
+            found.append(f"{name} is down (its supervisor is gone); `diloco resume {run}` restarts it")
+        elif process.get("crashes") and process["supervisor"] in ("running", "restarting"):
             crashes = process["crashes"]
             found.append(
                 f"{name} is crash-looping: {crashes} crash{'es' if crashes != 1 else ''} in a row, "
                 f"restarted {plural(process['restarts'], 'time')}{error} (see `diloco logs {run} {name}`)"
             )
-        elif not process["supervisor_alive"] and supervisor not in ("finished", "stopped"):
-            down.add(name)
-            found.append(f"{name} is down (its supervisor is gone); `diloco resume {run}` restarts it")
     if status.state == "syncer not reporting" and "syncer" not in down:
         ago = status.syncer.last_report_seconds or 0
         hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"

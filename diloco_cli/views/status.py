@@ -20,6 +20,8 @@ from diloco_cli.views.format import ago, human_bytes, human_count, human_duratio
 from diloco_cli.views.run_state import ReducerSummary, RunStatus, collect_status
 
 STATE_STYLE = {
+    "syncer down": "bold red",
+    "syncer not reporting": "bold red",
     "training": "green",
     "finished": "cyan",
     "drained": "cyan",
@@ -36,11 +38,11 @@ LEARNER_COLUMNS = (
     ("step", "right"),
     ("loss", "right"),
     ("st/s", "right"),
-    ("base", "right"),
+    ("base\n+behind", "right"),
     ("seen", "right"),
     ("rst", "right"),
 )
-"""Steps per second, base version (+ staleness in versions), time since the last
+"""Steps per second, base version (+ versions behind the newest), time since the last
 heartbeat, restarts.  Region and host share a column ("where"; the host only when it is
 not this machine), so the table fits an 80-column terminal."""
 STORAGE_LEGEND = (
@@ -48,13 +50,20 @@ STORAGE_LEGEND = (
     "refused: objects damaged or forged"
 )
 LEGEND = (
-    "st/s: steps per second; base: the global version a learner holds, +versions behind; "
-    "seen: since its last heartbeat; rst: restarts"
+    "st/s: steps per second; base +behind: the global version a learner holds, and how many versions "
+    "it is behind; seen: since its last heartbeat; rst: restarts"
 )
 
 
 def _loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def heldout(status: RunStatus) -> str:
+    """``2.710 (version 6)``: the loss with the version it was measured at, which lags."""
+    if status.heldout_loss is None:
+        return "-"
+    return f"{status.heldout_loss:.3f} (version {status.heldout_version})"
 
 
 def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | None = None) -> Group:
@@ -63,10 +72,10 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
     run.append(f"run {status.run}", style="bold")
     run.append(f"  {status.state}", style=STATE_STYLE.get(status.state, "bold"))
     run.append(
-        f"  version {status.version}  tokens {human_count(status.tokens)}  held-out loss {_loss(status.heldout_loss)}"
+        f"  version {status.version}  tokens {human_count(status.tokens)}  held-out loss {heldout(status)}"
         f"  elapsed {human_duration(status.elapsed_seconds)}"
     )
-    learners = Table(box=table_box, show_edge=False, pad_edge=False)
+    learners = Table(box=table_box, show_edge=False, pad_edge=False, collapse_padding=True)  # 80 columns hold it
     for column, justify in LEARNER_COLUMNS:
         learners.add_column(
             column, justify=justify, no_wrap=True, overflow="ellipsis" if column in ("learner", "where") else "fold"
@@ -106,9 +115,9 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         )
     )
     state = (
-        syncer.state
-        if syncer.state != "not reporting"
-        else f"not reporting (last report {ago(syncer.last_report_seconds)})"
+        f"{syncer.state} (last report {ago(syncer.last_report_seconds)})"
+        if syncer.state in ("not reporting", "down")
+        else syncer.state
     )
     lines = [
         f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; "

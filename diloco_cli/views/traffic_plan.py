@@ -100,14 +100,22 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         *_other_placements(plan),
     ]
     if s.reached:
-        half = f" (H={s.half_interval}: {_share(s.half_interval_compute_share)})" if s.half_interval else ""
+        half = f"; H={s.half_interval}: {_share(s.half_interval_compute_share)}" if s.half_interval else ""
         lines.append(
-            f"  suggested        H={s.sync_interval}, uploads {s.upload_codec}, updates {s.update_codec}: "
-            f"{_share(s.compute_share)} >= {_share(s.target_compute_share)}{half}"
+            f"  smallest H       H={s.sync_interval} keeps {_share(s.compute_share)} useful (the target: "
+            f"{_share(s.target_compute_share)}) with uploads {s.upload_codec}, updates {s.update_codec}{half}"
+        )
+        recipe = f"the recipe's H={d.sync_interval}: {_share(d.compute_share)}"
+        lines.append(
+            f"                   the smallest H these links carry; any larger one does too ({recipe}): "
+            "a larger H sends fewer bytes, a smaller one merges more often"
+            if d.sync_interval >= s.sync_interval
+            else f"                   {recipe}, below it: set sync.sync_interval to {s.sync_interval} or more "
+            "for these links"
         )
     else:
         lines.append(
-            f"  suggested        none reaches {_share(s.target_compute_share)} with H up to {s.sync_interval}; "
+            f"  smallest H       none reaches {_share(s.target_compute_share)} with H up to {s.sync_interval}; "
             f"best: H={s.sync_interval}, uploads {s.upload_codec}, updates {s.update_codec}: {_share(s.compute_share)}"
         )
     lines.append(

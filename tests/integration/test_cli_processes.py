@@ -55,6 +55,43 @@ def test_errors_are_one_line_and_a_nonzero_exit(tmp_path):
     assert bad.exit_code == 2 and "'xml' is not one of 'text', 'json'" in bad.output
 
 
+def test_logs_and_status_into_a_pipe_closed_early_exit_0_every_time(tmp_path):
+    """``diloco logs RUN | head -3`` and ``diloco status | head -3``: the reader leaves
+    before the writer is done (or, with ``true``, before it starts); that is success."""
+    import subprocess
+    import sys
+
+    runs_dir, run_dir = made_run(tmp_path)
+    for process in ("syncer", "local-a-0", "local-a-1", "local-b-0", "local-b-1"):
+        (run_dir / "logs" / f"{process}.log").write_text(f"a line of {process}'s log\n" * 20_000)
+    for command in ("logs made", "status made"):
+        for reader in ["head -n 3"] * 20 + ["true"]:
+            piped = subprocess.run(
+                f"{sys.executable} -m diloco_cli {command} --runs-dir {runs_dir} | {reader}; exit ${{PIPESTATUS[0]}}",
+                shell=True,
+                executable="/bin/bash",
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert (piped.returncode, piped.stderr) == (0, ""), (command, reader, piped.stderr[-2000:])
+            assert len(piped.stdout.splitlines()) == (3 if reader.startswith("head") else 0)
+
+
+def test_a_usage_mistake_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "diloco_cli", "sample", "made", "-n", "nan"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "error: diloco sample: Invalid value for '--length' / '-n': Input should be a valid integer, unable to parse "
+        "string as an integer (`diloco sample --help` says what it takes)\n"
+    )
+
+
 def test_logs_into_a_closed_pipe_end_quietly_and_follow_ends_with_its_process(tmp_path):
     import subprocess
     import sys

@@ -83,7 +83,7 @@ def test_local_file_run_with_a_two_process_learner(tmp_path):
     listing = diloco("runs", "--runs-dir", str(runs_dir))
     assert "e2e-file" in listing.stdout
     stopped = diloco("down", "e2e-file", "--runs-dir", str(runs_dir))
-    assert "run e2e-file is down" in stopped.stdout
+    assert "run e2e-file is finished: nothing of it was running" in stopped.stdout  # as `runs` says it
     wait_processes_gone(runs_dir, "e2e-file")
     # a finished learner keeps one checkpoint; `rm` removes the run everywhere
     record = load_run(runs_dir, "e2e-file")

@@ -60,7 +60,7 @@ def test_scaling_a_running_run_up_and_down(tmp_path):
 
     drained = diloco("scale", name, "--region", "east", "--learners", "-1", "--runs-dir", str(runs_dir), timeout=400)
     assert "draining east-1 in region east; M is now 2" in drained.stdout
-    assert "east-1           drained: it stopped, and all" in drained.stdout
+    assert "east-1           drained: it stopped, and every one of the" in drained.stdout
     beat = heartbeats(runs_dir, name)["east-1"]
     assert beat.state.value == "finished" and beat.step < 900  # left early, its work delivered
     # its supervisor records the exit a moment after the last heartbeat: finished, never restarted

@@ -204,7 +204,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         diloco("export", "ssh-run", "-o", str(output), "--runs-dir", str(runs_dir))
         byte_gpt(num_layers=2, width=64, num_heads=2).load_state_dict(load_file(str(output)))
         stopped = diloco("down", "ssh-run", "--runs-dir", str(runs_dir)).stdout
-        assert "east-0" in stopped and "one" in stopped and "run ssh-run is down" in stopped
+        assert "east-0" in stopped and "one" in stopped and "run ssh-run is finished" in stopped
         assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
         # the README's multi-region commands, as written, on these hosts: a second up
         # finds both hosts up to date (no copy, no install)
@@ -248,7 +248,7 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
                     )
                     time.sleep(1)
             elif arguments[0] == "down":
-                assert f"run {run_name} is down" in result.stdout
+                assert f"run {run_name} is stopped now" in result.stdout
         assert run_name is not None
         assert processes_of(str(tmp_path / "work-one")) == [] and processes_of(str(tmp_path / "work-two")) == []
 

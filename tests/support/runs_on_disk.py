@@ -100,3 +100,23 @@ def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 
     for bucket in spec.buckets(run_secret(spec)):
         bucket.write_syncer_status(status)
         bucket.write_head(Head(version=7, fragment_versions={0: 6, 1: 7}, snapshot_version=0, recent=(), recent_from=0))
+
+
+def published_run(tmp_path, name="made", recipe=None, finished=False):
+    """A run on disk whose global weights (version 0) are published in every region, as
+    its syncer leaves them when it starts (and, ``finished``, its status says it
+    finished); nothing runs.  What ``export`` and ``sample`` read."""
+    from diloco_cli.launch.runs import load_run
+    from diloco_cli.runtime.syncer.loop import Syncer
+    from diloco_cli.store.documents import SyncerPhase
+
+    runs_dir = tmp_path / "runs"
+    spec = resolve_run(recipe or Recipe(), RegionsFile(), name, runs_dir)
+    create_run_directory(runs_dir, spec, launcher="local")
+    write_manifests(spec)
+    record = load_run(runs_dir, name)
+    syncer = Syncer(record.spec, record.secret())
+    syncer.start()
+    if finished:
+        syncer.write_status(SyncerPhase.FINISHED)
+    return runs_dir, record.directory

@@ -46,3 +46,47 @@ def test_runs_says_a_run_that_never_ran_is_down_and_lists_json(tmp_path):
     assert [(r["name"], r["state"], r["learners"]) for r in listed] == [("made", "finished", 4)]
     (run_dir / "processes" / "syncer.json").write_text(json.dumps({"state": "running"}))  # but its process is gone
     assert "made" in (text := runner.invoke(app, ["runs", "--runs-dir", str(runs_dir)]).output) and " down " in text
+
+
+def test_rm_older_than_from_cron_has_nothing_to_remove_most_days(tmp_path):
+    """The README's ``diloco rm --older-than 7``: no run old enough is a quiet success;
+    a negative age is refused."""
+    import json
+
+    runs_dir, run_dir = made_run(tmp_path)
+    (run_dir / "processes" / "syncer.json").write_text(json.dumps({"state": "finished"}))
+    record = json.loads((run_dir / "run.json").read_text())
+    record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    recent = runner.invoke(app, ["rm", "--older-than", "7", "--runs-dir", str(runs_dir)])
+    assert recent.exit_code == 0, recent.output
+    assert recent.stdout == f"nothing to remove: no finished or stopped run in {runs_dir} is older than 7 days\n"
+    assert run_dir.exists()
+    negative = runner.invoke(app, ["rm", "--older-than", "-1", "--runs-dir", str(runs_dir)])
+    assert negative.exit_code == 2 and "'-1': expected a finite number >= 0" in negative.stderr
+    everything = runner.invoke(app, ["rm", "--older-than", "0", "--runs-dir", str(runs_dir)])
+    assert everything.exit_code == 0 and everything.stdout.startswith("removed run made: ") and not run_dir.exists()
+
+
+def test_down_on_a_finished_run_says_finished_as_runs_does(tmp_path):
+    import json
+
+    runs_dir, run_dir = made_run(tmp_path)
+    record = json.loads((run_dir / "run.json").read_text())
+    record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    (run_dir / "processes" / "syncer.json").write_text(json.dumps({"state": "finished"}))
+    down = runner.invoke(app, ["down", "made", "--runs-dir", str(runs_dir)])
+    assert down.exit_code == 0 and down.stdout.splitlines()[-1] == "run made is finished: nothing of it was running"
+    listed = runner.invoke(app, ["runs", "--runs-dir", str(runs_dir)]).stdout
+    assert " finished " in listed
+
+
+def test_runs_and_status_say_the_same_where_no_run_was_started(tmp_path):
+    runs_dir = tmp_path / "runs"
+    said = f"no runs in {runs_dir}; start one with `diloco up`\n"
+    for command in ("runs", "status"):
+        result = runner.invoke(app, [command, "--runs-dir", str(runs_dir)])
+        assert (result.exit_code, result.stdout) == (0, said), command
+    as_json = runner.invoke(app, ["status", "-o", "json", "--runs-dir", str(runs_dir)])
+    assert (as_json.exit_code, as_json.stdout, as_json.stderr) == (0, "null\n", said)

@@ -82,12 +82,11 @@ def test_unknown_keys_inside_lists_list_what_is_allowed_and_the_close_match(tmp_
 
 def test_a_yaml_syntax_error_names_the_file(tmp_path):
     path = tmp_path / "broken.yaml"
-    path.write_text("training: [inner_steps\n")
+    path.write_text("name: x\ntraining:\n  inner_steps: [1\n")
     output = up_fails(tmp_path, str(path))
-    assert (
-        f"error: {path}: not valid YAML" in output
-        and f'in "{path}", line' in output
-        and "<unicode string>" not in output
+    assert output == (  # one line, with where the mistake is
+        f"error: {path}: not valid YAML at line 4, column 1: expected ',' or ']', but got '<stream end>' "
+        "(parsing a flow sequence from line 3)\n"
     )
 
 
@@ -201,3 +200,15 @@ def test_a_sequence_longer_than_the_models_context_is_refused_at_dry_run(tmp_pat
     output = up_fails(tmp_path, str(recipe), "--dry-run")
     assert f"{recipe}: {expected}" in output and "lower data.sequence_length to" in output
     assert output.strip().count("\n") == 0
+
+
+def test_nan_and_infinity_are_refused_in_one_line_per_key(tmp_path):
+    """A recipe's numbers are finite: a learning rate of inf trained garbage; a value that
+    fits none of a key's kinds (a number or 'auto') is one line, not one per kind."""
+    output = up_fails(
+        tmp_path, "--dry-run", "--set", "training.learning_rate=inf", "--set", "sync.outer_learning_rate=nan"
+    )
+    lines = output.strip().splitlines()
+    assert len(lines) == 2, output
+    assert lines[0].endswith("training.learning_rate: Input should be a finite number (got 'inf')")
+    assert lines[1].endswith("sync.outer_learning_rate: Input should be a finite number or 'auto' (got 'nan')")

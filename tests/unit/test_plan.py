@@ -256,7 +256,10 @@ def test_text_shows_the_same_numbers_as_json(planned):
     assert f"{dp['allreduce_seconds']:.3f} s all-reduce" in text
     assert f"compute share    {100 * dp['compute_share']:.1f}%" in text
     assert f"{plan['bytes_ratio']:.1f}x" in text and "(2 of the ring's 4 hops between regions)" in text
-    assert f"H={plan['suggestion']['sync_interval']}" in text
+    s = plan["suggestion"]
+    assert f"smallest H       H={s['sync_interval']} keeps {100 * s['compute_share']:.1f}% useful" in text
+    recipe = f"(the recipe's H={d['sync_interval']}: {100 * d['compute_share']:.1f}%)"
+    assert f"the smallest H these links carry; any larger one does too {recipe}" in text  # why both are there
 
 
 def test_a_ring_crosses_between_regions_once_per_region_that_holds_workers():

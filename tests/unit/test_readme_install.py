@@ -13,3 +13,21 @@ def test_readme_shows_the_install_and_test_commands_that_ci_runs():
     )
     assert "python -m pytest" in blocks and "\npython -m pytest\n" in ci
     assert diloco_commands()[0] == "diloco up"
+
+
+def test_the_readme_is_a_front_door_that_links_to_the_docs():
+    """At most 250 lines, like its anchors' (torchtitan, nanochat, SkyPilot): the sections a
+    newcomer needs, and the benchmarks as one summary table whose every row says whether
+    its target was met, with the full tables in docs/benchmarks.md."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    sections = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    for kept in ("Quick start", "Multi-region", "Your data", "Concepts", "Commands", "When things fail", "Benchmarks"):
+        assert any(section.startswith(kept) for section in sections), kept
+    benchmarks = text.split("## Benchmarks\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in benchmarks.splitlines() if line.startswith("| ") and not line.startswith("| benchmark")]
+    assert len(rows) >= 10 and "[docs/benchmarks.md](docs/benchmarks.md)" in benchmarks
+    assert all(("met" in row.split("|")[4]) or ("missed" in row.split("|")[4]) for row in rows), rows
+    full = (README.parent / "docs" / "benchmarks.md").read_text()
+    for table in ("| codec | zstd | ratio (real) |", "| fragment | M | round |", "| commits | since checkpoint |"):
+        assert table in full and table not in text  # the full tables moved

@@ -66,8 +66,12 @@ def test_scale_mistakes_say_what_to_do(tmp_path):
         plan_scale(_spec(tmp_path), "north", +1, 0.0)
     with pytest.raises(ConfigError, match="region west has 1 active learner.*cannot drain 2"):
         plan_scale(_spec(tmp_path), "west", -2, 0.0)
-    with pytest.raises(ConfigError, match="cannot exceed.*lower sync.quorum first"):
-        plan_scale(_spec(tmp_path, quorum=3), "east", -1, 0.0)
+    with pytest.raises(ConfigError) as quorum:
+        plan_scale(_spec(tmp_path, quorum=2), "east", -2, 0.0)
+    assert str(quorum.value) == (  # the M it would leave, and the M it has
+        "draining east-1, east-0 would leave run r with M=1 learners, fewer than its quorum K=2 (it has M=3 now); "
+        "drain at most 1 (a run's sync.quorum is set when it starts)"
+    )
     with pytest.raises(ConfigError, match="without learners"):
         plan_scale(_spec(tmp_path, learners=(("east", "h1"),)), "east", -1, 0.0)
     assert parse_change("+2") == 2 and parse_change("-1") == -1
@@ -124,3 +128,50 @@ def test_a_learner_added_on_a_gpu_host_takes_a_gpu_no_active_learner_holds(tmp_p
     drained = plan_scale(spec, "east", -1, now=5.0)  # east-1 leaves: GPU 1 is free again
     added = plan_scale(drained, "east", +1, now=6.0).learners[-1]
     assert (added.host, added.devices) == ("gpu", (1,))
+
+
+def test_a_drained_learner_says_how_much_was_merged_and_how_much_overwritten():
+    from diloco_cli.launch.scale import DrainOutcome
+    from diloco_cli.views.scale import render_drained, render_unfinished
+
+    outcome = DrainOutcome(LearnerId("local-a-2"), 301_056, merged=(202_752, 243_712), overwritten=(98_304, 57_344))
+    assert outcome.done and outcome.accounted == 301_056
+    assert render_drained(outcome) == (
+        "  local-a-2        drained: it stopped, and every one of the 301,056 tokens it trained is accounted for "
+        "(fragment 0: 202,752 merged, 98,304 overwritten by installs; fragment 1: 243,712 merged, 57,344 overwritten "
+        "by installs)"
+    )
+    late = DrainOutcome(LearnerId("local-a-2"), 301_056, merged=(202_752, 0), overwritten=(98_304, 0))
+    assert not late.done and render_unfinished("r", [late, DrainOutcome(LearnerId("x"), 0)], 60) == (
+        "error: after 60 s, not drained yet: local-a-2 (0 of 301,056 tokens merged or overwritten), "
+        "x (not stopped yet); `diloco status r` shows them"
+    )
+
+
+def test_scaling_a_run_whose_syncer_is_down_is_refused_and_changes_nothing(tmp_path):
+    """The syncer carries a scale out (it tells drained learners to leave, merges new
+    ones): with it down, the change would wait unsaid until ``resume``."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from diloco_cli.cli.app import app
+    from diloco_cli.launch.runs import load_run
+    from tests.support.runs_on_disk import make_run, syncer_status
+
+    runs_dir, spec = make_run(tmp_path)
+    syncer_status(spec)  # its last report, a moment ago, says running
+    record = json.loads((runs_dir / "viewed" / "run.json").read_text())
+    record["processes"] = [{"name": "syncer", "kind": "syncer", "pid": 999999999, "host": "local"}]
+    (runs_dir / "viewed" / "run.json").write_text(json.dumps(record))
+    (runs_dir / "viewed" / "processes" / "syncer.json").write_text(json.dumps({"state": "running", "restarts": 0}))
+    refused = CliRunner().invoke(
+        app, ["scale", "viewed", "--region", "local-a", "--learners", "-1", "--runs-dir", str(runs_dir)]
+    )
+    assert refused.exit_code == 2 and refused.stderr == (
+        "error: the syncer of run viewed is down (its supervisor is gone), and it is the one that carries a scale "
+        "out; `diloco resume viewed` starts it again, then scale the run\n"
+    )
+    after = load_run(runs_dir, "viewed").spec
+    assert not after.scaling and not any(learner.drain for learner in after.learners)
+    assert spec.bucket("local-a", None).store.get("manifest.json").decode() == spec.to_json()  # untouched

@@ -52,3 +52,76 @@ def test_a_silent_syncer_is_reported_with_what_to_run(tmp_path):
         "the syncer has not reported for 120 s; if it is down, `diloco resume viewed` restarts it "
         "(`diloco status viewed --probe` asks its host)"
     ]
+
+
+def test_the_held_out_loss_says_its_version_and_the_base_column_its_meaning(tmp_path):
+    """The evaluation lags the merges (version 6's loss at version 7); ``base +behind``:
+    the version a learner holds and how far behind it is, said in the header."""
+    from diloco_cli.views.status import render_plain
+
+    runs_dir, spec = make_run(tmp_path)
+    beat(spec, "local-a-0", 120)
+    syncer_status(spec)
+    status = collect_status(spec, run_secret(spec))
+    assert (status.version, status.heldout_loss, status.heldout_version) == (7, 2.71, 6)
+    text = render_plain(status)
+    assert "version 7  tokens 245.8k  held-out loss 2.710 (version 6)" in text
+    lines = text.splitlines()
+    names = next(index for index, line in enumerate(lines) if line.split()[:2] == ["learner", "where"])
+    assert lines[names - 1].split() == ["base"] and "+behind" in lines[names].split()  # its two-line header
+    as_json = json.loads(runner.invoke(app, ["status", "viewed", "-o", "json", "--runs-dir", str(runs_dir)]).stdout)
+    assert as_json["heldout_version"] == 6
+
+
+def test_a_syncer_whose_supervisor_is_gone_is_down_once_and_restarts_are_the_supervisors(tmp_path):
+    runs_dir, spec = make_run(tmp_path)
+    for learner in ("local-a-0", "local-b-1"):
+        beat(spec, learner, 50)  # local-b-1's heartbeat counts 1 restart, local-a-0's none
+    syncer_status(spec)  # a report of a moment ago: running
+    supervisors = [
+        {
+            "process": "syncer",
+            "host": "local",
+            "ssh": "-",
+            "supervisor": "running",
+            "supervisor_alive": False,
+            "restarts": 0,
+        },
+        {
+            "process": "local-a-0",
+            "host": "local",
+            "ssh": "-",
+            "supervisor": "running",
+            "supervisor_alive": True,
+            "restarts": 2,
+        },  # killed twice before its first heartbeat
+        {
+            "process": "local-b-1",
+            "host": "local",
+            "ssh": "-",
+            "supervisor": "running",
+            "supervisor_alive": True,
+            "restarts": 0,
+        },  # resumed: a new supervisor counts from 0
+    ]
+    status = collect_status(spec, run_secret(spec), supervisors)
+    assert status.state == "syncer down" and status.syncer.state == "down"
+    assert status.problems == ["syncer is down (its supervisor is gone); `diloco resume viewed` restarts it"]
+    assert {row.learner: row.restarts for row in status.learners if row.learner in ("local-a-0", "local-b-1")} == {
+        "local-a-0": 2,
+        "local-b-1": 1,
+    }
+    from diloco_cli.views.status import render_plain
+
+    text = render_plain(status)
+    assert "syncer: down (last report" in text and "syncer: running" not in text
+
+
+def test_the_scaling_line_says_drained_once_the_drain_ended(tmp_path):
+    from diloco_cli.launch.scale import plan_scale
+    from diloco_cli.views.run_state import scaling_line
+
+    _, spec = make_run(tmp_path)
+    spec = plan_scale(spec, "local-a", -1, now=time.time() - 60)
+    assert scaling_line(spec, {"local-a-1": "draining"}, time.time()).endswith("(draining local-a-1)")
+    assert scaling_line(spec, {"local-a-1": "drained"}, time.time()).endswith("(drained local-a-1)")

@@ -1,0 +1,100 @@
+"""Ctrl-C during ``diloco up``, at several moments: before any process starts nothing is
+left; once they start, the start is finished and the run's name printed with the command
+that stops it. Never a process that nobody was told about."""
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diloco_cli.launch.local import stop_local
+from diloco_cli.launch.runs import list_runs
+from tests.support.runs import TINY_RECIPE, deep_update, write_yaml
+
+pytestmark = pytest.mark.slow
+
+MOMENTS = [  # (before about 0.1 s Python itself is starting, and dies of any SIGINT)
+    ("seconds", 0.3),  # loading the command
+    ("seconds", 0.6),
+    ("seconds", 0.9),
+    ("seconds", 1.5),
+    ("seconds", 2.5),
+    ("seconds", 4.0),
+    ("the run's folder appears", "*"),
+    ("a supervisor writes its state", "*/processes/*.json"),
+    ("a learner writes its log", "*/logs/local-a-0.log"),
+]
+
+
+def supervisors_under(folder: Path) -> list[int]:
+    """Live supervisors of runs under ``folder`` (by their command lines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            continue
+        if b"diloco_cli.launch.supervisor" in arguments and any(str(folder).encode() in a for a in arguments):
+            found.append(int(entry.name))
+    return found
+
+
+def interrupt_up(files: list[str], runs_dir: Path, moment: tuple[str, object]) -> subprocess.CompletedProcess:
+    """``diloco up``, and SIGINT (Ctrl-C) at ``moment``: after some seconds, or as soon as
+    a path matching a pattern appears under ``runs_dir``."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "diloco_cli", "up", *files, "--runs-dir", str(runs_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    kind, value = moment
+    deadline = time.monotonic() + (value if kind == "seconds" else 60)
+    while time.monotonic() < deadline and process.poll() is None:
+        if kind != "seconds" and any(runs_dir.glob(str(value))):
+            break
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("moment", MOMENTS, ids=[f"{kind} {value}" for kind, value in MOMENTS])
+def test_ctrl_c_during_up_leaves_nothing_unnamed(tmp_path, moment):
+    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 2000}}))
+    regions = [
+        {"name": name, "bucket": f"file://{tmp_path}/buckets/{name}", "hosts": [{"name": "local", "learners": 1}]}
+        for name in ("east", "west")
+    ]
+    runs_dir = tmp_path / "runs"
+    files = [str(recipe), "--regions", str(write_yaml(tmp_path / "regions.yaml", {"regions": regions}))]
+    try:
+        result = interrupt_up(files, runs_dir, moment)
+        said = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        assert "Traceback" not in result.stderr, said
+        # 0: up was done before the signal; -2: the signal came while Python itself was starting or
+        # ending (it handles none then), before up began or after it was done
+        assert result.returncode in (130, 0, -2), said
+        named = re.findall(r"started run (\S+):", result.stdout)
+        if moment[0] == "a supervisor writes its state":  # mid-start: it finishes starting and says so
+            assert named and result.returncode == 130, said
+        runs = sorted(path.name for path in runs_dir.iterdir()) if runs_dir.exists() else []
+        if named:  # it had started: finished starting, said so, and goes on
+            assert runs == named and f"stop it:    diloco down {named[0]}" in result.stdout, said
+            if result.returncode == 130:
+                assert f"interrupted: run {named[0]}" in result.stderr, said
+            recorded = sorted(process["pid"] for process in list_runs(runs_dir)[0].processes)
+            assert len(recorded) == 3 and sorted(supervisors_under(runs_dir)) == recorded, said  # syncer, 2 learners
+        else:  # nothing had started: nothing is left
+            assert runs == [] and supervisors_under(runs_dir) == [], said
+            assert not any((tmp_path / "buckets").rglob("*.json")), said  # no manifest either
+            assert (result.returncode, result.stderr) == (-2, "") or result.stderr.startswith("interrupted"), said
+    finally:
+        for record in list_runs(runs_dir) if runs_dir.exists() else []:
+            stop_local(record, timeout=10)
+        assert supervisors_under(runs_dir) == []
