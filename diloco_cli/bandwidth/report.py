@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, ring_region_crossings
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, provider_of, request_dollars
-from diloco_cli.store.documents import Evaluation, Heartbeat, SyncerStatus
+from diloco_cli.store.documents import Evaluation, Heartbeat, ReducerStatus, SyncerStatus
 from diloco_cli.store.metering import KINDS, StorageCounters, Traffic, TrafficSample
 from diloco_cli.store.run_spec import SYNCER_PLACE, RunSpec
 
@@ -178,13 +178,17 @@ def build_report(
     prices: PriceTable | None,
     state: str,
     now: float,
+    reducers: Mapping[str, ReducerStatus] | None = None,
 ) -> TrafficReport:
     """The report of a run from its processes' latest reports (without ``prices``, every
-    cost is 0: ``diloco status`` shows bytes only)."""
+    cost is 0: ``diloco status`` shows bytes only).  A region's reducer talks to its own
+    bucket only: its bytes stay in the region, beside its learners'."""
     place = syncer.place if syncer else spec.syncer.place
     region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
     for beat in heartbeats.values():
         region_counts.setdefault(beat.region, []).append(beat.storage)
+    for region, reducer in (reducers or {}).items():
+        region_counts.setdefault(region, []).append(reducer.storage)
     sources: list[tuple[str, str, list[StorageCounters]]] = [
         (name, name, counts) for name, counts in region_counts.items() if counts
     ]

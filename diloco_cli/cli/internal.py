@@ -61,12 +61,15 @@ def reducer(
     storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
 ) -> None:
     """Run a region's reducer."""
+    from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.runtime.reducer.loop import Reducer
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
-    spec = read_run_spec(manifest, json.loads(storage_options))
-    raise typer.Exit(Reducer(spec, region, read_secret(secret_file)).run())
+    options = json.loads(storage_options)
+    watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
+    spec = read_run_spec(manifest, options)
+    raise typer.Exit(Reducer(spec, region, read_secret(secret_file), manifest=watch).run())
 
 
 def chaos(

@@ -208,7 +208,9 @@ class SyncerPlacement(BaseModel):
 
     home: str = "file://{runs_dir}/{run}/syncer"
     """fsspec URL of the syncer's own store (its state and ledger); ``{run}`` and
-    ``{runs_dir}`` are replaced as in bucket URLs."""
+    ``{runs_dir}`` are replaced as in bucket URLs.  Left at this default with the syncer
+    on a region's host, it is ``<the region's run root>/syncer``, beside the run in that
+    region's bucket."""
 
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Filesystem options for ``home``."""

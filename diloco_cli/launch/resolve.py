@@ -19,7 +19,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.config.chaos import ChaosPlan
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.config.regions import RegionsFile
+from diloco_cli.config.regions import RegionsFile, SyncerPlacement
 from diloco_cli.core.types import RegionName
 from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.launch.runs import write_run_record
@@ -85,13 +85,15 @@ def resolve_run(
         )
         for region in regions.regions
     )
-    home = regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run)
-    syncer = SyncerSpec(
-        host=syncer_host,
-        home=absolute_url(home),
-        storage_options=regions.syncer.storage_options,
-        region=regions.syncer_region(),
-    )
+    home = absolute_url(regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run))
+    home_options = regions.syncer.storage_options
+    syncer_region = regions.syncer_region()
+    if syncer_host != "local" and syncer_region and regions.syncer.home == SyncerPlacement.model_fields["home"].default:
+        # the syncer runs on a region's host: its home is beside the run in that region's
+        # bucket (in the region, and readable wherever the bucket is: scale, rm, audits)
+        region = regions.region(syncer_region)
+        home, home_options = f"{region.run_root(run, str(runs_dir))}/syncer", region.storage_options
+    syncer = SyncerSpec(host=syncer_host, home=home, storage_options=home_options, region=syncer_region)
     reducers = (
         tuple(ReducerSpec(region=RegionName(region.name), host=region.reducer) for region in regions.regions)
         if recipe.sync.reducers

@@ -120,8 +120,11 @@ class GlobalReader:
             for snapshot_version in self._snapshot_versions(head):
                 try:
                     values, fragment_versions = self._snapshot(snapshot_version, snapshots)
-                    after = head.updates_after(fragment, snapshot_version) or []
-                    updates = self._chain(fragment, fragment_versions.get(fragment, Version(0)), after, target)
+                    held = fragment_versions.get(fragment, Version(0))
+                    after = head.updates_after(fragment, snapshot_version)
+                    if after is None:  # the head no longer lists what follows it: an older snapshot won't do
+                        continue
+                    updates = self._chain(fragment, held, after, target)
                     names = self.fragments[fragment].parameter_names
                     fetched.fragments.append(
                         FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest)
@@ -145,11 +148,19 @@ class GlobalReader:
         return {name: tensors[name] for name in self.fragments[fragment].parameter_names}
 
     def _snapshot_versions(self, head: Head) -> list[Version]:
-        """The head's snapshot first, then any older one the head's updates still cover."""
-        older = sorted(
-            (v for v in self.bucket.snapshot_versions() if head.recent_from <= v < head.snapshot_version), reverse=True
+        """The head's snapshot first, then every other the bucket holds that the head's
+        updates can bring up to it, newest first: a region's reducer may have written one
+        of a later version than the head names (over one a learner found damaged), and an
+        older one is a fallback."""
+        others = sorted(
+            (
+                v
+                for v in self.bucket.snapshot_versions()
+                if head.recent_from <= v <= head.version and v != head.snapshot_version
+            ),
+            reverse=True,
         )
-        return [head.snapshot_version, *older]
+        return [head.snapshot_version, *others]
 
     def _snapshot(self, version: Version, cache: dict) -> tuple[dict[str, torch.Tensor], dict[FragmentIndex, Version]]:
         if version not in cache:

@@ -315,6 +315,9 @@ class ReducerStatus(Document):
     heartbeats_seen: dict[LearnerId, float] = Field(default_factory=dict)
     """The time of each region learner's heartbeat as the reducer last read it: the
     syncer ends the run only once the reducer has seen their last ones."""
+    needs_snapshot: bool = False
+    """The region's copy cannot catch up from the updates the region holds (it missed
+    some that are no longer kept): the syncer gives the region a snapshot."""
     finished: bool = False
     storage: StorageCounters = Field(default_factory=StorageCounters)
     refusals: Refusals = Field(default_factory=Refusals)

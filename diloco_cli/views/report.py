@@ -34,7 +34,7 @@ def collect_report(
     """The report of a run, finished or running, from its buckets."""
     now = time.time() if now is None else now
     read = read_buckets(spec, secret, now)
-    return build_report(spec, read.heartbeats, read.syncer, prices, run_state(read.syncer, now), now)
+    return build_report(spec, read.heartbeats, read.syncer, prices, run_state(read.syncer, now), now, read.reducers)
 
 
 def _dollars(value: float) -> str:

@@ -254,7 +254,7 @@ def collect_status(
         evaluations=evaluations,
     )
     if read.syncer is not None or read.heartbeats:
-        status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now))
+        status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now, read.reducers))
     if spec.chaos is not None:
         status.chaos = chaos_line(read.chaos, now)
     if spec.scaling:

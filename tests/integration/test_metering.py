@@ -80,10 +80,8 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
     the killed learner's region, what it moved after its last heartbeat: a checkpoint
     and a payload at most)."""
     runs_dir, name = tmp_path / "runs", "metered"
-    recipe = write_yaml(
-        tmp_path / "tiny.yaml",
-        deep_update(TINY_RECIPE, {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}}),
-    )
+    changes = {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}, "sync": {"reducers": False}}
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))  # the syncer reads payloads
     with ExitStack() as stack:
         proxies = [stack.enter_context(counting_proxy(s3)) for _ in range(2)]
         regions = []
@@ -95,7 +93,8 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
                     "storage_options": {"endpoint_url": f"http://{proxy.host}:{proxy.port}"},
                 }
             )
-        regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions})
+        # the syncer in a place of its own: every byte it moves goes through a proxy
+        regions_file = write_yaml(tmp_path / "regions.yaml", {"regions": regions, "syncer": {"host": "local"}})
         diloco("up", str(recipe), "--regions", str(regions_file), "--name", name, "--runs-dir", str(runs_dir))
         record = load_run(runs_dir, name)
         direct = RegionBucket(

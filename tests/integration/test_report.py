@@ -34,7 +34,7 @@ def check_page(path, report: dict) -> str:
     assert not page.foreign_requests, page.foreign_requests
     for element in PAGE_IDS:
         assert page.elements[element].visible, (element, page.elements[element])
-    assert report["run"] in page.text and "syncer -> local-a" in page.text
+    assert report["run"] in page.text and "local-a -> local-b" in page.text
     return page.text
 
 
@@ -91,14 +91,15 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     running = report_json(runs_dir, name)
     assert running["state"] == "running" and 0 < running["tokens"] < 2 * 400 * 8 * 64
     links = {(link["source"], link["bucket"]): link for link in running["links"]}
-    assert set(links) == {("local-a", "local-a"), ("local-b", "local-b"), ("syncer", "local-a"), ("syncer", "local-b")}
-    assert not links["local-a", "local-a"]["wan"] and links["syncer", "local-a"]["wan"]
+    # the syncer in local-a (the default): only its traffic with local-b crosses a link
+    assert set(links) == {("local-a", "local-a"), ("local-b", "local-b"), ("local-a", "local-b")}
+    assert not links["local-a", "local-a"]["wan"] and links["local-a", "local-b"]["wan"]
     assert abs(sum(link["share"] for link in running["links"]) - 1) < 1e-9
     assert running["wan_bytes"] == sum(
         link["bytes_up"] + link["bytes_down"] for link in running["links"] if link["wan"]
     )
     piped = diloco("report", name, "--html", str(tmp_path / "running.html"), "--runs-dir", str(runs_dir)).stdout
-    assert "per link" in piped and "syncer -> local-a" in piped and "\x1b[" not in piped
+    assert "per link" in piped and "local-a -> local-b" in piped and "\x1b[" not in piped
     assert "2 (M-1)/M x 2 bytes x parameters" in piped
     check_page(tmp_path / "running.html", running)
     status = diloco("status", name, "--runs-dir", str(runs_dir)).stdout
@@ -109,7 +110,12 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     assert finished["state"] == "finished" and finished["tokens"] == 2 * 400 * 8 * 64
     assert finished["wan_bytes"] > running["wan_bytes"] and finished["evaluations"]
     kinds = {row["kind"]: row for row in finished["kinds"]}
-    assert kinds["checkpoint"]["wan_bytes"] == 0 and kinds["update"]["wan_bytes"] == kinds["update"]["bytes_up"] > 0
+    assert kinds["checkpoint"]["wan_bytes"] == 0 and 0 < kinds["update"]["wan_bytes"] < kinds["update"]["bytes_up"]
+    # with reducers no payload and no snapshot crosses a link (none at version 0 either):
+    # aggregates, updates, heads and small documents do
+    assert kinds["payload"]["wan_bytes"] == 0 and kinds["payload"]["bytes_up"] > 0
+    assert kinds.get("snapshot", {"wan_bytes": 0})["wan_bytes"] == 0
+    assert kinds["aggregate"]["wan_bytes"] > 0
     learner = finished["learners"][0]
     assert learner["checkpoint_bytes_up"] > 0 and learner["delta_bytes_up"] > 0  # apart, not one "bytes up"
     dp = finished["data_parallel"]
@@ -121,4 +127,4 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     screen = in_terminal(
         f"{shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}"
     )
-    assert "\x1b[" in screen and "per link" in screen and "syncer -> local-b" in screen and "per kind" in screen
+    assert "\x1b[" in screen and "per link" in screen and "local-a -> local-b" in screen and "per kind" in screen

@@ -86,10 +86,10 @@ def sshd(tmp_path, name, **options):
     return sshd_server(directory, **options)
 
 
-def regions_file(tmp_path, regions, known_hosts, timeout=10):
+def regions_file(tmp_path, regions, known_hosts, timeout=10, **extra):
     return write_yaml(
         tmp_path / "regions.yaml",
-        {"regions": regions, "ssh": {"known_hosts": str(known_hosts), "connect_timeout": timeout}},
+        {"regions": regions, "ssh": {"known_hosts": str(known_hosts), "connect_timeout": timeout}, **extra},
     )
 
 
@@ -193,6 +193,9 @@ def test_up_on_two_ssh_hosts_installs_supervises_restarts_and_stops(tmp_path, ho
         assert {
             row["process"]: (row["host"], row["ssh"], row["supervisor"]) for row in probed if row["host"] != "local"
         } == {
+            "syncer": ("one", "ok", "finished"),  # by default on the first region's host
+            "reducer-east": ("one", "ok", "finished"),
+            "reducer-west": ("two", "ok", "finished"),
             "east-0": ("one", "ok", "finished"),
             "east-1": ("one", "ok", "finished"),
             "west-0": ("two", "ok", "finished"),
@@ -315,7 +318,9 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
             "up",
             str(recipe),
             "--regions",
-            str(regions_file(tmp_path, regions, known_hosts)),
+            # a region's namespace reaches only its own endpoint; the syncer, which reads
+            # both buckets, runs here (its default, the first region's host, could not)
+            str(regions_file(tmp_path, regions, known_hosts, syncer={"host": "local"})),
             "--name",
             "netns-run",
             "--runs-dir",

@@ -201,7 +201,7 @@ def test_a_reducer_killed_between_turns_goes_on_from_the_bucket(reduced, secret)
     assert_every_token_merged_once(reduced)
 
 
-def test_a_damaged_region_snapshot_reported_by_a_learner_is_written_again(reduced):
+def test_a_region_past_its_damaged_snapshots_writes_a_snapshot_of_its_present(reduced):
     writer, _ = reduced.learners
     while reduced.syncer.state.version < 3:
         reduced.train(writer, 10)
@@ -215,11 +215,12 @@ def test_a_damaged_region_snapshot_reported_by_a_learner_is_written_again(reduce
         late.poller.reader.initial = None  # it cannot build version 0 itself: it needs the snapshot
         assert not reduced.poll(late) and late.refusals.counts["snapshot"] >= 1
         late.heartbeats.beat(wait=10)
-        # the region's copy has moved past the damaged snapshot's version: the syncer names
-        # the present as the snapshot version, and the reducer writes it
-        reduced.syncer.turn(read_heartbeats=True)
+        # the region's copy has moved past the damaged snapshot's version: the reducer writes
+        # a snapshot of its present, newer than any the syncer named
         reduced.reducer.turn(read_heartbeats=True)
-        assert reduced.bucket.read_head().snapshot_version == reduced.syncer.state.version
+        present = reduced.reducer.replica.version
+        assert present == reduced.syncer.state.version > reduced.bucket.read_head().snapshot_version
+        assert present in reduced.bucket.snapshot_versions()
         assert sorted(reduced.poll(late)) == [0, 1]
         reduced.assert_bases_equal_the_syncers(late)
     finally:

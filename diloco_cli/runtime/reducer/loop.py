@@ -36,6 +36,7 @@ from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
 from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward
 from diloco_cli.runtime.reducer.replica import GlobalReplica, ReplicaGap
@@ -44,20 +45,31 @@ from diloco_cli.store.aggregates import REDUCER, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, PayloadRecord, heartbeat_key
+from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, PayloadRecord, heartbeat_key, snapshot_key, update_key
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
 
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
+GAP_SECONDS = 10.0
+"""How long the region's copy waits for a missing update before it asks for a snapshot."""
 
 
 class Reducer:
     """The reducer of one region: :meth:`start`, then :meth:`turn` until the run ends."""
 
-    def __init__(self, spec: RunSpec, region: str, secret: RunSecret, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        region: str,
+        secret: RunSecret,
+        clock=time.monotonic,
+        manifest: ManifestWatch | None = None,
+    ) -> None:
         self.spec, self.region, self.secret, self.clock = spec, region, secret, clock
+        self.manifest = manifest
+        """The run's manifest, followed for learners added or drained (``diloco scale``)."""
         self.recipe = spec.recipe
         self.bucket = spec.bucket(region, secret)
         self.stop_requested = False
@@ -77,6 +89,11 @@ class Reducer:
         self.counts = {"aggregates": 0, "sends": 0, "voided": 0}
         self.snapshot_version = Version(-1)
         self.damaged_snapshots: set[Version] = set()
+        """Snapshot versions the region's learners reported refusing (damaged or missing)."""
+        self.reported: set[tuple[LearnerId, str, float]] = set()
+        """Learners' refusal notes already taken in (their heartbeats repeat them)."""
+        self.gap_since: float | None = None
+        """Since when the region's copy cannot add the next update (one is missing)."""
         self.started_at = time.time()
         self._last = {"beats": float("-inf"), "status": float("-inf")}
 
@@ -151,6 +168,7 @@ class Reducer:
         if read_heartbeats is None:
             read_heartbeats = self._due("beats", now, self.recipe.training.heartbeat_seconds)
         if read_heartbeats:
+            self._follow_manifest()
             self._read_heartbeats()
         head = self._read_head()
         if head is None or not self._follow(head):
@@ -187,19 +205,59 @@ class Reducer:
         """Bring the region's copy up to the head; False while it cannot be (no copy)."""
         if self.replica is None and not self._build_replica(head):
             return False
-        replica = self.replica
         try:
-            if head.version > replica.version:
-                for version, fragment in replica.pending(head):
-                    replica.add(version, fragment)
+            if head.version > self.replica.version:
+                for version, fragment in self.replica.pending(head):
+                    self._add(version, fragment)
                     self._snapshot_if_due(head)
-            replica.check(head)
+            self.replica.check(head)
+            self.gap_since = None
         except ReplicaGap as error:
-            log.info("the region's copy waits at version %d: %s", replica.version, error)
+            if self.gap_since is None:
+                self.gap_since = self.clock()
+                log.info("the region's copy waits at version %d: %s", self.replica.version, error)
+            self._start_again_from_a_newer_snapshot()
         except (PayloadError, StorageError) as error:
-            log.warning("the region's copy stays at version %d: %s", replica.version, error)
+            log.warning("the region's copy stays at version %d: %s", self.replica.version, error)
         self._snapshot_if_due(head)
         return True
+
+    def _add(self, version: Version, fragment: FragmentIndex) -> None:
+        """One update into the region's copy; a damaged one is reported (in the reducer's
+        status: the syncer rewrites it from its commits) and stops the copy there."""
+        try:
+            self.replica.add(version, fragment)
+        except PayloadError as error:
+            self._refused("update", update_key(version, fragment), error)
+            raise
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """Whether the region's copy has waited for a missing update long enough that the
+        syncer should give the region a snapshot (the region missed updates during an
+        outage that are no longer kept anywhere)."""
+        return self.gap_since is not None and self.clock() - self.gap_since >= GAP_SECONDS
+
+    def _start_again_from_a_newer_snapshot(self) -> None:
+        """A snapshot in the region newer than the copy (the syncer's, after a gap) that
+        holds every fragment at or past the copy's version: the copy starts again from it."""
+        replica = self.replica
+        for version in sorted((v for v in self.bucket.snapshot_versions() if v > replica.version), reverse=True):
+            try:
+                newer = GlobalReplica.from_snapshot(
+                    self.fragments,
+                    self.bucket.read_snapshot(version),
+                    self.bucket,
+                    self.secret,
+                    replica.window_versions,
+                )
+            except (PayloadError, FileNotFoundError) as error:
+                self._refused("snapshot", snapshot_key(version), error)
+                continue
+            if all(newer.versions.get(p, -1) >= v for p, v in replica.versions.items()):
+                log.info("the region's copy starts again from the snapshot of version %d", version)
+                self.replica, self.gap_since = newer, None
+                return
 
     def _build_replica(self, head: Head) -> bool:
         """The region's copy: from the newest snapshot this region holds that verifies, else
@@ -244,15 +302,22 @@ class Reducer:
         self.aggregation.restore(in_flight, marks)
 
     def _snapshot_if_due(self, head: Head) -> None:
-        """The region's snapshot at the head's snapshot version, once the copy is there
-        (again, over a copy a learner reported damaged); then the old ones go."""
+        """The region's snapshot at the head's snapshot version, once the copy is there;
+        then the old ones go.  A snapshot the region's learners refused is written again
+        when the copy is at its version, else one of the copy's present is written (readers
+        take the newest snapshot the head's updates cover)."""
         replica = self.replica
         version = head.snapshot_version
-        if replica.version != version or (version <= self.snapshot_version and version not in self.damaged_snapshots):
-            return
-        self.bucket.write_snapshot(version, replica.snapshot(), replace=version in self.damaged_snapshots)
-        self.damaged_snapshots.discard(version)
-        self.snapshot_version = version
+        if replica.version == version and version > self.snapshot_version:
+            self._write_snapshot(head, replace=False)
+        if self.damaged_snapshots and replica.version >= max(self.damaged_snapshots):
+            self._write_snapshot(head, replace=replica.version in self.damaged_snapshots)
+            self.damaged_snapshots.clear()
+
+    def _write_snapshot(self, head: Head, replace: bool) -> None:
+        version = self.replica.version
+        self.bucket.write_snapshot(version, self.replica.snapshot(), replace=replace)
+        self.snapshot_version = max(self.snapshot_version, version)
         log.info("wrote the region's snapshot of version %d", version)
         self._collect_garbage(head)
 
@@ -321,9 +386,17 @@ class Reducer:
             if previous is None or previous[0] != beat.time:
                 self.heartbeats[learner] = (beat.time, beat.state.value, now)
             for note in beat.refusals.recent:
-                if note.kind == "snapshot" and (match := SNAPSHOT_KEY.match(note.key)):
-                    if int(match["version"]) == self.snapshot_version:
-                        self.damaged_snapshots.add(Version(int(match["version"])))
+                seen = (learner, note.key, note.time)
+                if note.kind == "snapshot" and (match := SNAPSHOT_KEY.match(note.key)) and seen not in self.reported:
+                    self.reported.add(seen)
+                    self.damaged_snapshots.add(Version(int(match["version"])))
+
+    def _follow_manifest(self) -> None:
+        """Learners added or drained (``diloco scale``): the region's share and who may
+        still send follow."""
+        spec = self.manifest.changed() if self.manifest else None
+        if spec is not None and (spec.run, spec.created) == (self.spec.run, self.spec.created):
+            self.spec = spec
 
     def _live(self) -> set[LearnerId]:
         """The region's learners that may still send: not gone, heard from lately (or
@@ -438,6 +511,7 @@ class Reducer:
             snapshot_version=max(self.snapshot_version, Version(0)),
             initial_weights=self.initial_weights,
             heartbeats_seen={learner: seen[0] for learner, seen in self.heartbeats.items()},
+            needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,
             finished=self.finished,

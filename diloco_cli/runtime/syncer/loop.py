@@ -266,12 +266,20 @@ class Syncer:
     # ---------------------------------------------------------------------- upkeep
 
     def _repair_from_reports(self) -> None:
-        """Check the published objects learners reported refusing; rewrite damaged ones."""
-        for learner, beat in self.observer.heartbeats.items():
-            for note in beat.refusals.recent:
+        """Check the published objects learners and reducers reported refusing; rewrite
+        damaged ones.  A region whose reducer cannot catch up from the updates it holds
+        gets a snapshot."""
+        reports = [(beat.region, learner, beat.refusals) for learner, beat in self.observer.heartbeats.items()]
+        reducers = self.observer.reducer_status
+        reports += [(region, f"reducer-{region}", status.refusals) for region, status in reducers.items()]
+        for region, reporter, refusals in reports:
+            for note in refusals.recent:
                 recent = note.time >= self.board.started_at - REPORTED_REFUSALS_SECONDS
                 if note.kind in ("update", "snapshot", "head") and recent:
-                    self.publication.repair(beat.region, note, learner, self._fresh_snapshot)
+                    self.publication.repair(region, note, reporter, self._fresh_snapshot)
+        for region, status in reducers.items():
+            if status.needs_snapshot and not self.observer.is_down(region):
+                self.publication.give_snapshot(region, self.clock())
 
     def _fresh_snapshot(self) -> None:
         """A snapshot of the present to every region (repairing a damaged one)."""

@@ -28,6 +28,8 @@ log = logging.getLogger("diloco.syncer")
 
 CATCH_UP_SECONDS = 5.0
 """How often regions that missed a publication are tried again."""
+GIVE_SNAPSHOT_SECONDS = 30.0
+"""How often a region whose reducer asks for a snapshot may be given one."""
 
 
 class Publication:
@@ -59,6 +61,7 @@ class Publication:
         self.repairs = 0
         self._handled: set[tuple[str, str, float]] = set()
         self._last_catch_up = float("-inf")
+        self._given: dict[str, float] = {}
 
     def mark_behind(self, region: str) -> None:
         """The region missed (or will miss) a publication: catch it up later."""
@@ -120,15 +123,33 @@ class Publication:
                 self.behind.add(name)
                 log.warning("region %s is still behind (%s)", name, error)
 
+    def give_snapshot(self, region: str, now: float) -> None:
+        """A snapshot of the present to a region whose copy of the global weights cannot
+        catch up from the updates it holds (it missed some that no one keeps any more):
+        with reducers the only snapshot that crosses the WAN, once per
+        :data:`GIVE_SNAPSHOT_SECONDS` at most."""
+        if now - self._given.get(region, float("-inf")) < GIVE_SNAPSHOT_SECONDS:
+            return
+        self._given[region] = now
+        head = self.head()
+        try:
+            self.buckets[region].write_snapshot(head.version, self.snapshot())
+        except StorageError as error:
+            log.warning("could not give region %s a snapshot (tried again later): %s", region, error)
+            return
+        log.warning(
+            "region %s cannot catch up from the updates it holds: gave it a snapshot of version %d",
+            region,
+            head.version,
+        )
+
     def republish_snapshot(self) -> None:
         """The head's snapshot (of the present: the caller has just made it the head's)
-        to every region, over a damaged one, then the head (with reducers, only the head:
-        each region's reducer writes the snapshot it names)."""
-        payload, head = self.snapshot() if self.snapshots else None, self.head()
+        to every region, over a damaged one, then the head (without reducers)."""
+        payload, head = self.snapshot(), self.head()
         for name, bucket in self.buckets.items():
             try:
-                if payload is not None:
-                    bucket.write_snapshot(head.snapshot_version, payload, replace=True)
+                bucket.write_snapshot(head.snapshot_version, payload, replace=True)
                 bucket.write_head(head)
             except StorageError:
                 self.behind.add(name)
@@ -154,10 +175,8 @@ class Publication:
                 if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
                     bucket.publish_update(version, fragment, good, replace=True)
                     self._repaired(region, note.key)
-            elif (match := SNAPSHOT_KEY.match(note.key)) and not self.snapshots:
-                if Version(int(match["version"])) == head.snapshot_version:  # the reducers write the next one
-                    fresh_snapshot()
-                    self._repaired(region, note.key)
+            elif SNAPSHOT_KEY.match(note.key) and not self.snapshots:
+                return  # the region's reducer writes its snapshots, and writes them again
             elif match := SNAPSHOT_KEY.match(note.key):
                 version = Version(int(match["version"]))
                 data = _read_or_none(lambda: bucket.read_snapshot(version))
