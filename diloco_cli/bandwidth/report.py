@@ -182,18 +182,21 @@ def build_report(
 ) -> TrafficReport:
     """The report of a run from its processes' latest reports (without ``prices``, every
     cost is 0: ``diloco status`` shows bytes only).  A region's reducer talks to its own
-    bucket only: its bytes stay in the region, beside its learners'."""
+    bucket only: its bytes stay in the region, beside its learners', and so do those of a
+    syncer placed in a region with that region's bucket."""
     place = syncer.place if syncer else spec.syncer.place
     region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
     for beat in heartbeats.values():
         region_counts.setdefault(beat.region, []).append(beat.storage)
     for region, reducer in (reducers or {}).items():
         region_counts.setdefault(region, []).append(reducer.storage)
-    sources: list[tuple[str, str, list[StorageCounters]]] = [
-        (name, name, counts) for name, counts in region_counts.items() if counts
-    ]
-    if syncer is not None:
-        sources += [(place, name, [counts]) for name, counts in syncer.storage.items()]
+    by_link: dict[tuple[str, str], list[StorageCounters]] = {
+        (name, name): counts for name, counts in region_counts.items() if counts
+    }
+    if syncer is not None:  # a syncer in a region shares that region's in-region link
+        for name, counts in syncer.storage.items():
+            by_link.setdefault((place, name), []).append(counts)
+    sources = [(source, bucket, counts) for (source, bucket), counts in by_link.items()]
     provider = {region.name: provider_of(region.root) for region in spec.regions}
     total_bytes = sum(_moved(c.total) for _, _, counts in sources for c in counts)
     links = [_link(source, bucket, counts, total_bytes, prices, provider) for source, bucket, counts in sources]

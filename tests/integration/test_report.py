@@ -109,6 +109,8 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     finished = report_json(runs_dir, name)
     assert finished["state"] == "finished" and finished["tokens"] == 2 * 400 * 8 * 64
     assert finished["wan_bytes"] > running["wan_bytes"] and finished["evaluations"]
+    links = [(link["source"], link["bucket"]) for link in finished["links"]]
+    assert len(links) == len(set(links)) == 3  # the syncer in local-a shares local-a's in-region link
     kinds = {row["kind"]: row for row in finished["kinds"]}
     assert kinds["checkpoint"]["wan_bytes"] == 0 and 0 < kinds["update"]["wan_bytes"] < kinds["update"]["bytes_up"]
     # with reducers no payload and no snapshot crosses a link (none at version 0 either):
@@ -125,6 +127,6 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     assert "finished" in text
 
     screen = in_terminal(
-        f"{shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}"
+        f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}"
     )
     assert "\x1b[" in screen and "per link" in screen and "local-a -> local-b" in screen and "per kind" in screen
