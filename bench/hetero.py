@@ -62,7 +62,9 @@ def recipe_for(quick: bool, changes: dict) -> Recipe:
         document["model"] = {"kwargs": {"num_layers": 2, "width": 64, "num_heads": 2, "context": 64}}
         document["data"] = {"sequence_length": 64}
         document["training"].update({"batch_size": 8, "warmup_steps": 5, "poll_seconds": 0.3, "heartbeat_seconds": 0.5})
-        document["sync"].update({"sync_interval": 10, "evaluation_batches": 2})
+        # a send every ~0.3 s here: the reducers' forward window shrinks with the time scale
+        # (at the default model's minutes per H, 1 s is a small part of it)
+        document["sync"].update({"sync_interval": 10, "evaluation_batches": 2, "forward_window_seconds": 0.1})
     for section, values in changes.items():
         document.setdefault(section, {}).update(values)
     return Recipe.model_validate(document)
