@@ -1,6 +1,6 @@
 """Each learner its own GPUs: a host's GPUs (its ``gpus`` list, else what ``nvidia-smi``
 shows) shared out among its learners, refused when they need more, shown by the dry run
-(the learners' environment: tests/integration/test_devices.py)."""
+(the learners' environment: tests/integration/test_learner_gpus.py)."""
 
 import os
 import stat
