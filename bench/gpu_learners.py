@@ -129,6 +129,7 @@ def check(quick: bool, gpus: list[int] | None) -> dict[str, Any]:
         "heldout_loss": status.heldout_loss,
         "seconds": time.perf_counter() - started,
     }
+    diloco("down", "two", "--runs-dir", "runs", cwd=directory)  # the reducer may still be on its last turn
     shutil.rmtree(directory, ignore_errors=True)
     return result
 

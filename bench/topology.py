@@ -23,6 +23,7 @@ loss comparison is of one seed (seeds differ by about 2% at this scale: see benc
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -55,8 +56,10 @@ def run_topology(label: str, per_region: int, syncer_place: str, extra: list[str
     from tests.support.wan import emulated_wan
 
     overrides = [*MEASURE, *(QUICK if args.quick else []), f"training.num_learners={per_region * len(REGIONS)}", *extra]
+    rundir = workdir / label.replace(" ", "-")
+    rundir.mkdir(parents=True)
     with emulated_wan(REGIONS, [SYNCER], rate_mbit=args.link_mbit, latency_ms=args.latency_ms, hostnames=True) as wan:
-        result = diloco_on_wan(wan, overrides, workdir / label.replace(" ", "-"), args.timeout, syncer_place)
+        result = diloco_on_wan(wan, overrides, rundir, args.timeout, syncer_place)
     kinds: dict[str, int] = {}
     for link in result["links"]:
         if link["wan"]:
@@ -105,6 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency added by the proxies")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     args = parser.parse_args(argv)
+    from tests.support.wan import S3_ENV
+
+    os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="diloco-topology-") as directory:
         for label, per_region, syncer_place, extra in TOPOLOGIES:
