@@ -127,6 +127,7 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     assert "finished" in text
 
     screen = in_terminal(
-        f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli report {name} --runs-dir {shlex.quote(str(runs_dir))}"
+        f"env -u COLUMNS -u LINES {shlex.quote(sys.executable)} -m diloco_cli report {name} "
+        f"--runs-dir {shlex.quote(str(runs_dir))}"
     )
     assert "\x1b[" in screen and "per link" in screen and "local-a -> local-b" in screen and "per kind" in screen
