@@ -89,7 +89,8 @@ def test_ctrl_c_during_up_leaves_nothing_unnamed(tmp_path, moment):
             if result.returncode == 130:
                 assert f"interrupted: run {named[0]}" in result.stderr, said
             recorded = sorted(process["pid"] for process in list_runs(runs_dir)[0].processes)
-            assert len(recorded) == 3 and sorted(supervisors_under(runs_dir)) == recorded, said  # syncer, 2 learners
+            # the syncer, a reducer per region and 2 learners
+            assert len(recorded) == 5 and sorted(supervisors_under(runs_dir)) == recorded, said
         else:  # nothing had started: nothing is left
             assert runs == [] and supervisors_under(runs_dir) == [], said
             assert not any((tmp_path / "buckets").rglob("*.json")), said  # no manifest either
