@@ -23,6 +23,7 @@ is the only structured data, so nothing is ever unpickled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -147,10 +148,11 @@ class PayloadBody:
 
     def section(self, name: str) -> tuple[TensorEntry, np.ndarray]:
         """The entry and section of tensor ``name`` (KeyError if the payload lacks it)."""
-        for entry, section in zip(self.header.tensors, self.sections):
-            if entry.name == name:
-                return entry, section
-        raise KeyError(name)
+        return self._by_name[name]
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, tuple[TensorEntry, np.ndarray]]:
+        return {entry.name: (entry, section) for entry, section in zip(self.header.tensors, self.sections)}
 
     def decode_into(
         self, targets: Mapping[str, torch.Tensor], *, accumulate: bool = False, pool: KernelPool | None = None
