@@ -15,6 +15,7 @@ decompressed on a background thread while this one is folded in on the others.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -77,7 +78,8 @@ def accumulate_arrivals(
     window.check_anchorable(sorted(by_base, reverse=True))
     fresh = by_base.pop(window.newest, [])
     stale_bases = sorted(by_base, reverse=True)
-    opened = _Opener([*fresh, *(a for base in stale_bases for a in by_base[base])], secret, workspace)
+    in_order = [*fresh, *(a for base in stale_bases for a in by_base[base])]
+    opened = _Opener(in_order, secret, workspace, sum(math.prod(shape) for shape in shapes.values()))
 
     def fold(drift: Mapping | None) -> None:
         arrival, body = opened.next()
@@ -109,22 +111,31 @@ def accumulate_arrivals(
     return result
 
 
+PREFETCH_VALUES = 1 << 20
+"""Payloads of fragments of fewer values are opened when they are reached: handing the
+work to another thread would cost more than it overlaps."""
+
+
 class _Opener:
     """Each arrival's verified body (or why it has none), in order.  With several
     threads the bodies are opened ahead on the background thread, from the moment this
     is made: the next while this one is folded in (two bodies in memory whatever the
-    number of arrivals).  With one thread each is opened when it is reached."""
+    number of arrivals).  With one thread, or a small fragment, each is opened when it
+    is reached."""
 
-    def __init__(self, arrivals: list[RoundInput], secret: RunSecret, workspace: MergeWorkspace) -> None:
+    def __init__(self, arrivals: list[RoundInput], secret: RunSecret, workspace: MergeWorkspace, values: int) -> None:
         self._arrivals, self._secret, self._workspace = arrivals, secret, workspace
-        self._lookahead = 1 if workspace.threads > 1 else 0
+        self._lookahead = 1 if workspace.threads > 1 and values >= PREFETCH_VALUES else 0
         self._pending: deque[Future[PayloadBody | PayloadError]] = deque()
         self._submitted = self._taken = 0
-        self._submit_up_to(0)
+        if self._lookahead:
+            self._submit_up_to(0)
 
     def next(self) -> tuple[RoundInput, PayloadBody | PayloadError]:
         index = self._taken
         self._taken += 1
+        if not self._lookahead:
+            return self._arrivals[index], self._open(index)
         self._submit_up_to(index)
         return self._arrivals[index], self._pending.popleft().result()
 

@@ -18,6 +18,7 @@ from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.merge import MergeAccumulator, token_weight
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime import outer_gradients
 from diloco_cli.runtime.syncer.merge_round import RoundInput, merge_round
 from diloco_cli.runtime.workspace import MergeWorkspace
 
@@ -34,8 +35,10 @@ another order (float64 against torch's fp32), relative to the merged tensor's no
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of 256 values, so that every tensor here spans several."""
+    """Chunks of 256 values, so that every tensor here spans several, and payloads
+    opened ahead on the background thread however small the fragment."""
     monkeypatch.setattr(parallel, "CHUNK_VALUES", 256)
+    monkeypatch.setattr(outer_gradients, "PREFETCH_VALUES", 0)
 
 
 def delta(seed, scale=1e-2):
@@ -55,25 +58,40 @@ def assert_close(found, expected):
         assert difference <= RELATIVE_TOLERANCE * scale, (name, difference, scale)
 
 
-def test_a_payload_without_every_tensor_of_the_fragment_is_refused(secret):
+def test_payloads_opened_ahead_are_refused_or_fail_as_when_opened_in_turn(secret, small_chunks):
+    """On the background thread: a payload without every tensor of the fragment, or
+    with a damaged tag, is refused; a load that fails stops the round with its error."""
     parameters = {name: torch.zeros(shape) for name, shape in SHAPES.items()}
     partial = {name: values for name, values in delta(5).items() if name != "b"}
-    result = merge_round(
-        FragmentIndex(0),
-        Version(1),
-        [
-            RoundInput(LearnerId("a"), Version(0), 1, 1, lambda: payload(secret, "a", 0, delta(6), CodecSpec())),
-            RoundInput(LearnerId("b"), Version(0), 1, 1, lambda: payload(secret, "b", 0, partial, CodecSpec())),
-        ],
-        parameters,
-        UpdateWindow(2),
-        NesterovOuterOptimizer(1.0, 0.0),
-        ExactPublisher(CodecSpec(codec=Codec.INT8), secret),
-        secret,
-        workspace=MergeWorkspace(2),
+    damaged = bytearray(payload(secret, "c", 0, delta(7), CodecSpec()))
+    damaged[-1] ^= 0xFF
+
+    def merge(*arrivals):
+        return merge_round(
+            FragmentIndex(0),
+            Version(1),
+            [RoundInput(LearnerId(learner), Version(0), 1, 1, load) for learner, load in arrivals],
+            parameters,
+            UpdateWindow(2),
+            NesterovOuterOptimizer(1.0, 0.0),
+            ExactPublisher(CodecSpec(codec=Codec.INT8), secret),
+            secret,
+            workspace=MergeWorkspace(2),
+        )
+
+    result = merge(
+        ("a", lambda: payload(secret, "a", 0, delta(6), CodecSpec())),
+        ("b", lambda: payload(secret, "b", 0, partial, CodecSpec())),
+        ("c", lambda: bytes(damaged)),
     )
     assert [a.learner for a in result.merged] == ["a"]
-    assert isinstance(result.rejected[0][1], CorruptPayload)
+    assert [type(error) for _, error in result.rejected] == [CorruptPayload, CorruptPayload]
+
+    def unreadable():
+        raise OSError("the bucket is gone")
+
+    with pytest.raises(OSError, match="the bucket is gone"):
+        merge(("a", lambda: payload(secret, "a", 0, delta(6), CodecSpec())), ("b", unreadable))
 
 
 INT8_UPDATES = CodecSpec(codec=Codec.INT8, block_size=48)
