@@ -27,7 +27,7 @@ from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.aggregate import decode_aggregate
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.codec.frame import PayloadBody
-from diloco_cli.codec.parallel import KernelPool
+from diloco_cli.codec.parallel import KernelPool, torch_on_one_thread
 from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.merge import MergeAccumulator
 from diloco_cli.core.outer import NesterovOuterOptimizer
@@ -117,10 +117,11 @@ def merge_round(
         encoder.add_decoded(name, start, theta)
 
     pool = workspace.pool
-    for name, tensor in parameters.items():
-        pool.map_chunks(
-            lambda start, length, name=name: finish(name, start, length), tensor.numel(), encoder.block_size
-        )
+    with torch_on_one_thread():
+        for name, tensor in parameters.items():
+            pool.map_chunks(
+                lambda start, length, name=name: finish(name, start, length), tensor.numel(), encoder.block_size
+            )
     body = encoder.body(round_meta)
     window.record(version, _adder(body, pool))
     # zstandard's workers, as many as the round's threads: the same bytes for any number
