@@ -185,3 +185,147 @@ void diloco_dequantize_int4(const uint8_t *packed, const uint16_t *scales, int64
         }
     }
 }
+
+/* ------------------------------------------------------------------ merge kernels
+ *
+ * A learner's payload folded straight into a merge's running sums: each tile of a section
+ * (one quantization block, or 1024 values of a float format) is decoded into a stack
+ * buffer, anchored on the drift (g = drift + q*scale, the product rounded to fp32 first,
+ * exactly as decoding onto the drift does) and then either squared into a float64 sum
+ * (the norm) or added, times its weights, into the running sums.  Nothing
+ * fragment-sized is written but the sums.
+ *
+ * Every call covers one chunk of a tensor starting at a block boundary (codes, scales and
+ * drift point at the chunk's first value).  The caller cuts tensors into fixed chunks
+ * whatever its thread count, and adds the chunks' partial sums in chunk order, so results
+ * do not depend on the number of threads.
+ */
+
+enum { KIND_FP32 = 0, KIND_BF16 = 1, KIND_INT8 = 2, KIND_INT4 = 3 };
+enum { MAX_TILE = 4096, FLOAT_TILE = 1024 };
+
+/* Values [start, start + len) of a chunk, decoded: a pointer into the section itself for
+ * fp32, else into values.  A tile of a quantized format is one block. */
+ALWAYS_INLINE const float *decode_tile(int kind, const void *codes, const uint16_t *scales,
+                                       int64_t start, int64_t len, int64_t block,
+                                       float *values) {
+    if (kind == KIND_FP32) return (const float *)codes + start;
+    if (kind == KIND_BF16) {
+        const uint16_t *stored = (const uint16_t *)codes + start;
+        for (int64_t j = 0; j < len; ++j) values[j] = bf16_to_float(stored[j]);
+        return values;
+    }
+    float scale = bf16_to_float(scales[start / block]);
+    if (kind == KIND_INT8) {
+        const int8_t *qb = (const int8_t *)codes + start;
+        for (int64_t j = 0; j < len; ++j) values[j] = (float)qb[j] * scale;
+        return values;
+    }
+    const uint8_t *pb = (const uint8_t *)codes + start / 2;
+    int64_t pairs = len / 2;
+    for (int64_t j = 0; j < pairs; ++j) {
+        values[2 * j] = (float)((int)(pb[j] & 15) - 8) * scale;
+        values[2 * j + 1] = (float)((int)(pb[j] >> 4) - 8) * scale;
+    }
+    if (len % 2) values[len - 1] = (float)((int)(pb[pairs] & 15) - 8) * scale;
+    return values;
+}
+
+ALWAYS_INLINE int64_t tile_of(int kind, int64_t block) {
+    return kind >= KIND_INT8 ? block : FLOAT_TILE;
+}
+
+/* Sum over the chunk of g*g in float64, g = drift + decoded (drift may be NULL).
+ * Returns -1 for a block larger than the tile buffer. */
+MULTIVERSION
+double diloco_fold_sumsq(int kind, const void *codes, const uint16_t *scales, int64_t n,
+                         int64_t block, const float *drift) {
+    int64_t tile = tile_of(kind, block);
+    if (tile > MAX_TILE) return -1.0;
+    if (kind == KIND_INT4 && !drift) {
+        /* Without a drift every g is q*scale, exact in fp32 and its square exact in
+         * float64: a block's sum is scale^2 * (the integer sum of q^2), from the codes
+         * alone.  The blocks' sums are added in order. */
+        const uint8_t *packed = (const uint8_t *)codes;
+        double sum = 0.0;
+        for (int64_t start = 0; start < n; start += block) {
+            int64_t len = n - start < block ? n - start : block;
+            const uint8_t *pb = packed + start / 2;
+            int32_t squares = 0;
+            for (int64_t j = 0; j < len / 2; ++j) {
+                int32_t low = (int32_t)(pb[j] & 15) - 8, high = (int32_t)(pb[j] >> 4) - 8;
+                squares += low * low + high * high;
+            }
+            if (len % 2) {
+                int32_t low = (int32_t)(pb[len / 2] & 15) - 8;
+                squares += low * low;
+            }
+            double scale = (double)bf16_to_float(scales[start / block]);
+            sum += (double)squares * (scale * scale);
+        }
+        return sum;
+    }
+    double lanes[LANES] = {0};
+    float values[MAX_TILE];
+    for (int64_t start = 0; start < n; start += tile) {
+        int64_t len = n - start < tile ? n - start : tile;
+        const float *v = decode_tile(kind, codes, scales, start, len, block, values);
+        const float *d = drift ? drift + start : NULL;
+        int64_t j = 0;
+        if (d) {
+            for (; j + LANES <= len; j += LANES) {
+                for (int k = 0; k < LANES; ++k) {
+                    float g = d[j + k] + v[j + k];
+                    lanes[k] += (double)g * (double)g;
+                }
+            }
+            for (int k = 0; j < len; ++j, ++k) {
+                float g = d[j] + v[j];
+                lanes[k] += (double)g * (double)g;
+            }
+        } else {
+            for (; j + LANES <= len; j += LANES) {
+                for (int k = 0; k < LANES; ++k) lanes[k] += (double)v[j + k] * (double)v[j + k];
+            }
+            for (int k = 0; j < len; ++j, ++k) lanes[k] += (double)v[j] * (double)v[j];
+        }
+    }
+    double sum = 0.0;
+    for (int k = 0; k < LANES; ++k) sum += lanes[k];
+    return sum;
+}
+
+/* sum = weight * g (overwrite) or sum += weight * g, the product rounded to fp32 first. */
+ALWAYS_INLINE void fold_into(float *sum, const float *g, int64_t len, float weight, int overwrite) {
+    if (overwrite) {
+        for (int64_t j = 0; j < len; ++j) sum[j] = 0.0f + weight * g[j];
+    } else {
+        for (int64_t j = 0; j < len; ++j) sum[j] += weight * g[j];
+    }
+}
+
+/* weighted += weight * g and unit += unit_weight * g over the chunk, g = drift + decoded
+ * (drift, weighted and unit may each be NULL).  Bit 1 of overwrite makes the first
+ * write to weighted, bit 2 the first to unit (no zeroing pass before the first
+ * arrival).  Returns -1 for a block larger than the tile buffer, else 0. */
+MULTIVERSION
+int diloco_fold_sums(int kind, const void *codes, const uint16_t *scales, int64_t n,
+                     int64_t block, const float *drift, float *weighted, float weight,
+                     float *unit, float unit_weight, int overwrite) {
+    int64_t tile = tile_of(kind, block);
+    if (tile > MAX_TILE) return -1;
+    float values[MAX_TILE];
+    float anchored[MAX_TILE];
+    for (int64_t start = 0; start < n; start += tile) {
+        int64_t len = n - start < tile ? n - start : tile;
+        const float *g = decode_tile(kind, codes, scales, start, len, block, values);
+        if (drift) {
+            const float *d = drift + start;
+            for (int64_t j = 0; j < len; ++j) anchored[j] = d[j] + g[j];
+            g = anchored;
+        }
+        if (weighted) fold_into(weighted + start, g, len, weight, overwrite & 1);
+        if (unit) fold_into(unit + start, g, len, unit_weight, overwrite & 2);
+    }
+    return 0;
+}

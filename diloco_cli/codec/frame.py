@@ -23,12 +23,14 @@ is the only structured data, so nothing is ever unpickled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import math
 import struct
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -49,6 +51,8 @@ from diloco_cli.codec.spec import CodecSpec
 
 if TYPE_CHECKING:
     import torch
+
+    from diloco_cli.codec.parallel import KernelPool
 
 # torch and the quantization kernels are imported where tensors are encoded or decoded,
 # so that what only verifies frames and reads headers (the CLI, status) starts fast.
@@ -125,6 +129,51 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise TypeError(f"payloads carry floating-point tensors, not {dtype}")
 
 
+@dataclass(frozen=True)
+class PayloadBody:
+    """A payload's header and its uncompressed body, one section per tensor in header
+    order: read from a verified frame (:func:`open_payload`) or just quantized here
+    (:func:`quantize_body`), and so trusted either way."""
+
+    header: PayloadHeader
+    raw: np.ndarray
+    """The whole body (uint8); ``sections`` are views of it."""
+    sections: tuple[np.ndarray, ...]
+    header_json: bytes = b""
+    """The header as it is tagged, for :func:`seal` (empty for an opened frame)."""
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.header.meta
+
+    def section(self, name: str) -> tuple[TensorEntry, np.ndarray]:
+        """The entry and section of tensor ``name`` (KeyError if the payload lacks it)."""
+        return self._by_name[name]
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, tuple[TensorEntry, np.ndarray]]:
+        return {entry.name: (entry, section) for entry, section in zip(self.header.tensors, self.sections)}
+
+    def decode_into(
+        self, targets: Mapping[str, torch.Tensor], *, accumulate: bool = False, pool: KernelPool | None = None
+    ) -> None:
+        """Write (or, with ``accumulate``, add) every tensor into the tensor of its name
+        in ``targets`` (contiguous fp32 CPU, checked by :func:`decode_payload`)."""
+        from diloco_cli.codec.parallel import SERIAL
+        from diloco_cli.codec.quantize import dequantize_into
+
+        for entry, section in zip(self.header.tensors, self.sections):
+            dequantize_into(
+                self.header.codec.codec,
+                section,
+                entry.numel,
+                self.header.codec.block_size,
+                targets[entry.name].view(-1),
+                accumulate=accumulate,
+                pool=pool or SERIAL,
+            )
+
+
 def encode_payload(
     tensors: Iterable[tuple[str, torch.Tensor]],
     spec: CodecSpec,
@@ -142,6 +191,18 @@ def encode_payload(
     residual may be the very tensor being encoded (each value is read before its
     residual is written), which saves a copy.
     """
+    return seal(quantize_body(tensors, spec, meta, residuals_into=residuals_into), secret)
+
+
+def quantize_body(
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    spec: CodecSpec,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    residuals_into: Mapping[str, torch.Tensor] | None = None,
+) -> PayloadBody:
+    """The first half of :func:`encode_payload`: quantize ``tensors`` into a body, to be
+    sealed by :func:`seal`."""
     import torch
 
     from diloco_cli.codec.quantize import quantize_into
@@ -150,9 +211,7 @@ def encode_payload(
     entries: list[dict[str, Any]] = []
     for name, tensor in tensors:
         values = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
-        layout = section_layout(spec.codec, values.numel(), spec.block_size)
-        section = np.empty(layout.total_bytes, np.uint8)
-        section[layout.scale_bytes + layout.code_bytes :] = 0  # the alignment padding
+        (section,) = empty_body(spec, [values.numel()])[1]
         residual = None
         if residuals_into is not None:
             residual = residuals_into[name]
@@ -163,24 +222,80 @@ def encode_payload(
         entries.append({"name": name, "shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)})
         sections.append(section)
     raw = sections[0] if len(sections) == 1 else np.concatenate(sections) if sections else np.empty(0, np.uint8)
-    raw_body_bytes = raw.nbytes
+    return finished_body(spec, entries, raw, list(_split_body(raw, [section.nbytes for section in sections])), meta)
+
+
+def empty_body(spec: CodecSpec, numels: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A body for tensors of ``numels`` values: one buffer, and its section per tensor
+    (the alignment padding zeroed, the rest to be written by quantizing)."""
+    layouts = [section_layout(spec.codec, numel, spec.block_size) for numel in numels]
+    raw = np.empty(sum(layout.total_bytes for layout in layouts), np.uint8)
+    sections = list(_split_body(raw, [layout.total_bytes for layout in layouts]))
+    for layout, section in zip(layouts, sections):
+        section[layout.scale_bytes + layout.code_bytes :] = 0
+    return raw, sections
+
+
+def finished_body(
+    spec: CodecSpec,
+    entries: Sequence[Mapping[str, Any]],
+    raw: np.ndarray,
+    sections: Sequence[np.ndarray],
+    meta: Mapping[str, Any] | None,
+) -> PayloadBody:
+    """The body of quantized ``sections`` (views of ``raw``) and its header: ``entries``
+    hold each tensor's name, shape and dtype name, in body order."""
+    document = {
+        "codec": spec.model_dump(mode="json"),
+        "raw_body_bytes": raw.nbytes,
+        "tensors": list(entries),
+        "meta": dict(meta or {}),
+    }
+    header_json = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    header = PayloadHeader.model_validate_json(header_json)  # exactly what a receiver will read
+    return PayloadBody(header, raw, tuple(sections), header_json)
+
+
+def seal(body: PayloadBody, secret: RunSecret, *, compression_workers: int = 0) -> bytes:
+    """The second half of :func:`encode_payload`: compress a quantized body with its
+    codec's zstandard level and frame it with its tag.  With ``compression_workers``
+    zstandard compresses on that many threads of its own; its bytes are then the same
+    for any number of workers (but not those of none), and decode to the same body."""
+    spec = body.header.codec
     # One-shot compression records the content size, which lets decoding allocate once.
-    body = zstandard.ZstdCompressor(level=spec.zstd_level).compress(raw) if spec.zstd_level else raw
-    header = json.dumps(
-        {
-            "codec": spec.model_dump(mode="json"),
-            "raw_body_bytes": raw_body_bytes,
-            "tensors": entries,
-            "meta": dict(meta or {}),
-        },
-        separators=(",", ":"),
-        allow_nan=False,
-    ).encode()
-    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, secret.fingerprint, len(header), memoryview(body).nbytes)
+    compressor = _compressor(spec.zstd_level, compression_workers)
+    payload_body = compressor.compress(body.raw) if spec.zstd_level else body.raw
+    header = body.header_json
+    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, secret.fingerprint, len(header), memoryview(payload_body).nbytes)
     tag = hashlib.blake2b(key=secret.key, digest_size=TAG_BYTES)
-    for part in (prefix, header, body):
+    for part in (prefix, header, payload_body):
         tag.update(part)
-    return b"".join((prefix, header, body, tag.digest()))
+    return b"".join((prefix, header, payload_body, tag.digest()))
+
+
+_ZSTD = threading.local()
+"""Each thread's zstandard contexts, kept: making one costs about as much as compressing
+a small fragment."""
+
+
+def _compressor(level: int, workers: int) -> zstandard.ZstdCompressor:
+    contexts = _ZSTD.__dict__.setdefault("compressors", {})
+    if (level, workers) not in contexts:
+        contexts[level, workers] = zstandard.ZstdCompressor(level=level, threads=workers)
+    return contexts[level, workers]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_ZSTD, "decompressor"):
+        _ZSTD.decompressor = zstandard.ZstdDecompressor()
+    return _ZSTD.decompressor
+
+
+def _split_body(raw: np.ndarray, sizes: Iterable[int]) -> Iterable[np.ndarray]:
+    offset = 0
+    for size in sizes:
+        yield raw[offset : offset + size]
+        offset += size
 
 
 def _verified_parts(
@@ -264,8 +379,23 @@ def decode_payload(
     tensors, which must be contiguous fp32 CPU tensors of the payload's names and shapes;
     the tag is verified before any of them is touched.
     """
-    from diloco_cli.codec.quantize import dequantize_into
+    body = open_payload(data, secret, limits)
+    targets = _decode_targets(body.header, into)
+    body.decode_into(targets, accumulate=accumulate)
+    return DecodedPayload(body.header, targets)
 
+
+def open_payload(
+    data: bytes | memoryview,
+    secret: RunSecret,
+    limits: PayloadLimits = DEFAULT_LIMITS,
+    *,
+    buffer: Callable[[int], np.ndarray] | None = None,
+) -> PayloadBody:
+    """Verify a payload and decompress its body, without decoding the values (what
+    :func:`decode_payload` does first).  ``buffer(n)`` gives a uint8 buffer of n bytes
+    for a compressed body, so that a caller opening payload after payload does not
+    allocate each body afresh; the returned body is then a view of it."""
     header, body = _verified_parts(data, secret, limits)
     sizes = header.section_sizes()
     decoded_bytes = sum(4 * entry.numel for entry in header.tensors)
@@ -273,24 +403,16 @@ def decode_payload(
         raise PayloadTooLarge(f"payload decodes to {decoded_bytes} bytes, beyond {limits.max_decoded_bytes}")
     if sum(sizes) != header.raw_body_bytes:
         raise CorruptPayload("the header's tensor list does not match its body size")
-    raw = _decompressed_body(header, body)
-    targets = _decode_targets(header, into)
-    offset = 0
-    for entry, size in zip(header.tensors, sizes):
-        section = raw[offset : offset + size]
-        offset += size
-        dequantize_into(
-            header.codec.codec,
-            section,
-            entry.numel,
-            header.codec.block_size,
-            targets[entry.name].view(-1),
-            accumulate=accumulate,
-        )
-    return DecodedPayload(header, targets)
+    names = [entry.name for entry in header.tensors]
+    if len(set(names)) != len(names):
+        raise CorruptPayload("the payload names a tensor twice")
+    raw = _decompressed_body(header, body, buffer)
+    return PayloadBody(header, raw, tuple(_split_body(raw, sizes)))
 
 
-def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
+def _decompressed_body(
+    header: PayloadHeader, body: memoryview, buffer: Callable[[int], np.ndarray] | None = None
+) -> np.ndarray:
     """The raw body, read-only: sections are only ever read from it."""
     if not header.codec.zstd_level:
         if len(body) != header.raw_body_bytes:
@@ -300,7 +422,9 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
         parameters = zstandard.get_frame_parameters(body)
         if parameters.content_size != header.raw_body_bytes:
             raise CorruptPayload("the compressed body's size differs from the header")
-        raw = zstandard.ZstdDecompressor().decompress(body, max_output_size=header.raw_body_bytes)
+        if buffer is not None:
+            return _decompressed_into(body, buffer(header.raw_body_bytes))
+        raw = _decompressor().decompress(body, max_output_size=header.raw_body_bytes)
     except zstandard.ZstdError as error:
         raise CorruptPayload(f"body does not decompress: {error}") from None
     except MemoryError:  # the output is allocated whole, at the size the header declares
@@ -312,12 +436,21 @@ def _decompressed_body(header: PayloadHeader, body: memoryview) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8)
 
 
+def _decompressed_into(body: memoryview, out: np.ndarray) -> np.ndarray:
+    """Decompress ``body`` into ``out``, which it must fill exactly."""
+    reader = _decompressor().stream_reader(body, read_size=1 << 20)
+    view, filled = memoryview(out), 0
+    while filled < len(view):
+        count = reader.readinto(view[filled:])
+        if not count:
+            raise CorruptPayload("decompressed body size differs from the header")
+        filled += count
+    return out
+
+
 def _decode_targets(header: PayloadHeader, into: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
     import torch
 
-    names = [entry.name for entry in header.tensors]
-    if len(set(names)) != len(names):
-        raise CorruptPayload("the payload names a tensor twice")
     if into is None:
         return {entry.name: torch.empty(entry.shape, dtype=torch.float32) for entry in header.tensors}
     targets = {}

@@ -25,6 +25,7 @@ import torch
 
 from diloco_cli.codec.errors import NonFiniteValues
 from diloco_cli.codec.layout import Codec, SectionLayout, section_layout
+from diloco_cli.codec.parallel import SERIAL, KernelPool
 
 MAX_ABSMAX = 3.0e38
 """Beyond this a block's scale, rounded up to a bfloat16, would overflow (as in the kernels)."""
@@ -56,6 +57,14 @@ def _load_kernels() -> ctypes.CDLL | None:
                 function = getattr(library, name)
                 function.argtypes = [pointer, pointer, size, size, pointer, ctypes.c_int]
                 function.restype = None
+            library.diloco_fold_sumsq.argtypes = [ctypes.c_int, pointer, pointer, size, size, pointer]
+            library.diloco_fold_sumsq.restype = ctypes.c_double
+            weight = ctypes.c_float
+            library.diloco_fold_sums.argtypes = [
+                *(ctypes.c_int, pointer, pointer, size, size, pointer),
+                *(pointer, weight, pointer, weight, ctypes.c_int),
+            ]
+            library.diloco_fold_sums.restype = ctypes.c_int
             return library
     warnings.warn(
         "diloco's C codec kernels are not built (no C compiler at install time?); "
@@ -81,6 +90,10 @@ def _address(array: np.ndarray | torch.Tensor | None) -> int | None:
 # ------------------------------------------------------------------------ quantization
 
 
+def _code_bytes_per_value(codec: Codec) -> float:
+    return 0.5 if codec is Codec.INT4 else 1.0
+
+
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
     """A torch view of a numpy array that may be read-only (decoding only reads it)."""
     with warnings.catch_warnings():
@@ -102,34 +115,91 @@ def quantize_into(
     residual: torch.Tensor | None = None,
     *,
     use_kernels: bool = True,
+    pool: KernelPool = SERIAL,
 ) -> None:
     """Encode ``values`` (flat, contiguous, fp32, CPU) into ``section`` (uint8).
 
     When ``residual`` is given it receives ``values - decode(encoded)``, the error that
     error feedback carries into the next send.
-    Raises :class:`NonFiniteValues` when a value is NaN or infinite.
+    Raises :class:`NonFiniteValues` when a value is NaN or infinite.  The kernels run
+    over ``pool``'s threads, a block-aligned chunk (:func:`quantize_chunk`) each, and
+    write the same bytes whatever the thread count.
     """
-    layout = section_layout(codec, values.numel(), block_size)
-    scales, codes = _split_section(section, layout)
+    numel = values.numel()
+
+    def chunk(start: int, length: int) -> NonFiniteValues | None:
+        try:
+            quantize_chunk(
+                codec,
+                values[start : start + length],
+                block_size,
+                section,
+                numel,
+                start,
+                None if residual is None else residual[start : start + length],
+                use_kernels=use_kernels,
+            )
+        except NonFiniteValues as error:  # raised below for the first chunk, whatever the threads
+            return error
+        return None
+
+    if _uses_kernels(codec, use_kernels):
+        errors = pool.map_chunks(chunk, numel, block_size)
+    else:
+        errors = [chunk(0, numel)]
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def quantize_chunk(
+    codec: Codec,
+    values: torch.Tensor,
+    block_size: int,
+    section: np.ndarray,
+    numel: int,
+    start: int,
+    residual: torch.Tensor | None = None,
+    *,
+    use_kernels: bool = True,
+) -> None:
+    """Encode values ``[start, start + len(values))`` of a tensor of ``numel`` values into
+    their place in the tensor's ``section``; ``start`` is a multiple of ``block_size``,
+    so the chunk's blocks are the tensor's own and the bytes those of one call on the
+    whole tensor.  ``residual`` is the chunk's residual (it may be ``values`` itself)."""
+    scales, codes = _split_section(section, section_layout(codec, numel, block_size))
+    length = values.numel()
     if codec in (Codec.FP32, Codec.BF16):
         stored = values if codec is Codec.FP32 else values.to(torch.bfloat16)
         if not bool(torch.isfinite(stored).all()):
             raise NonFiniteValues("a tensor holds NaN or infinite values")
-        torch.from_numpy(codes).copy_(stored.view(torch.uint8))
+        width = stored.element_size()
+        torch.from_numpy(codes[start * width : (start + length) * width]).copy_(stored.view(torch.uint8))
         if residual is not None:
             torch.sub(values, stored.to(torch.float32), out=residual)
         return
-    if KERNELS is not None and use_kernels:
+    first_block = start // block_size
+    code_start = int(start * _code_bytes_per_value(codec))
+    if _uses_kernels(codec, use_kernels):
         function = KERNELS.diloco_quantize_int8 if codec is Codec.INT8 else KERNELS.diloco_quantize_int4
         status = function(
-            values.data_ptr(), values.numel(), block_size, _address(scales), _address(codes), _address(residual)
+            values.data_ptr(),
+            length,
+            block_size,
+            _address(scales) + 2 * first_block,
+            _address(codes) + code_start,
+            _address(residual),
         )
         if status > 0:
-            raise NonFiniteValues(f"block {status - 1} holds NaN or infinite values")
+            raise NonFiniteValues(f"block {first_block + status - 1} holds NaN or infinite values")
         if status < 0:
             raise ValueError(f"block_size {block_size} is not supported by the {codec.value} kernel")
         return
-    _reference_quantize(codec, values, block_size, scales, codes, residual)
+    _reference_quantize(codec, values, block_size, scales[first_block:], codes[code_start:], residual, first_block)
+
+
+def _uses_kernels(codec: Codec, use_kernels: bool) -> bool:
+    return KERNELS is not None and use_kernels and codec in (Codec.INT8, Codec.INT4)
 
 
 def _reference_quantize(
@@ -139,7 +209,10 @@ def _reference_quantize(
     scales: np.ndarray,
     codes: np.ndarray,
     residual: torch.Tensor | None,
+    first_block: int = 0,
 ) -> None:
+    """The torch quantizer; ``scales`` and ``codes`` start at the values' first block,
+    number ``first_block`` of its tensor (for error messages)."""
     levels = float(codec.levels)
     numel = values.numel()
     padded = torch.zeros(-(-numel // block_size) * block_size, dtype=torch.float32)
@@ -148,21 +221,21 @@ def _reference_quantize(
     absmax = blocks.abs().amax(dim=1)
     invalid = ~(absmax <= MAX_ABSMAX)  # NaN, infinity, or a scale that would overflow
     if bool(invalid.any()):
-        raise NonFiniteValues(f"block {int(invalid.nonzero()[0])} holds NaN or infinite values")
+        raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
     rounded_up = ((absmax / levels).view(torch.int32) + 0xFFFF) & -65536
     block_scales = rounded_up.view(torch.float32)
     inverse = torch.where(block_scales > 0, 1.0 / block_scales, torch.zeros_like(block_scales))
     quantized = torch.round(blocks * inverse[:, None]).clamp_(-levels, levels)
-    torch.from_numpy(scales).copy_((rounded_up >> 16).to(torch.int16))
+    torch.from_numpy(scales[: len(block_scales)]).copy_((rounded_up >> 16).to(torch.int16))
     flat = quantized.view(-1)[:numel].to(torch.int8)
     if codec is Codec.INT8:
-        torch.from_numpy(codes).copy_(flat.view(torch.uint8))
+        torch.from_numpy(codes[:numel]).copy_(flat.view(torch.uint8))
     else:
         nibbles = (flat + 8).to(torch.uint8)
         if numel % 2:
             nibbles = torch.cat([nibbles, torch.tensor([8], dtype=torch.uint8)])
         pairs = nibbles.view(-1, 2)
-        torch.from_numpy(codes).copy_(pairs[:, 0] | (pairs[:, 1] << 4))
+        torch.from_numpy(codes[: len(pairs)]).copy_(pairs[:, 0] | (pairs[:, 1] << 4))
     if residual is not None:
         decoded = (quantized * block_scales[:, None]).view(-1)[:numel]
         torch.sub(values, decoded, out=residual)
@@ -177,31 +250,77 @@ def dequantize_into(
     *,
     accumulate: bool = False,
     use_kernels: bool = True,
+    pool: KernelPool = SERIAL,
 ) -> None:
     """Decode a section into ``out`` (flat, contiguous fp32, CPU): ``out = q*scale``, or
     ``out += q*scale`` with ``accumulate`` (the product rounded to fp32 first, so both
-    forms agree bit for bit with decoding and adding separately)."""
-    layout = section_layout(codec, numel, block_size)
-    scales, codes = _split_section(section, layout)
+    forms agree bit for bit with decoding and adding separately).  The kernels run over
+    ``pool``'s threads, a chunk (:func:`dequantize_chunk`) each."""
+
+    def chunk(start: int, length: int) -> None:
+        dequantize_chunk(
+            codec,
+            section,
+            numel,
+            block_size,
+            start,
+            out[start : start + length],
+            accumulate=accumulate,
+            use_kernels=use_kernels,
+        )
+
+    if _uses_kernels(codec, use_kernels):
+        pool.map_chunks(chunk, numel, block_size)
+    else:
+        chunk(0, numel)
+
+
+def dequantize_chunk(
+    codec: Codec,
+    section: np.ndarray,
+    numel: int,
+    block_size: int,
+    start: int,
+    out: torch.Tensor,
+    *,
+    accumulate: bool = False,
+    use_kernels: bool = True,
+) -> None:
+    """Decode values ``[start, start + len(out))`` of a tensor of ``numel`` values from its
+    section into ``out`` (``start`` a multiple of ``block_size``): the values, and the
+    additions, of decoding the whole tensor."""
+    scales, codes = _split_section(section, section_layout(codec, numel, block_size))
+    length = out.numel()
     if codec in (Codec.FP32, Codec.BF16):
         stored = _as_tensor(codes).view(torch.float32 if codec is Codec.FP32 else torch.bfloat16)
+        stored = stored[start : start + length]
         if accumulate:
             out.add_(stored.to(torch.float32))
         else:
             out.copy_(stored)
         return
-    if KERNELS is not None and use_kernels:
+    first_block = start // block_size
+    code_start = int(start * _code_bytes_per_value(codec))
+    if _uses_kernels(codec, use_kernels):
         function = KERNELS.diloco_dequantize_int8 if codec is Codec.INT8 else KERNELS.diloco_dequantize_int4
-        function(_address(codes), _address(scales), numel, block_size, out.data_ptr(), int(accumulate))
+        function(
+            _address(codes) + code_start,
+            _address(scales) + 2 * first_block,
+            length,
+            block_size,
+            out.data_ptr(),
+            int(accumulate),
+        )
         return
-    codes_tensor = _as_tensor(codes)
+    codes_tensor = _as_tensor(codes[code_start:])
     if codec is Codec.INT8:
-        levels = codes_tensor.view(torch.int8).to(torch.float32)
+        levels = codes_tensor[:length].view(torch.int8).to(torch.float32)
     else:
-        unpacked = torch.stack([codes_tensor & 15, codes_tensor >> 4], dim=1).view(-1)[:numel]
+        packed = codes_tensor[: -(-length // 2)]
+        unpacked = torch.stack([packed & 15, packed >> 4], dim=1).view(-1)[:length]
         levels = unpacked.to(torch.float32) - 8
-    block_scales = (_as_tensor(scales).to(torch.int32) << 16).view(torch.float32)
-    block_scales = block_scales.repeat_interleave(block_size)[:numel]
+    block_scales = (_as_tensor(scales[first_block:]).to(torch.int32) << 16).view(torch.float32)
+    block_scales = block_scales.repeat_interleave(block_size)[:length]
     decoded = levels * block_scales
     if accumulate:
         out.add_(decoded)

@@ -269,6 +269,13 @@ class SyncConfig(BaseModel):
     update_codec: CodecSpec = CodecSpec(codec=Codec.INT8)
     """Compression of the published global updates (made exact for everyone)."""
 
+    merge_threads: int = Field(default=0, ge=0)
+    """Threads of a merge round, at the syncer and at each region's reducer: the fused
+    decode-anchor-accumulate kernels and the outer step and update encoding run on them
+    in fixed chunks, while another thread reads, verifies and decompresses the next
+    payload.  0: as many as the process may use (its CPU affinity).  The merged values
+    and the published update are the same for any number."""
+
     poll_seconds: float = Field(default=0.5, gt=0)
     """How often the syncer lists the buckets for arrivals."""
 

@@ -19,8 +19,11 @@ import torch
 
 from diloco_cli.core.types import Version
 
-UpdateLoader = Callable[[], Mapping[str, torch.Tensor]]
-"""Returns one published update (decoded) of a fragment when called."""
+UpdateSource = Callable[[Mapping[str, torch.Tensor]], None]
+"""Adds one published update of a fragment (decoded) into the tensors it is given, of
+the fragment's names and shapes: ``source(drift)`` is ``drift[name] += U[name]``, each
+tensor of U decoded onto the drift as :func:`~diloco_cli.codec.exact.apply_update` adds
+it, so that no update-sized tensor is made."""
 
 
 class BaseOutsideWindow(Exception):
@@ -38,7 +41,7 @@ class BaseOutsideWindow(Exception):
 @dataclass(frozen=True)
 class WindowEntry:
     version: Version
-    load: UpdateLoader
+    add_to: UpdateSource
 
 
 class UpdateWindow:
@@ -66,11 +69,11 @@ class UpdateWindow:
     def versions(self) -> list[Version]:
         return [entry.version for entry in self._entries]
 
-    def record(self, version: Version, load: UpdateLoader) -> None:
+    def record(self, version: Version, add_to: UpdateSource) -> None:
         """Remember the update published as ``version``; the oldest drops out past W."""
         if version <= self._newest:
             raise ValueError(f"versions only grow: {version} after {self._newest}")
-        self._entries.append(WindowEntry(version, load))
+        self._entries.append(WindowEntry(version, add_to))
         self._newest = version
         while len(self._entries) > self.size:
             self._oldest_anchorable = self._entries.popleft().version
@@ -78,24 +81,37 @@ class UpdateWindow:
     def can_anchor(self, base_version: Version) -> bool:
         return self._oldest_anchorable <= base_version <= self._newest
 
+    def check_anchorable(self, base_versions: Iterable[Version]) -> None:
+        """Raise :class:`BaseOutsideWindow` for the first base this window cannot anchor."""
+        for base in base_versions:
+            if not self.can_anchor(base):
+                raise BaseOutsideWindow(base, self._oldest_anchorable, self._newest)
+
     def drifts(
-        self, base_versions: Iterable[Version], shapes: Mapping[str, tuple[int, ...]]
-    ) -> Iterator[tuple[Version, dict[str, torch.Tensor]]]:
+        self,
+        base_versions: Iterable[Version],
+        shapes: Mapping[str, tuple[int, ...]],
+        into: Mapping[str, torch.Tensor] | None = None,
+    ) -> Iterator[tuple[Version, Mapping[str, torch.Tensor]]]:
         """Yield ``(b, Theta_now - Theta^b)`` for each distinct base, newest base first.
 
         The drift is built incrementally (each kept update is loaded at most once), and
-        the same dict is updated in place between yields: use it before the next one.
+        the same tensors are updated in place between yields: use them before the next
+        one.  They are ``into`` (zeroed first) when given, so that a caller can reuse
+        them from one round to the next, else new tensors.
         """
         bases = sorted(set(base_versions), reverse=True)
-        for base in bases:
-            if not self.can_anchor(base):
-                raise BaseOutsideWindow(base, self._oldest_anchorable, self._newest)
-        drift = {name: torch.zeros(shape) for name, shape in shapes.items()}
+        self.check_anchorable(bases)
+        if into is None:
+            drift = {name: torch.zeros(shape) for name, shape in shapes.items()}
+        else:
+            drift = into
+            for tensor in drift.values():
+                tensor.zero_()
         pending = list(reversed(self._entries))
         for base in bases:
             while pending and pending[0].version > base:
-                for name, update in pending.pop(0).load().items():
-                    drift[name].add_(update)
+                pending.pop(0).add_to(drift)
             yield base, drift
 
 

@@ -13,11 +13,33 @@ fragments are merged at different times (Streaming DiLoCo, arXiv 2501.18512).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from diloco_cli.core.types import FragmentIndex
+
+
+def nesterov_step_(
+    gradient: torch.Tensor,
+    buffer: torch.Tensor,
+    parameters: torch.Tensor,
+    learning_rate: float,
+    momentum: float,
+    *,
+    first: bool,
+) -> torch.Tensor:
+    """One Nesterov outer step of one tensor, or of any slice of it (every operation is
+    elementwise, so slices computed apart give the bits of the whole): ``buffer``
+    becomes ``mu * buffer + D`` (``D`` itself on the first step, like SGD's), and
+    ``gradient`` comes back holding ``Theta_new = Theta - lr * (D + mu * buffer)``."""
+    if first:
+        buffer.copy_(gradient)
+    else:
+        buffer.mul_(momentum).add_(gradient)
+    if momentum:
+        gradient.add_(buffer, alpha=momentum)
+    return torch.add(parameters, gradient, alpha=-learning_rate, out=gradient)
 
 
 class NesterovOuterOptimizer:
@@ -45,18 +67,29 @@ class NesterovOuterOptimizer:
         used as workspace (they come back holding ``Theta_new``), which saves a
         fragment-sized allocation per tensor; pass copies to keep them.
         """
+        buffers, first = self.momentum_buffers(fragment, {name: g.shape for name, g in outer_gradient.items()})
+        return {
+            name: self.step_slice(gradient, buffers[name], parameters[name], first=name in first)
+            for name, gradient in outer_gradient.items()
+        }
+
+    def momentum_buffers(
+        self, fragment: FragmentIndex, shapes: Mapping[str, Sequence[int]]
+    ) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+        """The fragment's momentum buffer of each tensor, for :meth:`step_slice`, and the
+        names whose buffer is new (their first step writes it): what a caller stepping
+        a fragment slice by slice needs."""
         buffers = self._buffers.setdefault(fragment, {})
-        new_parameters = {}
-        for name, gradient in outer_gradient.items():
-            buffer = buffers.get(name)
-            if buffer is None:
-                buffer = buffers[name] = gradient.detach().clone()
-            else:
-                buffer.mul_(self.momentum).add_(gradient)
-            if self.momentum:
-                gradient.add_(buffer, alpha=self.momentum)
-            new_parameters[name] = torch.add(parameters[name], gradient, alpha=-self.learning_rate, out=gradient)
-        return new_parameters
+        first = frozenset(name for name in shapes if name not in buffers)
+        for name in first:
+            buffers[name] = torch.empty(tuple(shapes[name]))
+        return {name: buffers[name] for name in shapes}, first
+
+    def step_slice(
+        self, gradient: torch.Tensor, buffer: torch.Tensor, parameters: torch.Tensor, *, first: bool
+    ) -> torch.Tensor:
+        """:func:`nesterov_step_` with this optimizer's learning rate and momentum."""
+        return nesterov_step_(gradient, buffer, parameters, self.learning_rate, self.momentum, first=first)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The momentum buffers keyed ``"<fragment>/<tensor name>"`` (for safetensors)."""

@@ -8,11 +8,11 @@ from diloco_cli.core.types import Version
 
 
 def constant_update(value, loads):
-    def load():
+    def add_to(drift):
         loads.append(value)
-        return {"w": torch.full((2,), float(value))}
+        drift["w"].add_(torch.full((2,), float(value)))
 
-    return load
+    return add_to
 
 
 def test_drift_sums_the_updates_after_each_base_loading_each_once():

@@ -31,6 +31,7 @@ from diloco_cli.core.merge import MergeAccumulator
 from diloco_cli.core.types import FragmentIndex
 from diloco_cli.runtime.outer_gradients import RoundInput, accumulate_arrivals, check_announced
 from diloco_cli.runtime.reducer.replica import GlobalReplica
+from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import SendRecord
 from diloco_cli.store.region import SEQUENCE_PER_EPOCH, PayloadRecord, RegionBucket
@@ -66,9 +67,12 @@ class Aggregation:
         fragments: tuple[Fragment, ...],
         codec: CodecSpec,
         epoch: int,
+        workspace: MergeWorkspace | None = None,
     ) -> None:
         self.bucket, self.secret, self.fragments, self.codec = bucket, secret, fragments, codec
         self.epoch = epoch
+        self.workspace = workspace or MergeWorkspace()
+        """The threads of the merges (``sync.merge_threads``) and the buffers they reuse."""
         self.made = 0
         self.errors: dict[FragmentIndex, dict[int, dict[str, torch.Tensor]]] = {f.index: {} for f in fragments}
         """Per fragment, the quantization error after each aggregate still needed: the
@@ -139,8 +143,8 @@ class Aggregation:
             )
             inputs.append(arrival)
             by_input[id(arrival)] = record
-        accumulator = MergeAccumulator(shapes, self.fragments[fragment].embedding_names)
-        accumulated = accumulate_arrivals(fragment, inputs, shapes, window, self.secret, accumulator)
+        accumulator = MergeAccumulator(shapes, self.fragments[fragment].embedding_names, self.workspace)
+        accumulated = accumulate_arrivals(fragment, inputs, shapes, window, self.secret, accumulator, self.workspace)
         problems = []
         for arrival, error in accumulated.rejected:
             record = by_input[id(arrival)]

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
+from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -40,6 +41,7 @@ from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
 from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward
 from diloco_cli.runtime.reducer.replica import GlobalReplica, ReplicaGap
+from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import REDUCER, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
@@ -109,7 +111,14 @@ class Reducer:
         self.initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
         epoch = self.bucket.read_epoch(REDUCER) + 1
         self.bucket.write_epoch(REDUCER, epoch)
-        self.aggregation = Aggregation(self.bucket, self.secret, self.fragments, self.recipe.sync.learner_codec, epoch)
+        self.aggregation = Aggregation(
+            self.bucket,
+            self.secret,
+            self.fragments,
+            self.recipe.sync.learner_codec,
+            epoch,
+            MergeWorkspace(resolve_threads(self.recipe.sync.merge_threads)),
+        )
         self.storage_before = self._previous_counts()
         for key in store.aggregate_keys(self.bucket):
             try:

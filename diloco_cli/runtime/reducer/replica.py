@@ -116,7 +116,9 @@ class GlobalReplica:
         return windows
 
     def _loader(self, version: Version, fragment: FragmentIndex):
-        return lambda: decode_payload(self.bucket.read_update(version, fragment), self.secret).tensors
+        return lambda drift: decode_payload(
+            self.bucket.read_update(version, fragment), self.secret, into=drift, accumulate=True
+        )
 
     def pending(self, head: Head) -> list[tuple[Version, FragmentIndex]]:
         """The updates the head names that this copy has not added yet, in version order."""

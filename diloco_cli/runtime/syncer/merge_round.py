@@ -7,6 +7,13 @@ aggregates from the regions' reducers, already anchored at the fragment's versio
 their partial sums (:meth:`~diloco_cli.core.merge.MergeAccumulator.add_partial`).  Then
 the merged outer gradient takes the Nesterov outer step, and the update is published
 exactly (every holder adds the same decoded bits).
+
+Steps 7-8 run chunk by chunk, each chunk on one of the workspace's threads while it is in
+cache: the merged outer gradient (RDA's scale), the Nesterov step, ``U = Theta_new -
+Theta``, its carry and quantization, and ``Theta += decode(U)`` (the arithmetic of
+:func:`~diloco_cli.codec.exact.apply_update`, from the quantized body rather than from
+the payload, which is then compressed and tagged).  The window keeps that body, so that
+anchoring on this version later decodes it without verifying and decompressing it.
 """
 
 from __future__ import annotations
@@ -16,14 +23,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, decode_payload
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.aggregate import decode_aggregate
-from diloco_cli.codec.exact import ExactPublisher, apply_update
+from diloco_cli.codec.exact import ExactPublisher
+from diloco_cli.codec.frame import PayloadBody
+from diloco_cli.codec.parallel import KernelPool, torch_on_one_thread
 from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.merge import MergeAccumulator
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.runtime.outer_gradients import RoundInput, accumulate_arrivals
+from diloco_cli.runtime.workspace import MergeWorkspace
 
 __all__ = ["AggregateInput", "RoundInput", "RoundResult", "merge_round"]
 
@@ -59,16 +69,20 @@ def merge_round(
     mean_names: Collection[str] = (),
     meta: Mapping[str, object] | None = None,
     aggregates: Sequence[AggregateInput] = (),
+    workspace: MergeWorkspace | None = None,
 ) -> RoundResult:
     """Merge ``arrivals`` and ``aggregates`` into fragment ``fragment`` and publish it as ``version``.
 
     ``parameters`` (fp32 CPU, the syncer's Theta for this fragment) are advanced in place
     by exactly the decoded update that the returned payload carries; ``window`` records
     the update.  Arrivals and aggregates that fail verification are skipped and reported.
+    ``workspace`` lends buffers and threads (none: new buffers, one thread); the result
+    is the same for any number of threads.
     """
+    workspace = workspace or MergeWorkspace()
     shapes = {name: tuple(tensor.shape) for name, tensor in parameters.items()}
-    accumulator = MergeAccumulator(shapes, mean_names)
-    accumulated = accumulate_arrivals(fragment, arrivals, shapes, window, secret, accumulator)
+    accumulator = MergeAccumulator(shapes, mean_names, workspace)
+    accumulated = accumulate_arrivals(fragment, arrivals, shapes, window, secret, accumulator, workspace)
     result = RoundResult(payload=b"", merged=accumulated.merged, rejected=accumulated.rejected)
     for aggregate in aggregates:
         try:
@@ -79,17 +93,39 @@ def merge_round(
             result.rejected_aggregates.append((aggregate, _as_payload_error(error)))
             continue
         result.merged_aggregates.append(aggregate)
-    outer_gradient = accumulator.result()
-    update = optimizer.step(fragment, parameters, outer_gradient)
-    del outer_gradient
-    for name, tensor in update.items():
-        tensor.sub_(parameters[name])  # Theta_new - Theta, in place
+    finishing = accumulator.finishing()
     merged_learners = [a.learner for a in result.merged]
     round_meta = {"fragment": fragment, "version": version, "merged": merged_learners, **(meta or {})}
-    result.payload = publisher.encode_update(fragment, update, round_meta)
-    del update
-    apply_update(parameters, result.payload, secret)
-    window.record(version, _decoder(result.payload, secret))
+    buffers, first_steps = optimizer.momentum_buffers(fragment, shapes)
+    encoder = publisher.update_encoder(fragment, shapes)
+
+    def finish(name: str, start: int, length: int) -> None:
+        """Steps 7-8 on one chunk while it is in cache: the merged outer gradient, the
+        outer step, ``U = Theta_new - Theta``, its carry and quantization, and
+        ``Theta += decode(U)`` (apply_update's arithmetic).  Every step is elementwise
+        (or blockwise, and chunks are whole blocks): the bits of whole-tensor steps.
+        A non-finite update raises NonFiniteValues with some chunks applied, as it left
+        the momentum and the carry half-stepped before: the syncer stops, and restarts
+        from its home store."""
+        total, merge = finishing[name]
+        theta = parameters[name].view(-1)[start : start + length]
+        gradient = merge(total.view(-1)[start : start + length])
+        new_theta = optimizer.step_slice(
+            gradient, buffers[name].view(-1)[start : start + length], theta, first=name in first_steps
+        )
+        encoder.encode(name, start, new_theta.sub_(theta))
+        encoder.add_decoded(name, start, theta)
+
+    pool = workspace.pool
+    with torch_on_one_thread():
+        for name, tensor in parameters.items():
+            pool.map_chunks(
+                lambda start, length, name=name: finish(name, start, length), tensor.numel(), encoder.block_size
+            )
+    body = encoder.body(round_meta)
+    window.record(version, _adder(body, pool))
+    # zstandard's workers, as many as the round's threads: the same bytes for any number
+    result.payload = publisher.seal(body, compression_workers=pool.threads)
     return result
 
 
@@ -105,5 +141,5 @@ def _as_payload_error(error: Exception) -> PayloadError:
     return error if isinstance(error, PayloadError) else CorruptPayload(str(error))
 
 
-def _decoder(payload: bytes, secret: RunSecret) -> Callable[[], dict[str, torch.Tensor]]:
-    return lambda: decode_payload(payload, secret).tensors
+def _adder(body: PayloadBody, pool: KernelPool) -> Callable[[Mapping[str, torch.Tensor]], None]:
+    return lambda drift: body.decode_into(drift, accumulate=True, pool=pool)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, read_header
+from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.config.recipe import SyncConfig
 from diloco_cli.core import decisions
 from diloco_cli.core.fragments import Fragment
@@ -28,6 +29,7 @@ from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
 from diloco_cli.runtime.syncer.region_scan import payload_id
 from diloco_cli.runtime.syncer.state import SyncerState, commit_merge
+from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store.documents import LastMerge
 from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload, SyncerHome
 
@@ -59,6 +61,8 @@ class Merger:
     ) -> None:
         self.sync, self.fragments, self.state, self.home, self.secret = sync, fragments, state, home, secret
         self.observer, self.publication, self.evaluator, self.clock = observer, publication, evaluator, clock
+        self.workspace = MergeWorkspace(resolve_threads(sync.merge_threads))
+        """The rounds' threads and the buffers they reuse from one round to the next."""
 
     def merge(self, action: decisions.Merge, timing: decisions.DecisionState) -> MergeOutcome:
         """Merge ``action``'s arrivals into its fragment; ``timing`` holds the moving
@@ -101,6 +105,7 @@ class Merger:
             mean_names=self.fragments[fragment].embedding_names,
             meta={"time": time.time(), "previous_version": previous_version},
             aggregates=aggregate_inputs,
+            workspace=self.workspace,
         )
         merged = [a for a, r in zip(raw, inputs) if r in result.merged]
         for bad, error in result.rejected:

@@ -142,7 +142,7 @@ class SyncerState:
 
 
 def _update_loader(home: SyncerHome, version: Version, secret: RunSecret):
-    return lambda: decode_payload(home.read_update(version), secret).tensors
+    return lambda drift: decode_payload(home.read_update(version), secret, into=drift, accumulate=True)
 
 
 def encode_fragment_state(state: SyncerState, fragment: FragmentIndex, secret: RunSecret) -> bytes:
