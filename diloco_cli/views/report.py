@@ -34,7 +34,10 @@ def collect_report(
     """The report of a run, finished or running, from its buckets."""
     now = time.time() if now is None else now
     read = read_buckets(spec, secret, now)
-    return build_report(spec, read.heartbeats, read.syncer, prices, run_state(read.syncer, now), now, read.reducers)
+    syncers = [read.syncers.get(shard.index) for shard in spec.syncer_shards]
+    present = [syncer for syncer in syncers if syncer is not None]
+    state = run_state(syncers, now)
+    return build_report(spec, read.heartbeats, present, prices, state, now, list(read.reducers.values()))
 
 
 def _dollars(value: float) -> str:
