@@ -77,6 +77,23 @@ class LearnerTraffic(BaseModel):
     failures: int
 
 
+class SyncerTraffic(BaseModel):
+    """What one syncer (shard) moved: with every region's bucket, and with its own home."""
+
+    model_config = REPORT
+
+    name: str
+    """``syncer``, or a shard's ``syncer-<s>``."""
+    place: str
+    merges: int
+    requests: int
+    """To the regions' buckets."""
+    bytes_up: int
+    bytes_down: int
+    home_bytes: int
+    """Read and written in its home store (its commits and ledger)."""
+
+
 class KindRow(BaseModel):
     model_config = REPORT
 
@@ -148,6 +165,8 @@ class TrafficReport(BaseModel):
     learners_reporting: int
     links: list[LinkRow]
     learners: list[LearnerTraffic]
+    syncers: list[SyncerTraffic]
+    """The syncer, or each syncer shard (``sync.shards``), as it reported last."""
     kinds: list[KindRow]
     compression: list[Compression]
     data_parallel: DataParallelComparison | None
@@ -174,17 +193,18 @@ class TrafficReport(BaseModel):
 def build_report(
     spec: RunSpec,
     heartbeats: Mapping[str, Heartbeat],
-    syncers: Sequence[SyncerStatus],
+    syncer_statuses: Mapping[str, SyncerStatus],
     prices: PriceTable | None,
     state: str,
     now: float,
     reducers: Iterable[ReducerStatus] = (),
 ) -> TrafficReport:
     """The report of a run from its processes' latest reports (without ``prices``, every
-    cost is 0: ``diloco status`` shows bytes only): the learners', each syncer shard's
-    (the only syncer's) and the regions' reducers'.  A region's reducer talks to its own
+    cost is 0: ``diloco status`` shows bytes only): the learners', the syncer's (each
+    syncer shard's, by process name) and the regions' reducers'.  A region's reducer talks to its own
     bucket only: its bytes stay in the region, beside its learners', and so do those of a
     syncer placed in a region with that region's bucket."""
+    syncers = list(syncer_statuses.values())
     region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
     for beat in heartbeats.values():
         region_counts.setdefault(beat.region, []).append(beat.storage)
@@ -213,6 +233,7 @@ def build_report(
         learners_reporting=len(heartbeats),
         links=links,
         learners=[_learner(beat) for _, beat in sorted(heartbeats.items())],
+        syncers=[_syncer(name, status) for name, status in syncer_statuses.items()],
         kinds=_kinds(sources),
         compression=_compression(heartbeats.values(), syncers),
         data_parallel=_data_parallel(spec, first, tokens, wan_bytes),
@@ -313,6 +334,22 @@ def _learner(beat: Heartbeat) -> LearnerTraffic:
         requests=total.requests,
         retries=beat.storage.retries,
         failures=beat.storage.failures,
+    )
+
+
+def _syncer(name: str, status: SyncerStatus) -> SyncerTraffic:
+    total = Traffic()
+    for counts in status.storage.values():
+        total = total.plus(counts.total)
+    home = status.home_storage.total
+    return SyncerTraffic(
+        name=name,
+        place=status.place,
+        merges=status.merges,
+        requests=total.requests,
+        bytes_up=total.bytes_up,
+        bytes_down=total.bytes_down,
+        home_bytes=home.bytes_up + home.bytes_down,
     )
 
 

@@ -292,7 +292,7 @@ def collect_status(
         evaluations=evaluations,
         syncer_shards=summaries if len(summaries) > 1 else [],
     )
-    present = [syncer for syncer in syncers if syncer is not None]
+    present = {shard.name: syncer for shard, syncer in zip(shards, syncers) if syncer is not None}
     if present or read.heartbeats:
         report = build_report(spec, read.heartbeats, present, None, state, now, list(read.reducers.values()))
         status.bandwidth = one_line(report)

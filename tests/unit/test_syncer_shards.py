@@ -5,6 +5,7 @@ by hand beside real learners and the region's reducers (tests/support/harness.py
 import pytest
 import torch
 
+from diloco_cli.bandwidth.prices import load_prices
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
@@ -14,8 +15,11 @@ from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.launch.services import services
 from diloco_cli.runtime.syncer.loop import Syncer
+from diloco_cli.store.aggregates import read_reducer_status
 from diloco_cli.store.documents import ControlNote, SyncerPhase
 from diloco_cli.store.home import tokens_merged
+from diloco_cli.views.report import collect_report
+from diloco_cli.views.report import render_plain as render_report
 from diloco_cli.views.run_state import collect_status
 from diloco_cli.views.status import render_plain
 from tests.support.harness import Harness
@@ -176,6 +180,25 @@ def test_the_status_shows_each_shard_and_the_run_as_their_sum(sharded):
         assert "reducer east (shard 1): running" in text
     east = status.regions[0]
     assert east.syncer_down > 0 and east.syncer_up > 0
+    report = collect_report(sharded.spec, sharded.secret, load_prices())
+    assert [row.name for row in report.syncers] == ["syncer-0", "syncer-1"]
+    assert all(row.bytes_up > 0 and row.merges > 0 and row.home_bytes > 0 for row in report.syncers)
+    written = sum(row.bytes_up for row in report.syncers)
+    assert written == sum(link.bytes_up for link in report.links if link.source == "east" and link.bucket == "east") - (
+        sum(beat.storage.bytes_up for beat in collect_heartbeats(sharded))
+        + sum(r.storage.bytes_up for r in read_reducers(sharded))
+    )
+    shown = render_report(report)
+    assert "per syncer shard" in shown and "syncer-1" in shown
+
+
+def collect_heartbeats(harness):
+    return [harness.bucket.read_heartbeat(learner.me.id) for learner in harness.learners]
+
+
+def read_reducers(harness):
+    views = harness.bucket.syncer_shards(len(harness.syncers))
+    return [status for view in views if (status := read_reducer_status(view)) is not None]
 
 
 def recipe(**sync):
