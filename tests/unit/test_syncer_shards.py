@@ -7,6 +7,7 @@ import torch
 
 from diloco_cli.bandwidth.prices import load_prices
 from diloco_cli.codec import RunSecret
+from diloco_cli.config.chaos import parse_chaos, process_events
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
@@ -278,3 +279,33 @@ def test_the_membership_notes_are_shard_zeros_and_each_shard_writes_its_own_resy
     views = [sharded.bucket.for_syncer_shard(SyncerShard(shard, 2)) for shard in range(2)]
     assert views[0].read_control("east-1").drain and views[1].read_control("east-1") == ControlNote()
     assert sharded.bucket.store.exists("global/shard-0/control/east-1.json")
+
+
+def test_chaos_kills_random_syncer_shards_and_moves_no_other_event():
+    plan = parse_chaos("seed=3,kill-learner=2/min,kill-syncer=2/min,kill-reducer=1/min")
+    learners, reducers = ["a-0", "a-1"], ["reducer-a"]
+    one = process_events(plan, learners, reducers, horizon=3600)
+    two = process_events(plan, learners, reducers, horizon=3600, syncers=["syncer-0", "syncer-1"])
+    assert {e.target for e in one if "syncer" in e.target} == {"syncer"}
+    assert {e.target for e in two if "syncer" in e.target} == {"syncer-0", "syncer-1"}
+    rename = lambda events: [(e.at_seconds, e.action, "syncer" if "syncer" in e.target else e.target) for e in events]  # noqa: E731
+    assert rename(one) == rename(two)
+
+
+def test_resume_starts_every_shard_again_when_learners_come_back(tmp_path, monkeypatch):
+    """Learners restarted after the syncer shards finished need them to merge what they
+    send: resume starts the shards and the reducers with them."""
+    from diloco_cli.launch import operations
+
+    spec = resolve_run(recipe(shards=2), regions(shard_hosts=["local", "local"]), "r", tmp_path)
+    processes = [*(s.name for s in spec.syncer_shards), *(r.name for r in spec.reducers), "east-0"]
+    rows = [
+        {"process": name, "supervisor_alive": False, "supervisor": "finished" if name != "east-0" else "failed"}
+        for name in processes
+    ]
+    record = type("Record", (), {"spec": spec})()
+    monkeypatch.setattr(operations, "probe_run", lambda record: rows)
+    started = []
+    monkeypatch.setattr(operations, "start_processes", lambda record, names, how, emit: started.extend(names))
+    operations.resume_run(record)
+    assert sorted(started) == sorted(["east-0", "syncer-0", "syncer-1", "reducer-east"])

@@ -123,7 +123,10 @@ class Syncer:
         )
         self.decisions = self._initial_decisions()
         self.fanout = FanOut(len(self.buckets))
-        probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
+        probes = {
+            name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)).for_syncer_shard(self.shard)
+            for name in self.buckets
+        }
         self.observer = Observer(
             self.buckets,
             probes,
