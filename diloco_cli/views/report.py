@@ -18,8 +18,9 @@ from diloco_cli.bandwidth.prices import PriceTable
 from diloco_cli.bandwidth.report import TrafficReport, build_report
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.views.coordinators import run_state
 from diloco_cli.views.format import human_bytes, human_count, human_duration
-from diloco_cli.views.run_state import read_buckets, run_state
+from diloco_cli.views.run_state import read_buckets
 
 LINK_LEGEND = (
     "up: written into the bucket; down: read from it (listings estimated); "

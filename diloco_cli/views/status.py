@@ -16,8 +16,9 @@ from rich.text import Text
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.views.coordinators import ReducerSummary, SyncerSummary
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
-from diloco_cli.views.run_state import ReducerSummary, RunStatus, SyncerSummary, collect_status
+from diloco_cli.views.run_state import RunStatus, collect_status
 
 STATE_STYLE = {
     "syncer down": "bold red",

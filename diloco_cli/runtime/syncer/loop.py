@@ -191,7 +191,9 @@ class Syncer:
             return Evaluator(self.recipe, model)
         region = self.place.region or self.spec.regions[0].name
         others = [SyncerShard(index, self.shard.count) for index in range(1, self.shard.count)]
-        return Evaluator(self.recipe, model, GlobalCopy(self.buckets[region], self.secret, self.fragments, others))
+        initial = {name: p.detach().clone() for name, p in model.named_parameters()}  # version 0, from the seed
+        copy = GlobalCopy(self.buckets[region], self.secret, self.fragments, others, initial)
+        return Evaluator(self.recipe, model, copy)
 
     def _initial_decisions(self) -> decisions.DecisionState:
         """A fresh decision state that continues the committed one (versions, windows,
