@@ -79,7 +79,8 @@ class RegionSpec(BaseModel):
 
 
 class SyncerShardSpec(BaseModel):
-    """One syncer shard of a run with ``sync.shards`` > 1: where it runs and keeps its state."""
+    """One syncer process, where it runs and keeps its state: a shard of a run with
+    ``sync.shards`` > 1, or a run's only syncer (:attr:`RunSpec.syncer_shards`)."""
 
     model_config = FROZEN
 

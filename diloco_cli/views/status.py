@@ -64,7 +64,8 @@ def heldout(status: RunStatus) -> str:
     """``2.710 (version 6)``: the loss with the version it was measured at, which lags."""
     if status.heldout_loss is None:
         return "-"
-    return f"{status.heldout_loss:.3f} (version {status.heldout_version})"
+    of = " of syncer-0" if status.syncer_shards else ""  # shard 0 evaluates, at its own versions
+    return f"{status.heldout_loss:.3f} (version {status.heldout_version}{of})"
 
 
 def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | None = None) -> Group:

@@ -176,6 +176,7 @@ def test_the_status_shows_each_shard_and_the_run_as_their_sum(sharded):
     assert status.state == "running" and status.heldout_loss is not None
     text = render_plain(status)
     assert "2 syncer shards:" in text and "syncer-0: running; version" in text and "syncer-1: running" in text
+    assert f"(version {status.heldout_version} of syncer-0)" in text
     if sharded.reducers:
         assert [(r.region, r.shard) for r in status.reducers] == [("east", 0), ("east", 1)]
         assert "reducer east (shard 1): running" in text
