@@ -98,7 +98,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     # often by many seconds) must not look faster than its speed.
     steps_before = {learner: beat.step for learner, beat in heartbeats().items()}
     time.sleep(wall_seconds)
-    model, head = global_model(launched.spec, secret)  # what the syncer had published by then
+    model, heads = global_model(launched.spec, secret)  # what the syncer had published by then
     stop_run(record)
     beats = heartbeats()
     compute = sum(beat.compute_seconds for beat in beats.values())
@@ -107,7 +107,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     return {
         "setting": label,
         "loss": evaluate(model, heldout_batches(recipe)),
-        "versions": head.version,
+        "versions": heads[0].version,
         "tokens_trained": sum(beat.tokens for beat in beats.values()),
         "steps": {learner: beat.step - steps_before[learner] for learner, beat in beats.items()},
         "compute_share": compute / walls,

@@ -11,7 +11,7 @@ that region.  The data-parallel comparison follows :func:`data_parallel_bytes_pe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,6 +75,23 @@ class LearnerTraffic(BaseModel):
     requests: int
     retries: int
     failures: int
+
+
+class SyncerTraffic(BaseModel):
+    """What one syncer (shard) moved: with every region's bucket, and with its own home."""
+
+    model_config = REPORT
+
+    name: str
+    """``syncer``, or a shard's ``syncer-<s>``."""
+    place: str
+    merges: int
+    requests: int
+    """To the regions' buckets."""
+    bytes_up: int
+    bytes_down: int
+    home_bytes: int
+    """Read and written in its home store (its commits and ledger)."""
 
 
 class KindRow(BaseModel):
@@ -148,6 +165,8 @@ class TrafficReport(BaseModel):
     learners_reporting: int
     links: list[LinkRow]
     learners: list[LearnerTraffic]
+    syncers: list[SyncerTraffic]
+    """The syncer, or each syncer shard (``sync.shards``), as it reported last."""
     kinds: list[KindRow]
     compression: list[Compression]
     data_parallel: DataParallelComparison | None
@@ -174,50 +193,55 @@ class TrafficReport(BaseModel):
 def build_report(
     spec: RunSpec,
     heartbeats: Mapping[str, Heartbeat],
-    syncer: SyncerStatus | None,
+    syncer_statuses: Mapping[str, SyncerStatus],
     prices: PriceTable | None,
     state: str,
     now: float,
-    reducers: Mapping[str, ReducerStatus] | None = None,
+    reducers: Iterable[ReducerStatus] = (),
 ) -> TrafficReport:
     """The report of a run from its processes' latest reports (without ``prices``, every
-    cost is 0: ``diloco status`` shows bytes only).  A region's reducer talks to its own
+    cost is 0: ``diloco status`` shows bytes only): the learners', the syncer's (each
+    syncer shard's, by process name) and the regions' reducers'.  A region's reducer talks to its own
     bucket only: its bytes stay in the region, beside its learners', and so do those of a
     syncer placed in a region with that region's bucket."""
-    place = syncer.place if syncer else spec.syncer.place
+    syncers = list(syncer_statuses.values())
     region_counts: dict[str, list[StorageCounters]] = {region.name: [] for region in spec.regions}
     for beat in heartbeats.values():
         region_counts.setdefault(beat.region, []).append(beat.storage)
-    for region, reducer in (reducers or {}).items():
-        region_counts.setdefault(region, []).append(reducer.storage)
+    for reducer in reducers:
+        region_counts.setdefault(reducer.region, []).append(reducer.storage)
     by_link: dict[tuple[str, str], list[StorageCounters]] = {
         (name, name): counts for name, counts in region_counts.items() if counts
     }
-    if syncer is not None:  # a syncer in a region shares that region's in-region link
+    for syncer in syncers:  # a syncer in a region shares that region's in-region link
         for name, counts in syncer.storage.items():
-            by_link.setdefault((place, name), []).append(counts)
+            by_link.setdefault((syncer.place, name), []).append(counts)
     sources = [(source, bucket, counts) for (source, bucket), counts in by_link.items()]
     provider = {region.name: provider_of(region.root) for region in spec.regions}
     total_bytes = sum(_moved(c.total) for _, _, counts in sources for c in counts)
     links = [_link(source, bucket, counts, total_bytes, prices, provider) for source, bucket, counts in sources]
     wan_bytes = sum(link.bytes_up + link.bytes_down for link in links if link.wan)
     tokens = sum(beat.tokens for beat in heartbeats.values())
+    first = syncers[0] if syncers else None
+    places = sorted({syncer.place for syncer in syncers}) or [spec.syncer_shards[0].place]
+    ended = max((syncer.time for syncer in syncers), default=now) if state in ("finished", "stopped") else now
     return TrafficReport(
         run=spec.run,
         state=state,
-        elapsed_seconds=((syncer.time if syncer and state in ("finished", "stopped") else now) - spec.created),
+        elapsed_seconds=ended - spec.created,
         tokens=tokens,
         learners_reporting=len(heartbeats),
         links=links,
         learners=[_learner(beat) for _, beat in sorted(heartbeats.items())],
+        syncers=[_syncer(name, status) for name, status in syncer_statuses.items()],
         kinds=_kinds(sources),
-        compression=_compression(heartbeats.values(), syncer),
-        data_parallel=_data_parallel(spec, syncer, tokens, wan_bytes),
-        evaluations=list(syncer.evaluations) if syncer else [],
+        compression=_compression(heartbeats.values(), syncers),
+        data_parallel=_data_parallel(spec, first, tokens, wan_bytes),
+        evaluations=list(first.evaluations) if first else [],
         started_at=spec.created,
         prices_looked_up=str(prices.looked_up) if prices else "",
         cost_note=(
-            f"list prices looked up {prices.looked_up} ({_prices_note(place)}); "
+            f"list prices looked up {prices.looked_up} ({_prices_note(places)}); "
             "override with --prices FILE (see docs/bandwidth.md)"
         )
         if prices
@@ -227,13 +251,13 @@ def build_report(
     )
 
 
-def _prices_note(place: str) -> str:
-    if place == SYNCER_PLACE:
+def _prices_note(places: list[str]) -> str:
+    if SYNCER_PLACE in places:
         return (
             "the syncer's own place is billed as internet egress; "
             "set syncer.region in the region file if it runs in a region"
         )
-    return f"the syncer runs in region {place}"
+    return f"the syncer runs in region {', '.join(places)}"
 
 
 def _moved(traffic: Traffic) -> int:
@@ -313,6 +337,22 @@ def _learner(beat: Heartbeat) -> LearnerTraffic:
     )
 
 
+def _syncer(name: str, status: SyncerStatus) -> SyncerTraffic:
+    total = Traffic()
+    for counts in status.storage.values():
+        total = total.plus(counts.total)
+    home = status.home_storage.total
+    return SyncerTraffic(
+        name=name,
+        place=status.place,
+        merges=status.merges,
+        requests=total.requests,
+        bytes_up=total.bytes_up,
+        bytes_down=total.bytes_down,
+        home_bytes=home.bytes_up + home.bytes_down,
+    )
+
+
 def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRow]:
     rows = []
     for kind in KINDS:
@@ -335,12 +375,13 @@ def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRo
     return rows
 
 
-def _compression(heartbeats: Iterable[Heartbeat], syncer: SyncerStatus | None) -> list[Compression]:
-    """Payloads as the learners wrote them; updates and snapshots as the syncer did."""
+def _compression(heartbeats: Iterable[Heartbeat], syncers: Sequence[SyncerStatus]) -> list[Compression]:
+    """Payloads as the learners wrote them; updates and snapshots as the syncer (its
+    shards) did."""
     written: dict[str, Traffic] = {kind: Traffic() for kind in DELTA_KINDS}
     for beat in heartbeats:
         written["payload"] = written["payload"].plus(beat.storage.kinds.get("payload", Traffic()))
-    for counts in syncer.storage.values() if syncer else []:
+    for counts in (counts for syncer in syncers for counts in syncer.storage.values()):
         for kind in ("update", "snapshot"):
             written[kind] = written[kind].plus(counts.kinds.get(kind, Traffic()))
     return [

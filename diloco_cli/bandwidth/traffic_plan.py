@@ -139,6 +139,10 @@ class Placement(BaseModel):
     its own, every region's link crossing the WAN."""
     reducers: bool
     """A reducer beside every region's bucket (``sync.reducers``)."""
+    syncer_shards: int = 1
+    """Syncer processes sharing the fragments (``sync.shards``); their bytes are the one
+    syncer's, planned where ``syncer.host`` puts it (the merge work and the requests in
+    flight are shared out)."""
     wan_bytes_per_token: float
     """As planned (``diloco.wan_bytes_per_token``)."""
     no_reducers_wan_bytes_per_token: float
@@ -277,7 +281,7 @@ def _links(
 
 
 def _placement(
-    shape: RunShape, diloco: DiLoCoPrediction, apart: tuple[Link, ...], syncer_region: str | None
+    shape: RunShape, diloco: DiLoCoPrediction, apart: tuple[Link, ...], syncer_region: str | None, shards: int
 ) -> Placement:
     """The planned placement's WAN bytes per token beside the same run without reducers,
     and with the syncer on ``apart`` links (every one over the WAN) without reducers."""
@@ -285,6 +289,7 @@ def _placement(
     return Placement(
         syncer_region=syncer_region,
         reducers=shape.reducers,
+        syncer_shards=shards,
         wan_bytes_per_token=diloco.wan_bytes_per_token,
         no_reducers_wan_bytes_per_token=predict(alone).wan_bytes_per_token,
         apart_no_reducers_wan_bytes_per_token=predict(alone.model_copy(update={"links": apart})).wan_bytes_per_token,
@@ -482,7 +487,8 @@ def build_traffic_plan(
         region_name_bytes=sum(len(n) for n in names) / len(names),
     )
     diloco = predict(shape)
-    placement = _placement(shape, diloco, _links(layout, rates, latencies, None), syncer_region)
+    apart = _links(layout, rates, latencies, None)
+    placement = _placement(shape, diloco, apart, syncer_region, recipe.sync.shards)
     data_parallel = predict_data_parallel(total, links, step_seconds, tokens_per_step, bytes_per_value)
     suggestion = _suggest(shape, uploads, updates, target_compute_share)
     costs = _costs(prices, layout, syncer_region, syncer_provider, diloco, data_parallel, budget)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -41,8 +42,9 @@ def syncer(
     manifest: str = typer.Option(..., help=MANIFEST_HELP),
     secret_file: str = typer.Option(..., help="File holding the run's secret."),
     storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
+    shard: int = typer.Option(0, min=0, help="The syncer shard this process is (sync.shards)."),
 ) -> None:
-    """Run the syncer."""
+    """Run the syncer (one shard of it)."""
     from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.runtime.syncer.loop import Syncer
     from diloco_cli.store.run_spec import read_run_spec, read_secret
@@ -51,7 +53,7 @@ def syncer(
     options = json.loads(storage_options)
     watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
-    raise typer.Exit(Syncer(spec, read_secret(secret_file), manifest=watch).run())
+    raise typer.Exit(Syncer(spec, read_secret(secret_file), manifest=watch, syncer_shard=shard).run())
 
 
 def reducer(
@@ -60,16 +62,21 @@ def reducer(
     secret_file: str = typer.Option(..., help="File holding the run's secret."),
     storage_options: str = typer.Option("{}", help="JSON storage options to read the manifest."),
 ) -> None:
-    """Run a region's reducer."""
+    """Run a region's reducer (for each syncer shard)."""
     from diloco_cli.runtime.membership import ManifestWatch
-    from diloco_cli.runtime.reducer.loop import Reducer
+    from diloco_cli.runtime.reducer.loop import Reducer, run_reducers
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
     options = json.loads(storage_options)
     watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
-    raise typer.Exit(Reducer(spec, region, read_secret(secret_file), manifest=watch).run())
+    secret = read_secret(secret_file)
+    reducers = [  # one per syncer shard, each following the manifest with a watch of its own
+        Reducer(spec, region, secret, manifest=copy.copy(watch), syncer_shard=shard.index)
+        for shard in spec.syncer_shards
+    ]
+    raise typer.Exit(run_reducers(reducers))
 
 
 def chaos(

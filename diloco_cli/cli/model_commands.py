@@ -39,11 +39,12 @@ def export(
     """Write the global weights, loadable into the recipe's model or with transformers."""
     from diloco_cli.launch.model import export_run
     from diloco_cli.launch.runs import load_run
+    from diloco_cli.runtime.export import versions_label
 
     record = load_run(runs_dir, run)
-    written, head = export_run(record, output, export_format is ExportFormat.HF, region)
+    written, heads = export_run(record, output, export_format is ExportFormat.HF, region)
     typer.echo(
-        f"wrote {written}: global version {head.version} of run {record.name} ({record.spec.recipe.model.factory})"
+        f"wrote {written}: global {versions_label(heads)} of run {record.name} ({record.spec.recipe.model.factory})"
     )
 
 
@@ -65,9 +66,10 @@ def sample(
     a token dataset encodes and decodes with the tokenizer its index names)."""
     from diloco_cli.launch.model import sample_run
     from diloco_cli.launch.runs import load_run
+    from diloco_cli.runtime.export import versions_label
 
-    head, text = sample_run(load_run(runs_dir, run), prompt, length, temperature, top_k, seed)
-    typer.echo(f"[global version {head.version}]", err=True)
+    heads, text = sample_run(load_run(runs_dir, run), prompt, length, temperature, top_k, seed)
+    typer.echo(f"[global {versions_label(heads)}]", err=True)
     typer.echo(text)
 
 

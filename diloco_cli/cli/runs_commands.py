@@ -186,7 +186,11 @@ def runs(
 @reported
 def logs(
     run: str = typer.Argument(..., help="The run."),
-    process: str | None = typer.Argument(None, help="A learner id or 'syncer' (default: all, one after another)."),
+    process: str | None = typer.Argument(
+        None,
+        help="A learner id, 'syncer' (a syncer shard's 'syncer-N' with sync.shards), or a region's 'reducer-REGION' "
+        "(default: all, one after another).",
+    ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep printing new lines until the process is done (or Ctrl-C)."
     ),
@@ -206,15 +210,17 @@ def logs(
 
 
 STATUS_JSON_HELP = """Print JSON: run, state (starting, running, finished, stopped, syncer not reporting,
-syncer down), version, tokens, heldout_loss, heldout_version (the version it was measured
-at), elapsed_seconds, problems[] (what is down and what to run);
+syncer down), version (versions published, by every syncer shard together), tokens,
+heldout_loss, heldout_version (the version it was measured at), elapsed_seconds,
+problems[] (what is down and what to run);
 learners[] with learner, region, host, state, step, total_steps, tokens, loss,
 steps_per_second, base_version, staleness, last_seen_seconds, restarts (as its supervisor
 counts them, when known), bytes_up,
 bytes_down, unsent, retries, refusals; syncer with state, last_report_seconds, last_merge,
 last_merge_seconds_ago, merges, merges_per_minute, quorum, effective_quorum,
 grace_seconds, live_learners, reasons (per fragment, why it is not merging now), repairs,
-leftovers_removed, given_up; regions[] with learners_up, learners_down, checkpoints_up, syncer_up,
+leftovers_removed, given_up (with sync.shards, the shards' sum, and syncer_shards[] each with
+its name, version and the same); regions[] with learners_up, learners_down, checkpoints_up, syncer_up,
 syncer_down, retries, failures, refusals (by kind), latest_refusal; evaluations[];
 bandwidth (one line: bytes across links and in regions; `diloco report` has the rest)."""
 

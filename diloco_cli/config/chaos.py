@@ -7,7 +7,7 @@ comma-separated list::
 
     seed=7                     the schedule's seed (default 0)
     kill-learner=0.5/min       SIGKILL a random learner at this rate (Poisson)
-    kill-syncer=0.1/min        SIGKILL the syncer at this rate
+    kill-syncer=0.1/min        SIGKILL the syncer (a random syncer shard) at this rate
     kill-reducer=0.2/min       SIGKILL a random region's reducer at this rate
     stop-learner=0.5/min:20s   SIGSTOP a random learner for 20 s at this rate
     outage=local-b@60s+30s     region local-b's storage down from 60 s to 90 s after the start
@@ -110,18 +110,24 @@ class ProcessEvent(BaseModel):
     """From the run's creation."""
     action: Literal["kill", "stop", "continue"]
     target: str
-    """A learner's id, ``syncer``, or a reducer's process name (``reducer-<region>``)."""
+    """A learner's id, ``syncer`` (a shard's ``syncer-<s>``), or a reducer's process name
+    (``reducer-<region>``)."""
     seconds: float | None = None
 
 
 def process_events(
-    plan: ChaosPlan, learners: list[str], reducers: list[str] = (), horizon: float = HORIZON_SECONDS
+    plan: ChaosPlan,
+    learners: list[str],
+    reducers: list[str] = (),
+    horizon: float = HORIZON_SECONDS,
+    syncers: list[str] = ("syncer",),
 ) -> list[ProcessEvent]:
     """The kills and pauses of a plan, by time: a pure function of the plan and the run's
-    learners and reducers (a rerun with the same seed kills the same processes at the
-    same times; reducers draw from a stream of their own, so adding them moves no other
-    event)."""
+    learners, reducers and syncer shards (a rerun with the same seed kills the same
+    processes at the same times; reducers, and which syncer shard a kill hits, draw from
+    streams of their own, so adding them moves no other event)."""
     generator = random.Random(f"{plan.seed}/processes")
+    of_syncers = random.Random(f"{plan.seed}/syncers")
     events = []
     if plan.kill_reducer_per_minute > 0 and reducers:
         of_reducers = random.Random(f"{plan.seed}/reducers")
@@ -129,7 +135,7 @@ def process_events(
             events.append(ProcessEvent(at_seconds=at, action="kill", target=of_reducers.choice(sorted(reducers))))
     for rate, action, pick in (
         (plan.kill_learner_per_minute, "kill", lambda: generator.choice(sorted(learners))),
-        (plan.kill_syncer_per_minute, "kill", lambda: "syncer"),
+        (plan.kill_syncer_per_minute, "kill", lambda: of_syncers.choice(sorted(syncers))),
         (plan.stop_learner_per_minute, "stop", lambda: generator.choice(sorted(learners))),
     ):
         if rate > 0:

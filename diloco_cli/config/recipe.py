@@ -192,6 +192,13 @@ class SyncConfig(BaseModel):
     num_fragments: int = Field(default=2, ge=1)
     """P: fragments sent at staggered steps; 1 sends the whole model at once."""
 
+    shards: int = Field(default=1, ge=1)
+    """Syncer shards: N syncer processes, each with its own home and ledger, that share the
+    fragments round robin (shard s syncs the fragments p with p % N == s), so the merge
+    work and the syncer's WAN traffic scale out.  At most P: a shard without a fragment
+    would have nothing to sync.  Where each runs: ``syncer.shard_hosts`` of the region
+    file (default: every shard where the syncer goes)."""
+
     quorum: int | None = Field(default=None, ge=1)
     """K: merge a fragment once this many learners sent it; null means K = M (synchronous
     rounds).  K < M lets fast learners go on without the slow ones."""
@@ -332,6 +339,11 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
+        if self.sync.shards > self.sync.num_fragments:
+            raise ValueError(
+                f"sync.shards N={self.sync.shards} exceeds sync.num_fragments P={self.sync.num_fragments}: "
+                "each syncer shard syncs whole fragments; lower sync.shards or raise sync.num_fragments"
+            )
         quorum = self.sync.quorum
         if quorum is not None and quorum > self.training.num_learners:
             raise ValueError(

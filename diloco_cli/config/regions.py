@@ -215,6 +215,13 @@ class SyncerPlacement(BaseModel):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Filesystem options for ``home``."""
 
+    shard_hosts: tuple[str, ...] | None = None
+    """With the recipe's ``sync.shards: N``, the host of each syncer shard, in shard
+    order (N names; ``local`` or a host of a region, as ``host``); each shard's home is
+    ``home`` with ``/shard-<s>`` appended (beside the run in the bucket of its host's
+    region, when ``home`` is left at its default).  Default: every shard where ``host``
+    says the syncer goes."""
+
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> SyncerPlacement:
         refuse_inline_credentials(self.storage_options, "storage_options of the syncer")
@@ -284,8 +291,9 @@ class RegionsFile(BaseModel):
             for host in region.hosts:
                 if not host.is_local:
                     seen.setdefault(host.name, host)
-        if self.syncer_host() != LOCAL_HOST:
-            seen.setdefault(self.syncer_host(), self.host(self.syncer_host()))
+        for name in (self.syncer_host(), *(self.syncer.shard_hosts or ())):
+            if name != LOCAL_HOST:
+                seen.setdefault(name, self.host(name))
         return list(seen.values())
 
     def syncer_host(self) -> str:
@@ -298,10 +306,22 @@ class RegionsFile(BaseModel):
             return self.syncer.region
         if self.syncer.host is None:
             return self.regions[0].name
+        return self._region_of_host(self.syncer.host)
+
+    def _region_of_host(self, name: str) -> str | None:
         for region in self.regions:
-            if any(host.name == self.syncer.host and not host.is_local for host in region.hosts):
+            if any(host.name == name and not host.is_local for host in region.hosts):
                 return region.name
         return None
+
+    def syncer_shard_places(self, shards: int) -> list[tuple[str, str | None]]:
+        """(host, region) of each of ``shards`` syncer shards: as ``syncer.shard_hosts``
+        names them (a shard on the syncer's host is in the syncer's region), else every
+        one where the syncer goes.  The caller checks that the names are ``shards``."""
+        hosts = self.syncer.shard_hosts or (self.syncer_host(),) * shards
+        return [
+            (host, self.syncer_region() if host == self.syncer_host() else self._region_of_host(host)) for host in hosts
+        ]
 
     def region(self, name: RegionName | str) -> RegionConfig:
         for region in self.regions:

@@ -257,11 +257,11 @@ def initial_state(
     versions: Mapping[FragmentIndex, tuple[Version, Version]] | None = None,
 ) -> DecisionState:
     """A fresh state at time ``now``; ``versions`` gives each fragment's (version, oldest
-    anchorable base)."""
-    rounds = {
-        FragmentIndex(p): FragmentRound(*(versions or {}).get(FragmentIndex(p), (Version(0), Version(0))))
-        for p in range(policy.num_fragments)
-    }
+    anchorable base), and which fragments this syncer decides on (a syncer shard decides
+    on its own); without it, every fragment from version 0."""
+    if versions is None:
+        versions = {FragmentIndex(p): (Version(0), Version(0)) for p in range(policy.num_fragments)}
+    rounds = {fragment: FragmentRound(*versions[fragment]) for fragment in sorted(versions)}
     return DecisionState(policy=policy, rounds=rounds, started_at=now)
 
 

@@ -6,6 +6,10 @@ of the model.  Here the split is a greedy bin-packing of whole tensors into frag
 near-equal bytes, with the token embedding (and a tied output head, which is the same
 tensor) in a fragment of its own: it is merged with a plain weighted mean instead of RDA
 (Decoupled DiLoCo, arXiv 2604.21428).
+
+With ``sync.shards: N`` the fragments are also dealt out to N syncer shards, round robin
+(:class:`SyncerShard`): fragments are independent in the algorithm (each has its own
+version chain, window, outer momentum and round), so each shard syncs its own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,38 @@ class Fragment:
     num_bytes: int
     embedding_names: frozenset[str]
     """The parameters of this fragment that are merged with the weighted mean."""
+
+
+@dataclass(frozen=True)
+class SyncerShard:
+    """Syncer shard ``index`` of ``count``: it syncs the fragments p with ``p % count ==
+    index``.  Round robin, because fragment p is sent at offset p*H//P of each period:
+    consecutive fragments go to different shards, so each shard's merges are spread
+    evenly over the period instead of bunched together."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"syncer shard {self.index} of {self.count} does not exist")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the run has more than one syncer shard."""
+        return self.count > 1
+
+    def owns(self, fragment: int) -> bool:
+        return fragment % self.count == self.index
+
+    def of(self, fragments: Sequence[Fragment]) -> tuple[Fragment, ...]:
+        """This shard's fragments among ``fragments``, in order."""
+        return tuple(fragment for fragment in fragments if self.owns(fragment.index))
+
+    @staticmethod
+    def of_fragment(fragment: int, count: int) -> SyncerShard:
+        """The shard that syncs ``fragment`` in a run of ``count`` shards."""
+        return SyncerShard(fragment % count, count)
 
 
 class FragmentError(ValueError):

@@ -58,7 +58,10 @@ class ChaosDriver:
             (event.at_seconds, index, event)
             for index, event in enumerate(
                 process_events(
-                    self.plan, [learner.id for learner in self.spec.learners], [r.name for r in self.spec.reducers]
+                    self.plan,
+                    [learner.id for learner in self.spec.learners],
+                    [r.name for r in self.spec.reducers],
+                    syncers=[shard.name for shard in self.spec.syncer_shards],
                 )
             )
         ]
@@ -131,9 +134,14 @@ class ChaosDriver:
             return f"host {host_name} not reached: {error}"
 
     def _run_over(self) -> bool:
+        """Whether every syncer shard (the syncer) has finished, as any region shows it."""
+        shards = len(self.spec.syncer_shards)
+        return all(self._finished(shard) for shard in range(shards))
+
+    def _finished(self, shard: int) -> bool:
         for bucket in self.buckets:
             try:
-                status = bucket.read_syncer_status()
+                status = bucket.syncer_shards(len(self.spec.syncer_shards))[shard].read_syncer_status()
             except (StorageError, ValueError):
                 continue
             if status is not None and status.state == SyncerPhase.FINISHED:

@@ -17,10 +17,11 @@ SAFETENSORS_NAME = "model.safetensors"
 name a Hugging Face directory gives its weights too)."""
 
 
-def export_run(record: RunRecord, output: Path, hugging_face: bool, region: str | None) -> tuple[Path, Head]:
+def export_run(record: RunRecord, output: Path, hugging_face: bool, region: str | None) -> tuple[Path, list[Head]]:
     """Write the run's global weights to ``output`` (a ``.safetensors`` file, or
     ``model.safetensors`` in it when it is a directory; with ``hugging_face`` a
-    directory); returns where they went and the head they were read at."""
+    directory); returns where they went and the heads they were read at (one per syncer
+    shard)."""
     from diloco_cli.runtime.export import export_hugging_face, export_safetensors
 
     if hugging_face:
@@ -34,11 +35,11 @@ def export_run(record: RunRecord, output: Path, hugging_face: bool, region: str 
 
 def sample_run(
     record: RunRecord, prompt: str, length: int, temperature: float, top_k: int, seed: int
-) -> tuple[Head, str]:
+) -> tuple[list[Head], str]:
     """Continue ``prompt`` with the run's global model, on as many CPU threads as each of
     its learners here gets (torch's default, every core, is several times slower on a
-    machine that is busy training); returns the head the weights were read at, and the
-    text."""
+    machine that is busy training); returns the heads the weights were read at (one per
+    syncer shard), and the text."""
     import torch
 
     from diloco_cli.runtime.export import global_model, sample_text, sampling_tokenizer
@@ -46,7 +47,7 @@ def sample_run(
     spec = record.spec
     torch.set_num_threads(learner_threads(spec, "local", os.cpu_count() or 1))
     tokenizer = sampling_tokenizer(spec.recipe.data)
-    model, head = global_model(spec, record.secret())
-    return head, sample_text(
+    model, heads = global_model(spec, record.secret())
+    return heads, sample_text(
         model, prompt, length, temperature, top_k, seed, spec.recipe.data.sequence_length, tokenizer
     )

@@ -86,11 +86,11 @@ def _probe_row(process: dict, host: str, ssh: str, state: dict, alive: bool) -> 
 
 def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
     """Start again every process of the run that is down (its supervisor gone, or given
-    up), here and on SSH hosts, from the run's durable state; the syncer too when a
-    learner comes back after it finished.  Returns the names started."""
+    up), here and on SSH hosts, from the run's durable state; the syncer (every shard) and
+    the reducers too when a learner comes back after they finished.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
-    coordinators = ["syncer", *(reducer.name for reducer in record.spec.reducers)]
+    coordinators = [*(shard.name for shard in record.spec.syncer_shards), *(r.name for r in record.spec.reducers)]
     if any(name not in (*coordinators, CHAOS_PROCESS) for name in down):
         # learners come back after the syncer and reducers finished: they must merge what they send
         down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]

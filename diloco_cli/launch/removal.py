@@ -61,7 +61,7 @@ def plan_removal(record: RunRecord) -> Removal:
     spec = record.spec
     removal = Removal(record.name, str(record.directory), hosts=sorted(record.hosts))
     places = [(region.root, region.storage_options, f"region {region.name}'s objects") for region in spec.regions]
-    places.append((spec.syncer.home, spec.syncer.storage_options, "the syncer's home"))
+    places += [(shard.home, shard.storage_options, f"the {shard.name}'s home") for shard in spec.syncer_shards]
     for url, options, what in places:
         if f"/{record.name}" in url:
             removal.stores.append((url, options))

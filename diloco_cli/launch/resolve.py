@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.chaos import ChaosPlan
@@ -26,7 +27,7 @@ from diloco_cli.launch.runs import write_run_record
 from diloco_cli.models.context import model_context
 from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
-from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerSpec
+from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerShardSpec, SyncerSpec
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -85,15 +86,15 @@ def resolve_run(
         )
         for region in regions.regions
     )
-    home = absolute_url(regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run))
-    home_options = regions.syncer.storage_options
     syncer_region = regions.syncer_region()
-    if syncer_host != "local" and syncer_region and regions.syncer.home == SyncerPlacement.model_fields["home"].default:
-        # the syncer runs on a region's host: its home is beside the run in that region's
-        # bucket (in the region, and readable wherever the bucket is: scale, rm, audits)
-        region = regions.region(syncer_region)
-        home, home_options = f"{region.run_root(run, str(runs_dir))}/syncer", region.storage_options
-    syncer = SyncerSpec(host=syncer_host, home=home, storage_options=home_options, region=syncer_region)
+    home, home_options = _syncer_home(regions, syncer_host, syncer_region, run, runs_dir)
+    syncer = SyncerSpec(
+        host=syncer_host,
+        home=home,
+        storage_options=home_options,
+        region=syncer_region,
+        shards=_syncer_shards(recipe, regions, run, runs_dir, sources),
+    )
     reducers = (
         tuple(ReducerSpec(region=RegionName(region.name), host=region.reducer) for region in regions.regions)
         if recipe.sync.reducers
@@ -108,6 +109,53 @@ def resolve_run(
         syncer=syncer,
         reducers=reducers,
     )
+
+
+def _syncer_home(
+    regions: RegionsFile, host: str, region: str | None, run: str, runs_dir: Path
+) -> tuple[str, dict[str, Any]]:
+    """The home (URL, storage options) of a syncer on ``host`` in ``region``."""
+    if host != "local" and region and regions.syncer.home == SyncerPlacement.model_fields["home"].default:
+        # the syncer runs on a region's host: its home is beside the run in that region's
+        # bucket (in the region, and readable wherever the bucket is: scale, rm, audits)
+        config = regions.region(region)
+        return f"{config.run_root(run, str(runs_dir))}/syncer", config.storage_options
+    home = absolute_url(regions.syncer.home.replace("{runs_dir}", str(runs_dir)).replace("{run}", run))
+    return home, regions.syncer.storage_options
+
+
+def _syncer_shards(
+    recipe: Recipe, regions: RegionsFile, run: str, runs_dir: Path, sources: Sources
+) -> tuple[SyncerShardSpec, ...]:
+    """Each syncer shard's place and home (none with one syncer)."""
+    count, named = recipe.sync.shards, regions.syncer.shard_hosts
+    if named is not None and len(named) != count:
+        raise ConfigError(
+            f"{sources.regions}: syncer.shard_hosts names {len(named)} host(s), but {sources.recipe} sets "
+            f"sync.shards: {count}; name one host per shard"
+        )
+    if count == 1:
+        return ()
+    hosts = {host.name for region in regions.regions for host in region.hosts}
+    for host in named or ():
+        if host != "local" and host not in hosts:
+            raise ConfigError(
+                f"{sources.regions}: syncer.shard_hosts: {host!r} is not 'local' nor a host of any region"
+            )
+    shards = []
+    for index, (host, region) in enumerate(regions.syncer_shard_places(count)):
+        home, options = _syncer_home(regions, host, region, run, runs_dir)
+        shards.append(
+            SyncerShardSpec(
+                index=index,
+                name=f"syncer-{index}",
+                host=host,
+                home=f"{home.rstrip('/')}/shard-{index}",
+                storage_options=options,
+                region=region,
+            )
+        )
+    return tuple(shards)
 
 
 def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
@@ -169,16 +217,26 @@ def with_chaos(spec: RunSpec, plan: ChaosPlan) -> RunSpec:
 
 
 def check_buckets(spec: RunSpec, sources: Sources = Sources()) -> None:
-    """Every region's bucket and the syncer's home can be written, read and deleted."""
+    """Every region's bucket and the home of each syncer (shard) on this machine can be
+    written, read and deleted."""
     for region in spec.regions:
         try:
             ObjectStore(region.root, region.storage_options).probe()
         except StorageError as error:
             raise StorageError(f"{sources.regions}: region {region.name!r} bucket: {error}") from None
-    try:
-        ObjectStore(spec.syncer.home, spec.syncer.storage_options).probe()
-    except StorageError as error:
-        raise StorageError(f"{sources.regions}: syncer.home: {error}") from None
+    for shard in spec.syncer_shards:
+        if shard.host != "local":
+            continue
+        try:
+            ObjectStore(shard.home, shard.storage_options).probe()
+        except StorageError as error:
+            which = "syncer.home" if shard.name == "syncer" else f"syncer.home of {shard.name}"
+            raise StorageError(f"{sources.regions}: {which}: {error}") from None
+
+
+def syncer_here(spec: RunSpec) -> bool:
+    """Whether a syncer (shard) of the run runs on this machine (its home is checked here)."""
+    return any(shard.host == "local" for shard in spec.syncer_shards)
 
 
 def check_new_run(runs_dir: Path, run: str) -> None:

@@ -69,8 +69,9 @@ class RunRecord:
         """Which host each process of the run runs on ("local" for this machine)."""
         spec = self.document["spec"]
         chaos = {"chaos": "local"} if spec.get("chaos") else {}  # the driver runs where `up` ran
+        shards = spec["syncer"].get("shards") or [{"name": "syncer", "host": spec["syncer"]["host"]}]
         return {
-            "syncer": spec["syncer"]["host"],
+            **{shard["name"]: shard["host"] for shard in shards},
             **chaos,
             **{f"reducer-{reducer['region']}": reducer["host"] for reducer in spec.get("reducers", ())},
             **{learner["id"]: learner["host"] for learner in spec["learners"]},
@@ -167,7 +168,7 @@ def summarize_run(record: RunRecord) -> RunSummary:
         alive = is_running(process["pid"]) and belongs_to(process["pid"], record.directory)
         states.append(recorded if alive or recorded in ("finished", "stopped", "failed") else "down")
     if len(states) < len(record.processes):  # some run on hosts: ask the syncer's report
-        states.append(_syncer_state(record.spec))
+        states += _syncer_states(record.spec)
     for state in ("failed", "down", "running", "restarting", "starting", "stopped", "unknown"):
         if state in states:
             return _summary(record, "running" if state in ("restarting", "starting") else state)
@@ -188,20 +189,24 @@ def _summary(record: RunRecord, state: str) -> RunSummary:
     )
 
 
-def _syncer_state(spec: RunSpec) -> str:
-    """The syncer's own report, read once without retries (``runs`` must answer fast)."""
+def _syncer_states(spec: RunSpec) -> list[str]:
+    """Each syncer shard's own report, read once without retries (``runs`` must answer fast)."""
     from diloco_cli.config.recipe import RetryPolicy
     from diloco_cli.store.region import RegionBucket
 
     region = spec.regions[0]
-    try:
-        status = RegionBucket(
-            region.name, region.root, region.storage_options, None, RetryPolicy(attempts=1)
-        ).read_syncer_status()
-    except Exception:
-        return "unknown"
-    if status is None:
-        return "starting"
-    if status.state.value == "running" and time.time() - status.time > SYNCER_SILENT_SECONDS:
-        return "down"
-    return status.state.value
+    bucket = RegionBucket(region.name, region.root, region.storage_options, None, RetryPolicy(attempts=1))
+    states = []
+    for shard in bucket.syncer_shards(len(spec.syncer_shards)):
+        try:
+            status = shard.read_syncer_status()
+        except Exception:
+            states.append("unknown")
+            continue
+        if status is None:
+            states.append("starting")
+        elif status.state.value == "running" and time.time() - status.time > SYNCER_SILENT_SECONDS:
+            states.append("down")
+        else:
+            states.append(status.state.value)
+    return states

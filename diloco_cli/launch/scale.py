@@ -205,7 +205,7 @@ def wait_for_drain(
     or overwritten by an install (or ``timeout`` passes), calling ``drained`` as each
     is; returns how far each got."""
     spec, secret = record.spec, record.secret()
-    home = spec.home(secret)
+    homes = spec.homes(secret)
     deadline = time.monotonic() + timeout
     pending, outcomes = set(learners), {}
     while pending and time.monotonic() < deadline:
@@ -217,7 +217,7 @@ def wait_for_drain(
                 continue
             if beat is None or beat.state != LearnerState.FINISHED:
                 continue
-            history = history if history is not None else home.history()
+            history = history if history is not None else [r for home in homes for r in home.history()]
             fragments = range(spec.recipe.sync.num_fragments)
             outcome = DrainOutcome(
                 learner,

@@ -1,4 +1,5 @@
-"""The processes of a run, and where each runs: the syncer, each region's reducer, the learners.
+"""The processes of a run, and where each runs: the syncer (its shards), each region's
+reducer, the learners.
 
 One list, made from the resolved run, that every launcher starts from (``up`` here and
 over SSH, ``resume``, ``scale``): each :class:`Service` has a name (its log, its
@@ -52,9 +53,18 @@ class Service:
 
 
 def services(spec: RunSpec, names: Collection[str] | None = None) -> list[Service]:
-    """The run's processes (those named, if ``names`` is given): the syncer, the regions'
-    reducers, the learners, in that order."""
-    found = [Service(SYNCER, "syncer", spec.syncer.host, ("_syncer",))]
+    """The run's processes (those named, if ``names`` is given): the syncer (``syncer``,
+    or each shard's ``syncer-<s>`` with ``sync.shards`` > 1), the regions' reducers (each
+    reduces for every syncer shard), the learners, in that order."""
+    found = [
+        Service(
+            shard.name,
+            "syncer",
+            shard.host,
+            ("_syncer",) if shard.name == SYNCER else ("_syncer", "--shard", str(shard.index)),
+        )
+        for shard in spec.syncer_shards
+    ]
     found += [
         Service(reducer.name, "reducer", reducer.host, ("_reducer", "--region", reducer.region))
         for reducer in spec.reducers

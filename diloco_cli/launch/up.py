@@ -33,6 +33,7 @@ from diloco_cli.launch.resolve import (
     remove_manifests,
     resolve_entry_point,
     resolve_run,
+    syncer_here,
     with_chaos,
     write_manifests,
 )
@@ -93,7 +94,9 @@ def resolve(
 def _extras(spec: RunSpec) -> list[str]:
     """The package extras every host needs for this run: its storage backends, and
     ``transformers`` for a Hugging Face model."""
-    protocols = {protocol_of(region.root) for region in spec.regions} | {protocol_of(spec.syncer.home)}
+    protocols = {protocol_of(region.root) for region in spec.regions} | {
+        protocol_of(shard.home) for shard in spec.syncer_shards
+    }
     extras = {"s3" for p in protocols if p in ("s3", "s3a")} | {"gcs" for p in protocols if p in ("gs", "gcs")}
     if spec.recipe.model.factory.startswith("diloco_cli.models.hf:"):
         extras.add("hf")
@@ -166,7 +169,7 @@ def _launch(
             raise StartError(f"preflight failed on {sum(1 for r in reports if r.problem)} host(s); nothing was started")
         spec = with_devices(spec, regions, found_gpus(regions, {report.host.name: report.facts for report in reports}))
         if dry_run:  # what the real one checks before it starts anything (hosts probe theirs in preflight)
-            if spec.syncer.host == "local":
+            if syncer_here(spec):
                 check_buckets(spec, sources)
             return Launch(spec, None, [], reports)
         note = (
@@ -178,7 +181,7 @@ def _launch(
             try:
                 if reports:
                     _install_everywhere(reports, spec, runs_dir, emit, show_preflight)
-                if spec.syncer.host == "local":
+                if syncer_here(spec):
                     check_buckets(spec, sources)
                 write_manifests(spec)
                 interruption = starting.enter_context(held_back(note))  # from here on, a Ctrl-C waits

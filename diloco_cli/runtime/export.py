@@ -34,49 +34,59 @@ def seeded_model(spec: RunSpec) -> torch.nn.Module:
     return spec.recipe.model.build()
 
 
-def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) -> tuple[torch.nn.Module, Head]:
+def global_model(spec: RunSpec, secret: RunSecret, region: str | None = None) -> tuple[torch.nn.Module, list[Head]]:
     """The recipe's model holding the newest global weights, read from one region."""
     model = seeded_model(spec)
-    head = load_global_weights(model, spec, secret, region)
-    return model, head
+    heads = load_global_weights(model, spec, secret, region)
+    return model, heads
 
 
-def load_global_weights(model: torch.nn.Module, spec: RunSpec, secret: RunSecret, region: str | None = None) -> Head:
+def load_global_weights(
+    model: torch.nn.Module, spec: RunSpec, secret: RunSecret, region: str | None = None
+) -> list[Head]:
     """Copy the newest global weights, read from one region, into a freshly built
     recipe model (from the recipe's seed: its weights are then version 0, which saves
     reading a snapshot while the head still lists every update) and put it in eval mode;
-    returns the head they were read at."""
+    returns the heads they were read at (one per syncer shard)."""
     bucket = spec.bucket(region or spec.regions[0].name, secret)
     fragments = fragments_of_model(model, spec.recipe.sync.num_fragments)
     initial = {
         name: parameter.detach().to("cpu", torch.float32).clone() for name, parameter in model.named_parameters()
     }
-    parameters, head = latest_weights(bucket, secret, fragments, initial)
+    parameters, heads = latest_weights(bucket, secret, fragments, initial, len(spec.syncer_shards))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             parameter.copy_(parameters[name])
     model.eval()
-    return head
+    return heads
 
 
-def export_safetensors(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> Head:
+def versions_label(heads: list[Head]) -> str:
+    """``version 12``, or with syncer shards ``versions 12, 11 (one per syncer shard)``:
+    each shard numbers its own versions."""
+    if len(heads) == 1:
+        return f"version {heads[0].version}"
+    return f"versions {', '.join(str(head.version) for head in heads)} (one per syncer shard)"
+
+
+def export_safetensors(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> list[Head]:
     """Write the global model's ``state_dict`` (every key, tied ones included, so that
     ``model.load_state_dict(safetensors.torch.load_file(path))`` works as is)."""
-    model, head = global_model(spec, secret, region)
+    model, heads = global_model(spec, secret, region)
     tensors = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
     metadata = {
         "run": spec.run,
-        "version": str(head.version),
+        "version": ",".join(str(head.version) for head in heads),
         "model_factory": spec.recipe.model.factory,
         "model_kwargs": json.dumps(spec.recipe.model.kwargs),
         "format": "pt",
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(output), metadata=metadata)
-    return head
+    return heads
 
 
-def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> Head:
+def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: str | None = None) -> list[Head]:
     """Write the global model as a Hugging Face directory, with the tokenizer the run's
     token dataset names, if any (see :func:`save_hugging_face`).
 
@@ -86,9 +96,9 @@ def export_hugging_face(spec: RunSpec, secret: RunSecret, output: Path, region: 
     model = seeded_model(spec)
     require_hugging_face(model, spec.recipe.model.factory)
     tokenizer = dataset_tokenizer(spec.recipe.data)
-    head = load_global_weights(model, spec, secret, region)
+    heads = load_global_weights(model, spec, secret, region)
     save_hugging_face(model, output, *(tokenizer or (None, None)))
-    return head
+    return heads
 
 
 def require_hugging_face(model: torch.nn.Module, factory: str) -> None:

@@ -13,6 +13,10 @@ in two so that the learner's training thread alone touches its weights:
 * :func:`apply_fetch` (the owner's thread) adds the updates, in order, to a copy of the
   base with :func:`~diloco_cli.codec.exact.apply_update` (the syncer's own function, so
   every holder computes the same bits) and checks the result against the head's digest.
+
+With syncer shards each shard publishes its own fragments under its own head, with its
+own version numbers: a reader reads each fragment from its shard
+(:class:`GlobalReader` for one shard, :class:`GlobalCopy` for several).
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, decode_payload, encode_payload, read_header
 from diloco_cli.codec.exact import apply_update, fragment_digest
-from diloco_cli.core.fragments import Fragment
+from diloco_cli.core.fragments import Fragment, SyncerShard
 from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.store.documents import Head
-from diloco_cli.store.region import SNAPSHOT_SPEC, RegionBucket, snapshot_key, update_key
+from diloco_cli.store.region import SNAPSHOT_SPEC, RegionBucket
 
 
 def encode_snapshot(
@@ -66,10 +70,14 @@ class Fetched:
     head: Head
     fragments: list[FragmentFetch] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    shard: int = 0
+    """The syncer shard whose head this is."""
 
 
 class GlobalReader:
-    """Reads and verifies the global weights of a run from one region's bucket."""
+    """Reads and verifies the global weights of a run from one region's bucket: those
+    of syncer shard ``shard`` (the fragments it syncs, under its head), every fragment
+    with one syncer."""
 
     def __init__(
         self,
@@ -77,8 +85,10 @@ class GlobalReader:
         secret: RunSecret,
         fragments: tuple[Fragment, ...],
         initial: Mapping[str, torch.Tensor] | None = None,
+        shard: SyncerShard = SyncerShard(),
     ) -> None:
-        self.bucket = bucket
+        self.bucket = bucket.for_syncer_shard(shard)
+        self.shard = shard
         self._secret = secret
         self.fragments = fragments
         self.initial = initial
@@ -93,7 +103,7 @@ class GlobalReader:
         """Fetch what brings each fragment of ``bases`` (fragment -> the version the reader
         holds, -1 for none) to the head's version.  A fragment that cannot be brought
         there now (every path refused) is left out, with the refusals that say why."""
-        fetched = Fetched(head)
+        fetched = Fetched(head, shard=self.shard.index)
         snapshots: dict[Version, tuple | Exception] = {}
         refused: set[str] = set()
         for fragment, base in sorted(bases.items()):
@@ -164,7 +174,7 @@ class GlobalReader:
 
     def _snapshot(self, version: Version, cache: dict) -> tuple[dict[str, torch.Tensor], dict[FragmentIndex, Version]]:
         if version not in cache:
-            key = snapshot_key(version)
+            key = self.bucket.layout.snapshot_key(version)
             try:
                 decoded = decode_payload(self.bucket.read_snapshot(version), self._secret)
                 if decoded.meta.get("version") != version:
@@ -186,7 +196,7 @@ class GlobalReader:
         one after another: each made for the fragment's previous version, in order."""
         updates, previous = [], base
         for version in versions:
-            key = update_key(version, fragment)
+            key = self.bucket.layout.update_key(version, fragment)
             try:
                 payload = self.bucket.read_update(version, fragment)
                 meta = read_header(payload, self._secret).meta
@@ -205,7 +215,7 @@ class GlobalReader:
             previous = version
         if previous != target:
             raise UpdateRefused(
-                update_key(target, fragment),
+                self.bucket.layout.update_key(target, fragment),
                 CorruptPayload(f"the head lists updates up to version {previous}, not to {target}"),
             )
         return updates
@@ -244,23 +254,68 @@ def apply_fetch(
     return tensors
 
 
+class GlobalCopy:
+    """An exact copy of the fragments of some syncer shards, kept from one region's
+    bucket: each fragment read from its shard and checked against its shard's head.  Export
+    reads every shard's once; syncer shard 0 keeps the others' to evaluate the whole
+    model."""
+
+    def __init__(
+        self,
+        bucket: RegionBucket,
+        secret: RunSecret,
+        fragments: tuple[Fragment, ...],
+        shards: list[SyncerShard],
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.readers = [GlobalReader(bucket, secret, fragments, initial, shard) for shard in shards]
+        self.fragments, self._secret = fragments, secret
+        self.theta: dict[str, torch.Tensor] = {}
+        """The copy's tensors (of the shards' fragments)."""
+        self.versions: dict[FragmentIndex, Version] = {}
+        """Each fragment's version in the copy (in its shard's numbering)."""
+
+    def refresh(self) -> list[Head]:
+        """Bring every fragment of the shards to its shard's newest head; returns the
+        heads read, in shard order.  FileNotFoundError when a shard has no head yet,
+        CorruptPayload (with every reason) when a fragment cannot be brought there now;
+        what was brought up before that stays."""
+        heads = []
+        for reader in self.readers:
+            head = reader.head()
+            if head is None:
+                raise FileNotFoundError(f"{reader.bucket.store.root} has no {reader.bucket.layout.head_key} yet")
+            owned = [f.index for f in reader.shard.of(self.fragments)]
+            due = {
+                p: self.versions.get(p, Version(-1))
+                for p in owned
+                if head.fragment_versions.get(p, Version(0)) != self.versions.get(p)
+            }
+            fetched = reader.fetch(head, due)
+            for fetch in fetched.fragments:
+                names = self.fragments[fetch.fragment].parameter_names
+                self.theta.update(apply_fetch(fetch, names, self.theta, self._secret))
+                self.versions[fetch.fragment] = fetch.version
+            if len(fetched.fragments) != len(due):
+                reasons = "; ".join(r.reason for r in fetched.refusals) or "unknown"
+                raise CorruptPayload(f"the global weights in {reader.bucket.store.root} cannot be read back: {reasons}")
+            heads.append(head)
+        return heads
+
+
 def latest_weights(
     bucket: RegionBucket,
     secret: RunSecret,
     fragments: tuple[Fragment, ...],
     initial: Mapping[str, torch.Tensor] | None = None,
-) -> tuple[dict[str, torch.Tensor], Head]:
-    """The newest global weights of every parameter, reconstructed exactly (for export);
+    shards: int = 1,
+) -> tuple[dict[str, torch.Tensor], list[Head]]:
+    """The newest global weights of every parameter, reconstructed exactly (for export),
+    and the head of each of the run's ``shards`` syncer shards they were read at;
     ``initial``: the reader's own version 0, if it has one (see :class:`GlobalReader`)."""
-    reader = GlobalReader(bucket, secret, fragments, initial)
-    head = reader.head()
-    if head is None:
-        raise FileNotFoundError(f"{bucket.store.root} has no global weights yet (no global/head.json)")
-    fetched = reader.fetch(head, {f.index: Version(-1) for f in fragments})
-    if len(fetched.fragments) != len(fragments):
-        reasons = "; ".join(r.reason for r in fetched.refusals) or "unknown"
-        raise CorruptPayload(f"the global weights in {bucket.store.root} cannot be read back whole: {reasons}")
-    parameters: dict[str, torch.Tensor] = {}
-    for fetch in fetched.fragments:
-        parameters.update(apply_fetch(fetch, fragments[fetch.fragment].parameter_names, None, secret))
-    return parameters, head
+    copy = GlobalCopy(bucket, secret, fragments, [SyncerShard(s, shards) for s in range(shards)], initial)
+    try:
+        heads = copy.refresh()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{bucket.store.root} has no global weights yet (no head)") from None
+    return copy.theta, heads

@@ -7,6 +7,10 @@ Layout under the run's root, beside the learners' objects (docs/protocol.md)::
     reducer/status.json                         what the reducer is doing        (sealed)
     control/reducer.epoch                       how often the reducer started    (sealed)
 
+With syncer shards the region's reducer keeps one status and one epoch per shard
+(``reducer/shard-<s>/status.json``, ``control/reducer.shard-<s>.epoch``): it reduces
+each shard's fragments as that shard's own reducer.
+
 An aggregate is one fragment's partial merge over some of the region's sends, anchored
 at a version of that fragment; its marker names the sends it holds (payload key,
 learner, sequence, base version, counters), the anchor, and the sends the reducer could
@@ -28,9 +32,6 @@ from diloco_cli.store.region import RegionBucket
 
 AGGREGATE_KEY = re.compile(r"^aggregates/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
 RESIDUAL_KEY = re.compile(r"^reducer/residuals/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
-REDUCER_STATUS_KEY = "reducer/status.json"
-REDUCER = LearnerId("reducer")
-"""The reducer's name where the bucket's per-process records need one (its epoch)."""
 
 
 def reducer_of(region: str) -> LearnerId:
@@ -168,8 +169,8 @@ def delete_residual(bucket: RegionBucket, fragment: FragmentIndex, serial: int) 
 
 
 def write_reducer_status(bucket: RegionBucket, status: ReducerStatus) -> None:
-    bucket.store.put_document(REDUCER_STATUS_KEY, status, bucket.secret)
+    bucket.store.put_document(bucket.layout.reducer_status_key, status, bucket.secret)
 
 
 def read_reducer_status(bucket: RegionBucket) -> ReducerStatus | None:
-    return bucket.store.get_document(REDUCER_STATUS_KEY, ReducerStatus, bucket.optional_secret)
+    return bucket.store.get_document(bucket.layout.reducer_status_key, ReducerStatus, bucket.optional_secret)

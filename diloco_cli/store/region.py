@@ -14,6 +14,10 @@ Layout under the run's root (see docs/protocol.md)::
     global/syncer.json                              the syncer's status    (sealed)
     aggregates/, reducer/                           the region's reducer (store.aggregates)
 
+With syncer shards (``sync.shards`` > 1) each shard's global objects and control notes
+lie under ``global/shard-<s>/`` instead (:class:`SyncerLayout`); a bucket seen through
+one shard's layout (:meth:`RegionBucket.for_syncer_shard`) reads and writes that shard's.
+
 Immutable objects (``.dlc``) are written first and their marker last, and read only when
 marked; markers are authenticated metadata frames.  Mutable objects are small typed
 documents (:mod:`diloco_cli.store.documents`) written whole and sealed with the run's key.
@@ -21,11 +25,14 @@ documents (:mod:`diloco_cli.store.documents`) written whole and sealed with the 
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, declared_values, encode_payload, read_header
+from diloco_cli.core.fragments import SyncerShard
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.store.documents import ChaosLog, ControlNote, EpochRecord, Head, Heartbeat, SyncerStatus
 from diloco_cli.store.faults import StorageFaults
@@ -39,12 +46,85 @@ SEQUENCE_PER_EPOCH = 1_000_000
 """A learner numbers its sends ``epoch * SEQUENCE_PER_EPOCH + n``, its epoch counting its
 starts, so that a restarted learner's sequence numbers never repeat an earlier start's."""
 PAYLOAD_KEY = re.compile(r"^payloads/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
-UPDATE_KEY = re.compile(r"^global/updates/(?P<version>\d{10})-(?P<fragment>\d{3})\.dlc$")
-SNAPSHOT_KEY = re.compile(r"^global/snapshots/(?P<version>\d{10})\.dlc$")
 CHECKPOINT_KEY = re.compile(r"^checkpoints/(?P<learner>[^/]+)/(?P<step>\d{10})\.dlc$")
-HEAD_KEY = "global/head.json"
-SYNCER_STATUS_KEY = "global/syncer.json"
 CHAOS_KEY = "chaos.json"
+SHARD_ROOT = re.compile(r"^global/shard-\d+/")
+"""The start of a key that syncer shard s (of several) writes."""
+
+
+@dataclass(frozen=True)
+class SyncerLayout:
+    """Where one syncer's objects lie in a region's bucket: those of a run's only syncer
+    under ``global/`` (its notes to learners under ``control/``), and, in a run of
+    several syncer shards, all of shard s's under ``global/shard-<s>/``: its head, its
+    status, its updates and snapshots, its control notes.  The region's reducer for that
+    shard keeps its status and epoch under the shard's name too."""
+
+    shard: int | None = None
+    """The syncer shard, or None for a run's only syncer."""
+
+    @property
+    def root(self) -> str:
+        return "global/" if self.shard is None else f"global/shard-{self.shard}/"
+
+    @property
+    def head_key(self) -> str:
+        return f"{self.root}head.json"
+
+    @property
+    def status_key(self) -> str:
+        return f"{self.root}syncer.json"
+
+    @property
+    def updates(self) -> str:
+        return f"{self.root}updates"
+
+    @property
+    def snapshots(self) -> str:
+        return f"{self.root}snapshots"
+
+    def update_key(self, version: Version, fragment: FragmentIndex) -> str:
+        return f"{self.updates}/{version:010d}-{fragment:03d}.dlc"
+
+    def snapshot_key(self, version: Version) -> str:
+        return f"{self.snapshots}/{version:010d}.dlc"
+
+    @cached_property
+    def update_pattern(self) -> re.Pattern[str]:
+        return re.compile(rf"^{re.escape(self.updates)}/(?P<version>\d{{10}})-(?P<fragment>\d{{3}})\.dlc$")
+
+    @cached_property
+    def snapshot_pattern(self) -> re.Pattern[str]:
+        return re.compile(rf"^{re.escape(self.snapshots)}/(?P<version>\d{{10}})\.dlc$")
+
+    def control_key(self, learner: LearnerId) -> str:
+        """The syncer's note to ``learner``."""
+        return f"control/{learner}.json" if self.shard is None else f"{self.root}control/{learner}.json"
+
+    @property
+    def reducer_status_key(self) -> str:
+        """The status of the region's reducer (for this shard's fragments)."""
+        return "reducer/status.json" if self.shard is None else f"reducer/shard-{self.shard}/status.json"
+
+    @property
+    def reducer_name(self) -> LearnerId:
+        """The name the region's reducer counts its starts under (``control/<name>.epoch``)."""
+        return LearnerId("reducer" if self.shard is None else f"reducer.shard-{self.shard}")
+
+
+ONE_SYNCER = SyncerLayout()
+"""The layout of a run with one syncer."""
+HEAD_KEY = ONE_SYNCER.head_key
+SYNCER_STATUS_KEY = ONE_SYNCER.status_key
+UPDATE_KEY = ONE_SYNCER.update_pattern
+SNAPSHOT_KEY = ONE_SYNCER.snapshot_pattern
+update_key = ONE_SYNCER.update_key
+snapshot_key = ONE_SYNCER.snapshot_key
+control_key = ONE_SYNCER.control_key
+ANY_UPDATE_KEY = re.compile(r"^global/(?:shard-\d+/)?updates/(?P<version>\d{10})-(?P<fragment>\d{3})\.dlc$")
+"""An update of any syncer (shard)."""
+ANY_SNAPSHOT_KEY = re.compile(r"^global/(?:shard-\d+/)?snapshots/(?P<version>\d{10})\.dlc$")
+"""A snapshot of any syncer (shard)."""
 
 
 KIND_BY_PREFIX = (
@@ -53,6 +133,7 @@ KIND_BY_PREFIX = (
     ("reducer/", "reducer"),
     ("global/updates/", "update"),
     ("global/snapshots/", "snapshot"),
+    ("global/control/", "control"),
     ("checkpoints/", "checkpoint"),
     (HEAD_KEY, "head"),
     (SYNCER_STATUS_KEY, "status"),
@@ -63,22 +144,16 @@ KIND_BY_PREFIX = (
 
 
 def kind_of_key(key: str) -> str:
-    """The kind of object a key names, for metering (:mod:`diloco_cli.store.metering`)."""
+    """The kind of object a key names, for metering (:mod:`diloco_cli.store.metering`);
+    a syncer shard's objects are of the kind of the same object of a run's only syncer."""
     if key.endswith(".ready"):
         return "marker"
+    key = SHARD_ROOT.sub("global/", key)
     return next((kind for prefix, kind in KIND_BY_PREFIX if key.startswith(prefix)), "other")
 
 
 def payload_key(learner: LearnerId, fragment: FragmentIndex, sequence: int) -> str:
     return f"payloads/{learner}/{fragment:03d}-{sequence:012d}.dlc"
-
-
-def update_key(version: Version, fragment: FragmentIndex) -> str:
-    return f"global/updates/{version:010d}-{fragment:03d}.dlc"
-
-
-def snapshot_key(version: Version) -> str:
-    return f"global/snapshots/{version:010d}.dlc"
 
 
 def checkpoint_key(learner: LearnerId, step: int) -> str:
@@ -87,10 +162,6 @@ def checkpoint_key(learner: LearnerId, step: int) -> str:
 
 def heartbeat_key(learner: LearnerId) -> str:
     return f"heartbeats/{learner}.json"
-
-
-def control_key(learner: LearnerId) -> str:
-    return f"control/{learner}.json"
 
 
 def epoch_key(learner: LearnerId) -> str:
@@ -126,9 +197,23 @@ class RegionBucket:
         self.name = name
         self.store = ObjectStore(root, storage_options, retry, kind_of_key, faults)
         self._secret = secret
+        self.layout = ONE_SYNCER
+        """Whose global objects and control notes this bucket reads and writes."""
 
     def __repr__(self) -> str:
         return f"RegionBucket({self.name!r}, {self.store.root!r})"
+
+    def for_syncer_shard(self, shard: SyncerShard) -> RegionBucket:
+        """The same bucket (the same store, so its calls are counted together) seen
+        through syncer shard ``shard``'s layout: its head, updates, snapshots, status and
+        control notes; with one syncer, the layout of today."""
+        view = copy.copy(self)
+        view.layout = SyncerLayout(shard.index) if shard.sharded else ONE_SYNCER
+        return view
+
+    def syncer_shards(self, count: int) -> list[RegionBucket]:
+        """The bucket as each of ``count`` syncer shards lays it out, in shard order."""
+        return [self.for_syncer_shard(SyncerShard(index, count)) for index in range(count)]
 
     @property
     def secret(self) -> RunSecret:
@@ -213,11 +298,12 @@ class RegionBucket:
         return beat
 
     def write_control(self, learner: LearnerId, control: ControlNote) -> None:
-        self.store.put_document(control_key(learner), control, self.secret)
+        self.store.put_document(self.layout.control_key(learner), control, self.secret)
 
     def read_control(self, learner: LearnerId) -> ControlNote:
         """The syncer's note to ``learner`` (an empty note when there is none)."""
-        return self.store.get_document(control_key(learner), ControlNote, self.secret) or ControlNote()
+        key = self.layout.control_key(learner)
+        return self.store.get_document(key, ControlNote, self.secret) or ControlNote()
 
     def read_epoch(self, learner: LearnerId) -> int:
         """How often ``learner`` has started (0 before its first start)."""
@@ -258,7 +344,7 @@ class RegionBucket:
     def publish_update(self, version: Version, fragment: FragmentIndex, payload: bytes, replace: bool = False) -> bool:
         """Publish an update (payload, then marker).  Skipped when already published,
         unless ``replace`` (a damaged copy is being repaired); returns whether it wrote."""
-        key = update_key(version, fragment)
+        key = self.layout.update_key(version, fragment)
         if not replace and self.store.exists(key + ".ready"):  # a restarted syncer republishes
             return False
         self.store.put_marked(
@@ -267,45 +353,45 @@ class RegionBucket:
         return True
 
     def read_update(self, version: Version, fragment: FragmentIndex) -> bytes:
-        return self.store.get(update_key(version, fragment))
+        return self.store.get(self.layout.update_key(version, fragment))
 
     def update_versions(self) -> list[tuple[Version, FragmentIndex]]:
         return [
             (Version(int(match["version"])), FragmentIndex(int(match["fragment"])))
-            for key in self.store.list_marked("global/updates")
-            if (match := UPDATE_KEY.match(key))
+            for key in self.store.list_marked(self.layout.updates)
+            if (match := self.layout.update_pattern.match(key))
         ]
 
     def delete_update(self, version: Version, fragment: FragmentIndex) -> None:
-        self.store.delete_marked(update_key(version, fragment))
+        self.store.delete_marked(self.layout.update_key(version, fragment))
 
     def write_snapshot(self, version: Version, payload: bytes, replace: bool = False) -> bool:
-        key = snapshot_key(version)
+        key = self.layout.snapshot_key(version)
         if not replace and self.store.exists(key + ".ready"):
             return False
         self.store.put_marked(key, payload, self.marker({"version": version}), 4 * declared_values(payload))
         return True
 
     def read_snapshot(self, version: Version) -> bytes:
-        return self.store.get(snapshot_key(version))
+        return self.store.get(self.layout.snapshot_key(version))
 
     def snapshot_versions(self) -> list[Version]:
         return [
             Version(int(m["version"]))
-            for key in self.store.list_marked("global/snapshots")
-            if (m := SNAPSHOT_KEY.match(key))
+            for key in self.store.list_marked(self.layout.snapshots)
+            if (m := self.layout.snapshot_pattern.match(key))
         ]
 
     def delete_snapshot(self, version: Version) -> None:
-        self.store.delete_marked(snapshot_key(version))
+        self.store.delete_marked(self.layout.snapshot_key(version))
 
     def write_head(self, head: Head) -> None:
         """The pointer to the newest version; written after the objects it names."""
-        self.store.put_document(HEAD_KEY, head, self.secret)
+        self.store.put_document(self.layout.head_key, head, self.secret)
 
     def read_head(self) -> Head | None:
         """The head (verified when this bucket holds the secret); PayloadError when refused."""
-        return self.store.get_document(HEAD_KEY, Head, self._secret)
+        return self.store.get_document(self.layout.head_key, Head, self._secret)
 
     def write_chaos_log(self, log: ChaosLog) -> None:
         self.store.put_document(CHAOS_KEY, log, self.secret)
@@ -314,7 +400,7 @@ class RegionBucket:
         return self.store.get_document(CHAOS_KEY, ChaosLog, self._secret)
 
     def write_syncer_status(self, status: SyncerStatus) -> None:
-        self.store.put_document(SYNCER_STATUS_KEY, status, self.secret)
+        self.store.put_document(self.layout.status_key, status, self.secret)
 
     def read_syncer_status(self) -> SyncerStatus | None:
-        return self.store.get_document(SYNCER_STATUS_KEY, SyncerStatus, self._secret)
+        return self.store.get_document(self.layout.status_key, SyncerStatus, self._secret)

@@ -18,6 +18,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.config.chaos import ChaosPlan
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe, RetryPolicy
+from diloco_cli.core.fragments import SyncerShard
 from diloco_cli.core.types import LearnerId, RegionName
 from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import absolute_url, open_filesystem
@@ -77,6 +78,28 @@ class RegionSpec(BaseModel):
     data_storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+class SyncerShardSpec(BaseModel):
+    """One syncer process, where it runs and keeps its state: a shard of a run with
+    ``sync.shards`` > 1, or a run's only syncer (:attr:`RunSpec.syncer_shards`)."""
+
+    model_config = FROZEN
+
+    index: int
+    name: str
+    """Its process name: ``syncer-<index>``, or ``syncer`` when it is the only one."""
+    host: str
+    home: str
+    """Its own home store (``<the syncer's home>/shard-<index>`` when there are several)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    region: RegionName | None = None
+    """The region whose network it is in; None: a place of its own."""
+
+    @property
+    def place(self) -> str:
+        """Where its traffic starts, in bandwidth reports."""
+        return self.region or SYNCER_PLACE
+
+
 class SyncerSpec(BaseModel):
     model_config = FROZEN
 
@@ -85,6 +108,9 @@ class SyncerSpec(BaseModel):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     region: RegionName | None = None
     """The region whose network the syncer is in; None: a place of its own."""
+    shards: tuple[SyncerShardSpec, ...] = ()
+    """With ``sync.shards`` > 1, each shard in order (then ``host`` and ``home`` are the
+    placement they were derived from); empty: one syncer, as ``host`` and ``home`` say."""
 
     @property
     def place(self) -> str:
@@ -165,8 +191,35 @@ class RunSpec(BaseModel):
     def buckets(self, secret: RunSecret | None) -> list[RegionBucket]:
         return [self.bucket(spec.name, secret) for spec in self.regions]
 
-    def home(self, secret: RunSecret) -> SyncerHome:
-        return SyncerHome(self.syncer.home, self.syncer.storage_options, secret, self.recipe.storage)
+    @property
+    def syncer_shards(self) -> tuple[SyncerShardSpec, ...]:
+        """Every syncer process: the shards, or the one syncer as shard 0 of 1 (named
+        ``syncer``, its home the syncer's)."""
+        if self.syncer.shards:
+            return self.syncer.shards
+        syncer = self.syncer
+        one = SyncerShardSpec(
+            index=0,
+            name="syncer",
+            host=syncer.host,
+            home=syncer.home,
+            storage_options=syncer.storage_options,
+            region=syncer.region,
+        )
+        return (one,)
+
+    def syncer_shard(self, index: int) -> SyncerShard:
+        """Which fragments syncer shard ``index`` syncs."""
+        return SyncerShard(index, len(self.syncer_shards))
+
+    def home(self, secret: RunSecret, shard: int = 0) -> SyncerHome:
+        """The home store of syncer shard ``shard`` (of the syncer, when it is the only one)."""
+        place = self.syncer_shards[shard]
+        return SyncerHome(place.home, place.storage_options, secret, self.recipe.storage)
+
+    def homes(self, secret: RunSecret) -> list[SyncerHome]:
+        """Every syncer shard's home, in shard order (audits read them all)."""
+        return [self.home(secret, shard) for shard in range(len(self.syncer_shards))]
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -10,9 +10,19 @@ from diloco_cli.store.run_spec import RunSpec
 def render_dry_run(spec: RunSpec) -> str:
     """The run ``spec`` as ``diloco up`` would start it: its syncer, regions, learners and recipe."""
     recipe = spec.recipe
+    count = len(spec.syncer_shards)
+    syncers = [
+        f"  {shard.name} on {shard.host}, home {shard.home}"
+        + (
+            f", fragments {', '.join(str(p) for p in range(shard.index, recipe.sync.num_fragments, count))}"
+            if count > 1
+            else ""
+        )
+        for shard in spec.syncer_shards
+    ]
     lines = [
         f"run {spec.run} (dry run: nothing started)",
-        f"  syncer on {spec.syncer.host}, home {spec.syncer.home}",
+        *syncers,
         f"  K={recipe.quorum} of M={len(spec.learners)}, H={recipe.sync.sync_interval}, P={recipe.sync.num_fragments}, "
         f"outer lr {recipe.outer_learning_rate:g}, momentum {recipe.sync.outer_momentum:g}",
     ]

@@ -18,8 +18,9 @@ from diloco_cli.bandwidth.prices import PriceTable
 from diloco_cli.bandwidth.report import TrafficReport, build_report
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.views.coordinators import run_state
 from diloco_cli.views.format import human_bytes, human_count, human_duration
-from diloco_cli.views.run_state import read_buckets, run_state
+from diloco_cli.views.run_state import read_buckets
 
 LINK_LEGEND = (
     "up: written into the bucket; down: read from it (listings estimated); "
@@ -34,7 +35,10 @@ def collect_report(
     """The report of a run, finished or running, from its buckets."""
     now = time.time() if now is None else now
     read = read_buckets(spec, secret, now)
-    return build_report(spec, read.heartbeats, read.syncer, prices, run_state(read.syncer, now), now, read.reducers)
+    syncers = [read.syncers.get(shard.index) for shard in spec.syncer_shards]
+    present = {shard.name: syncer for shard, syncer in zip(spec.syncer_shards, syncers) if syncer is not None}
+    state = run_state(syncers, now)
+    return build_report(spec, read.heartbeats, present, prices, state, now, list(read.reducers.values()))
 
 
 def _dollars(value: float) -> str:
@@ -85,6 +89,17 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
             human_count(row.requests),
             str(row.retries) + (f" ({row.failures} failed)" if row.failures else ""),
         )
+    syncers = _table("per syncer shard", table_box, ("syncer", "place", "merges", "up", "down", "requests", "home"))
+    for row in report.syncers:
+        syncers.add_row(
+            row.name,
+            row.place,
+            human_count(row.merges),
+            human_bytes(row.bytes_up),
+            human_bytes(row.bytes_down),
+            human_count(row.requests),
+            human_bytes(row.home_bytes),
+        )
     kinds = _table("per kind", table_box, ("kind", "requests", "up", "down", "across links"))
     for row in report.kinds:
         kinds.add_row(
@@ -117,7 +132,8 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
     else:
         lines.append("data-parallel comparison: waiting for the syncer's first status")
     lines.append(f"cost: {report.cost_note}")
-    return Group(head, links, Text(LINK_LEGEND, style="dim"), learners, kinds, Text("\n".join(lines)))
+    shards = [syncers] if len(report.syncers) > 1 else []  # one syncer: its bytes are the links'
+    return Group(head, links, Text(LINK_LEGEND, style="dim"), learners, *shards, kinds, Text("\n".join(lines)))
 
 
 def _table(title: str, table_box: box.Box, columns: tuple[str, ...]) -> Table:
@@ -125,7 +141,7 @@ def _table(title: str, table_box: box.Box, columns: tuple[str, ...]) -> Table:
     for column in columns:
         table.add_column(
             column,
-            justify="left" if column in ("link", "learner", "kind", "WAN") else "right",
+            justify="left" if column in ("link", "learner", "kind", "WAN", "syncer", "place") else "right",
             no_wrap=column != "link",
         )
     return table

@@ -132,6 +132,18 @@ def _tables(report: TrafficReport) -> list[str]:
         )
         for row in report.learners
     ]
+    syncers = [
+        (
+            row.name,
+            row.place,
+            f"{row.merges:,}",
+            human_bytes(row.bytes_up),
+            human_bytes(row.bytes_down),
+            f"{row.requests:,}",
+            human_bytes(row.home_bytes),
+        )
+        for row in report.syncers
+    ]
     kinds = [
         (k.kind, f"{k.requests:,}", human_bytes(k.bytes_up), human_bytes(k.bytes_down), human_bytes(k.wan_bytes))
         for k in report.kinds
@@ -164,6 +176,19 @@ def _tables(report: TrafficReport) -> list[str]:
             ),
             learners,
             "no learner has reported yet",
+        ),
+        *(
+            [
+                _table(
+                    "table-syncers",
+                    "Syncer shards",
+                    ("syncer", "place", "merges", "up", "down", "requests", "home"),
+                    syncers,
+                    "no syncer shard has reported yet",
+                )
+            ]
+            if len(report.syncers) > 1
+            else []
         ),
         _table(
             "table-kinds",

@@ -2,8 +2,10 @@
 its supervisors say when the caller knows them.
 
 Heartbeats give the learners, ``global/syncer.json`` and ``global/head.json`` the syncer
-and the global model.  With the run's secret every document is verified (one that is
-not counts as refused); without it (``status --manifest``) they are only displayed.
+and the global model (with syncer shards, each shard's under ``global/shard-<s>/``: the
+view shows each shard, and the run as their sum).  With the run's secret every document
+is verified (one that is not counts as refused); without it (``status --manifest``)
+they are only displayed.
 """
 
 from __future__ import annotations
@@ -14,16 +16,21 @@ from typing import Any
 
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
-from diloco_cli.store.aggregates import REDUCER_STATUS_KEY, read_reducer_status
+from diloco_cli.store.aggregates import read_reducer_status
 from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, ReducerStatus, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import HEAD_KEY, SYNCER_STATUS_KEY, RegionBucket, heartbeat_key
+from diloco_cli.store.region import RegionBucket, heartbeat_key
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec
+from diloco_cli.views.coordinators import (
+    ReducerSummary,
+    SyncerSummary,
+    reducer_summary,
+    run_state,
+    shards_as_one,
+    syncer_summary,
+)
 from diloco_cli.views.format import ago, plural
-
-SYNCER_SILENT_SECONDS = 30.0
-"""A syncer status older than this is reported as not reporting."""
 
 
 @dataclass
@@ -39,7 +46,8 @@ class LearnerRow:
     steps_per_second: float | None
     base_version: int | None
     staleness: int | None
-    """Global versions since the oldest fragment this learner holds."""
+    """Global versions since the oldest fragment this learner holds (with syncer shards,
+    the most any of its fragments is behind its shard's head)."""
     last_seen_seconds: float | None
     restarts: int
     """As its supervisor counts them (a kill before the first heartbeat too) when the caller
@@ -78,50 +86,12 @@ class RegionHealth:
 
 
 @dataclass
-class SyncerSummary:
-    state: str
-    last_report_seconds: float | None
-    last_merge_seconds_ago: float | None
-    last_merge: dict[str, Any] | None
-    merges: int
-    merges_per_minute: int
-    quorum: int | None
-    effective_quorum: int | None
-    grace_seconds: float | None
-    live_learners: list[str]
-    reasons: dict[str, str]
-    repairs: int = 0
-    leftovers_removed: int = 0
-    given_up: dict[str, str] = field(default_factory=dict)
-    unreachable: dict[str, str] = field(default_factory=dict)
-    """Regions the syncer cannot reach now, with its last error."""
-    outages: int = 0
-
-
-@dataclass
-class ReducerSummary:
-    """A region's reducer, as its status in the region's bucket says."""
-
-    region: str
-    state: str
-    """running, finished, stopped, not reporting, refusing (its version 0 differs), or
-    starting (no report yet)."""
-    version: int = 0
-    aggregates: int = 0
-    sends: int = 0
-    voided: int = 0
-    waiting: dict[str, list[str]] = field(default_factory=dict)
-    """Per fragment, the learners whose sends wait to be forwarded."""
-    in_flight: dict[str, list[str]] = field(default_factory=dict)
-    """Per fragment, the learners whose sends wait in aggregates not merged yet."""
-    last_report_seconds: float | None = None
-
-
-@dataclass
 class RunStatus:
     run: str
     state: str
     version: int
+    """Global versions published (with syncer shards, by every shard together: each
+    numbers its own)."""
     tokens: int
     heldout_loss: float | None
     heldout_version: int | None
@@ -140,7 +110,9 @@ class RunStatus:
     scaling: str | None = None
     """One line once the run was scaled: M now, and the changes (``diloco scale``)."""
     reducers: list[ReducerSummary] = field(default_factory=list)
-    """The regions' reducers (runs with ``sync.reducers``)."""
+    """The regions' reducers (runs with ``sync.reducers``; one per region and syncer shard)."""
+    syncer_shards: list[SyncerSummary] = field(default_factory=list)
+    """Each syncer shard (runs with ``sync.shards`` > 1; ``syncer`` is then their sum)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,16 +121,25 @@ class RunStatus:
 @dataclass
 class BucketReads:
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
-    syncer: SyncerStatus | None = None
-    head: Head | None = None
+    syncers: dict[int, SyncerStatus] = field(default_factory=dict)
+    """Per syncer shard, its newest status in any region."""
+    heads: dict[int, Head] = field(default_factory=dict)
+    """Per syncer shard, its newest head in any region."""
     refused: dict[str, Refusals] = field(default_factory=dict)
     unreachable: dict[str, str] = field(default_factory=dict)
     chaos: ChaosLog | None = None
-    reducers: dict[str, ReducerStatus] = field(default_factory=dict)
+    reducers: dict[tuple[str, int], ReducerStatus] = field(default_factory=dict)
+    """Per region and syncer shard, its reducer's status."""
+
+    @property
+    def syncer(self) -> SyncerStatus | None:
+        """The status of the syncer (of shard 0, with syncer shards)."""
+        return self.syncers.get(0)
 
 
 def read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> BucketReads:
-    """Every region's heartbeats, the newest syncer status and head, and what was refused."""
+    """Every region's heartbeats, each syncer shard's newest status and head, and what
+    was refused."""
     read = BucketReads()
     for bucket in spec.buckets(secret):
         try:
@@ -183,24 +164,27 @@ def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: fl
                 read.chaos = log
         except PayloadError as error:
             refused.record("chaos", "chaos.json", str(error), now)
-    try:
-        candidate = bucket.read_syncer_status()
-        if candidate and (read.syncer is None or candidate.time > read.syncer.time):
-            read.syncer = candidate
-    except PayloadError as error:
-        refused.record("status", SYNCER_STATUS_KEY, str(error), now)
-    try:
-        head = bucket.read_head()
-        if head and (read.head is None or head.version > read.head.version):
-            read.head = head
-    except PayloadError as error:
-        refused.record("head", HEAD_KEY, str(error), now)
-    if spec.reducers:
+    for shard, view in enumerate(bucket.syncer_shards(len(spec.syncer_shards))):
+        layout = view.layout
         try:
-            if (reducer := read_reducer_status(bucket)) is not None:
-                read.reducers[bucket.name] = reducer
+            candidate = view.read_syncer_status()
+            newest = read.syncers.get(shard)
+            if candidate and (newest is None or candidate.time > newest.time):
+                read.syncers[shard] = candidate
         except PayloadError as error:
-            refused.record("status", REDUCER_STATUS_KEY, str(error), now)
+            refused.record("status", layout.status_key, str(error), now)
+        try:
+            head = view.read_head()
+            if head and (shard not in read.heads or head.version > read.heads[shard].version):
+                read.heads[shard] = head
+        except PayloadError as error:
+            refused.record("head", layout.head_key, str(error), now)
+        if spec.reducers:
+            try:
+                if (reducer := read_reducer_status(view)) is not None:
+                    read.reducers[bucket.name, shard] = reducer
+            except PayloadError as error:
+                refused.record("status", layout.reducer_status_key, str(error), now)
 
 
 def collect_status(
@@ -210,9 +194,14 @@ def collect_status(
     the caller can ask them) adds what is down and what to run about it."""
     now = time.time() if now is None else now
     read = read_buckets(spec, secret, now)
-    syncer, head = read.syncer, read.head
-    version = head.version if head else 0
-    rows = [_learner_row(spec, learner.id, read.heartbeats.get(learner.id), version, now) for learner in spec.learners]
+    shards = spec.syncer_shards
+    syncers = [read.syncers.get(shard.index) for shard in shards]
+    head_versions = {
+        shard.index: read.heads[shard.index].version if shard.index in read.heads else 0 for shard in shards
+    }
+    rows = [
+        _learner_row(spec, learner.id, read.heartbeats.get(learner.id), head_versions, now) for learner in spec.learners
+    ]
     regions = {region.name: RegionHealth(region.name) for region in spec.regions}
     region_refusals = {name: Refusals() for name in regions}
     for learner in spec.learners:
@@ -221,45 +210,61 @@ def collect_status(
             _add_storage(regions[learner.region], beat.storage, learner=True)
             region_refusals[learner.region] = region_refusals[learner.region].plus(beat.refusals)
     for name in regions:
-        if syncer is not None and name in syncer.storage:
-            _add_storage(regions[name], syncer.storage[name], learner=False)
-        for refusals in (syncer.refusals.get(name) if syncer else None, read.refused.get(name)):
+        for syncer in syncers:
+            if syncer is not None and name in syncer.storage:
+                _add_storage(regions[name], syncer.storage[name], learner=False)
+        refused = [syncer.refusals.get(name) for syncer in syncers if syncer is not None] + [read.refused.get(name)]
+        for refusals in refused:
             if refusals is not None:
                 region_refusals[name] = region_refusals[name].plus(refusals)
         regions[name].refusals = dict(region_refusals[name].counts)
         latest = region_refusals[name].latest
         regions[name].latest_refusal = latest.model_dump() if latest else None
-    evaluations = [e.model_dump() for e in syncer.evaluations] if syncer else []
+    evaluations = [e.model_dump() for e in read.syncer.evaluations] if read.syncer else []
     down = processes_down(processes)
     for row in rows:  # a supervisor also counts the kills that came before a first heartbeat
         recorded = next((p.get("restarts", 0) for p in processes or [] if p["process"] == row.learner), 0)
         row.restarts = max(row.restarts, recorded)
-    state = run_state(syncer, now)
-    if "syncer" in down and state not in ("finished", "stopped"):
+    state = run_state(syncers, now)
+    names_down = {shard.name for shard in shards} & set(down)
+    if names_down and state not in ("finished", "stopped"):
         state = "syncer down"
-    silent = state == "syncer not reporting"
+    summaries = [
+        syncer_summary(syncer, run_state([syncer], now) == "syncer not reporting", now, shard.name in down)
+        for syncer, shard in zip(syncers, shards)
+    ]
+    for summary, shard in zip(summaries, shards):
+        summary.name, summary.version = shard.name, head_versions[shard.index]
+    reported = [syncer.time for syncer in syncers if syncer is not None]
     status = RunStatus(
         run=spec.run,
         state=state,
-        version=version,
+        version=sum(head_versions.values()),
         tokens=sum(row.tokens for row in rows),
         heldout_loss=evaluations[-1]["loss"] if evaluations else None,
         heldout_version=evaluations[-1]["version"] if evaluations else None,
-        elapsed_seconds=(syncer.time if syncer else now) - spec.created
-        if state in ("finished", "stopped")
-        else now - spec.created,
+        elapsed_seconds=(max(reported, default=now) if state in ("finished", "stopped") else now) - spec.created,
         learners=rows,
-        syncer=_syncer_summary(syncer, silent, now, down=state == "syncer down"),
+        syncer=summaries[0] if len(summaries) == 1 else shards_as_one(summaries),
         regions=list(regions.values()),
         evaluations=evaluations,
+        syncer_shards=summaries if len(summaries) > 1 else [],
     )
-    if read.syncer is not None or read.heartbeats:
-        status.bandwidth = one_line(build_report(spec, read.heartbeats, syncer, None, state, now, read.reducers))
+    present = {shard.name: syncer for shard, syncer in zip(shards, syncers) if syncer is not None}
+    if present or read.heartbeats:
+        report = build_report(spec, read.heartbeats, present, None, state, now, list(read.reducers.values()))
+        status.bandwidth = one_line(report)
     if spec.chaos is not None:
         status.chaos = chaos_line(read.chaos, now)
     if spec.scaling:
         status.scaling = scaling_line(spec, {row.learner: row.state for row in rows}, now)
-    status.reducers = [_reducer_summary(r.region, read.reducers.get(r.region), now) for r in spec.reducers]
+    status.reducers = [
+        reducer_summary(
+            r.region, read.reducers.get((r.region, shard.index)), now, shard.index if len(shards) > 1 else None
+        )
+        for r in spec.reducers
+        for shard in shards
+    ]
     for reducer in read.reducers.values():
         if reducer.region in regions:
             regions[reducer.region].reducer_bytes += reducer.storage.bytes_up + reducer.storage.bytes_down
@@ -267,40 +272,6 @@ def collect_status(
         f"region {name}: its bucket cannot be read now ({error})" for name, error in sorted(read.unreachable.items())
     ]
     return status
-
-
-def _reducer_summary(region: str, reducer: ReducerStatus | None, now: float) -> ReducerSummary:
-    if reducer is None:
-        return ReducerSummary(region, "starting")
-    if reducer.initial_weights == "differ":
-        state = "refusing (its version 0 differs from the syncer's)"
-    elif reducer.finished:
-        state = "finished"
-    elif now - reducer.time > SYNCER_SILENT_SECONDS:
-        state = "not reporting"
-    else:
-        state = "running"
-    return ReducerSummary(
-        region=region,
-        state=state,
-        version=reducer.version,
-        aggregates=reducer.aggregates,
-        sends=reducer.sends,
-        voided=reducer.voided,
-        waiting={str(p): learners for p, learners in reducer.waiting.items()},
-        in_flight={str(p): learners for p, learners in reducer.in_flight.items()},
-        last_report_seconds=now - reducer.time,
-    )
-
-
-def run_state(syncer: SyncerStatus | None, now: float) -> str:
-    """starting, running, finished, stopped, or syncer not reporting (``collect_status``
-    says syncer down when its supervisor says so)."""
-    if syncer is None:
-        return "starting"
-    if syncer.state.value not in ("finished", "stopped") and now - syncer.time > SYNCER_SILENT_SECONDS:
-        return "syncer not reporting"
-    return syncer.state.value
 
 
 def _add_storage(region: RegionHealth, counters: StorageCounters, learner: bool) -> None:
@@ -341,9 +312,14 @@ def _learner_state(placed: LearnerSpec, beat: Heartbeat | None) -> str:
     return state
 
 
-def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: int, now: float) -> LearnerRow:
+def _learner_row(
+    spec: RunSpec, learner: str, beat: Heartbeat | None, head_versions: dict[int, int], now: float
+) -> LearnerRow:
+    """``head_versions``: each syncer shard's newest version."""
     placed = spec.learner(learner)
-    bases = [int(v) for v in beat.base_versions.values() if int(v) >= 0] if beat else []
+    held = {int(p): int(v) for p, v in beat.base_versions.items() if int(v) >= 0} if beat else {}
+    bases = list(held.values())
+    count = len(head_versions)
     return LearnerRow(
         learner=learner,
         region=placed.region,
@@ -355,7 +331,7 @@ def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: i
         loss=beat.loss if beat else None,
         steps_per_second=1.0 / beat.step_seconds if beat and beat.step_seconds else None,
         base_version=min(bases) if bases else None,
-        staleness=version - min(bases) if bases else None,
+        staleness=max(head_versions[p % count] - v for p, v in held.items()) if held else None,
         last_seen_seconds=now - beat.time if beat else None,
         restarts=beat.restarts if beat else 0,
         bytes_up=beat.storage.bytes_up if beat else 0,
@@ -363,32 +339,6 @@ def _learner_row(spec: RunSpec, learner: str, beat: Heartbeat | None, version: i
         unsent=beat.unsent if beat else 0,
         retries=beat.storage.retries if beat else 0,
         refusals=beat.refusals.total if beat else 0,
-    )
-
-
-def _syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float, down: bool = False) -> SyncerSummary:
-    """The syncer as its last report shows it; ``down``: its supervisor says it is not
-    running, whatever that report said."""
-    if syncer is None:
-        return SyncerSummary("down" if down else "starting", None, None, None, 0, 0, None, None, None, [], {})
-    merge = syncer.last_merge
-    return SyncerSummary(
-        state="down" if down else "not reporting" if silent else syncer.state.value,
-        last_report_seconds=now - syncer.time,
-        last_merge_seconds_ago=now - merge.time if merge else None,
-        last_merge=merge.model_dump() if merge else None,
-        merges=syncer.merges,
-        merges_per_minute=syncer.merges_per_minute,
-        quorum=syncer.quorum,
-        effective_quorum=syncer.effective_quorum,
-        grace_seconds=syncer.grace_seconds,
-        live_learners=list(syncer.live_learners),
-        reasons={str(p): reason for p, reason in syncer.reasons.items()},
-        repairs=syncer.repairs,
-        leftovers_removed=syncer.leftovers_removed,
-        given_up=dict(syncer.given_up),
-        unreachable=dict(syncer.unreachable),
-        outages=syncer.outages,
     )
 
 
@@ -425,12 +375,14 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
                 f"{name} is crash-looping: {crashes} crash{'es' if crashes != 1 else ''} in a row, "
                 f"restarted {plural(process['restarts'], 'time')}{error} (see `diloco logs {run} {name}`)"
             )
-    if status.state == "syncer not reporting" and "syncer" not in down:
-        ago = status.syncer.last_report_seconds or 0
-        hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
-        found.append(
-            f"the syncer has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}"
-        )
+    for syncer in status.syncer_shards or [status.syncer]:
+        if syncer.state == "not reporting" and syncer.name not in down:
+            ago = syncer.last_report_seconds or 0
+            hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
+            who = "the syncer" if syncer.name == "syncer" else syncer.name
+            found.append(
+                f"{who} has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}"
+            )
     for region, why in sorted(status.syncer.unreachable.items()):
         found.append(
             f"region {region} is unreachable from the syncer ({why}); "

@@ -48,9 +48,11 @@ def render_stopped(run: str, outcome: dict[str, tuple[str, str]], state: str) ->
 def render_started(spec: RunSpec) -> str:
     """What ``up`` says once a run is started: its name and the commands to follow it."""
     reducers = f", {len(spec.reducers)} reducers" if spec.reducers else ""
+    shards = len(spec.syncer_shards)
+    syncer = "syncer" if shards == 1 else f"{shards} syncer shards"
     return "\n".join(
         [
-            f"started run {spec.run}: syncer{reducers} and {len(spec.learners)} learners",
+            f"started run {spec.run}: {syncer}{reducers} and {len(spec.learners)} learners",
             f"  watch it:   diloco status {spec.run} --watch",
             f"  its logs:   diloco logs {spec.run} [LEARNER] --follow",
             f"  stop it:    diloco down {spec.run}",

@@ -16,8 +16,9 @@ from rich.text import Text
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
+from diloco_cli.views.coordinators import ReducerSummary, SyncerSummary
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
-from diloco_cli.views.run_state import ReducerSummary, RunStatus, collect_status
+from diloco_cli.views.run_state import RunStatus, collect_status
 
 STATE_STYLE = {
     "syncer down": "bold red",
@@ -63,7 +64,8 @@ def heldout(status: RunStatus) -> str:
     """``2.710 (version 6)``: the loss with the version it was measured at, which lags."""
     if status.heldout_loss is None:
         return "-"
-    return f"{status.heldout_loss:.3f} (version {status.heldout_version})"
+    of = " of syncer-0" if status.syncer_shards else ""  # shard 0 evaluates, at its own versions
+    return f"{status.heldout_loss:.3f} (version {status.heldout_version}{of})"
 
 
 def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | None = None) -> Group:
@@ -119,10 +121,12 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         if syncer.state in ("not reporting", "down")
         else syncer.state
     )
+    who = "syncer" if not status.syncer_shards else f"{len(status.syncer_shards)} syncer shards"
     lines = [
-        f"syncer: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; "
+        f"{who}: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; "
         f"quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
     ]
+    lines += [shard_line(shard) for shard in status.syncer_shards]
     if syncer.repairs or syncer.leftovers_removed:
         lines.append(
             f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers"
@@ -239,11 +243,24 @@ def show_status(
         console.print(f"detached; the run goes on (diloco down {spec.run} stops it)")
 
 
+def shard_line(shard: SyncerSummary) -> str:
+    """One line per syncer shard: its state, its version, its merges, when it last merged."""
+    state = (
+        f"{shard.state} (last report {ago(shard.last_report_seconds)})"
+        if shard.state in ("not reporting", "down")
+        else shard.state
+    )
+    merge = shard.last_merge
+    last = f"; last merge {ago(shard.last_merge_seconds_ago)} (fragment {merge['fragment']})" if merge else ""
+    return f"  {shard.name}: {state}; version {shard.version}; {plural(shard.merges, 'merge')}{last}"
+
+
 def reducer_line(reducer: ReducerSummary) -> str:
-    """One line per region's reducer: its state, its copy's version, what it forwarded,
-    and what waits there."""
+    """One line per region's reducer (and syncer shard): its state, its copy's version,
+    what it forwarded, and what waits there."""
+    name = reducer.region if reducer.shard is None else f"{reducer.region} (shard {reducer.shard})"
     if reducer.state == "starting":
-        return f"reducer {reducer.region}: starting"
+        return f"reducer {name}: starting"
     waiting = sorted({learner for learners in reducer.waiting.values() for learner in learners})
     in_flight = sorted({learner for learners in reducer.in_flight.values() for learner in learners})
     held = (f"; waiting {', '.join(waiting)}" if waiting else "") + (
@@ -251,6 +268,6 @@ def reducer_line(reducer: ReducerSummary) -> str:
     )
     discarded = f" ({reducer.voided} sent again)" if reducer.voided else ""
     return (
-        f"reducer {reducer.region}: {reducer.state}; version {reducer.version}; "
+        f"reducer {name}: {reducer.state}; version {reducer.version}; "
         f"{plural(reducer.aggregates, 'aggregate')} of {plural(reducer.sends, 'send')}{discarded}{held}"
     )

@@ -30,10 +30,11 @@ def _per_token(count: float) -> str:
 def _placement(plan: TrafficPlan) -> str:
     """Where the syncer runs, and whether the regions have reducers."""
     p = plan.placement
+    who = "the syncer" if p.syncer_shards == 1 else f"the syncer ({p.syncer_shards} shards)"
     syncer = (
-        f"the syncer in region {p.syncer_region} (its link is local)"
+        f"{who} in region {p.syncer_region} (its link is local)"
         if p.syncer_region is not None
-        else "the syncer in a place of its own (every region's link crosses the WAN)"
+        else f"{who} in a place of its own (every region's link crosses the WAN)"
     )
     reducers = "a reducer beside each region's bucket" if p.reducers else "no reducers (sync.reducers: false)"
     return f"placement: {syncer}, {reducers}"

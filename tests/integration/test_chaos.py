@@ -1,12 +1,14 @@
-"""Chaos: learners, reducers and the syncer killed and paused at random, payloads, markers,
-aggregates, updates, snapshots and checkpoints damaged at rest, litter dropped, for the
-first part of a run; then the run must finish and its ledger audit clean.
+"""Chaos: learners, reducers and the syncer (or its shards) killed and paused at random,
+payloads, markers, aggregates, updates, snapshots and checkpoints damaged at rest, litter
+dropped, for the first part of a run; then the run must finish and its ledger audit
+clean (every shard's: nothing merged twice, nothing lost, every base the syncer's).
 
 The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
 test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py
 --chaos-seconds 300``."""
 
 import json
+import re
 import time
 
 import pytest
@@ -20,6 +22,7 @@ from tests.support.runs import (
     assert_bases_are_the_syncers,
     deep_update,
     diloco,
+    histories,
     wait_finished,
     wait_for,
     write_yaml,
@@ -33,8 +36,10 @@ def audit(runs_dir, name, damaged):
     learner and fragment; each learner's last send merged unless it was damaged."""
     record = load_run(runs_dir, name)
     secret = record.secret()
-    history = record.spec.home(secret).history()
-    assert [c.version for c in history] == list(range(1, len(history) + 1))
+    shards = histories(record.spec, secret)
+    for shard in shards:  # each syncer shard numbers its own versions
+        assert [c.version for c in shard] == list(range(1, len(shard) + 1))
+    history = [commit for shard in shards for commit in shard]
     merged = [m.key for c in history for m in c.merged]
     retired = {r.key for c in history for r in c.retired}
     assert len(merged) == len(set(merged)), "an arrival was merged twice"
@@ -59,12 +64,15 @@ def audit(runs_dir, name, damaged):
     return history
 
 
-def test_chaos_then_a_clean_audit(tmp_path, request):
+@pytest.mark.parametrize("shards", [1, 2], ids=["one-syncer", "two-syncer-shards"])
+def test_chaos_then_a_clean_audit(tmp_path, request, shards):
     seconds = request.config.getoption("--chaos-seconds")
     runs_dir, name = tmp_path / "runs", "chaos"
     changes = {
         "training": {"num_learners": 3, "inner_steps": 400 + 40 * seconds, "checkpoint_every_steps": 30},
         "sync": {
+            "shards": shards,
+            "num_fragments": 2 * shards,
             "delete_consumed_payloads": False,
             "leftover_seconds": 3,
             "snapshot_every": 4,
@@ -93,8 +101,11 @@ def test_chaos_then_a_clean_audit(tmp_path, request):
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
     deadline = time.monotonic() + seconds
+    forced = ("kill syncer", "kill reducer") if shards > 1 else ()  # with shards, every third strike kills one
+    strikes = 0
     while time.monotonic() < deadline and collect_status(load_run(runs_dir, name).spec).state != "finished":
-        chaos.strike()
+        chaos.strike(forced[strikes // 3 % 2] if forced and strikes % 3 == 2 else None)
+        strikes += 1
         time.sleep(1.0)
     chaos.calm()
     try:
@@ -107,6 +118,10 @@ def test_chaos_then_a_clean_audit(tmp_path, request):
     assert not [path for path in chaos.litter if path.exists()], "litter was not swept"
     shown = json.loads(diloco("status", name, "-o", "json", "--runs-dir", str(runs_dir)).stdout)
     assert shown["state"] == "finished" and not shown["syncer"]["given_up"], shown["problems"]
-    assert "Traceback" not in (runs_dir / name / "logs" / "syncer.log").read_text(), (
-        "the syncer crashed (killed is fine)"
-    )
+    assert len(shown["syncer_shards"]) == (shards if shards > 1 else 0)
+    for syncer in chaos.syncers:
+        assert "Traceback" not in (runs_dir / name / "logs" / f"{syncer}.log").read_text(), (
+            f"{syncer} crashed (killed is fine)"
+        )
+    if shards > 1:
+        assert any(re.fullmatch(r"kill syncer syncer-\d", event) for event in chaos.events), chaos.events

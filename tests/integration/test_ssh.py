@@ -13,9 +13,22 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from diloco_cli.launch.runs import load_run
 from diloco_cli.models.gpt import byte_gpt
 from tests.support.netns import namespaces
-from tests.support.runs import TINY_RECIPE, deep_update, diloco, interrupted_output, wait_finished, wait_for, write_yaml
+from tests.support.runs import (
+    TINY_RECIPE,
+    assert_bases_are_the_syncers,
+    assert_every_token_accounted,
+    audit_ledger,
+    deep_update,
+    diloco,
+    heartbeats,
+    interrupted_output,
+    wait_finished,
+    wait_for,
+    write_yaml,
+)
 from tests.support.servers import moto_s3_server
 from tests.support.sshd import sshd_server
 
@@ -284,8 +297,11 @@ def readme_multi_region_commands() -> list[str]:
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("diloco ")]
 
 
-def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv, monkeypatch):
-    runs_dir = tmp_path / "runs"
+def namespaced_regions(stack, tmp_path, host_venv, monkeypatch):
+    """Two regions, east and west, each a network namespace with its own sshd (its host)
+    and S3 endpoint (its bucket), which only its own namespace (and this machine) reaches;
+    returns the namespaces, the regions' entries, each region's S3 server and the
+    known_hosts file."""
     credentials = tmp_path / "aws-credentials"
     credentials.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
     aws_env = {"AWS_SHARED_CREDENTIALS_FILE": str(credentials), "AWS_DEFAULT_REGION": "us-east-1"}
@@ -293,26 +309,31 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
         monkeypatch.setenv(name, value)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
+    spaces = stack.enter_context(namespaces(["east", "west"]))
+    regions, servers, stores = [], [], {}
+    for label, space in spaces.items():
+        server = stack.enter_context(
+            sshd(tmp_path, f"sshd-{label}", host=space.address, command_prefix=space.exec_prefix())
+        )
+        store = stack.enter_context(moto_s3_server(host=space.address, command_prefix=space.exec_prefix()))
+        bucket = store.create_bucket(f"diloco-{label}")
+        servers.append(server)
+        stores[label] = store
+        regions.append(
+            {
+                "name": label,
+                "bucket": bucket,
+                "storage_options": {"endpoint_url": store.endpoint_url},
+                "hosts": [host_entry(server, f"host-{label}", host_venv, tmp_path, env=aws_env)],
+            }
+        )
+    return spaces, regions, stores, known_hosts_of(tmp_path, *servers)
+
+
+def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv, monkeypatch):
+    runs_dir = tmp_path / "runs"
     with ExitStack() as stack:
-        spaces = stack.enter_context(namespaces(["east", "west"]))
-        regions, servers, stores = [], [], {}
-        for label, space in spaces.items():
-            server = stack.enter_context(
-                sshd(tmp_path, f"sshd-{label}", host=space.address, command_prefix=space.exec_prefix())
-            )
-            store = stack.enter_context(moto_s3_server(host=space.address, command_prefix=space.exec_prefix()))
-            bucket = store.create_bucket(f"diloco-{label}")
-            servers.append(server)
-            stores[label] = store
-            regions.append(
-                {
-                    "name": label,
-                    "bucket": bucket,
-                    "storage_options": {"endpoint_url": store.endpoint_url},
-                    "hosts": [host_entry(server, f"host-{label}", host_venv, tmp_path, env=aws_env)],
-                }
-            )
-        known_hosts = known_hosts_of(tmp_path, *servers)
+        spaces, regions, stores, known_hosts = namespaced_regions(stack, tmp_path, host_venv, monkeypatch)
         recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(SSH_RECIPE, {"training": {"inner_steps": 40}}))
         diloco(
             "up",
@@ -343,6 +364,51 @@ def test_namespaces_as_regions_each_with_its_own_sshd_and_s3(tmp_path, host_venv
         diloco("export", "netns-run", "-o", str(output), "--runs-dir", str(runs_dir))
         byte_gpt(num_layers=2, width=64, num_heads=2, context=64).load_state_dict(load_file(str(output)))
         diloco("down", "netns-run", "--runs-dir", str(runs_dir))
+
+
+def test_two_syncer_shards_over_ssh_hosts_in_namespaces_finish_exactly(tmp_path, host_venv, monkeypatch):
+    """``sync.shards: 2`` with learners and reducers on SSH hosts in two namespaces, the
+    shards here (a namespace reaches only its own bucket): the run finishes, nothing
+    merged twice or lost, every learner's base each shard's bit for bit, every token
+    accounted for; each shard published only its fragments, under its own prefix."""
+    runs_dir, name = tmp_path / "runs", "netns-shards"
+    with ExitStack() as stack:
+        spaces, regions, stores, known_hosts = namespaced_regions(stack, tmp_path, host_venv, monkeypatch)
+        changes = {
+            "training": {"inner_steps": 40},
+            "sync": {"shards": 2, "num_fragments": 4, "delete_consumed_payloads": False},
+        }
+        recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(SSH_RECIPE, changes))
+        syncer = {"host": "local", "shard_hosts": ["local", "local"]}
+        diloco(
+            "up",
+            str(recipe),
+            "--regions",
+            str(regions_file(tmp_path, regions, known_hosts, syncer=syncer)),
+            "--name",
+            name,
+            "--runs-dir",
+            str(runs_dir),
+            timeout=900,
+        )
+        status = wait_finished(runs_dir, name, timeout=400)
+        assert [shard.name for shard in status.syncer_shards] == ["syncer-0", "syncer-1"]
+        assert all(shard.state == "finished" and shard.version > 0 for shard in status.syncer_shards)
+        audit_ledger(runs_dir / name, load_run(runs_dir, name).secret())
+        assert_bases_are_the_syncers(runs_dir, name)
+        assert_every_token_accounted(runs_dir, name, heartbeats(runs_dir, name))
+        for label in spaces:
+            keys = stores[label].filesystem().find(f"diloco-{label}")
+            published = [key.split(f"/{name}/", 1)[1] for key in keys if "/global/" in key]
+            assert published and all(key.startswith(("global/shard-0/", "global/shard-1/")) for key in published)
+            for shard in (0, 1):
+                fragments = {
+                    int(key[-7:-4])
+                    for key in published
+                    if key.startswith(f"global/shard-{shard}/updates/") and key.endswith(".dlc")
+                }
+                assert fragments == {p for p in range(4) if p % 2 == shard}, (label, shard, fragments)
+        diloco("down", name, "--runs-dir", str(runs_dir))
 
 
 def dry_run(tmp_path, regions, *extra):

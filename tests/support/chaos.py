@@ -1,4 +1,5 @@
-"""Chaos against a running local run: processes (learners, reducers, the syncer) killed and
+"""Chaos against a running local run: processes (learners, reducers, the syncer or its
+shards) killed and
 paused, objects (payloads, aggregates, updates, snapshots...) damaged at rest, litter
 dropped, at random but reproducibly from a seed (the events, not their timing). For
 tests that must hold whatever happens::
@@ -23,13 +24,13 @@ from pathlib import Path
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.store.aggregates import AGGREGATE_KEY
-from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, UPDATE_KEY
+from diloco_cli.store.region import ANY_SNAPSHOT_KEY, ANY_UPDATE_KEY, CHECKPOINT_KEY, PAYLOAD_KEY
 
 KINDS = {
     "payload": PAYLOAD_KEY,
     "aggregate": AGGREGATE_KEY,
-    "update": UPDATE_KEY,
-    "snapshot": SNAPSHOT_KEY,
+    "update": ANY_UPDATE_KEY,
+    "snapshot": ANY_SNAPSHOT_KEY,
     "checkpoint": CHECKPOINT_KEY,
 }
 EVENTS = (
@@ -67,16 +68,18 @@ class Chaos:
         self.spec = record.spec
         self.learners = [learner.id for learner in self.spec.learners]
         self.reducers = [reducer.name for reducer in self.spec.reducers]
+        self.syncers = [shard.name for shard in self.spec.syncer_shards]
         self.events_drawn = EVENTS + (REDUCER_EVENTS if self.reducers else ())
         self.roots = {region.name: Path(region.root.removeprefix("file://")) for region in self.spec.regions}
 
-    def strike(self) -> str:
-        """One random event (a pause ends by itself on a later strike or at ``calm``)."""
+    def strike(self, event: str | None = None) -> str:
+        """One random event, or one of the kind ``event`` names (``kill syncer``: a random
+        syncer shard killed); a pause ends by itself on a later strike or at ``calm``."""
         self._resume_due()
-        event = self.random.choice(self.events_drawn)
+        event = event or self.random.choice(self.events_drawn)
         what, _, target = event.partition(" ")
         if what in ("kill", "pause"):
-            population = {"learner": self.learners, "reducer": self.reducers}.get(target, ["syncer"])
+            population = {"learner": self.learners, "reducer": self.reducers, "syncer": self.syncers}[target]
             process = self.random.choice(population)
             done = self._signal(process, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
             detail = f"{event} {process}" + ("" if done else " (not running)")

@@ -2,7 +2,9 @@
 advanced step by step, so a test can tamper with the bucket (or the storage calls)
 between their steps.  Tests get one through the ``harness`` fixture (tests/conftest.py):
 the syncer reads the payloads itself; ``Harness(..., reducers=True)`` puts the region's
-reducer between them (``harness.reducer``), as runs do by default.
+reducer between them (``harness.reducer``), as runs do by default.  With
+``shards=N`` the run has N syncer shards (``harness.syncers``, and the region's reducer of
+each, ``harness.reducers``); ``harness.syncer`` is shard 0.
 """
 
 import time
@@ -22,7 +24,15 @@ class Harness:
     """A syncer and two learners of one region, advanced by hand."""
 
     def __init__(
-        self, tmp_path, secret, checkpoint_every=1000, bucket=None, storage_options=None, reducers=False, **sync
+        self,
+        tmp_path,
+        secret,
+        checkpoint_every=1000,
+        bucket=None,
+        storage_options=None,
+        reducers=False,
+        shards=1,
+        **sync,
     ):
         """``bucket`` (a URL, file:// in ``tmp_path`` by default) and its storage options;
         ``sync`` changes the recipe's sync section."""
@@ -34,6 +44,7 @@ class Harness:
                 "window_versions": 8,
                 "evaluate_every": 2,
                 "reducers": reducers,
+                "shards": shards,
                 "forward_window_seconds": 0.0,
                 **sync,
             },
@@ -47,12 +58,13 @@ class Harness:
         }
         self.spec = resolve_run(recipe, RegionsFile.model_validate({"regions": [region]}), "tampered", tmp_path)
         self.secret = secret
-        self.syncer = Syncer(self.spec, secret)
-        self.syncer.start()
-        self.reducer = Reducer(self.spec, "east", secret) if reducers else None
-        if self.reducer is not None:
-            self.reducer.start()
-            self.reducer.turn()  # version 0 of the region, built from the seed
+        self.syncers = [Syncer(self.spec, secret, syncer_shard=shard) for shard in range(shards)]
+        for syncer in self.syncers:
+            syncer.start()
+        self.reducers = [Reducer(self.spec, "east", secret, syncer_shard=shard) for shard in range(shards) if reducers]
+        for reducer in self.reducers:
+            reducer.start()
+            reducer.turn()  # version 0 of the region, built from the seed
         self.bucket = self.spec.bucket("east", secret)
         self.learners = [self.learner(name) for name in ("east-0", "east-1")]
 
@@ -73,33 +85,51 @@ class Harness:
             learner.loop.train_step()
         assert learner.sends.outbox.wait_empty(10)
 
+    @property
+    def syncer(self):
+        """The syncer (shard 0 of several)."""
+        return self.syncers[0]
+
+    @property
+    def reducer(self):
+        """The region's reducer (of shard 0), None without reducers."""
+        return self.reducers[0] if self.reducers else None
+
+    @reducer.setter
+    def reducer(self, reducer):
+        self.reducers[0] = reducer
+
     def merge(self):
-        """Turns (the reducer's, then the syncer's) until nothing is left to merge, each
-        when the syncer asks to be woken (a grace window may be running)."""
-        syncer, reducer = self.syncer, self.reducer
+        """Turns (the reducers', then the syncers') until nothing is left to merge, each
+        when a syncer asks to be woken (a grace window may be running)."""
         for _ in range(20):
-            if reducer is not None:
+            for reducer in self.reducers:
                 reducer.turn(read_heartbeats=True)
-            wake = syncer.turn()
-            if reducer is not None:
+            wake = min(syncer.turn() for syncer in self.syncers)
+            for reducer in self.reducers:
                 reducer.turn()  # takes in what was merged (deletes it, or forwards it again)
-            rounds = syncer.decisions.rounds.values()
-            holding = reducer is not None and (reducer.waiting or reducer.in_flight)
-            if not syncer.observer.observed and not any(r.pending or r.merging for r in rounds) and not holding:
+            rounds = [r for syncer in self.syncers for r in syncer.decisions.rounds.values()]
+            holding = any(reducer.waiting or reducer.in_flight for reducer in self.reducers)
+            observed = [key for syncer in self.syncers for key in syncer.observer.observed]
+            if not observed and not any(r.pending or r.merging for r in rounds) and not holding:
                 return
-            time.sleep(min(1.0, max(0.0, wake - syncer.clock())))
-        raise AssertionError(f"the syncer did not merge everything it observed: {sorted(syncer.observer.observed)}")
+            time.sleep(min(1.0, max(0.0, wake - self.syncer.clock())))
+        raise AssertionError(f"the syncers did not merge everything they observed: {sorted(observed)}")
+
+    def syncer_of(self, fragment):
+        """The syncer (shard) that syncs ``fragment``."""
+        return self.syncers[fragment % len(self.syncers)]
 
     def poll(self, learner):
         """One poll, installed: the fragments installed."""
         return learner.poll_now()
 
     def assert_bases_equal_the_syncers(self, learner):
-        theta = self.syncer.state.theta
         for fragment, version in learner.fragments.base_version.items():
-            assert version == self.syncer.state.fragment_versions[fragment], (fragment, version)
+            state = self.syncer_of(fragment).state
+            assert version == state.fragment_versions[fragment], (fragment, version)
             for name in learner.fragments.names(fragment):
-                assert torch.equal(learner.fragments.base[name], theta[name]), name
+                assert torch.equal(learner.fragments.base[name], state.theta[name]), name
 
     def close(self):
         for learner in self.learners:

@@ -153,24 +153,31 @@ def final_checkpoint(bucket, learner, secret):
     return decode_payload(bucket.read_checkpoint(keys[-1]), secret)
 
 
+def histories(spec, secret):
+    """Every syncer shard's commit records (one list with a single syncer), in shard order."""
+    return [home.history() for home in spec.homes(secret)]
+
+
 def assert_bases_are_the_syncers(runs_dir, name):
-    """Each learner's final bases equal the syncer's committed weights at those versions."""
+    """Each learner's final bases equal the committed weights, at those versions, of the
+    syncer (shard) that syncs each fragment."""
     record = load_run(runs_dir, name)
     secret = record.secret()
-    home = record.spec.home(secret)
-    history = {r.version: r for r in home.history()}
+    homes = record.spec.homes(secret)
+    history = [{r.version: r for r in home.history()} for home in homes]
     fragments = fragments_of_model(record.spec.recipe.model.build(), record.spec.recipe.sync.num_fragments)
-    initial = decode_payload(home.read_initial(), secret).tensors
+    initial = decode_payload(homes[0].read_initial(), secret).tensors
     for learner in record.spec.learners:
         checkpoint = final_checkpoint(record.spec.bucket(learner.region, secret), learner.id, secret)
         bases = {name.removeprefix("base/"): t for name, t in checkpoint.tensors.items() if name.startswith("base/")}
         for fragment, version in checkpoint.meta["fragments"]["base_version"].items():
             names = fragments[int(fragment)].parameter_names
+            commits = history[int(fragment) % len(homes)]
             if int(version) == 0:
                 expected = fragment_digest(initial, names)
             else:
-                assert history[int(version)].fragment == int(fragment)
-                expected = history[int(version)].digest
+                assert commits[int(version)].fragment == int(fragment)
+                expected = commits[int(version)].digest
             assert fragment_digest(bases, names) == expected, (learner.id, fragment, version)
 
 
@@ -186,7 +193,7 @@ def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None
     """Every token each (finished) learner trained is in a merged payload or was
     overwritten by an install (counted in its heartbeat), per fragment."""
     record = load_run(runs_dir, name)
-    history = record.spec.home(record.secret()).history()
+    history = [commit for shard in histories(record.spec, record.secret()) for commit in shard]
     for learner, beat in beats.items():
         assert beat.state.value == "finished" and beat.unsent == 0
         for fragment in range(record.spec.recipe.sync.num_fragments):
@@ -198,8 +205,10 @@ def audit_ledger(run_dir: Path, secret):
     """Every arrival merged at most once; every payload sent merged or superseded by a
     newer merged one of the same learner and fragment; each learner's last send merged."""
     record = load_run(run_dir.parent, run_dir.name)
-    commits = record.spec.home(secret).history()
-    assert [c.version for c in commits] == list(range(1, len(commits) + 1))
+    shards = histories(record.spec, secret)
+    for shard in shards:  # each syncer shard numbers its own versions
+        assert [c.version for c in shard] == list(range(1, len(shard) + 1))
+    commits = [commit for shard in shards for commit in shard]
     merged = [m.key for c in commits for m in c.merged]
     retired = [r.key for c in commits for r in c.retired]
     assert len(merged) == len(set(merged)), "an arrival was merged twice"

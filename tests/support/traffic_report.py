@@ -7,6 +7,7 @@ from diloco_cli.bandwidth.report import (
     KindRow,
     LearnerTraffic,
     LinkRow,
+    SyncerTraffic,
     TrafficReport,
 )
 from diloco_cli.store.documents import Evaluation
@@ -75,6 +76,17 @@ def realistic(**changes) -> TrafficReport:
         learners_reporting=4,
         links=links,
         learners=[learner(f"l{i}", region) for i, region in enumerate(("eu-west", "eu-west", "us-east", "us-east"))],
+        syncers=[
+            SyncerTraffic(
+                name="syncer",
+                place="syncer-host",
+                merges=80,
+                requests=4_000,
+                bytes_up=120_000_000,
+                bytes_down=140_000_000,
+                home_bytes=90_000_000,
+            )
+        ],
         kinds=[
             KindRow(kind="payload", requests=160, bytes_up=192_000_000, bytes_down=120_000_000, wan_bytes=120_000_000),
             KindRow(kind="update", requests=80, bytes_up=120_000_000, bytes_down=204_000_000, wan_bytes=120_000_000),

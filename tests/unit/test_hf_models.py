@@ -202,10 +202,10 @@ def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, o
     global_weights = {name: parameter.detach().clone() for name, parameter in perturbed(built(0)).named_parameters()}
     head = Head(version=3, fragment_versions={}, snapshot_version=0, recent=(), recent_from=0)
     monkeypatch.setattr(
-        export, "latest_weights", lambda bucket, secret, fragments, initial=None: (global_weights, head)
+        export, "latest_weights", lambda bucket, secret, fragments, initial=None, shards=1: (global_weights, [head])
     )
 
-    assert export.export_hugging_face(spec, RunSecret.generate(), tmp_path / "hf").version == 3
+    assert [head.version for head in export.export_hugging_face(spec, RunSecret.generate(), tmp_path / "hf")] == [3]
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
         p.name for p in (tmp_path / "hf").iterdir()
     }
@@ -232,7 +232,7 @@ def test_an_exported_model_stops_generating_at_the_end_of_text_and_its_tokenizer
     global_weights = {name: parameter.detach().clone() for name, parameter in perturbed(built(0)).named_parameters()}
     head = Head(version=3, fragment_versions={}, snapshot_version=0, recent=(), recent_from=0)
     monkeypatch.setattr(
-        export, "latest_weights", lambda bucket, secret, fragments, initial=None: (global_weights, head)
+        export, "latest_weights", lambda bucket, secret, fragments, initial=None, shards=1: (global_weights, [head])
     )
     export.export_hugging_face(spec, RunSecret.generate(), tmp_path / "hf")
 

@@ -131,7 +131,7 @@ def test_the_regions_snapshot_equals_the_syncers_weights_and_a_late_learner_inst
     assert reduced.bucket.snapshot_versions() == [3, 6]  # older ones removed in the region
     late = reduced.learner("east-1", start=False)  # no checkpoint, and version 0 is too old to start from
     try:
-        late.poller.reader.initial = {n: p.detach().clone() for n, p in late.model.named_parameters()}
+        late.poller.initial = {n: p.detach().clone() for n, p in late.model.named_parameters()}
         assert sorted(reduced.poll(late)) == [0, 1]
         reduced.assert_bases_equal_the_syncers(late)
         assert late.bucket.store.meter.snapshot().kinds["snapshot"].bytes_down > 0
@@ -212,7 +212,7 @@ def test_a_region_past_its_damaged_snapshots_writes_a_snapshot_of_its_present(re
         reduced.bucket.store.put(snapshot_key(version), bytes(data))
     late = reduced.learner("east-1", start=False)
     try:
-        late.poller.reader.initial = None  # it cannot build version 0 itself: it needs the snapshot
+        late.poller.initial = None  # it cannot build version 0 itself: it needs the snapshot
         assert not reduced.poll(late) and late.refusals.counts["snapshot"] >= 1
         late.heartbeats.beat(wait=10)
         # the region's copy has moved past the damaged snapshot's version: the reducer writes
@@ -331,7 +331,7 @@ def test_a_damaged_snapshot_of_the_regions_present_version_is_rewritten_by_its_r
         reduced.bucket.store.put(snapshot_key(version), bytes(data))
     late = reduced.learner("east-1", start=False)
     try:
-        late.poller.reader.initial = None
+        late.poller.initial = None
         assert not reduced.poll(late)
         late.heartbeats.beat(wait=10)
         reduced.reducer.turn(read_heartbeats=True)  # no syncer turn: the region repairs itself

@@ -2,8 +2,9 @@
 
 A look (:meth:`GlobalPoller.look`) reads the head and the syncer's note to this learner,
 then fetches and verifies whatever brings the learner's bases up to the head
-(:class:`~diloco_cli.runtime.global_weights.GlobalReader`).  It runs on the poller's own
-thread and touches none of the learner's state: its arguments are copies made by the
+(:class:`~diloco_cli.runtime.global_weights.GlobalReader`); with syncer shards, each
+shard's head and note, and each fragment from its own shard.  It runs on the poller's
+own thread and touches none of the learner's state: its arguments are copies made by the
 training thread.  The training thread takes a finished look (:meth:`take`), applies it to
 the bases (:meth:`apply`) and only then starts the next one (:meth:`start_if_due`), from
 the bases as they now are.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import torch
 
 from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -23,7 +26,6 @@ from diloco_cli.runtime.global_weights import Fetched, GlobalReader, Refusal, ap
 from diloco_cli.runtime.learner.fragments import LearnerFragments
 from diloco_cli.store.documents import ControlNote
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import HEAD_KEY, RegionBucket
 
 log = logging.getLogger("diloco.learner")
 
@@ -32,29 +34,42 @@ log = logging.getLogger("diloco.learner")
 class Poll:
     """What one look at the region's global objects found."""
 
-    fetched: Fetched | None = None
-    resync_serial: int | None = None
-    """The syncer's resync request this look answers, if any."""
+    fetched: list[Fetched] = field(default_factory=list)
+    """What each syncer shard's head brings (those whose head could be read)."""
+    resync_serials: dict[int, int] = field(default_factory=dict)
+    """Per syncer shard, its resync request this look answers."""
     control: ControlNote | None = None
-    """The syncer's note to this learner, as this look read it."""
+    """The syncer's note to this learner, as this look read it (shard 0's, with
+    syncer shards: it speaks for the run's membership)."""
     refusals: list[Refusal] = field(default_factory=list)
 
 
 class GlobalPoller:
-    """The learner's looks for newer global weights: one at a time, every ``poll_seconds``."""
+    """The learner's looks for newer global weights: one at a time, every ``poll_seconds``.
+    ``readers``: one per syncer shard, in shard order (one with a single syncer)."""
 
-    def __init__(self, bucket: RegionBucket, reader: GlobalReader, learner: LearnerId, poll_seconds: float) -> None:
-        self.bucket, self.reader, self.learner = bucket, reader, learner
+    def __init__(self, readers: Sequence[GlobalReader], learner: LearnerId, poll_seconds: float) -> None:
+        self.readers, self.learner = list(readers), learner
         self.poll_seconds = poll_seconds
-        self.newest_head = Version(-1)
-        """The newest head installed from: an older one is a replay."""
-        self.resync_seen = 0
-        """The last resync request of the syncer this learner answered."""
+        self.newest_head = {reader.shard.index: Version(-1) for reader in self.readers}
+        """Per syncer shard, the newest head installed from: an older one is a replay."""
+        self.resync_seen = {reader.shard.index: 0 for reader in self.readers}
+        """Per syncer shard, the last resync request this learner answered."""
         self.needs_snapshot: set[FragmentIndex] = set()
         """Fragments whose updates could not be installed: fetched whole next time."""
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="poll")
         self._look: Future[Poll] | None = None
         self._last_look = float("-inf")
+
+    @property
+    def initial(self) -> Mapping[str, torch.Tensor] | None:
+        """The learner's own version 0, while it may start from it (see :class:`GlobalReader`)."""
+        return self.readers[0].initial
+
+    @initial.setter
+    def initial(self, initial: Mapping[str, torch.Tensor] | None) -> None:
+        for reader in self.readers:
+            reader.initial = initial
 
     def _bases(self, base_versions: Mapping[FragmentIndex, Version]) -> dict[FragmentIndex, Version]:
         return {p: Version(-1) if p in self.needs_snapshot else v for p, v in base_versions.items()}
@@ -64,7 +79,9 @@ class GlobalPoller:
         flight or the last one started less than ``poll_seconds`` ago."""
         now = time.monotonic()
         if self._look is None and now - self._last_look >= self.poll_seconds:
-            self._look = self._thread.submit(self.look, self._bases(base_versions), self.newest_head, self.resync_seen)
+            self._look = self._thread.submit(
+                self.look, self._bases(base_versions), dict(self.newest_head), dict(self.resync_seen)
+            )
             self._last_look = now
 
     def take(self) -> Poll | None:
@@ -80,35 +97,62 @@ class GlobalPoller:
 
     def look_now(self, base_versions: Mapping[FragmentIndex, Version]) -> Poll:
         """A look on the calling thread (at the start, and for tests), from these bases."""
-        return self.look(self._bases(base_versions), self.newest_head, self.resync_seen)
+        return self.look(self._bases(base_versions), dict(self.newest_head), dict(self.resync_seen))
 
-    def look(self, bases: dict[FragmentIndex, Version], newest_head: Version, resync_seen: int) -> Poll:
-        """Read the head and the syncer's note; fetch and verify whatever brings ``bases``
-        up to the head (everything, when the note asks for a resync)."""
+    def look(
+        self, bases: dict[FragmentIndex, Version], newest_head: dict[int, Version], resync_seen: dict[int, int]
+    ) -> Poll:
+        """Read each syncer shard's head and note; fetch and verify whatever brings
+        ``bases`` up to the heads (a shard's every fragment, when its note asks for a
+        resync)."""
         poll = Poll()
+        for reader in self.readers:
+            shard = reader.shard.index
+            self._look_at(
+                reader,
+                {p: v for p, v in bases.items() if reader.shard.owns(p)},
+                newest_head[shard],
+                resync_seen[shard],
+                poll,
+            )
+        return poll
+
+    def _look_at(
+        self,
+        reader: GlobalReader,
+        bases: dict[FragmentIndex, Version],
+        newest_head: Version,
+        resync_seen: int,
+        poll: Poll,
+    ) -> None:
+        """One syncer shard's part of a look, added to ``poll``."""
+        head_key = reader.bucket.layout.head_key
         try:
-            head = self.reader.head()
+            head = reader.head()
         except PayloadError as error:
-            poll.refusals.append(Refusal("head", HEAD_KEY, str(error)))
-            return poll
+            poll.refusals.append(Refusal("head", head_key, str(error)))
+            return
         if head is None:
-            return poll
+            return
         if head.version < newest_head:
             reason = f"version {head.version} is older than version {newest_head} seen before: a replayed head"
-            poll.refusals.append(Refusal("head", HEAD_KEY, reason))
-            return poll
+            poll.refusals.append(Refusal("head", head_key, reason))
+            return
+        control = None
         try:
-            poll.control = self.bucket.read_control(self.learner)
+            control = reader.bucket.read_control(self.learner)
         except PayloadError as error:
-            poll.refusals.append(Refusal("control", f"control/{self.learner}.json", str(error)))
-        if poll.control is not None and poll.control.resync_serial > resync_seen:
-            poll.resync_serial = poll.control.resync_serial
+            poll.refusals.append(Refusal("control", reader.bucket.layout.control_key(self.learner), str(error)))
+        if reader.shard.index == 0:
+            poll.control = control
+        if control is not None and control.resync_serial > resync_seen:
+            poll.resync_serials[reader.shard.index] = control.resync_serial
             due = {p: Version(-1) for p in head.fragment_versions}
         else:
             due = {p: base for p, base in bases.items() if head.fragment_versions.get(p, Version(0)) > base}
-        poll.fetched = self.reader.fetch(head, due)
-        poll.refusals += poll.fetched.refusals
-        return poll
+        fetched = reader.fetch(head, due)
+        poll.fetched.append(fetched)
+        poll.refusals += fetched.refusals
 
     def apply(
         self,
@@ -118,25 +162,29 @@ class GlobalPoller:
         refused: Callable[[str, str, str], None],
     ) -> dict[FragmentIndex, bool]:
         """On the training thread: apply what a look fetched to the bases, check each
-        fragment against the head and make it the base.  Returns the fragments whose base
+        fragment against its head and make it the base.  Returns the fragments whose base
         changed, each with whether its unsent work is kept (a resync never keeps it)."""
-        if poll.fetched is None:
-            return {}
         installed: dict[FragmentIndex, bool] = {}
-        keep_unsent = False if poll.resync_serial is not None else None
-        for fetch in poll.fetched.fragments:
-            try:
-                values = apply_fetch(fetch, fragments.names(fetch.fragment), fragments.base, secret)
-            except PayloadError as error:
-                refused("install", f"fragment {fetch.fragment} version {fetch.version}", str(error))
-                self.needs_snapshot.add(fetch.fragment)
-                continue
-            installed[fetch.fragment] = fragments.install(fetch.fragment, fetch.version, values, keep_unsent)
-            self.needs_snapshot.discard(fetch.fragment)
-            log.info("installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version)
-        self.newest_head = max(self.newest_head, poll.fetched.head.version)
-        if poll.resync_serial is not None and len(installed) == len(poll.fetched.fragments):
-            self.resync_seen = poll.resync_serial
+        for fetched in poll.fetched:
+            resync = poll.resync_serials.get(fetched.shard)
+            keep_unsent = False if resync is not None else None
+            done = 0
+            for fetch in fetched.fragments:
+                try:
+                    values = apply_fetch(fetch, fragments.names(fetch.fragment), fragments.base, secret)
+                except PayloadError as error:
+                    refused("install", f"fragment {fetch.fragment} version {fetch.version}", str(error))
+                    self.needs_snapshot.add(fetch.fragment)
+                    continue
+                installed[fetch.fragment] = fragments.install(fetch.fragment, fetch.version, values, keep_unsent)
+                self.needs_snapshot.discard(fetch.fragment)
+                done += 1
+                log.info(
+                    "installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version
+                )
+            self.newest_head[fetched.shard] = max(self.newest_head[fetched.shard], fetched.head.version)
+            if resync is not None and done == len(fetched.fragments):
+                self.resync_seen[fetched.shard] = resync
         return installed
 
     def close(self) -> None:

@@ -123,8 +123,11 @@ class LearnerSync:
             if previous is not None:
                 self.refusals = previous.refusals.plus(self.refusals)
             self.sends = Sends(self.bucket, self.me.id, epoch, self.fragments, self.recipe.sync.learner_codec, secret)
-            reader = GlobalReader(self.bucket, secret, self.fragment_list)
-            self.poller = GlobalPoller(self.bucket, reader, self.me.id, training.poll_seconds)
+            readers = [
+                GlobalReader(self.bucket, secret, self.fragment_list, shard=spec.syncer_shard(shard.index))
+                for shard in spec.syncer_shards
+            ]
+            self.poller = GlobalPoller(readers, self.me.id, training.poll_seconds)
             self.heartbeats = Heartbeats(
                 self.bucket,
                 self.me,
@@ -191,7 +194,7 @@ class LearnerSync:
         resume = ResumePoint(None)
         initial = full_parameters(self.model, self.parameter_names, self.group)  # version 0, if it is the syncer's
         if self.group.is_storage_rank:
-            self.poller.reader.initial = initial
+            self.poller.initial = initial
             resume = self.checkpoints.resume_point(self.tokens_per_step, self._refused)
             self.progress.step, self.progress.tokens = resume.step, resume.tokens
             if resume.checkpoint is not None:
@@ -214,7 +217,7 @@ class LearnerSync:
             self.data_position.restore(checkpoint.meta.get("data") if checkpoint else None, start.step)
         self.progress.training_since = time.time()
         if self.group.is_storage_rank:
-            self.poller.reader.initial = None
+            self.poller.initial = None
             self.heartbeats.beat(LearnerState.TRAINING)
         return start.step
 

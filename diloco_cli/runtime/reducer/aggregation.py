@@ -68,15 +68,19 @@ class Aggregation:
         codec: CodecSpec,
         epoch: int,
         workspace: MergeWorkspace | None = None,
+        owned: tuple[Fragment, ...] | None = None,
     ) -> None:
         self.bucket, self.secret, self.fragments, self.codec = bucket, secret, fragments, codec
         self.epoch = epoch
         self.workspace = workspace or MergeWorkspace()
         """The threads of the merges (``sync.merge_threads``) and the buffers they reuse."""
         self.made = 0
-        self.errors: dict[FragmentIndex, dict[int, dict[str, torch.Tensor]]] = {f.index: {} for f in fragments}
-        """Per fragment, the quantization error after each aggregate still needed: the
-        newest resolved one (where the chain starts) and every one in flight."""
+        self.errors: dict[FragmentIndex, dict[int, dict[str, torch.Tensor]]] = {
+            f.index: {} for f in (fragments if owned is None else owned)
+        }
+        """Per fragment it aggregates (``owned``: a syncer shard's; every one by default),
+        the quantization error after each aggregate still needed: the newest resolved one
+        (where the chain starts) and every one in flight."""
 
     def _names(self, fragment: FragmentIndex) -> list[str]:
         spec = self.fragments[fragment]

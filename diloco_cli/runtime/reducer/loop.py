@@ -21,6 +21,10 @@ Killed at any instant, a reducer restarts from the region's bucket alone: its co
 its newest snapshot (or version 0) and the updates after it, its aggregates in flight
 from their markers, its error feedback from ``reducer/residuals/``.  The syncer's ledger
 keeps every send merged at most once whatever a reducer forwards.
+
+With syncer shards the region's reducer process reduces for each shard on its own
+(:func:`run_reducers`): a :class:`Reducer` per shard, over that shard's fragments and
+the bucket as that shard lays it out, is the region's reducer of that shard.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core.decisions import GONE_STATES
-from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
@@ -43,11 +47,11 @@ from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_for
 from diloco_cli.runtime.reducer.replica import GlobalReplica, ReplicaGap
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
-from diloco_cli.store.aggregates import REDUCER, AggregateRecord, reducer_of
+from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, PayloadRecord, heartbeat_key, snapshot_key, update_key
+from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, heartbeat_key
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
@@ -59,7 +63,8 @@ GAP_SECONDS = 10.0
 
 
 class Reducer:
-    """The reducer of one region: :meth:`start`, then :meth:`turn` until the run ends."""
+    """The reducer of one region (for one syncer shard's fragments, in a run of several):
+    :meth:`start`, then :meth:`turn` until the run ends."""
 
     def __init__(
         self,
@@ -68,13 +73,14 @@ class Reducer:
         secret: RunSecret,
         clock=time.monotonic,
         manifest: ManifestWatch | None = None,
+        syncer_shard: int = 0,
     ) -> None:
         self.spec, self.region, self.secret, self.clock = spec, region, secret, clock
         self.manifest = manifest
         """The run's manifest, followed for learners added or drained (``diloco scale``)."""
         self.recipe = spec.recipe
-        self.bucket = spec.bucket(region, secret)
-        self.stop_requested = False
+        self.shard: SyncerShard = spec.syncer_shard(syncer_shard)
+        self.bucket = spec.bucket(region, secret).for_syncer_shard(self.shard)
         self.finished = False
         self.replica: GlobalReplica | None = None
         self.initial_weights = "unchecked"
@@ -108,9 +114,10 @@ class Reducer:
         torch.manual_seed(self.recipe.training.seed)
         model = self.recipe.model.build()
         self.fragments = fragments_of_model(model, self.recipe.sync.num_fragments)
+        self.owned = self.shard.of(self.fragments)
         self.initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
-        epoch = self.bucket.read_epoch(REDUCER) + 1
-        self.bucket.write_epoch(REDUCER, epoch)
+        epoch = self.bucket.read_epoch(self.bucket.layout.reducer_name) + 1
+        self.bucket.write_epoch(self.bucket.layout.reducer_name, epoch)
         self.aggregation = Aggregation(
             self.bucket,
             self.secret,
@@ -118,9 +125,10 @@ class Reducer:
             self.recipe.sync.learner_codec,
             epoch,
             MergeWorkspace(resolve_threads(self.recipe.sync.merge_threads)),
+            self.owned,
         )
         self.storage_before = self._previous_counts()
-        for key in store.aggregate_keys(self.bucket):
+        for key in filter(self._owns, store.aggregate_keys(self.bucket)):
             try:
                 self.in_flight[key] = store.aggregate_record(self.bucket, key)
             except PayloadError as error:
@@ -128,6 +136,12 @@ class Reducer:
                 store.delete_aggregate(self.bucket, key)
             except FileNotFoundError:
                 continue
+
+    def _owns(self, key: str) -> bool:
+        """Whether a payload or aggregate key is of this reducer's fragments (with syncer
+        shards, the region's reducer of each shard takes its own)."""
+        match = PAYLOAD_KEY.match(key) or AGGREGATE_KEY.match(key)
+        return match is not None and self.shard.owns(int(match["fragment"]))
 
     def _previous_counts(self) -> StorageCounters:
         try:
@@ -153,20 +167,7 @@ class Reducer:
     # ------------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
-        self.start()
-        while not self.stop_requested:
-            wake = self.turn()
-            if self.finished:
-                return EXIT_FINISHED
-            time.sleep(max(0.0, wake - self.clock()))
-        self._write_status()
-        return EXIT_STOPPED
-
-    def _request_stop(self, signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping after this turn", signum)
-        self.stop_requested = True
+        return run_reducers([self])
 
     def turn(self, read_heartbeats: bool | None = None) -> float:
         """One turn: follow the global weights, resolve, look, forward, report; returns
@@ -205,7 +206,7 @@ class Reducer:
         try:
             return self.bucket.read_head()
         except PayloadError as error:
-            self._refused("head", HEAD_KEY, error)
+            self._refused("head", self.bucket.layout.head_key, error)
         except StorageError as error:
             log.warning("the head cannot be read now: %s", error)
         return None
@@ -237,7 +238,7 @@ class Reducer:
         try:
             self.replica.add(version, fragment)
         except PayloadError as error:
-            self._refused("update", update_key(version, fragment), error)
+            self._refused("update", self.bucket.layout.update_key(version, fragment), error)
             raise
 
     @property
@@ -261,7 +262,7 @@ class Reducer:
                     replica.window_versions,
                 )
             except (PayloadError, FileNotFoundError) as error:
-                self._refused("snapshot", snapshot_key(version), error)
+                self._refused("snapshot", self.bucket.layout.snapshot_key(version), error)
                 continue
             if all(newer.versions.get(p, -1) >= v for p, v in replica.versions.items()):
                 log.info("the region's copy starts again from the snapshot of version %d", version)
@@ -283,10 +284,10 @@ class Reducer:
                 log.info("the region's copy starts from its snapshot of version %d", version)
                 return True
             except (PayloadError, FileNotFoundError) as error:
-                self._refused("snapshot", f"global/snapshots/{version:010d}.dlc", error)
+                self._refused("snapshot", self.bucket.layout.snapshot_key(version), error)
         try:
             self.replica = GlobalReplica.initial(
-                self.fragments, self.initial, head, self.bucket, self.secret, sync.window_versions
+                self.fragments, self.initial, head, self.bucket, self.secret, sync.window_versions, self.owned
             )
         except CorruptPayload as error:
             if self.initial_weights != "differ":
@@ -396,7 +397,8 @@ class Reducer:
                 self.heartbeats[learner] = (beat.time, beat.state.value, now)
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
-                if note.kind == "snapshot" and (match := SNAPSHOT_KEY.match(note.key)) and seen not in self.reported:
+                match = self.bucket.layout.snapshot_pattern.match(note.key)
+                if note.kind == "snapshot" and match and seen not in self.reported:
                     self.reported.add(seen)
                     self.damaged_snapshots.add(Version(int(match["version"])))
 
@@ -435,7 +437,7 @@ class Reducer:
         present = set(keys)
         self.waiting = {key: item for key, item in self.waiting.items() if key in present}
         self.consumed &= present
-        for key in keys:
+        for key in filter(self._owns, keys):
             if key in held or key in self.consumed:
                 continue
             try:
@@ -462,7 +464,7 @@ class Reducer:
 
     def _forward(self, now: float) -> None:
         policy, live = self._policy(), self._live()
-        for fragment in (f.index for f in self.fragments):
+        for fragment in (f.index for f in self.owned):
             waiting = [item for item in self.waiting.values() if item.fragment == fragment]
             in_flight = {s.learner for r in self.in_flight.values() if r.fragment == fragment for s in r.sends}
             chosen = to_forward(waiting, in_flight, live, policy, now)
@@ -533,3 +535,27 @@ class Reducer:
             store.write_reducer_status(self.bucket, self.status())
         except StorageError as error:
             log.warning("could not write the reducer's status: %s", error)
+
+
+def run_reducers(reducers: list[Reducer]) -> int:
+    """Run a region's reducers (one per syncer shard) in this process, each turn in turn,
+    until every one has finished or a signal (SIGTERM, SIGINT) stops them."""
+    stop = []
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping after this turn", signum)
+        stop.append(signum)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    for reducer in reducers:
+        reducer.start()
+    clock = reducers[0].clock
+    while not stop:
+        wake = min(reducer.turn() for reducer in reducers if not reducer.finished)
+        if all(reducer.finished for reducer in reducers):
+            return EXIT_FINISHED
+        time.sleep(max(0.0, wake - clock()))
+    for reducer in reducers:
+        reducer._write_status()
+    return EXIT_STOPPED

@@ -7,7 +7,8 @@ snapshot it wrote before, and adds every published update in version order with
 :func:`~diloco_cli.codec.exact.apply_update` (the function every holder uses).  From this
 copy the reducer anchors its learners' sends (the window of the last W updates of each
 fragment, as the syncer keeps it) and writes the region's snapshots, so neither the
-initial weights nor any snapshot ever crosses the WAN.
+initial weights nor any snapshot ever crosses the WAN.  With syncer shards the region
+keeps one copy per shard, of that shard's fragments, from that shard's updates.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class ReplicaGap(Exception):
 
 
 class GlobalReplica:
-    """The global weights at ``version`` (each fragment at ``versions[p]``), exact."""
+    """The global weights at ``version`` (each fragment at ``versions[p]``), exact: of
+    the fragments ``versions`` names (a syncer shard's), ``fragments`` being every
+    fragment of the model, by index."""
 
     def __init__(
         self,
@@ -61,18 +64,24 @@ class GlobalReplica:
         bucket: RegionBucket,
         secret: RunSecret,
         window_versions: int,
+        owned: tuple[Fragment, ...] | None = None,
     ) -> GlobalReplica:
-        """Version 0 from ``initial`` (the recipe's model built from its seed), refused
-        with CorruptPayload when it is not the syncer's version 0 bit for bit."""
+        """Version 0 of the ``owned`` fragments (every one by default) from ``initial``
+        (the recipe's model built from its seed), refused with CorruptPayload when it is
+        not the syncer's version 0 bit for bit."""
         theta = {name: tensor.detach().to(torch.float32).clone() for name, tensor in initial.items()}
-        for fragment in fragments:
+        if owned is not None:  # a syncer shard's copy holds its fragments alone
+            names = {name for fragment in owned for name in fragment.parameter_names}
+            theta = {name: tensor for name, tensor in theta.items() if name in names}
+        owned = fragments if owned is None else owned
+        for fragment in owned:
             expected = head.initial_digests.get(fragment.index)
             if expected is not None and fragment_digest(theta, fragment.parameter_names) != expected:
                 raise CorruptPayload(
                     f"fragment {fragment.index} of the model built here from the recipe's seed differs from the "
                     "syncer's version 0; install the same torch (and model code) on this host as on the syncer's"
                 )
-        versions = {fragment.index: Version(0) for fragment in fragments}
+        versions = {fragment.index: Version(0) for fragment in owned}
         return cls(fragments, theta, versions, Version(0), bucket, secret, window_versions)
 
     @classmethod
@@ -84,7 +93,7 @@ class GlobalReplica:
         secret: RunSecret,
         window_versions: int,
     ) -> GlobalReplica:
-        """The copy a snapshot holds (verified)."""
+        """The copy a snapshot holds (verified): the fragments it names."""
         decoded = decode_payload(payload, secret)
         try:
             version = Version(int(decoded.meta["version"]))
@@ -98,8 +107,7 @@ class GlobalReplica:
         region still holds (so a restarted reducer anchors what the syncer anchors)."""
         listed = sorted(self.bucket.update_versions())
         windows = {}
-        for fragment in self.fragments:
-            p = fragment.index
+        for p in self.versions:
             kept = [v for v, q in listed if q == p and v <= self.versions[p]][-self.window_versions :]
             oldest = self.versions[p]
             if kept:

@@ -16,15 +16,16 @@ import logging
 import re
 
 from diloco_cli.store.objects import MARKER_SUFFIX, PARTIAL_SUFFIX, ObjectStore
-from diloco_cli.store.region import CHECKPOINT_KEY, PAYLOAD_KEY, SNAPSHOT_KEY, UPDATE_KEY
+from diloco_cli.store.region import ANY_SNAPSHOT_KEY, ANY_UPDATE_KEY, CHECKPOINT_KEY, PAYLOAD_KEY
 
 log = logging.getLogger("diloco.syncer")
 
-MARKED = (PAYLOAD_KEY, CHECKPOINT_KEY, UPDATE_KEY, SNAPSHOT_KEY)
+MARKED = (PAYLOAD_KEY, CHECKPOINT_KEY, ANY_UPDATE_KEY, ANY_SNAPSHOT_KEY)
 DOCUMENTS = (
     re.compile(r"^heartbeats/[^/]+\.json$"),
     re.compile(r"^control/[^/]+\.(json|epoch)$"),
-    re.compile(r"^global/(head|syncer)\.json$"),
+    re.compile(r"^global/(shard-\d+/)?(head|syncer)\.json$"),
+    re.compile(r"^global/shard-\d+/control/[^/]+\.json$"),
 )
 OWNED_PREFIXES = ("payloads/", "checkpoints/", "global/", "heartbeats/", "control/")
 """Where only diloco writes: anything else under these prefixes is a leftover."""

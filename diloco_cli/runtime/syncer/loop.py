@@ -15,6 +15,12 @@ Each turn (:meth:`Syncer.turn`) reads top to bottom:
 
 Killed at any instant, the syncer restarts from its commits (:mod:`.state`) with no
 arrival lost and none merged twice.
+
+With syncer shards (``sync.shards: N``) each shard is such a syncer over its own
+fragments (``p % N == s``), with its own home, ledger, version numbers and head: it
+scans only its fragments' arrivals and publishes under ``global/shard-<s>/``.  Shard 0
+also speaks for the run's membership in the control notes, sweeps the regions'
+leftovers and evaluates the whole model (:mod:`.evaluation`).
 """
 
 from __future__ import annotations
@@ -30,10 +36,10 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
-from diloco_cli.core.fragments import fragments_of_model
+from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import LearnerId
-from diloco_cli.runtime.global_weights import encode_snapshot
+from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
 from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.syncer.evaluation import Evaluator
 from diloco_cli.runtime.syncer.fanout import FanOut
@@ -60,13 +66,22 @@ REPORTED_REFUSALS_SECONDS = 60.0
 
 
 class Syncer:
-    """The syncer of one run: :meth:`start` once, then :meth:`turn` until it finishes
-    (:meth:`run` does both, and stops on SIGTERM or SIGINT)."""
+    """The syncer of one run (its shard ``syncer_shard``, in a run of several):
+    :meth:`start` once, then :meth:`turn` until it finishes (:meth:`run` does both, and
+    stops on SIGTERM or SIGINT)."""
 
     def __init__(
-        self, spec: RunSpec, secret: RunSecret, clock=time.monotonic, manifest: ManifestWatch | None = None
+        self,
+        spec: RunSpec,
+        secret: RunSecret,
+        clock=time.monotonic,
+        manifest: ManifestWatch | None = None,
+        syncer_shard: int = 0,
     ) -> None:
         self.spec = spec
+        self.shard: SyncerShard = spec.syncer_shard(syncer_shard)
+        self.place = spec.syncer_shards[syncer_shard]
+        """Where this syncer (shard) runs and keeps its home."""
         self.manifest = manifest
         """The run's manifest, followed for learners added or drained (``diloco scale``)."""
         self.recipe = spec.recipe
@@ -74,8 +89,8 @@ class Syncer:
         self.clock = clock
         self.stop_requested = False
         self.finished = False
-        self.buckets = {bucket.name: bucket for bucket in spec.buckets(secret)}
-        self.home = spec.home(secret)
+        self.buckets = {bucket.name: bucket.for_syncer_shard(self.shard) for bucket in spec.buckets(secret)}
+        self.home = spec.home(secret, self.shard.index)
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
         self.given_up: dict[LearnerId, str] = {}
@@ -92,7 +107,7 @@ class Syncer:
         model = recipe.model.build()
         self.fragments = fragments_of_model(model, sync.num_fragments)
         initial = {name: p.detach() for name, p in model.named_parameters()}
-        self.evaluator = Evaluator(recipe, model)
+        self.evaluator = self._evaluator(model)
         self.state: SyncerState = restore_state(
             self.home,
             self.secret,
@@ -101,11 +116,17 @@ class Syncer:
             NesterovOuterOptimizer(recipe.outer_learning_rate, sync.outer_momentum),
             ExactPublisher(sync.update_codec, self.secret),
             sync.window_versions,
-            lambda theta, version: self.evaluator.evaluate(theta, version, tokens=0),
+            lambda theta, version: (
+                self.evaluator.evaluate(theta, version, tokens=0, whole=True) if self.evaluator.enabled else None
+            ),
+            owned=self.shard.of(self.fragments),
         )
         self.decisions = self._initial_decisions()
         self.fanout = FanOut(len(self.buckets))
-        probes = {name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)) for name in self.buckets}
+        probes = {
+            name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)).for_syncer_shard(self.shard)
+            for name in self.buckets
+        }
         self.observer = Observer(
             self.buckets,
             probes,
@@ -114,6 +135,7 @@ class Syncer:
             sync.delete_consumed_payloads,
             self.clock,
             reducers=sync.reducers,
+            owns=self.shard.owns,
         )
         self.notes = ControlNotes(self.buckets, self.observer.refused)
         self.publication = Publication(
@@ -130,8 +152,10 @@ class Syncer:
             self.evaluator,
             self.clock,
         )
-        self.sweepers = {
-            name: LeftoverSweeper(bucket.store, sync.leftover_seconds) for name, bucket in self.buckets.items()
+        self.sweepers = {  # the regions' buckets are shard 0's to sweep
+            name: LeftoverSweeper(bucket.store, sync.leftover_seconds)
+            for name, bucket in self.buckets.items()
+            if self.shard.index == 0
         }
         self.sweepers[HOME] = LeftoverSweeper(self.home.store, sync.leftover_seconds, only_partial=True)
         parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -144,10 +168,32 @@ class Syncer:
             self.publication,
             self.sweepers,
             parameters,
+            self.place.place,
         )
         self.board.continue_counts()
-        self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
+        if self.speaks_for_membership:
+            self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
         self.publication.catch_up(set(self.buckets))
+
+    @property
+    def speaks_for_membership(self) -> bool:
+        """Whether this syncer writes the notes of the run's membership (drain, data
+        slices, H under dynamic local updates): the only syncer, or shard 0 of several;
+        every shard writes its own resync requests."""
+        return self.shard.index == 0
+
+    def _evaluator(self, model) -> Evaluator:
+        """Shard 0 (or the only syncer) evaluates the whole model: with other shards, their
+        fragments as read from its region's bucket (the first region's, when it is in none)."""
+        if self.shard.index != 0:
+            return Evaluator(self.recipe, model, enabled=False)
+        if not self.shard.sharded:
+            return Evaluator(self.recipe, model)
+        region = self.place.region or self.spec.regions[0].name
+        others = [SyncerShard(index, self.shard.count) for index in range(1, self.shard.count)]
+        initial = {name: p.detach().clone() for name, p in model.named_parameters()}  # version 0, from the seed
+        copy = GlobalCopy(self.buckets[region], self.secret, self.fragments, others, initial)
+        return Evaluator(self.recipe, model, copy)
 
     def _initial_decisions(self) -> decisions.DecisionState:
         """A fresh decision state that continues the committed one (versions, windows,
@@ -164,10 +210,7 @@ class Syncer:
             give_up_seconds=sync.give_up_seconds,
         )
         state = self.state
-        versions = {
-            f.index: (state.fragment_versions[f.index], state.windows[f.index].oldest_anchorable)
-            for f in self.fragments
-        }
+        versions = {p: (version, state.windows[p].oldest_anchorable) for p, version in state.fragment_versions.items()}
         fresh = decisions.initial_state(policy, self.clock(), versions)
         return replace(
             fresh,
@@ -180,7 +223,10 @@ class Syncer:
         return self.state.head(self.recipe.sync.snapshot_every, self.finished)
 
     def _snapshot(self) -> bytes:
-        return encode_snapshot(self.state.theta, self.secret, self.state.version, self.state.fragment_versions)
+        """A snapshot of the fragments this syncer syncs (every one, with one syncer)."""
+        owned = {name for fragment in self.shard.of(self.fragments) for name in fragment.parameter_names}
+        theta = {name: tensor for name, tensor in self.state.theta.items() if name in owned or not self.shard.sharded}
+        return encode_snapshot(theta, self.secret, self.state.version, self.state.fragment_versions)
 
     # ------------------------------------------------------------------------ loop
 
@@ -303,8 +349,9 @@ class Syncer:
         if spec is not None and spec.learners != self.spec.learners:
             self._follow_membership(spec)
         down = set(self.observer.reachability.down)
-        self.notes.follow(self.spec, skip=down)
-        if self.recipe.sync.dynamic_local_updates:
+        if self.speaks_for_membership:
+            self.notes.follow(self.spec, skip=down)
+        if self.recipe.sync.dynamic_local_updates and self.speaks_for_membership:
             live = self.decisions.live_learners(self.clock())
             heartbeats = self.observer.heartbeats
             times = {m: beat.step_seconds for m, beat in heartbeats.items() if m in live and beat.step_seconds}
@@ -358,7 +405,7 @@ class Syncer:
         waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
         seen_whole = all(self.observer.whole[region] for region in waited_on)
         reduced = not self.recipe.sync.reducers or all(self._reducer_done(region) for region in waited_on)
-        return end.over and idle and seen_whole and reduced
+        return end.over and idle and seen_whole and reduced and self.evaluator.others_finished()
 
     def _reducer_done(self, region: str) -> bool:
         """The region's reducer holds nothing (no send waiting, no aggregate in flight)
@@ -374,9 +421,12 @@ class Syncer:
 
     def _finish(self) -> None:
         state = self.state
-        if state.evaluations[-1].version != state.version:
+        evaluated = state.evaluations and state.evaluations[-1].version == state.version
+        if self.evaluator.enabled and (self.shard.sharded or not evaluated):  # shards: the others moved on since
             tokens = sum(beat.tokens for beat in self.observer.heartbeats.values())
-            state.evaluations.append(self.evaluator.evaluate(state.theta, state.version, tokens))
+            evaluation = self.evaluator.evaluate(state.theta, state.version, tokens)
+            if evaluation is not None:
+                state.evaluations.append(evaluation)
         self.finished = True
         self.publication.catch_up(set(self.buckets))
         self.sweep(self.clock(), all_of_them=True)  # every learner is done: nothing is in flight

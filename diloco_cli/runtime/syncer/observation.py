@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from diloco_cli.codec import PayloadError
 from diloco_cli.core import decisions
 from diloco_cli.core.ledger import PayloadId
-from diloco_cli.core.types import LearnerId
+from diloco_cli.core.types import FragmentIndex, LearnerId
 from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.runtime.syncer.reachability import Reachability
 from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualified, scan_region
-from diloco_cli.store.aggregates import REDUCER_STATUS_KEY, AggregateRecord
+from diloco_cli.store.aggregates import AggregateRecord
 from diloco_cli.store.documents import Heartbeat, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
@@ -56,12 +56,15 @@ class Observer:
         delete_consumed: bool,
         clock: Callable[[], float],
         reducers: bool = False,
+        owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
     ) -> None:
         self.buckets, self.probes, self.fanout = buckets, probes, fanout
         """Each region's bucket, and the same with a single try per call (a probe)."""
         self.consumed, self.delete_consumed, self.clock = consumed, delete_consumed, clock
         self.reducers = reducers
         """Whether arrivals come as the regions' aggregates (reducers delete them)."""
+        self.owns = owns
+        """Whether a fragment is this syncer's (a syncer shard takes only its own)."""
         self.reducer_status: dict[str, ReducerStatus] = {}
         """Each region's reducer's status, as last read."""
         self.observed: dict[str, PayloadRecord] = {}
@@ -98,6 +101,7 @@ class Observer:
                 consumed=lambda name: self.consumed(payload_id(name)),
                 delete_consumed=self.delete_consumed and not self.reducers,
                 reducer=self.reducers,
+                owns=self.owns,
             )
 
         for found in self.fanout.each(scan, regions):
@@ -114,7 +118,8 @@ class Observer:
             look.observations += self._arrivals(found)
             look.observations += self._heartbeats_seen(found)
             if isinstance(found.reducer, PayloadError):
-                self.refused(found.region, "status", REDUCER_STATUS_KEY, found.reducer)
+                key = self.buckets[found.region].layout.reducer_status_key
+                self.refused(found.region, "status", key, found.reducer)
             elif found.reducer is not None:
                 self.reducer_status[found.region] = found.reducer
         return look

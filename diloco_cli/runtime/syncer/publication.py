@@ -21,7 +21,7 @@ from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.store.documents import Head, RefusalNote
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
-from diloco_cli.store.region import HEAD_KEY, SNAPSHOT_KEY, UPDATE_KEY, RegionBucket
+from diloco_cli.store.region import RegionBucket
 
 log = logging.getLogger("diloco.syncer")
 
@@ -162,12 +162,13 @@ class Publication:
             return
         self._handled.add((learner, note.key, note.time))
         bucket, head = self.buckets[region], self.head()
+        layout = bucket.layout  # a syncer shard checks what it published, and leaves the others' alone
         try:
-            if note.key == HEAD_KEY:
+            if note.key == layout.head_key:
                 if _refused(lambda: bucket.read_head()):
                     bucket.write_head(head)
                     self._repaired(region, note.key)
-            elif match := UPDATE_KEY.match(note.key):
+            elif match := layout.update_pattern.match(note.key):
                 version, fragment = Version(int(match["version"])), FragmentIndex(int(match["fragment"]))
                 if (version, fragment) not in head.recent:
                     return  # no longer published: nothing reads it
@@ -175,9 +176,9 @@ class Publication:
                 if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
                     bucket.publish_update(version, fragment, good, replace=True)
                     self._repaired(region, note.key)
-            elif SNAPSHOT_KEY.match(note.key) and not self.snapshots:
+            elif layout.snapshot_pattern.match(note.key) and not self.snapshots:
                 return  # the region's reducer writes its snapshots, and writes them again
-            elif match := SNAPSHOT_KEY.match(note.key):
+            elif match := layout.snapshot_pattern.match(note.key):
                 version = Version(int(match["version"]))
                 data = _read_or_none(lambda: bucket.read_snapshot(version))
                 if version == head.snapshot_version and (

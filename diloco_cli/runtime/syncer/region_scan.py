@@ -76,13 +76,14 @@ def scan_region(
     consumed: Callable[[str], bool],
     delete_consumed: bool,
     reducer: bool = False,
+    owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
 ) -> RegionScan:
-    """List a region's arrivals (payloads, or with ``reducer`` its aggregates), delete
-    those the ledger says are consumed, read the markers and bytes of those not
-    ``known`` yet, the heartbeats of ``learners`` and (with ``reducer`` and learners
-    asked for) the reducer's status.  A storage failure ends the look at the arrivals
-    (what was seen before it is kept, the rest comes on a later turn); one of the listing
-    ends the scan (``unreachable``)."""
+    """List a region's arrivals (payloads, or with ``reducer`` its aggregates) of the
+    fragments this syncer ``owns`` (a syncer shard's), delete those the ledger says are
+    consumed, read the markers and bytes of those not ``known`` yet, the heartbeats of
+    ``learners`` and (with ``reducer`` and learners asked for) the reducer's status.  A
+    storage failure ends the look at the arrivals (what was seen before it is kept, the
+    rest comes on a later turn); one of the listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
         keys = aggregates.aggregate_keys(bucket) if reducer else bucket.payload_keys()
@@ -92,6 +93,8 @@ def scan_region(
         return scan
     for key in keys:
         name = qualified(region, key)
+        if not owns(payload_id(name).fragment):
+            continue
         try:
             if consumed(name):
                 if delete_consumed:

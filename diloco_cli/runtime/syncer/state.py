@@ -36,9 +36,11 @@ commit record of its version (and so in the home store's history)."""
 
 @dataclass
 class SyncerState:
-    """The syncer's tensors and bookkeeping for every fragment."""
+    """The syncer's tensors and bookkeeping for every fragment it syncs (a syncer shard's
+    own; Theta holds the whole model, the others' fragments at version 0)."""
 
     fragments: tuple[Fragment, ...]
+    """Every fragment of the model, by index."""
     theta: dict[str, torch.Tensor]
     optimizer: NesterovOuterOptimizer
     publisher: ExactPublisher
@@ -165,31 +167,37 @@ def restore_state(
     optimizer: NesterovOuterOptimizer,
     publisher: ExactPublisher,
     window_versions: int,
-    evaluate: Callable[[Mapping[str, torch.Tensor], Version], Evaluation],
+    evaluate: Callable[[Mapping[str, torch.Tensor], Version], Evaluation | None],
+    owned: tuple[Fragment, ...] | None = None,
 ) -> SyncerState:
     """Rebuild the syncer's state from its home store (initial weights with their
     held-out loss, the newest ledger checkpoint, the commit records after it, each
-    fragment's newest state).  ``evaluate`` measures the initial weights, once."""
+    fragment's newest state).  ``evaluate`` measures the initial weights, once (None:
+    not measured, by a syncer shard that does not evaluate).  ``owned``: the fragments
+    this syncer syncs (a syncer shard's), every one by default."""
+    owned = fragments if owned is None else owned
     initial = home.read_initial()
     if initial is None:
         theta = {name: tensor.detach().to(torch.float32).clone() for name, tensor in initial_theta.items()}
         evaluation = evaluate(theta, Version(0))
-        home.write_initial(
-            encode_payload(theta.items(), INITIAL_SPEC, secret, {"version": 0, "evaluation": evaluation.model_dump()})
-        )
+        meta: dict = {"version": 0}
+        if evaluation is not None:
+            meta["evaluation"] = evaluation.model_dump()
+        home.write_initial(encode_payload(theta.items(), INITIAL_SPEC, secret, meta))
     else:
         decoded = decode_payload(initial, secret)
-        theta, evaluation = decoded.tensors, Evaluation.model_validate(decoded.meta["evaluation"])
-    initial_digests = {f.index: fragment_digest(theta, f.parameter_names) for f in fragments}
+        theta, measured = decoded.tensors, decoded.meta.get("evaluation")
+        evaluation = Evaluation.model_validate(measured) if measured is not None else None
+    initial_digests = {f.index: fragment_digest(theta, f.parameter_names) for f in owned}
     state = SyncerState(
         fragments=fragments,
         initial_digests=initial_digests,
         theta=theta,
         optimizer=optimizer,
         publisher=publisher,
-        windows={f.index: UpdateWindow(window_versions) for f in fragments},
-        fragment_versions={f.index: Version(0) for f in fragments},
-        evaluations=[evaluation],
+        windows={f.index: UpdateWindow(window_versions) for f in owned},
+        fragment_versions={f.index: Version(0) for f in owned},
+        evaluations=[evaluation] if evaluation is not None else [],
     )
     checkpoint = home.latest_checkpoint()
     if checkpoint is not None:
@@ -220,7 +228,7 @@ def restore_state(
                 carries[f"{fragment}/{name}"] = tensor
     optimizer.load_state_tensors(momentum)
     publisher.load_carry_tensors(carries)
-    state.digests = {f.index: state.digest(f.index) for f in fragments}
+    state.digests = {f.index: state.digest(f.index) for f in owned}
     return state
 
 

@@ -43,10 +43,13 @@ class StatusBoard:
         publication: Publication,
         sweepers: dict[str, LeftoverSweeper],
         parameters: int,
+        place: str,
     ) -> None:
         self.buckets, self.home, self.fanout = buckets, home, fanout
         self.state, self.observer, self.publication, self.sweepers = state, observer, publication, sweepers
         self.parameters = parameters
+        self.place = place
+        """Where this syncer (shard) runs, for bandwidth reports."""
         self.started_at = time.time()
         self.merge_times: deque[float] = deque(maxlen=50)
         self.last_merge: LastMerge | None = None
@@ -103,7 +106,7 @@ class StatusBoard:
             reasons=dict(sorted(self.reasons.items())),
             evaluations=state.evaluations,
             parameters=self.parameters,
-            place=spec.syncer.place,
+            place=self.place,
             storage={
                 name: self.storage_before.get(name, StorageCounters()).plus(bucket.store.meter.snapshot())
                 for name, bucket in self.buckets.items()
