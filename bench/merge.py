@@ -53,18 +53,21 @@ def base_version_of(learner: int, version: int) -> int:
     return max(0, version - 1 - learner % 2)
 
 
-def write_payloads(directory: Path, megabytes: int, count: int, secret_hex: str) -> None:
-    """Payload ``{m}-{version}.dlc`` of learner m for the round publishing ``version``."""
+def write_payloads(
+    directory: Path, megabytes: int, count: int, secret_hex: str, fragment: int = 0, rounds: int = ROUNDS
+) -> None:
+    """Payload ``{m}-{version}.dlc`` of learner m for the round publishing ``version``
+    (1 to ``rounds``) of fragment ``fragment``."""
     from diloco_cli.codec import Codec, CodecSpec, RunSecret, encode_payload
 
     secret = RunSecret.from_hex(secret_hex)
-    generator = torch.Generator().manual_seed(megabytes)
+    generator = torch.Generator().manual_seed(megabytes + 1000 * fragment)
     for m in range(count):
         delta = {
             name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in fragment_shapes(megabytes).items()
         }
-        for version in range(1, ROUNDS + 1):
-            meta = {"learner": f"learner-{m}", "fragment": 0, "base_version": base_version_of(m, version)}
+        for version in range(1, rounds + 1):
+            meta = {"learner": f"learner-{m}", "fragment": fragment, "base_version": base_version_of(m, version)}
             payload = encode_payload(delta.items(), CodecSpec(codec=Codec.INT4), secret, meta)
             (directory / f"{m}-{version}.dlc").write_bytes(payload)
         del delta

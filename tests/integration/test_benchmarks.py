@@ -52,6 +52,22 @@ def test_merge_benchmark_quick(tmp_path):
     assert "memory_growth_M16_vs_M2" in document["results"]["targets"]
 
 
+def test_shards_benchmark_quick(tmp_path):
+    from bench import shards
+
+    output = tmp_path / "shards.json"
+    shards.main(["--quick", "--output", str(output)])
+    document = json.loads(output.read_text())
+    rows = document["results"]["rows"]
+    cores = document["settings"]["cores"]
+    assert [(row["shards"], row["threads_per_shard"]) for row in rows] == [(1, 1), (2, 1), (1, cores)]
+    assert all(row["round_seconds"] > 0 for row in rows)
+    # a shard holds only its own fragments' parameters, momentum and update windows
+    assert rows[1]["peak_extra_MB_per_shard"] < 0.85 * rows[0]["peak_extra_MB_per_shard"], rows
+    assert document["results"]["two_shards_speedup"]["target"] == 1.7
+    assert "projection" in document["results"]["projection"]["what"]
+
+
 def test_quality_benchmark_quick(tmp_path):
     """Real learners and syncer on a tiny budget: every row reports losses at each
     fraction of the budget, and the global models learned something."""
