@@ -322,6 +322,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--syncer-in",
+        default=REGIONS[0],
+        choices=[*REGIONS, SYNCER],
+        help=f"where the syncer runs: a region (default {REGIONS[0]!r}, as a default run places it) or {SYNCER!r}, "
+        "a place of its own behind its own link (the placement before reducers)",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
     args = parser.parse_args(argv)
@@ -354,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "learners": world,
         "regions": list(REGIONS),
         "learners_per_region": world // len(REGIONS),
-        "syncer_place": SYNCER,
+        "syncer_place": args.syncer_in,
         "batch_per_learner": recipe.training.batch_size,
         "sequence_length": recipe.data.sequence_length,
         "inner_steps": steps,
@@ -445,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             )
             # 3. DiLoCo on the WAN, the whole budget
             phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
-            diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout)
+            diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
             print(
                 f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
                 f"compute share {diloco['compute_share']:.1%}, "

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from diloco_cli.core.types import FragmentIndex
+
+if TYPE_CHECKING:  # torch only where a model is split: the views and the launcher read shards without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ def split_into_fragments(
 def embedding_parameter_names(model: torch.nn.Module) -> set[str]:
     """Names of the weights of every ``nn.Embedding`` (a tied head shares the tensor and
     so the name, since ``named_parameters`` lists a shared tensor once)."""
+    import torch
+
     embedding_weights = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
     return {name for name, parameter in model.named_parameters() if id(parameter) in embedding_weights}
 
