@@ -17,14 +17,18 @@ process never imports FSDP2 and DTensor (half a second at every start).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("diloco.learner")
 
 ADAM_BUFFERS = ("exp_avg", "exp_avg_sq")
 """AdamW's per-parameter buffers, shaped like the parameter (sharded like it under FSDP2)."""
@@ -77,8 +81,23 @@ def broadcast_ints(group: ProcessGroup, values: list[int], device: torch.device)
     return tensor.tolist()
 
 
-def leave_process_group(group: ProcessGroup) -> None:
+LEAVING_BARRIER_SECONDS = 60.0
+"""How long a rank that finished waits for the others before it leaves the group anyway."""
+
+
+def leave_process_group(group: ProcessGroup, clean: bool = True) -> None:
+    """Leave torchrun's process group.  After a clean run every rank meets at a barrier
+    first, so that none closes its gloo connections while a peer still uses them (a
+    peer's closed socket aborts gloo's thread: "terminate called without an active
+    exception"); after an error there is no barrier, since a dead peer would hold it."""
     if group.distributed and dist.is_initialized():
+        if clean and dist.get_backend() == "gloo":
+            try:  # a peer that never comes is named, and does not hold this rank for long
+                dist.monitored_barrier(timeout=timedelta(seconds=LEAVING_BARRIER_SECONDS))
+            except RuntimeError as error:
+                log.warning("leaving the process group without every rank: %s", error)
+        elif clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -155,11 +155,13 @@ def main() -> None:
     torch.set_num_threads(1)
     device = choose_device("cpu", int(os.environ["LOCAL_RANK"]))
     group = join_process_group(device)
+    clean = False
     try:
         for parallelism in args.parallelisms:
             run(parallelism, args.compile, device, group, args.out)
+        clean = True
     finally:
-        leave_process_group(group)
+        leave_process_group(group, clean)
 
 
 if __name__ == "__main__":

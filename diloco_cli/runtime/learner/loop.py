@@ -89,14 +89,17 @@ class Learner:
         self.setup()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
+        clean = False
         try:
-            return self._train()
+            step = self._train()
+            clean = True
+            return step
         except BaseException:
             self.sync.failed()
             raise
         finally:
             self.data.close()
-            leave_process_group(self.group)
+            leave_process_group(self.group, clean)
 
     def train_step(self) -> None:
         """One inner step on this step's batch, then the learner's sync duties."""

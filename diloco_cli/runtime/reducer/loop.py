@@ -186,7 +186,9 @@ class Reducer:
         self._resolve(head)
         self._look(head, now)
         self._forward(now)
-        if head.finished and not self.waiting and not self.in_flight:
+        # a finished head is not the end while a learner of the region may still send: after
+        # `diloco resume` brings one back, this reducer may read the head before the syncer rewrites it
+        if head.finished and not self.waiting and not self.in_flight and not self._live():
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
