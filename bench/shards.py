@@ -14,8 +14,8 @@ learners are).  The two shards of the sharded setting start their timed rounds t
 - 1 shard on every core (``sync.merge_threads: 0``), what threads alone give.
 
 The projection for a 16-core syncer host is written beside the measurements and
-labelled as one: the one-thread round divided by 16 times the per-thread efficiency
-measured here with 2 threads (it ignores the memory bandwidth a bigger host shares).
+labelled as one: Amdahl's law, with the serial share of a round taken from the speed-up
+that every core here gives over one (it ignores the memory bandwidth a bigger host shares).
 
     python -m bench.shards           # 1B parameters, M = 8 (~6 minutes, 12 GB of memory)
     python -m bench.shards --quick   # 64 MB in 4 fragments, M = 2 (the test suite)
@@ -138,6 +138,24 @@ def run_setting(directory: Path, shards: int, threads: int, fragments: int, mega
     return {"round_seconds": seconds, "peak_extra_MB_per_shard": max(r["peak_MB"] for r in reports)}
 
 
+def projection(one_thread_seconds: float, all_cores_seconds: float, cores: int) -> dict:
+    """One shard on a ``PROJECTED_CORES``-core host by Amdahl's law: the serial share f
+    of a round from the speed-up measured here with ``cores`` threads, s = 1 / (f + (1 -
+    f) / cores), then t(16) = t(1) x (f + (1 - f) / 16).  Two shards on two such hosts
+    each do half the fragments."""
+    speedup = one_thread_seconds / all_cores_seconds
+    serial = min(1.0, max(0.0, (1 / speedup - 1 / cores) / (1 - 1 / cores))) if cores > 1 else 1.0
+    projected = one_thread_seconds * (serial + (1 - serial) / PROJECTED_CORES)
+    return {
+        "what": f"a projection, not a measurement: one shard on a {PROJECTED_CORES}-core host",
+        "formula": f"Amdahl: t(1) x (f + (1 - f) / {PROJECTED_CORES}), f from the speed-up of {cores} threads here",
+        "threads_speedup": speedup,
+        "serial_share": serial,
+        "one_shard_round_seconds": projected,
+        "two_shards_round_seconds": projected / 2,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
@@ -166,8 +184,6 @@ def main(argv: list[str] | None = None) -> dict | None:
             rows.append(row)
     reference, sharded, threaded = rows
     speedup = reference["round_seconds"] / sharded["round_seconds"]
-    efficiency = reference["round_seconds"] / threaded["round_seconds"] / cores
-    projected = reference["round_seconds"] / (PROJECTED_CORES * efficiency)
     results = {
         "rows": rows,
         "two_shards_speedup": {
@@ -175,13 +191,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             "measured": speedup,
             "met": speedup >= TARGET_TWO_SHARDS_SPEEDUP,
         },
-        "projection": {
-            "what": f"a projection, not a measurement: one shard on a {PROJECTED_CORES}-core host",
-            "formula": f"one-thread round / ({PROJECTED_CORES} x per-thread efficiency at {cores} threads)",
-            "per_thread_efficiency": efficiency,
-            "one_shard_round_seconds": projected,
-            "two_shards_round_seconds": projected / 2,
-        },
+        "projection": projection(reference["round_seconds"], threaded["round_seconds"], cores),
     }
     settings = {
         "parameters": fragments * megabytes * (1 << 20) // 4,
@@ -194,7 +204,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
     print_table(rows, ["shards", "threads_per_shard", "round_seconds", "peak_extra_MB_per_shard"])
     print(f"2 shards against 1 (1 thread each): {speedup:.2f}x (target {TARGET_TWO_SHARDS_SPEEDUP}x)")
-    print(f"projected for a {PROJECTED_CORES}-core host: {projected:.1f} s per round on 1 shard")
+    projected = results["projection"]["one_shard_round_seconds"]
+    print(f"projected for a {PROJECTED_CORES}-core host: {projected:.1f} s per round on 1 shard (Amdahl)")
     write_and_report("shards", args, settings, results)
     return results
 
