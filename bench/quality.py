@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
         [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
     )
     plan += [(TOKENS_ROW, other_seeds[0])]
-    plan += [(label, seed) for label in (NO_REDUCERS_SYNC, NO_REDUCERS_ASYNC) for seed in other_seeds]
+    plan += [(NO_REDUCERS_SYNC, seed) for seed in other_seeds] + [(NO_REDUCERS_ASYNC, seed) for seed in seeds]
     chosen = [label.strip() for label in args.rows.split(",") if label.strip()]
     unknown = sorted(set(chosen) - {DATA_PARALLEL, *diloco_rows, TOKENS_ROW})
     if unknown:
