@@ -38,6 +38,7 @@ import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
+from diloco_cli.core.cadence import Cadences
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -103,7 +104,7 @@ class Reducer:
         self.gap_since: float | None = None
         """Since when the region's copy cannot add the next update (one is missing)."""
         self.started_at = time.time()
-        self._last = {"beats": float("-inf"), "status": float("-inf")}
+        self.cadences = Cadences("beats", "status")
 
     # ----------------------------------------------------------------------- start
 
@@ -176,7 +177,7 @@ class Reducer:
         sync = self.recipe.sync
         wake = now + sync.poll_seconds
         if read_heartbeats is None:
-            read_heartbeats = self._due("beats", now, self.recipe.training.heartbeat_seconds)
+            read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds)
         if read_heartbeats:
             self._follow_manifest()
             self._read_heartbeats()
@@ -192,15 +193,9 @@ class Reducer:
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
-        elif self._due("status", now, sync.status_seconds):
+        elif self.cadences.due("status", now, sync.status_seconds):
             self._write_status()
         return wake
-
-    def _due(self, task: str, now: float, every: float) -> bool:
-        if now - self._last[task] < every:
-            return False
-        self._last[task] = now
-        return True
 
     # --------------------------------------------------- following the global weights
 

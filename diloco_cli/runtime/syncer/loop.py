@@ -36,6 +36,7 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
+from diloco_cli.core.cadence import Cadences
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import LearnerId
@@ -94,7 +95,7 @@ class Syncer:
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
         self.given_up: dict[LearnerId, str] = {}
-        self._last = {"beats": float("-inf"), "status": float("-inf"), "sweep": float("-inf")}
+        self.cadences = Cadences("beats", "status", "sweep")
         """When each periodic task of the loop last ran (syncer clock)."""
 
     # ----------------------------------------------------------------------- start
@@ -255,7 +256,9 @@ class Syncer:
         now = self.clock()
         sync = self.recipe.sync
         if read_heartbeats is None:
-            read_heartbeats = self._due("beats", now, min(sync.status_seconds, self.recipe.training.heartbeat_seconds))
+            read_heartbeats = self.cadences.due(
+                "beats", now, min(sync.status_seconds, self.recipe.training.heartbeat_seconds)
+            )
         look = self.observer.look(self.spec, read_heartbeats)
         for region in look.lost:
             self.publication.mark_behind(region)
@@ -268,20 +271,13 @@ class Syncer:
             self._repair_from_reports()
             self._follow_manifest()
         self.publication.catch_up_if_due(now, set(self.observer.reachability.down))
-        if self._due("sweep", now, max(1.0, sync.leftover_seconds / 4)):
+        if self.cadences.due("sweep", now, max(1.0, sync.leftover_seconds / 4)):
             self.sweep(now)
         if read_heartbeats and self._over(self.clock()):
             self._finish()
-        elif self._due("status", self.clock(), sync.status_seconds):
+        elif self.cadences.due("status", self.clock(), sync.status_seconds):
             self.write_status(SyncerPhase.RUNNING)
         return wake
-
-    def _due(self, task: str, now: float, every: float) -> bool:
-        """Whether the periodic ``task`` is due (it counts as run from now on)."""
-        if now - self._last[task] < every:
-            return False
-        self._last[task] = now
-        return True
 
     def _act(self, actions: list[decisions.Action], now: float) -> float:
         """Carry out the decisions' actions; returns when to decide again."""
