@@ -6,10 +6,6 @@ the reference is one process in this test, on the whole batches."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,8 +28,8 @@ from tests.support.fsdp_worker import (
     record_name,
     train,
 )
+from tests.support.ranks import run_ranks
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 TOLERANCE = 2e-4
 """Largest difference of a parameter after fp32 AdamW steps on the same batches summed in
@@ -44,48 +40,11 @@ RELATIVE_TOLERANCE = 1e-4
 """Of the whole delta base - theta (relative L2), which a learner sends."""
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch_ranks(out: Path, parallelisms: list[str], compile: bool) -> dict[str, list[dict]]:
     """Start the worker as WORLD_SIZE ranks with torchrun's environment, wait for them and
     read their records: per parallelism, one per rank."""
-    port = str(free_port())
-    processes = []
-    for rank in range(WORLD_SIZE):
-        environment = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD_SIZE),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-        }
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.support.fsdp_worker",
-                    "--out",
-                    str(out),
-                    *(["--compile"] if compile else []),
-                    *parallelisms,
-                ],
-                cwd=REPOSITORY,
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = [process.communicate(timeout=240)[0] for process in processes]
-    for rank, (process, output) in enumerate(zip(processes, outputs)):
-        assert process.returncode == 0, f"rank {rank} failed:\n{output}"
+    arguments = ["--out", str(out), *(["--compile"] if compile else []), *parallelisms]
+    run_ranks("tests.support.fsdp_worker", arguments, WORLD_SIZE, timeout=240)
     return {
         p: [torch.load(out / record_name(p, compile, r), weights_only=True) for r in range(WORLD_SIZE)]
         for p in parallelisms

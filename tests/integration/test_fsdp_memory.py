@@ -7,44 +7,26 @@ built whole and then sharded, as before, by the whole model."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.test_fsdp import free_port
 from tests.support.fsdp_memory_worker import MODEL
+from tests.support.ranks import run_ranks
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 
 
 def set_up(out: Path, layout: str) -> list[dict]:
-    port = str(free_port())
-    processes = []
-    for rank in range(WORLD_SIZE):
-        environment = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD_SIZE),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-            "MALLOC_MMAP_THRESHOLD_": str(1 << 20),  # freed tensors go back to the system: RSS is what is held
-        }
-        command = [sys.executable, "-m", "tests.support.fsdp_memory_worker", "--out", str(out), "--layout", layout]
-        processes.append(
-            subprocess.Popen(
-                command, cwd=REPOSITORY, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
-    for rank, (process, output) in enumerate(zip(processes, outputs)):
-        assert process.returncode == 0, f"rank {rank} failed:\n{output}"
+    # freed tensors go back to the system: the resident set is what is held
+    run_ranks(
+        "tests.support.fsdp_memory_worker",
+        ["--out", str(out), "--layout", layout],
+        WORLD_SIZE,
+        timeout=300,
+        environment={"MALLOC_MMAP_THRESHOLD_": str(1 << 20)},
+    )
     return [json.loads((out / f"{layout}-rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 
