@@ -29,21 +29,9 @@ import time
 from pathlib import Path
 
 from bench._common import benchmark_parser, print_table, write_and_report
-from bench.wan_diloco import REGIONS, SYNCER, diloco_on_wan
+from bench.wan_diloco import MEASURE, QUICK_RUN, REGIONS, SYNCER, diloco_on_wan
 
-QUICK = [
-    "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",
-    "data.sequence_length=32",
-    "training.inner_steps=40",
-    "training.warmup_steps=3",
-    "training.poll_seconds=0.3",
-    "training.heartbeat_seconds=0.5",
-    "sync.sync_interval=5",
-    "sync.evaluation_batches=2",
-    "sync.poll_seconds=0.3",
-    "sync.status_seconds=1",
-]
-MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
+QUICK = [*QUICK_RUN, "training.inner_steps=40"]
 TOPOLOGIES = (
     ("landed", 2, SYNCER, ["sync.reducers=false"]),
     ("default", 2, REGIONS[0], []),

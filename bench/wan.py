@@ -66,6 +66,8 @@ from typing import Any
 from bench._common import benchmark_parser, print_table, write_result
 from bench.ddp_worker import launch_local
 from bench.wan_diloco import (
+    MEASURE,
+    QUICK_RUN,
     REGIONS,
     REPOSITORY,
     SYNCER,
@@ -81,20 +83,7 @@ TARGET_COMM_TO_COMPUTE = 30.0
 TARGET_MARGIN = 0.01  # the target loss: 1% above the worse of the two final losses
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
 # evaluation of the global model at every version (time to the target needs them close).
-MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
-QUICK = [
-    "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",
-    "data.sequence_length=32",
-    "training.num_learners=2",
-    "training.inner_steps=30",
-    "training.warmup_steps=3",
-    "training.poll_seconds=0.3",
-    "training.heartbeat_seconds=0.5",
-    "sync.sync_interval=5",
-    "sync.evaluation_batches=2",
-    "sync.poll_seconds=0.3",
-    "sync.status_seconds=1",
-]
+QUICK = [*QUICK_RUN, "training.num_learners=2", "training.inner_steps=30"]
 
 
 # ----------------------------------------------------------------------------- helpers

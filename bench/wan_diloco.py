@@ -20,6 +20,20 @@ from bench._common import median
 REPOSITORY = Path(__file__).resolve().parent.parent
 REGIONS = ("east", "west")
 SYNCER = "syncer"
+MEASURE = ["training.threads_per_learner=1", "sync.evaluate_every=1"]
+"""Overrides of every measured run: one thread per learner, the global model evaluated at every version."""
+QUICK_RUN = [
+    "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",
+    "data.sequence_length=32",
+    "training.warmup_steps=3",
+    "training.poll_seconds=0.3",
+    "training.heartbeat_seconds=0.5",
+    "sync.sync_interval=5",
+    "sync.evaluation_batches=2",
+    "sync.poll_seconds=0.3",
+    "sync.status_seconds=1",
+]
+"""The tiny model and fast cadences of the WAN benchmarks' quick runs."""
 
 
 def load_recipe(overrides: Sequence[str]):
