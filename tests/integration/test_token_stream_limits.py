@@ -72,6 +72,7 @@ MEMORY_CHILD = textwrap.dedent(
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
 
+    torch.set_num_threads(1)  # torch's own pool reserves a stack per core, which on a many-core machine is the limit
     index, corpus_bytes, headroom = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     limit = address_space() + headroom
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
