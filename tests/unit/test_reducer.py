@@ -178,6 +178,43 @@ def test_an_aggregate_a_region_sent_before_seeing_a_merge_is_discarded_and_its_s
         reduced.assert_bases_equal_the_syncers(learner)
 
 
+def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a_resync(reduced, monkeypatch):
+    """A reducer behind its region (the newest update cannot be read yet) while a learner
+    already trains from it: the learner's sends wait at the reducer until its copy has
+    their base, then are merged; none is retired and nobody is told to resync."""
+    writer, _ = reduced.learners
+    reduced.train(writer, 20)
+    reduced.merge()
+    reduced.train(writer, 20)
+    reduced.reducer.turn(read_heartbeats=True)  # forwarded from bases the reducer has
+
+    def unreadable(version, fragment):
+        raise StorageError(f"reading global/updates/{version:010d}-{fragment:03d}.dlc failed: Service Unavailable")
+
+    monkeypatch.setattr(reduced.reducer.replica, "add", unreadable)
+    behind = reduced.reducer.replica.version
+    syncer_turns_until(reduced, lambda: reduced.syncer.state.version > behind)
+    assert sorted(reduced.poll(writer)) and max(writer.fragments.base_version.values()) > behind
+    reduced.train(writer, 20)  # sends from bases the reducer has not reached
+    for _ in range(3):
+        reduced.reducer.turn(read_heartbeats=True)
+        reduced.syncer.turn()
+    assert reduced.reducer.replica.version == behind
+    newer = [item for item in reduced.reducer.waiting.values() if item.send.base_version > behind]
+    assert newer and not any(record.resync for record in reduced.reducer.in_flight.values())
+    monkeypatch.undo()
+    reduced.merge()
+    history = reduced.syncer.home.history()
+    assert not [r.key for commit in history for r in commit.retired]
+    merged = {(m.learner, commit.fragment, m.sequence) for commit in history for m in commit.merged}
+    for fragment in {item.fragment for item in newer}:  # the newest send of each fragment (it supersedes the older)
+        newest = max(item.send.sequence for item in newer if item.fragment == fragment)
+        assert ("east-0", fragment, newest) in merged
+    reduced.poll(writer)
+    reduced.assert_bases_equal_the_syncers(writer)
+    assert_every_token_merged_once(reduced)
+
+
 def test_a_reducer_killed_between_turns_goes_on_from_the_bucket(reduced, secret):
     writer, reader = reduced.learners
     reduced.train(writer, 10)

@@ -5,7 +5,9 @@ each verified against its marker, anchored on its base with the region's copy of
 global weights (the drift since the base, from the window of the last W updates:
 :func:`~diloco_cli.runtime.outer_gradients.accumulate_arrivals`) and folded into a
 partial merge.  Sends whose base is older than the window are not merged: the aggregate
-names them, and the syncer tells their learners to resync.
+names them, and the syncer tells their learners to resync.  A send from a base newer than
+the replica (the reducer is behind: restarted, or waiting on a repaired update) is never
+built: it waits at the reducer until the replica has its base.
 
 The partial merge is quantized with the run's codec (:mod:`diloco_cli.codec.aggregate`)
 with error feedback: the quantization error of an aggregate is added to the next one of
@@ -137,6 +139,8 @@ class Aggregation:
         window = replica.windows[fragment]
         theta = replica.fragment_theta(fragment)
         shapes = {name: tuple(tensor.shape) for name, tensor in theta.items()}
+        if newer := [record.key for record in records if record.base_version > window.newest]:
+            raise ValueError(f"sends from bases the replica has not reached yet must wait: {newer}")
         anchorable = [record for record in records if window.can_anchor(record.base_version)]
         resync = tuple(send_of(record) for record in records if not window.can_anchor(record.base_version))
         by_input: dict[int, PayloadRecord] = {}

@@ -462,7 +462,8 @@ class Reducer:
     def _forward(self, now: float) -> None:
         policy, live = self._policy(), self._live()
         for fragment in (f.index for f in self.owned):
-            waiting = [item for item in self.waiting.values() if item.fragment == fragment]
+            reached = self.replica.versions[fragment]  # a send from a newer base waits until the replica has it
+            waiting = [i for i in self.waiting.values() if i.fragment == fragment and i.send.base_version <= reached]
             in_flight = {s.learner for r in self.in_flight.values() if r.fragment == fragment for s in r.sends}
             chosen = to_forward(waiting, in_flight, live, policy, now)
             if chosen:
