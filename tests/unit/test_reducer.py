@@ -215,6 +215,38 @@ def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a
     assert_every_token_merged_once(reduced)
 
 
+def test_a_damaged_update_its_window_needs_is_reported_rewritten_and_the_stale_send_merged(reduced):
+    """An update older than the head lists but still in the reducer's window, damaged at
+    rest after the region's copy took it in: the reducer reports it rather than fail, the
+    syncer rewrites it from its commits, and the stale send that needed it is merged."""
+    writer, reader = reduced.learners
+    store = reduced.bucket.store
+    reduced.train(reader, 10)  # sends from base 0, held back (a slow upload) while the writer moves on
+    slow = {key: store.get(key) for key in store.list("payloads/east-1")}
+    for key in slow:
+        store.delete(key)
+    while reduced.syncer.state.version < 8:
+        reduced.train(writer, 10)
+        reduced.merge()
+    key = reduced.bucket.layout.update_key(Version(1), FragmentIndex(0))
+    assert (1, 0) not in reduced.bucket.read_head().recent  # the head no longer lists it, the window has it
+    good = store.get(key)
+    damaged = bytearray(good)
+    damaged[-40] ^= 0x10
+    store.put(key, bytes(damaged))
+    for name, data in slow.items():  # the slow sends arrive: anchoring them needs update 1
+        store.put(name, data)
+    reduced.reducer.turn(read_heartbeats=True)
+    latest = reduced.reducer.refusals.latest
+    assert (latest.kind, latest.key) == ("update", key)
+    assert not [r for r in reduced.reducer.in_flight.values() if r.fragment == 0 and r.sends[0].learner == "east-1"]
+    reduced.merge()
+    assert reduced.bucket.store.get(key) == good
+    history = reduced.syncer.home.history()
+    assert {0, 1} <= {commit.fragment for commit in history for m in commit.merged if m.learner == "east-1"}
+    assert_every_token_merged_once(reduced)
+
+
 def test_a_reducer_killed_between_turns_goes_on_from_the_bucket(reduced, secret):
     writer, reader = reduced.learners
     reduced.train(writer, 10)

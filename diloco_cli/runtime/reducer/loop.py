@@ -45,7 +45,7 @@ from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
 from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward
-from diloco_cli.runtime.reducer.replica import GlobalReplica, ReplicaGap
+from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplica, ReplicaGap
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
@@ -472,6 +472,9 @@ class Reducer:
     def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> None:
         try:
             built = self.aggregation.build(fragment, records, self.replica, self._refused)
+        except DamagedWindowUpdate as error:  # reported in the status: the syncer rewrites it, then the sends go
+            self._refused("update", error.key, error)
+            return
         except StorageError as error:
             log.warning("aggregate of fragment %d not written (tried again later): %s", fragment, error)
             return

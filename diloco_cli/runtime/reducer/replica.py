@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from diloco_cli.codec import CorruptPayload, RunSecret, decode_payload, read_header
+from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, decode_payload, read_header
 from diloco_cli.codec.exact import apply_update, fragment_digest
 from diloco_cli.core.anchor import UpdateWindow
 from diloco_cli.core.fragments import Fragment
@@ -32,6 +32,15 @@ log = logging.getLogger("diloco.reducer")
 
 class ReplicaGap(Exception):
     """The next update of a fragment is not in the region (yet): the copy waits there."""
+
+
+class DamagedWindowUpdate(CorruptPayload):
+    """An update of a fragment's window that can no longer be read back (damaged or
+    deleted at rest since it was added): the aggregate that needed it waits for its repair."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"an update of the window cannot be read back: {reason}")
+        self.key = key
 
 
 class GlobalReplica:
@@ -124,9 +133,16 @@ class GlobalReplica:
         return windows
 
     def _loader(self, version: Version, fragment: FragmentIndex):
-        return lambda drift: decode_payload(
-            self.bucket.read_update(version, fragment), self.secret, into=drift, accumulate=True
-        )
+        def add_to(drift: dict[str, torch.Tensor]) -> None:
+            key = self.bucket.layout.update_key(version, fragment)
+            try:
+                decode_payload(self.bucket.read_update(version, fragment), self.secret, into=drift, accumulate=True)
+            except FileNotFoundError:
+                raise DamagedWindowUpdate(key, "it is gone from the region") from None
+            except PayloadError as error:
+                raise DamagedWindowUpdate(key, str(error)) from None
+
+        return add_to
 
     def pending(self, head: Head) -> list[tuple[Version, FragmentIndex]]:
         """The updates the head names that this copy has not added yet, in version order."""

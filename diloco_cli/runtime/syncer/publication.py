@@ -154,6 +154,15 @@ class Publication:
             except StorageError:
                 self.behind.add(name)
 
+    def _kept_update(self, version: Version, fragment: FragmentIndex) -> bytes | None:
+        """The update of ``fragment`` published as ``version``, while the home keeps it (the
+        head lists it, or it is in the fragment's window, which a reducer anchors with)."""
+        try:
+            good = self.home.read_update(version)
+        except FileNotFoundError:
+            return None
+        return good if read_header(good, self.secret).meta.get("fragment") == fragment else None
+
     def repair(self, region: str, note: RefusalNote, learner: str, fresh_snapshot: Callable[[], None]) -> None:
         """Check a published object a learner of ``region`` refused; rewrite it if it is
         damaged or missing.  A damaged snapshot cannot be rebuilt at its own version,
@@ -170,9 +179,9 @@ class Publication:
                     self._repaired(region, note.key)
             elif match := layout.update_pattern.match(note.key):
                 version, fragment = Version(int(match["version"])), FragmentIndex(int(match["fragment"]))
-                if (version, fragment) not in head.recent:
-                    return  # no longer published: nothing reads it
-                good = self.home.read_update(version)
+                good = self._kept_update(version, fragment)
+                if good is None:
+                    return  # no longer kept: nothing reads it or anchors with it
                 if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
                     bucket.publish_update(version, fragment, good, replace=True)
                     self._repaired(region, note.key)
