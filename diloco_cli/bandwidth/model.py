@@ -348,6 +348,20 @@ def ring_region_crossings(learners_per_region: Iterable[int]) -> int:
     return regions if regions > 1 else 0
 
 
+def hierarchical_wan_bytes_per_step(parameters: float, regions: int, bytes_per_value: float = 2) -> float:
+    """What a hierarchical (region-aware) all-reduce sends between regions per step: each
+    region reduces inside, one leader per region joins a ring all-reduce of the R leaders,
+    and each leader broadcasts inside its region.  Only the leaders' ring crosses, each of
+    its R hops carrying :func:`data_parallel_bytes_per_step` of R workers::
+
+        R x 2 (R - 1) / R x bytes_per_value x parameters
+
+    The strongest synchronous baseline on a WAN (a flat ring sends 2 (M-1)/M per crossing)."""
+    if regions <= 1:
+        return 0.0
+    return regions * data_parallel_bytes_per_step(parameters, regions, bytes_per_value)
+
+
 def ring_allreduce_seconds(
     bytes_per_step: float, workers: int, rate_bytes_per_second: float, latency_seconds: float
 ) -> float:

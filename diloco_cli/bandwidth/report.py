@@ -4,8 +4,9 @@ Built from what the run's processes report about their own storage calls (learne
 their heartbeats, the syncer in its status; :mod:`diloco_cli.store.metering`).  A learner
 talks only to its own region's bucket, so its bytes stay in its region; the syncer talks
 to every region's bucket from its own place, so its bytes cross a link unless it runs in
-that region.  The data-parallel comparison follows :func:`data_parallel_bytes_per_step`
-(docs/bandwidth.md); prices come from :mod:`diloco_cli.bandwidth.prices`.
+that region.  The data-parallel comparison (at equal tokens, bytes between regions
+only) follows :func:`data_parallel_bytes_per_step` and
+:func:`hierarchical_wan_bytes_per_step` (docs/bandwidth.md); prices come from :mod:`diloco_cli.bandwidth.prices`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, ring_region_crossings
+from diloco_cli.bandwidth.model import (
+    data_parallel_bytes_per_step,
+    hierarchical_wan_bytes_per_step,
+    ring_region_crossings,
+)
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, provider_of, request_dollars
 from diloco_cli.store.documents import Evaluation, Heartbeat, ReducerStatus, SyncerStatus
 from diloco_cli.store.metering import KINDS, StorageCounters, Traffic, TrafficSample
@@ -120,7 +125,8 @@ class Compression(BaseModel):
 
 
 class DataParallelComparison(BaseModel):
-    """What synchronous data-parallel would have moved for the same tokens."""
+    """What synchronous data-parallel would have sent between regions for the same tokens
+    (at equal tokens, not equal loss): a flat ring and a hierarchical all-reduce."""
 
     model_config = REPORT
 
@@ -138,19 +144,29 @@ class DataParallelComparison(BaseModel):
     region_crossings: int
     """R: hops of a ring placed region by region that cross between regions."""
     wan_bytes: float
-    """Of the total, what crosses between regions: steps x R x bytes per worker-step."""
+    """The flat ring's bytes between regions: steps x crossings x bytes per worker-step."""
+    regions: int
+    """R: regions that hold learners."""
+    hierarchical_wan_bytes: float
+    """A hierarchical all-reduce's bytes between regions: steps x R x 2 (R-1)/R x 2 bytes x
+    parameters (reduce in each region, a ring of one leader per region, broadcast)."""
     diloco_wan_bytes: int
     """What this run moved across links."""
     formula: str = "bytes per worker per step = 2 (M-1)/M x 2 bytes x parameters"
+    hierarchical_formula: str = "bytes between regions per step = R x 2 (R-1)/R x 2 bytes x parameters"
 
-    @property
-    def ratio(self) -> float | None:
-        return self.total_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
+    def _over_diloco(self, wan_bytes: float) -> float | None:
+        return wan_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
 
     @property
     def wan_ratio(self) -> float | None:
-        """Data-parallel's bytes between regions over this run's across links."""
-        return self.wan_bytes / self.diloco_wan_bytes if self.diloco_wan_bytes else None
+        """The flat ring's bytes between regions over this run's across links, at equal tokens."""
+        return self._over_diloco(self.wan_bytes)
+
+    @property
+    def hierarchical_wan_ratio(self) -> float | None:
+        """The hierarchical all-reduce's bytes between regions over this run's, at equal tokens."""
+        return self._over_diloco(self.hierarchical_wan_bytes)
 
 
 class TrafficReport(BaseModel):
@@ -401,7 +417,8 @@ def _data_parallel(
     tokens_per_step = workers * recipe.training.batch_size * recipe.data.sequence_length
     steps = tokens / tokens_per_step
     per_step = data_parallel_bytes_per_step(syncer.parameters, workers)
-    crossings = ring_region_crossings(Counter(learner.region for learner in spec.learners).values())
+    per_region = Counter(learner.region for learner in spec.learners)
+    crossings = ring_region_crossings(per_region.values())
     return DataParallelComparison(
         parameters=syncer.parameters,
         workers=workers,
@@ -411,6 +428,8 @@ def _data_parallel(
         total_bytes=steps * workers * per_step,
         region_crossings=crossings,
         wan_bytes=steps * crossings * per_step,
+        regions=len(per_region),
+        hierarchical_wan_bytes=steps * hierarchical_wan_bytes_per_step(syncer.parameters, len(per_region)),
         diloco_wan_bytes=wan_bytes,
     )
 
@@ -423,8 +442,11 @@ def one_line(report: TrafficReport) -> str:
     if payload and payload.ratio:
         parts.append(f"payloads {payload.ratio:.1f}x smaller than fp32")
     dp = report.data_parallel
-    if dp and dp.ratio:
-        parts.append(f"data-parallel would have moved {_megabytes(dp.total_bytes)} ({dp.ratio:,.0f}x)")
+    if dp and dp.wan_ratio:
+        parts.append(
+            f"data-parallel would send {dp.wan_ratio:,.0f}x as much between regions "
+            f"({dp.hierarchical_wan_ratio:,.0f}x hierarchical), at equal tokens"
+        )
     return "bandwidth: " + "; ".join(parts) + f" (diloco report {report.run})"
 
 

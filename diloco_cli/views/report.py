@@ -118,16 +118,20 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
         )
     dp = report.data_parallel
     if dp is not None:
-        ratio = f"{dp.ratio:,.0f}x what this run moved across links" if dp.ratio else "nothing crossed a link yet"
+
+        def versus(ratio: float | None) -> str:
+            return f" ({ratio:,.0f}x what this run moved across links)" if ratio else ""
+
         lines += [
-            f"synchronous data-parallel for the same {human_count(report.tokens)} tokens: "
-            f"{dp.steps:,.0f} steps of {human_count(dp.tokens_per_step)} tokens "
-            f"on {dp.workers} workers, {human_bytes(dp.bytes_per_worker_step)} per worker per step, "
-            f"{human_bytes(dp.total_bytes)} in all ({ratio})",
-            f"  {dp.formula} ({human_count(dp.parameters)} parameters)",
-            f"  of it between regions ({dp.region_crossings} of the ring's {dp.workers} hops): "
-            f"{human_bytes(dp.wan_bytes)}"
-            + (f" ({dp.wan_ratio:,.0f}x what this run moved across links)" if dp.wan_ratio else ""),
+            f"synchronous data-parallel at equal tokens ({human_count(report.tokens)}): "
+            f"{dp.steps:,.0f} steps of {human_count(dp.tokens_per_step)} tokens on {dp.workers} workers, "
+            f"{human_count(dp.parameters)} parameters, bytes between regions:",
+            f"  flat ring ({dp.region_crossings} of its {dp.workers} hops cross): {human_bytes(dp.wan_bytes)}"
+            f"{versus(dp.wan_ratio)}",
+            f"    {dp.formula}",
+            f"  hierarchical (a ring of {dp.regions} region leaders): {human_bytes(dp.hierarchical_wan_bytes)}"
+            f"{versus(dp.hierarchical_wan_ratio)}",
+            f"    {dp.hierarchical_formula}",
         ]
     else:
         lines.append("data-parallel comparison: waiting for the syncer's first status")
@@ -158,8 +162,8 @@ def render_json(report: TrafficReport) -> str:
     document["cost_dollars"] = report.cost_dollars
     document["wan_bytes_per_token"] = report.wan_bytes_per_token
     if report.data_parallel is not None:
-        document["data_parallel"]["ratio"] = report.data_parallel.ratio
         document["data_parallel"]["wan_ratio"] = report.data_parallel.wan_ratio
+        document["data_parallel"]["hierarchical_wan_ratio"] = report.data_parallel.hierarchical_wan_ratio
     for entry, compression in zip(document["compression"], report.compression):
         entry["ratio"] = compression.ratio
     return json.dumps(document, indent=2)

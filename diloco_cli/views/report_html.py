@@ -210,7 +210,7 @@ def _tables(report: TrafficReport) -> list[str]:
 
 def _data_parallel(report: TrafficReport) -> str:
     dp = report.data_parallel
-    title = "Against synchronous data-parallel"
+    title = "Against synchronous data-parallel, at equal tokens"
     if dp is None:
         return _table(
             "table-data-parallel", title, ("", ""), [], "not yet: the syncer has not reported the model's size"
@@ -221,15 +221,17 @@ def _data_parallel(report: TrafficReport) -> str:
         ("tokens per step", human_count(dp.tokens_per_step)),
         ("steps for this run's tokens", f"{dp.steps:,.1f}"),
         ("bytes per worker per step", human_bytes(dp.bytes_per_worker_step)),
-        ("data-parallel would have moved", human_bytes(dp.total_bytes)),
         ("this run moved across links", human_bytes(dp.diloco_wan_bytes)),
-        ("ratio", _ratio(dp.ratio)),
-        (f"of it between regions ({dp.region_crossings} of {dp.workers} ring hops)", human_bytes(dp.wan_bytes)),
-        ("ratio between regions", _ratio(dp.wan_ratio)),
+        (f"flat ring between regions ({dp.region_crossings} of {dp.workers} ring hops)", human_bytes(dp.wan_bytes)),
+        ("flat ring / this run", _ratio(dp.wan_ratio)),
+        (f"hierarchical between regions ({dp.regions} leaders)", human_bytes(dp.hierarchical_wan_bytes)),
+        ("hierarchical / this run", _ratio(dp.hierarchical_wan_ratio)),
     ]
     return (
         _table("table-data-parallel", title, ("", ""), rows, "")
-        + f'\n<p class="note">formula: <code>{escape(dp.formula)}</code></p>'
+        + f'\n<p class="note">flat ring: <code>{escape(dp.formula)}</code>; hierarchical: '
+        f"<code>{escape(dp.hierarchical_formula)}</code>; at equal tokens, not equal loss "
+        "(<code>bench.wan</code> measures equal loss)</p>"
     )
 
 

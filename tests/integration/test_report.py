@@ -121,7 +121,7 @@ def test_report_of_a_running_and_a_finished_run_in_every_form(tmp_path):
     learner = finished["learners"][0]
     assert learner["checkpoint_bytes_up"] > 0 and learner["delta_bytes_up"] > 0  # apart, not one "bytes up"
     dp = finished["data_parallel"]
-    assert dp["steps"] == finished["tokens"] / (2 * 8 * 64) and dp["ratio"] > 1
+    assert dp["steps"] == finished["tokens"] / (2 * 8 * 64) and dp["wan_ratio"] > 1
     diloco("report", name, "--html", str(tmp_path / "finished.html"), "--runs-dir", str(runs_dir))
     text = check_page(tmp_path / "finished.html", finished)
     assert "finished" in text

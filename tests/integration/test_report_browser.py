@@ -29,10 +29,12 @@ def test_the_page_opens_clean_in_a_browser_and_shows_every_table_and_plot(tmp_pa
         "l3",
         "heartbeat",
         "8.0x",  # compression
-        f"{report.data_parallel.ratio:,.0f}x",
         report.data_parallel.formula,
+        report.data_parallel.hierarchical_formula,
+        "at equal tokens",
         "2 of 4 ring hops",
         f"{report.data_parallel.wan_ratio:,.0f}x",
+        f"{report.data_parallel.hierarchical_wan_ratio:,.0f}x",
         "$12.62",  # total cost
         NASTY,  # shown as text, never run
     ):

@@ -105,6 +105,8 @@ def realistic(**changes) -> TrafficReport:
             total_bytes=146.5 * 4 * 372_000_000,
             region_crossings=2,
             wan_bytes=146.5 * 2 * 372_000_000,
+            regions=2,
+            hierarchical_wan_bytes=146.5 * 2 * 248_000_000,
             diloco_wan_bytes=wan,
         ),
         evaluations=[
