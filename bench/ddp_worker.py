@@ -20,6 +20,13 @@ every rank identical parameters (checked by digest at the end).  Per step it rec
   holds the wait for the slowest rank to reach it (as in real DDP),
 * bytes sent (= received) per rank per the ring model: 2 (W-1)/W x elements x bytes.
 
+With ``--groups G`` (G > 1) the all-reduce is hierarchical, as a region-aware one is: the
+ranks form G groups of consecutive ranks (one per region), each group reduces onto its
+first rank, the G leaders all-reduce over their own ring, and each leader broadcasts the
+sum in its group.  Only the leaders' ring crosses between groups: G x 2 (G-1)/G x
+elements x bytes per step (``leader_ring_bytes_per_step``).  The sum is the same (up to
+the order of the additions).
+
 Rank 0 evaluates the held-out loss (the syncer's ``evaluation_batches``) at step 0, every
 ``--eval-every`` steps and after the last step, while the other ranks wait at a barrier;
 those pauses are outside ``training_seconds`` (the clock ``--max-seconds`` reads).  With
@@ -128,7 +135,11 @@ class GradientReducer:
                 offset += n
         self.buffers[-1][-1] = 1.0 if stop else 0.0
 
-    def all_reduce(self) -> None:
+    def all_reduce(self, hierarchy: Hierarchy | None = None) -> None:
+        if hierarchy is not None:
+            for buffer in self.buffers:
+                hierarchy.all_reduce(buffer)
+            return
         works = [dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True) for buffer in self.buffers]
         for work in works:
             work.wait()
@@ -147,6 +158,32 @@ class GradientReducer:
                     parameter.grad.copy_(values)
                 offset += n
         return bool(self.buffers[-1][-1] > 0)
+
+
+class Hierarchy:
+    """A hierarchical all-reduce: groups of consecutive ranks (regions), each reduced onto
+    its first rank, the leaders' ring all-reduce, and a broadcast back in each group."""
+
+    def __init__(self, rank: int, world_size: int, groups: int) -> None:
+        if world_size % groups:
+            raise SystemExit(f"--groups {groups} does not divide --world-size {world_size}")
+        size = world_size // groups
+        members = [list(range(g * size, (g + 1) * size)) for g in range(groups)]
+        made = [dist.new_group(ranks) for ranks in members]  # every rank makes every group, in order
+        self.leaders = [ranks[0] for ranks in members]
+        self.leader_group = dist.new_group(self.leaders)
+        self.rank, self.group, self.leader = rank, made[rank // size], self.leaders[rank // size]
+
+    def all_reduce(self, buffer: torch.Tensor) -> None:
+        dist.reduce(buffer, dst=self.leader, op=dist.ReduceOp.SUM, group=self.group)
+        if self.rank == self.leader:
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.leader_group)
+        dist.broadcast(buffer, src=self.leader, group=self.group)
+
+
+def leader_ring_bytes_per_step(buffers: Sequence[torch.Tensor], groups: int) -> int:
+    """Bytes the leaders' ring sends between groups per step (all leaders together)."""
+    return groups * sum(ring_bytes(b.numel(), b.element_size(), groups) for b in buffers) if groups > 1 else 0
 
 
 def load_recipe(path: Path | None, overrides: Sequence[str]) -> Recipe:
@@ -184,6 +221,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="all-reduce buckets of at most this many MB on the wire (0: one buffer)",
     )
     parser.add_argument("--dtype", choices=sorted(WIRE_DTYPES), default="bf16", help="the all-reduce's wire dtype")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        help="G > 1: a hierarchical all-reduce over G groups of consecutive ranks (one per region)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--max-seconds", type=float, help="stop after the step in which this many training seconds passed"
@@ -235,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     dist.all_gather_object(initial_digests, initial)
     if len(set(initial_digests)) != 1:
         raise SystemExit(f"rank {rank}: the ranks' initial models differ: {initial_digests}")
+    hierarchy = Hierarchy(rank, world, args.groups) if args.groups > 1 else None
 
     compute, pack, comm, step_seconds, losses, evaluations = [], [], [], [], [], []
     paused = 0.0  # seconds spent in evaluations (and their barrier)
@@ -275,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         out_of_time = args.max_seconds is not None and t1 - started - paused >= args.max_seconds
         reducer.pack(out_of_time)
         t2 = time.perf_counter()
-        reducer.all_reduce()
+        reducer.all_reduce(hierarchy)
         t3 = time.perf_counter()
         stop = reducer.unpack()
         t4 = time.perf_counter()
@@ -326,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             "bucket_mb": args.bucket_mb,
             "buckets": [buffer.numel() for buffer in reducer.buffers],
             "wire_dtype": args.dtype,
+            "groups": args.groups,
+            "all_reduce": "hierarchical" if hierarchy else "ring",
             "threads": args.threads,
             "max_seconds": args.max_seconds,
             "master": args.master,
@@ -341,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         "parameters": parameter_count,
         "buffer_elements": reducer.elements,
         "bytes_per_step_per_rank": bytes_per_step,
+        "leader_ring_bytes_per_step": leader_ring_bytes_per_step(reducer.buffers, args.groups),
         "steps_done": done,
         "stopped_by_time": stopped_by_time,
         "tokens": done * tokens_per_step,

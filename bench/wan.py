@@ -21,6 +21,9 @@ the delaying proxy on the region's WAN address.
    (gloo bound to its WAN device, rank 0 in east as the master), for ``--dp-wan-seconds``
    (a few steps: the full budget would take hours): median seconds per step, split into
    compute and communication, and the bytes that crossed the links.
+   Twice: a flat ring all-reduce (R of its W hops cross), and a hierarchical one (each
+   region reduces onto a leader, the leaders' ring all-reduces, each leader broadcasts:
+   ``bench.ddp_worker --groups``), the strongest synchronous baseline on a WAN.
    Data-parallel's time to the target = (steps to reach the target in 1) x (median WAN step
    seconds of 3).  The kernel has no netem: gloo's traffic gets the links' rate but not
    their latency, so this is optimistic for data-parallel by about 2 (W-1) x L per step
@@ -32,7 +35,9 @@ the delaying proxy on the region's WAN address.
    their final heartbeats; bytes per link from the run's report (``diloco report``'s JSON,
    built in-process), from the proxies' counters and from the WAN devices' counters.
 5. The target loss: max(DiLoCo's final evaluation, data-parallel's final evaluation) x 1.01,
-   a value both reach.
+   a value both reach.  At equal loss (``equal_loss`` in the JSON): each data-parallel
+   baseline's WAN bytes per step x the steps it needs to reach the target, against the
+   whole DiLoCo run's WAN bytes (an upper bound on its bytes to the target).
 6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
    the measurement (compute share in points, WAN bytes in %).
 7. ``--sweep`` (full mode only): WAN bytes per token at several settings (H=25 default,
@@ -113,6 +118,8 @@ def dp_summary(result: dict) -> dict:
         "world_size": result["settings"]["world_size"],
         "tokens_per_step": result["settings"]["tokens_per_step"],
         "bytes_per_step_per_rank": result["bytes_per_step_per_rank"],
+        "all_reduce": result["settings"]["all_reduce"],
+        "leader_ring_bytes_per_step": result["leader_ring_bytes_per_step"],
         "parameters": result["parameters"],
         "medians": result["medians"],
         "totals": result["totals"],
@@ -122,8 +129,17 @@ def dp_summary(result: dict) -> dict:
     }
 
 
-def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds: float | None, timeout: float) -> dict:
-    """W ranks, the first half in east and the rest in west, gloo on each place's WAN device."""
+def dp_on_wan(
+    wan,
+    world: int,
+    overrides: Sequence[str],
+    steps: int,
+    max_seconds: float | None,
+    timeout: float,
+    hierarchical: bool = False,
+) -> dict:
+    """W ranks, the first half in east and the rest in west, gloo on each place's WAN device;
+    a flat ring all-reduce, or a hierarchical one (a ring of one leader per region)."""
     per_region = world // len(REGIONS)
     places = [REGIONS[min(rank // per_region, len(REGIONS) - 1)] for rank in range(world)]
     before = {label: device_bytes(wan[label]) for label in wan.places}
@@ -137,6 +153,7 @@ def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds
         prefixes=[wan[p].exec_prefix() for p in places],
         interfaces=[wan[p].wan_veth for p in places],
         timeout=timeout,
+        extra_args=["--groups", str(len(REGIONS))] if hierarchical else (),
     )
     wall = time.monotonic() - started
     moved = device_deltas(before, {label: device_bytes(wan[label]) for label in wan.places})
@@ -151,12 +168,71 @@ def dp_on_wan(wan, world: int, overrides: Sequence[str], steps: int, max_seconds
         ring_crossings=hops,
         comm_to_compute=medians["comm_seconds"] / medians["compute_seconds"],
         compute_share=medians["compute_seconds"] / medians["step_seconds"],
-        app_wan_bytes_per_step=hops * bytes_per_rank,
+        app_wan_bytes_per_step=summary["leader_ring_bytes_per_step"] if hierarchical else hops * bytes_per_rank,
         wire_wan_bytes=region_tx,
         wire_wan_bytes_per_step=region_tx / summary["steps_done"],
         devices=moved,
     )
     return summary
+
+
+def _print_dp_wan(measured: dict) -> None:
+    medians = measured["medians"]
+    print(
+        f"  {measured['steps_done']} steps, median {medians['step_seconds']:.2f} s "
+        f"(compute {medians['compute_seconds']:.3f} s, comm {medians['comm_seconds']:.2f} s: "
+        f"{measured['comm_to_compute']:.1f}x), {measured['app_wan_bytes_per_step']:,} WAN bytes per step",
+        flush=True,
+    )
+
+
+def baseline(measured: dict, hit: dict | None, tokens_per_step: int) -> dict:
+    """One data-parallel all-reduce on the WAN, counted to the step where data-parallel
+    (on loopback, the same arithmetic) first reaches the target loss."""
+    per_step = measured["app_wan_bytes_per_step"]
+    step_seconds = measured["medians"]["step_seconds"]
+    return {
+        "all_reduce": measured["all_reduce"],
+        "wan": measured,
+        "wan_bytes_per_step": per_step,
+        "wan_bytes_per_token": per_step / tokens_per_step,
+        "wire_wan_bytes_per_step": measured["wire_wan_bytes_per_step"],
+        "wan_step_seconds": step_seconds,
+        "wan_bytes_to_target": per_step * hit["step"] if hit else None,
+        "wire_wan_bytes_to_target": measured["wire_wan_bytes_per_step"] * hit["step"] if hit else None,
+        "time_to_target_seconds": step_seconds * hit["step"] if hit else None,
+    }
+
+
+def equal_loss(dp: dict, diloco: dict, diloco_hit: dict | None) -> dict:
+    """WAN bytes and time to the same held-out loss.  Data-parallel's are counted to the
+    first evaluation at or below the target; DiLoCo's bytes are the whole run's (it may
+    reach the target before its end: an upper bound, never in its favour), its time the
+    first syncer evaluation at or below the target."""
+    result: dict[str, Any] = {
+        "dp_steps_to_target": dp["steps_to_target"],
+        "dp_tokens_to_target": dp["steps_to_target"] * dp["loopback"]["tokens_per_step"]
+        if dp["steps_to_target"] is not None
+        else None,
+        "diloco_tokens_at_target": diloco_hit.get("tokens") if diloco_hit else None,
+        "diloco_wan_bytes": diloco["wan_bytes"],
+        "diloco_wire_wan_bytes": diloco["wire_wan_bytes"],
+        "diloco_time_to_target_seconds": diloco["time_to_target_seconds"],
+        "rule": "data-parallel: bytes per step x steps to the target; DiLoCo: the whole run's WAN bytes",
+    }
+    for name, measured in dp["baselines"].items():
+        to_target = measured["wan_bytes_to_target"]
+        time_to_target = measured["time_to_target_seconds"]
+        result[f"{name}_wan_bytes_to_target"] = to_target
+        result[f"wan_bytes_{name}_over_diloco"] = to_target / diloco["wan_bytes"] if to_target else None
+        wire = measured["wire_wan_bytes_to_target"]
+        result[f"wire_wan_bytes_{name}_over_diloco"] = wire / diloco["wire_wan_bytes"] if wire else None
+        result[f"time_to_target_{name}_over_diloco"] = (
+            time_to_target / diloco["time_to_target_seconds"]
+            if time_to_target and diloco["time_to_target_seconds"]
+            else None
+        )
+    return result
 
 
 # --------------------------------------------------------------------------- plan
@@ -432,13 +508,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 f"{f'{dp_steps} steps' if dp_seconds is None else f'{dp_seconds:g} s of training'}",
             )
             dp_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout)
-            print(
-                f"  {dp_wan['steps_done']} steps, median {dp_wan['medians']['step_seconds']:.2f} s "
-                f"(compute {dp_wan['medians']['compute_seconds']:.3f} s, "
-                f"comm {dp_wan['medians']['comm_seconds']:.2f} s: "
-                f"{dp_wan['comm_to_compute']:.1f}x)",
-                flush=True,
-            )
+            _print_dp_wan(dp_wan)
+            phase("dp_wan_hierarchical", "data-parallel on the WAN, hierarchical all-reduce (a ring of region leaders)")
+            hierarchical_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout, hierarchical=True)
+            _print_dp_wan(hierarchical_wan)
             # 3. DiLoCo on the WAN, the whole budget
             phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
             diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
@@ -489,6 +562,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         dp["wan_bytes_to_target"] = (
             dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
         )
+        dp["baselines"] = {
+            "flat_ring": baseline(dp_wan, dp_hit, tokens_per_step),
+            "hierarchical": baseline(hierarchical_wan, dp_hit, tokens_per_step),
+        }
         diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
         diloco["time_to_target_from_learner_start_seconds"] = (
             (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
@@ -502,6 +579,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         }
         results["dp"] = dp
         results["diloco"] = diloco
+        results["equal_loss"] = equal_loss(dp, diloco, diloco_hit)
         results["ratios"] = {
             "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"]
             if dp_hit and diloco_hit
@@ -553,31 +631,40 @@ def show(results: dict) -> None:
     )
     rows = [
         {
-            "method": "sync data-parallel",
-            "time to target s": dp["time_to_target_seconds"],
-            "compute share": dp["compute_share"],
-            "WAN B/token": dp["wan_bytes_per_token"],
-            "wire B/token": dp["wan_bytes_per_token_wire"],
+            "method": f"data-parallel, {name.replace('_', ' ')}",
+            "time to target s": baseline["time_to_target_seconds"],
+            "compute share": baseline["wan"]["compute_share"],
+            "WAN B/token": baseline["wan_bytes_per_token"],
+            "WAN bytes to target": baseline["wan_bytes_to_target"],
             "final loss": dp["final_loss"],
-            "how": f"{dp['steps_to_target']} steps x {dp['wan_step_seconds']:.2f} s",
-        },
+            "how": f"{dp['steps_to_target']} steps x {baseline['wan_step_seconds']:.2f} s",
+        }
+        for name, baseline in dp["baselines"].items()
+    ]
+    rows.append(
         {
             "method": "Decoupled DiLoCo",
             "time to target s": diloco["time_to_target_seconds"],
             "compute share": diloco["compute_share"],
             "WAN B/token": diloco["wan_bytes_per_token"],
-            "wire B/token": diloco["wan_bytes_per_token_wire"],
+            "WAN bytes to target": diloco["wan_bytes"],
             "final loss": diloco["final_loss"],
-            "how": f"measured, version {diloco['version_at_target']}",
-        },
-    ]
-    print_table(
-        rows, ["method", "time to target s", "compute share", "WAN B/token", "wire B/token", "final loss", "how"]
+            "how": f"measured, version {diloco['version_at_target']}; bytes: the whole run",
+        }
     )
-    ratios = results["ratios"]
+    print_table(
+        rows, ["method", "time to target s", "compute share", "WAN B/token", "WAN bytes to target", "final loss", "how"]
+    )
+    ratios, equal = results["ratios"], results["equal_loss"]
+    for name in dp["baselines"]:
+        print(
+            f"{name.replace('_', ' ')} / DiLoCo at equal loss: "
+            f"WAN bytes {_fmt(equal[f'wan_bytes_{name}_over_diloco'], '.1f')}x "
+            f"(wire {_fmt(equal[f'wire_wan_bytes_{name}_over_diloco'], '.1f')}x), "
+            f"time {_fmt(equal[f'time_to_target_{name}_over_diloco'], '.1f')}x"
+        )
     print(
-        f"ratios (data-parallel / DiLoCo): time {_fmt(ratios['time_to_target_dp_over_diloco'], '.1f')}x, "
-        f"WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x "
+        f"at equal tokens (flat ring / DiLoCo): WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x "
         f"(wire {_fmt(ratios['wan_bytes_per_token_wire_dp_over_diloco'], '.1f')}x)"
     )
     print(

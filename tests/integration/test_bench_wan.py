@@ -106,6 +106,29 @@ def test_wan_benchmark_quick(tmp_path):
     )
     assert dp["steps_to_target"] <= settings["inner_steps"] and "median" in dp["method"]
 
+    # the hierarchical baseline ran on the same links: with one learner per region the
+    # leaders' ring is the whole ring, so it sends what the flat ring sends
+    flat_ring, hierarchical = dp["baselines"]["flat_ring"], dp["baselines"]["hierarchical"]
+    assert flat_ring["all_reduce"] == "ring" and hierarchical["all_reduce"] == "hierarchical"
+    assert hierarchical["wan"]["steps_done"] == 3 and hierarchical["wan"]["final_digests_equal"]
+    assert hierarchical["wan_bytes_per_step"] == hierarchical["wan"]["leader_ring_bytes_per_step"] == 2 * b
+    assert hierarchical["wan"]["wire_wan_bytes_per_step"] >= 0.95 * hierarchical["wan_bytes_per_step"]
+
+    # equal loss, by hand: data-parallel counted to the first evaluation at or below the
+    # target, DiLoCo's whole run
+    target = results["target"]["loss"]
+    hit = next(e for e in loopback["evaluations"] if e["loss"] <= target)
+    assert dp["steps_to_target"] == hit["step"]
+    equal, diloco_bytes = results["equal_loss"], results["diloco"]["wan_bytes"]
+    assert equal["diloco_wan_bytes"] == diloco_bytes > 0
+    assert equal["dp_tokens_to_target"] == hit["step"] * loopback["tokens_per_step"]
+    for name, baseline in (("flat_ring", flat_ring), ("hierarchical", hierarchical)):
+        assert equal[f"{name}_wan_bytes_to_target"] == baseline["wan_bytes_per_step"] * hit["step"]
+        assert equal[f"wan_bytes_{name}_over_diloco"] == pytest.approx(
+            baseline["wan_bytes_per_step"] * hit["step"] / diloco_bytes
+        )
+        assert baseline["time_to_target_seconds"] == pytest.approx(hit["step"] * baseline["wan_step_seconds"])
+
     # DiLoCo: the whole run on the WAN, by names, with the right proxies
     diloco = results["diloco"]
     assert all(code == 0 for code in diloco["exit_codes"].values())

@@ -1,5 +1,7 @@
 """The data-parallel baseline of the WAN benchmark: two gloo ranks on loopback."""
 
+import pytest
+
 from bench.ddp_worker import launch_local, ring_bytes
 
 TINY = [
@@ -33,3 +35,20 @@ def test_two_ranks_train_identically_with_a_bf16_all_reduce():
     assert result["settings"]["wire_dtype"] == "bf16"
     assert result["buffer_elements"] == result["parameters"] + 1
     assert result["bytes_per_step_per_rank"] == ring_bytes(result["parameters"] + 1, 2, 2)
+
+
+def test_a_hierarchical_all_reduce_of_two_groups_trains_as_the_flat_ring_and_sends_less_between_them():
+    """Four ranks in two groups (regions): each group reduces onto its leader, the two
+    leaders all-reduce, each broadcasts back; the same training as the flat ring (bf16
+    sums in another order), and only the leaders' ring crosses between the groups."""
+    flat = launch_local(4, 3, overrides=TINY, timeout=120)
+    hierarchical = launch_local(4, 3, overrides=TINY, timeout=120, extra_args=["--groups", "2"])
+    assert hierarchical["settings"]["all_reduce"] == "hierarchical" and hierarchical["final_digests_equal"]
+    assert flat["settings"]["all_reduce"] == "ring" and flat["leader_ring_bytes_per_step"] == 0
+    for mine, theirs in zip(hierarchical["per_step"]["loss"], flat["per_step"]["loss"]):
+        assert abs(mine - theirs) < 2e-3
+    assert hierarchical["evaluations"][-1]["loss"] == pytest.approx(flat["evaluations"][-1]["loss"], abs=2e-3)
+    elements = hierarchical["buffer_elements"]
+    assert hierarchical["leader_ring_bytes_per_step"] == 2 * ring_bytes(elements, 2, 2) == 2 * 2 * elements
+    flat_crossing = 2 * flat["bytes_per_step_per_rank"]  # 2 of the ring's 4 hops cross between the groups
+    assert hierarchical["leader_ring_bytes_per_step"] == pytest.approx(2 / 3 * flat_crossing, rel=1e-3)
