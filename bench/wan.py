@@ -40,14 +40,17 @@ the delaying proxy on the region's WAN address.
    whole DiLoCo run's WAN bytes (an upper bound on its bytes to the target).
 6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
    the measurement (compute share in points, WAN bytes in %).
-7. ``--sweep`` (full mode only): WAN bytes per token at several settings (H=25 default,
-   H=50, H=100, H=100 with int4 updates, the same with snapshot_every=1000; all but the
-   default with less chatter), each a whole run with ``diloco up`` on this machine (file://
-   buckets: bytes do not depend on the link), against data-parallel's: which reaches >= 500x
-   fewer WAN bytes per token within 2% of the default's held-out loss.
+7. ``--sweep`` (full mode only): WAN bytes at several settings (``bench.wan_sweep.SWEEP``:
+   int4 published updates, H=50 and 100, the outer learning rate and momentum at H=100;
+   all but the default's H with less chatter), each a whole run with ``diloco up`` on this
+   machine (file:// buckets: bytes do not depend on the link), against both data-parallel
+   baselines at equal loss (each counted to the steps data-parallel needs to reach the
+   setting's final loss): which reaches >= 300x fewer than the flat ring and >= 200x fewer
+   than the hierarchical all-reduce.
 
-    python -m bench.wan                  # the full race (~30 min on 2 cores; needs root, iproute2)
+    python -m bench.wan                  # the full race (~10 min on 2 cores; needs root, iproute2)
     python -m bench.wan --sweep          # and the settings sweep (~25 min more)
+    python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
     python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
 
 Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
@@ -82,7 +85,7 @@ from bench.wan_diloco import (
     load_recipe,
     process_env,
 )
-from bench.wan_sweep import sweep
+from bench.wan_sweep import dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
 TARGET_MARGIN = 0.01  # the target loss: 1% above the worse of the two final losses
@@ -394,16 +397,47 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "a place of its own behind its own link (the placement before reducers)",
     )
     parser.add_argument(
+        "--sweep-from",
+        type=Path,
+        metavar="RESULT",
+        help="run only the sweep, against the data-parallel results of an earlier full run's JSON (written back there)",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
     args = parser.parse_args(argv)
-    if args.sweep and args.quick:
-        parser.error("--sweep is for the full mode only")
+    if (args.sweep or args.sweep_from) and args.quick:
+        parser.error("--sweep and --sweep-from are for the full mode only")
     return args
+
+
+def sweep_only(args: argparse.Namespace) -> dict:
+    """The sweep alone, against an earlier full run's data-parallel results; the sweep
+    replaces the one in that file."""
+    document = json.loads(args.sweep_from.read_text())
+    if document.get("quick") or "dp" not in document.get("results", {}):
+        raise SystemExit(f"{args.sweep_from} holds no full run's data-parallel results: run python -m bench.wan first")
+    results = document["results"]
+    workdir = Path(tempfile.mkdtemp(prefix="bench-wan-sweep-"))
+    timeout = args.timeout or 3600.0
+
+    def write(partial: dict) -> None:
+        results["sweep"] = partial
+        args.sweep_from.write_text(json.dumps(document, indent=2) + "\n")
+
+    try:
+        write(sweep(workdir, dp_reference(results["dp"]), timeout, write))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    show_sweep(results["sweep"])
+    print(f"wrote {args.sweep_from}")
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.sweep_from:
+        return sweep_only(args)
     if os.geteuid() != 0:
         raise SystemExit("bench.wan needs root (network namespaces, tc)")
     sys.path.insert(0, str(REPOSITORY))
@@ -599,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         # 6. the sweep
         if args.sweep:
             phase("sweep", "settings sweep (diloco up on this machine, file:// buckets)")
-            results["sweep"] = sweep(workdir, dp["wan_bytes_per_token"], timeout, write)
+            results["sweep"] = sweep(workdir, dp_reference(dp), timeout, write)
             phase(None)
             path = write()
     finally:
@@ -736,23 +770,37 @@ def show(results: dict) -> None:
             f"({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})"
         )
     if results.get("sweep"):
-        sweep_result = results["sweep"]
-        print(
-            "\nsettings sweep, WAN bytes per token against data-parallel's "
-            f"{sweep_result['dp_wan_bytes_per_token']:.1f}"
+        show_sweep(results["sweep"])
+
+
+def show_sweep(sweep_result: dict) -> None:
+    print("\nsettings sweep: WAN bytes against data-parallel's at equal loss (and at equal tokens)")
+    rows = []
+    for row in sweep_result["rows"]:
+        equal = row.get("equal_loss") or {}
+        rows.append(
+            {
+                **row,
+                "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
+                "flat ring x": equal.get("flat_ring_over_diloco"),
+                "hierarchical x": equal.get("hierarchical_over_diloco"),
+                "flat ring x, equal tokens": equal.get("flat_ring_over_diloco_equal_tokens"),
+            }
         )
-        print_table(
-            [
-                {
-                    **row,
-                    "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
-                    "x fewer than DP": row["dp_bytes_ratio"],
-                }
-                for row in sweep_result["rows"]
-            ],
-            ["setting", "final_loss", "loss vs default", "wan_bytes_per_token", "x fewer than DP", "meets_target"],
-        )
-        print(sweep_result["verdict"])
+    print_table(
+        rows,
+        [
+            "setting",
+            "final_loss",
+            "loss vs default",
+            "wan_bytes_per_token",
+            "flat ring x",
+            "hierarchical x",
+            "flat ring x, equal tokens",
+            "meets_target",
+        ],
+    )
+    print(sweep_result["verdict"])
 
 
 if __name__ == "__main__":

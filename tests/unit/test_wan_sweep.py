@@ -1,0 +1,46 @@
+"""bench.wan's settings sweep, counted at equal loss: each data-parallel baseline's WAN
+bytes to the setting's final loss over the setting's whole run (figures computed by hand)."""
+
+import pytest
+
+from bench.wan_sweep import summarize_sweep
+
+REFERENCE = {
+    "evaluations": [{"step": step, "loss": 3.0 - step / 100} for step in range(0, 301, 10)],  # 3.0 .. 0.0
+    "final_loss": 0.0,
+    "tokens_per_step": 1000,
+    "wan_bytes_per_step": {"flat_ring": 3000.0, "hierarchical": 2000.0},
+}
+
+
+def row(setting, final_loss, wan_bytes, tokens=300_000):
+    return {"setting": setting, "final_loss": final_loss, "wan_bytes": wan_bytes, "tokens": tokens}
+
+
+def test_a_setting_is_compared_with_the_steps_data_parallel_needs_to_reach_its_loss():
+    summary = summarize_sweep([row("default", 2.0, 10_000.0), row("coarse", 2.5, 1_000.0)], REFERENCE)
+    default, coarse = summary["rows"]
+    # target 2.0 x 1.01 = 2.02: the first evaluation at or below it is step 100 (loss 2.0)
+    assert default["equal_loss"]["dp_steps_to_target"] == 100
+    assert default["equal_loss"]["flat_ring_over_diloco"] == pytest.approx(3000 * 100 / 10_000)
+    assert default["equal_loss"]["hierarchical_over_diloco"] == pytest.approx(2000 * 100 / 10_000)
+    # at equal tokens: 300 steps of data-parallel for the run's 300k tokens
+    assert default["equal_loss"]["flat_ring_over_diloco_equal_tokens"] == pytest.approx(3000 * 300 / 10_000)
+    # a worse loss is reached sooner: 2.525 -> step 50
+    assert coarse["equal_loss"]["dp_steps_to_target"] == 50
+    assert coarse["equal_loss"]["flat_ring_over_diloco"] == pytest.approx(3000 * 50 / 1_000)
+    assert coarse["loss_vs_default"] == pytest.approx(0.25)
+    assert summary["meeting"] == [] and "missed: the most at equal loss is 150x" in summary["verdict"]
+
+
+def test_the_targets_need_both_baselines_and_a_failed_setting_counts_as_unmeasured():
+    summary = summarize_sweep(
+        [row("default", 2.0, 1_000.0), row("failed", None, None), row("lean", 2.0, 900.0)], REFERENCE
+    )
+    default, failed, lean = summary["rows"]
+    assert failed["equal_loss"] is None and not failed["meets_target"]
+    # 300x the flat ring and 200x the hierarchical one: 3000 x 100 / 1000 = 300, 2000 x 100 / 1000 = 200
+    assert default["meets_target"] and lean["meets_target"]
+    assert summary["meeting"] == ["default", "lean"]
+    lean_only = summarize_sweep([row("default", 2.0, 1_001.0)], REFERENCE)
+    assert not lean_only["rows"][0]["meets_target"]
