@@ -169,14 +169,18 @@ class StorageMeter:
         self._lock = threading.Lock()
 
     def snapshot(self) -> StorageCounters:
-        """The counts now, with a history sample of this moment added (at most one per
-        :data:`SAMPLE_SECONDS`)."""
+        """The counts now, with a history sample of this moment: the newest sample is always
+        the present totals (a plot of the history ends at the table's figures), the ones
+        before it at least :data:`SAMPLE_SECONDS` apart."""
         with self._lock:
             counters = self._counters
             now = time.time()
-            if not counters.history or now - counters.history[-1][0] >= SAMPLE_SECONDS:
-                total = counters.total
-                counters.history = thinned([*counters.history, (round(now, 1), total.bytes_up, total.bytes_down)])
+            total = counters.total
+            sample = (round(now, 1), total.bytes_up, total.bytes_down)
+            history = counters.history
+            if len(history) >= 2 and history[-1][0] - history[-2][0] < SAMPLE_SECONDS:
+                history = history[:-1]  # the newest moves on to now until it is far enough from the one before
+            counters.history = thinned([*history, sample])
             return counters.model_copy(deep=True)
 
     def count(

@@ -238,6 +238,9 @@ def _data_parallel(report: TrafficReport) -> str:
 # ---------------------------------------------------------------------------- plots
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def _plots(report: TrafficReport) -> str:
     """The three plots as inline SVG, or the line saying what they need."""
     try:
@@ -264,8 +267,11 @@ def _plots(report: TrafficReport) -> str:
         axes.grid(True, alpha=0.3)
         if counts:
             axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_count(value)))
-        for label, xs, ys in lines:
-            axes.plot(xs, ys, marker="." if len(xs) < 40 else None, label=label)
+        for index, (label, xs, ys) in enumerate(lines):  # series that coincide stay visible: each a dash of its own
+            style = LINE_STYLES[index % len(LINE_STYLES)]
+            axes.plot(
+                xs, ys, style, marker="." if len(xs) < 40 else None, label=label, linewidth=max(0.8, 2.6 - 0.3 * index)
+            )
         if not any(xs for _, xs, _ in lines):
             axes.text(0.5, 0.5, empty, transform=axes.transAxes, ha="center", va="center", color="#57606a")
         elif len(lines) > 1:

@@ -66,3 +66,21 @@ def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):
         )
     assert after.requests > before.requests  # the new start's own calls come on top
     assert after.history[: len(before.history)] == before.history
+
+
+def test_the_newest_history_sample_is_always_the_present_totals(monkeypatch):
+    """A plot of the history ends at the report's figures: the last sample moves on to each
+    snapshot, the ones before it stay at least SAMPLE_SECONDS apart."""
+    import diloco_cli.store.metering as metering
+
+    now = [1000.0]
+    monkeypatch.setattr(metering.time, "time", lambda: now[0])
+    meter = StorageMeter()
+    for _ in range(30):  # a snapshot every 2 s, 100 bytes between them
+        meter.count("payload", requests=1, op="write", up=100)
+        counters = meter.snapshot()
+        assert counters.history[-1] == (now[0], counters.total.bytes_up, 0)
+        now[0] += 2.0
+    times = [when for when, _, _ in counters.history]
+    assert all(later - earlier >= metering.SAMPLE_SECONDS for earlier, later in zip(times[:-2], times[1:-1]))
+    assert counters.history[-1][1] == 3000 and len(times) in (6, 7)
