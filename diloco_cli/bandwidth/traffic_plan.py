@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from diloco_cli.bandwidth.link_rate import LinkRates, link_rates
 from diloco_cli.bandwidth.measure import (
     Sizer,
     _numel,
@@ -182,6 +183,8 @@ class TrafficPlan(BaseModel):
     bytes_ratio: float
     """Data-parallel WAN bytes per token over Decoupled DiLoCo's."""
     suggestion: Suggestion
+    link_rates: LinkRates
+    """The WAN link rate each method needs to keep its learners computing 90% of wall time."""
     costs: Costs | None
     """None when no bucket is in a cloud."""
 
@@ -513,6 +516,7 @@ def build_traffic_plan(
         if diloco.wan_bytes_per_token
         else math.inf,
         suggestion=suggestion,
+        link_rates=link_rates(shape, total, bytes_per_value, target_compute_share),
         costs=costs,
     )
 

@@ -55,6 +55,26 @@ def _other_placements(plan: TrafficPlan) -> list[str]:
     return ["  placed otherwise " + ", ".join(f"{_per_token(v)} {label}{ratio(v)}" for v, label in others)]
 
 
+def _rate(rate: float | None) -> str:
+    if rate is None:
+        return "none reaches it"
+    return f"{rate:.3g} Mbit/s" if rate < 1000 else f"{rate / 1000:.3g} Gbit/s"
+
+
+def _link_rates(plan: TrafficPlan) -> list[str]:
+    rates = plan.link_rates
+
+    def times(ratio: float | None) -> str:
+        return f" ({ratio:,.0f}x Decoupled DiLoCo's)" if ratio else ""
+
+    return [
+        f"Link rate for {_share(rates.target_compute_share)} computing (every WAN link alike, each way)",
+        f"  Decoupled DiLoCo {_rate(rates.diloco_mbit)}",
+        f"  data-parallel    {_rate(rates.flat_ring_mbit)} flat ring{times(rates.flat_ring_over_diloco)}, "
+        f"{_rate(rates.hierarchical_mbit)} hierarchical{times(rates.hierarchical_over_diloco)}",
+    ]
+
+
 def render_traffic_plan(plan: TrafficPlan) -> str:
     """The plan as a few lines and a table per link."""
     shape, d, dp, s = plan.shape, plan.diloco, plan.data_parallel, plan.suggestion
@@ -136,6 +156,7 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"({dp.region_crossings} of the ring's {dp.workers} hops between regions): "
         f"{plan.bytes_ratio:.1f}x Decoupled DiLoCo's",
     ]
+    lines += _link_rates(plan)
     if plan.costs is not None:
         c = plan.costs
         lines += [
