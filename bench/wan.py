@@ -39,7 +39,10 @@ the delaying proxy on the region's WAN address.
    baseline's WAN bytes per step x the steps it needs to reach the target, against the
    whole DiLoCo run's WAN bytes (an upper bound on its bytes to the target).
 6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
-   the measurement (compute share in points, WAN bytes in %).
+   the measurement (compute share in points, WAN bytes in %); its link rate for 90%
+   computing beside data-parallel's measured one (``bench.wan_link_rate``), and with
+   ``--check-link-rate`` (full mode only) DiLoCo run again at the plan's rate and at half
+   of it.
 7. ``--sweep`` (full mode only): WAN bytes at several settings (``bench.wan_sweep.SWEEP``:
    int4 published updates, H=50 and 100, the outer learning rate and momentum at H=100;
    all but the default's H with less chatter), each a whole run with ``diloco up`` on this
@@ -85,6 +88,8 @@ from bench.wan_diloco import (
     load_recipe,
     process_env,
 )
+from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
+from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_sweep import dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
@@ -397,6 +402,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "a place of its own behind its own link (the placement before reducers)",
     )
     parser.add_argument(
+        "--check-link-rate",
+        action="store_true",
+        help="also run DiLoCo at the plan's link rate for 90%% computing and at half of it (full mode only)",
+    )
+    parser.add_argument(
         "--sweep-from",
         type=Path,
         metavar="RESULT",
@@ -406,8 +416,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
     args = parser.parse_args(argv)
-    if (args.sweep or args.sweep_from) and args.quick:
-        parser.error("--sweep and --sweep-from are for the full mode only")
+    if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
+        parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
     return args
 
 
@@ -555,9 +565,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
                 flush=True,
             )
+            # 4. the plan's prediction, and its link rate for 90% computing checked on the links
+            phase("plan", "diloco plan for the same scenario")
+            diloco_overrides = [*overrides, *args.diloco_set]
+            plan = plan_prediction(workdir / "regions.json", diloco_overrides, c, rate, args.latency_ms)
+            plan_rates = (plan["prediction"] or {}).get("link_rates") or {}
+            rate_runs = []
+            if args.check_link_rate and plan_rates.get("diloco_mbit"):
+                phase("link_rate", "Decoupled DiLoCo at the plan's link rate for 90% computing, and at half of it")
+                rate_runs = check_diloco_rate(
+                    wan, plan_rates["diloco_mbit"], diloco_overrides, workdir, timeout, args.syncer_in
+                )
             phase("teardown")
 
-        # 4. the target, both sides' time to it
+        # 5. the target, both sides' time to it
         dp_final = loopback["evaluations"][-1]["loss"]
         target = max(diloco["final_loss"], dp_final) * (1 + TARGET_MARGIN)
         dp_hit = first_at_or_below(loopback["evaluations"], target)
@@ -623,11 +644,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
             / diloco["wan_bytes_per_token_wire"],
             "measured_dp_comm_to_compute": dp_wan["comm_to_compute"],
         }
-        # 5. the plan's prediction
-        phase("plan", "diloco plan for the same scenario")
-        plan = plan_prediction(workdir / "regions.json", [*overrides, *args.diloco_set], c, rate, args.latency_ms)
         results["plan"] = plan
         results["plan_vs_measured"] = plan_vs_measured(plan["prediction"], diloco, dp)
+        dp_measured = {
+            "flat_ring": dp_rate_for_target(dp_wan, rate),
+            "hierarchical": dp_rate_for_target(hierarchical_wan, rate),
+        }
+        results["link_rates"] = summarize_link_rates(plan_rates, dp_measured, rate_runs)
         phase(None)
         path = write()
         # 6. the sweep
@@ -769,6 +792,29 @@ def show(results: dict) -> None:
             "\ndiloco plan: no prediction "
             f"({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})"
         )
+    rates = results.get("link_rates")
+    if rates:
+        plan_rates, measured = rates["plan"], rates["dp_measured_mbit"]
+        print(f"\nlink rate for {rates['target_compute_share']:.0%} computing (Mbit/s, every WAN link)")
+        print(
+            f"  plan: DiLoCo {_fmt(plan_rates.get('diloco_mbit'), '.3g')}, flat ring "
+            f"{_fmt(plan_rates.get('flat_ring_mbit'), '.3g')}, "
+            f"hierarchical {_fmt(plan_rates.get('hierarchical_mbit'), '.3g')} "
+            "(with the links' latency)"
+        )
+        print(
+            f"  data-parallel measured (its step on the shaped links, no latency): flat ring "
+            f"{_fmt(measured['flat_ring'], '.3g')}, hierarchical {_fmt(measured['hierarchical'], '.3g')}; "
+            f"over the plan's DiLoCo rate: {_fmt(rates['measured_ratios']['flat_ring'], '.0f')}x, "
+            f"{_fmt(rates['measured_ratios']['hierarchical'], '.0f')}x"
+        )
+        for run in rates["diloco_runs"]:
+            print(
+                f"  DiLoCo at {run['link_mbit']:.3g} ({run['factor']:g}x the plan's): "
+                f"computing {run['compute_share']:.1%}, "
+                f"{run['versions']} of {run['versions_expected']} versions: "
+                f"{'reaches' if run['reaches_target'] else 'misses'} the target"
+            )
     if results.get("sweep"):
         show_sweep(results["sweep"])
 

@@ -258,7 +258,9 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
     spec, _, _ = resolve(None, regions_path, list(overrides), name, runs_dir)
     setup = via_setup(spec, wan)
     for region in REGIONS:
-        wan.regions[region].store("setup").create_bucket(f"diloco-{region}")
+        setup_store = wan.regions[region].store("setup")
+        if not setup_store.filesystem().exists(f"diloco-{region}"):  # a later run in the same emulation
+            setup_store.create_bucket(f"diloco-{region}")
     run_dir, secret = create_run_directory(
         runs_dir, spec, launcher="local"
     )  # run.json {"spec": ...} and the secret (0600)

@@ -129,6 +129,16 @@ def test_wan_benchmark_quick(tmp_path):
         )
         assert baseline["time_to_target_seconds"] == pytest.approx(hit["step"] * baseline["wan_step_seconds"])
 
+    # the link rate for 90% computing: data-parallel's from its step on the shaped link (the
+    # rate at which it would communicate a ninth of its compute), the plan's beside it
+    rates = results["link_rates"]
+    for name, baseline in (("flat_ring", flat_ring), ("hierarchical", hierarchical)):
+        medians = baseline["wan"]["medians"]
+        by_hand = calibration["link_mbit"] * medians["comm_seconds"] / (medians["compute_seconds"] / 9)
+        assert rates["dp_measured_mbit"][name] == pytest.approx(by_hand)
+    assert rates["plan"]["target_compute_share"] == 0.9 and rates["plan"]["diloco_mbit"] > 0
+    assert rates["diloco_runs"] == []  # the shaped check runs in the full mode only (--check-link-rate)
+
     # DiLoCo: the whole run on the WAN, by names, with the right proxies
     diloco = results["diloco"]
     assert all(code == 0 for code in diloco["exit_codes"].values())
