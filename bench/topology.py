@@ -40,14 +40,13 @@ TOPOLOGIES = (
 TARGETS = {"fewer_wan_bytes_than_landed": 2.5, "loss_within": 0.01}
 
 
-def run_topology(label: str, per_region: int, syncer_place: str, extra: list[str], args, workdir: Path) -> dict:
-    from tests.support.wan import emulated_wan
-
+def run_topology(wan, label: str, per_region: int, syncer_place: str, extra: list[str], args, workdir: Path) -> dict:
+    """One whole run on the emulated WAN (shared by the topologies: each run has its own
+    name and buckets' prefix, and counts the proxies' bytes from its own start)."""
     overrides = [*MEASURE, *(QUICK if args.quick else []), f"training.num_learners={per_region * len(REGIONS)}", *extra]
     rundir = workdir / label.replace(" ", "-")
     rundir.mkdir(parents=True)
-    with emulated_wan(REGIONS, [SYNCER], rate_mbit=args.link_mbit, latency_ms=args.latency_ms, hostnames=True) as wan:
-        result = diloco_on_wan(wan, overrides, rundir, args.timeout, syncer_place)
+    result = diloco_on_wan(wan, overrides, rundir, args.timeout, syncer_place)
     kinds: dict[str, int] = {}
     for link in result["links"]:
         if link["wan"]:
@@ -96,15 +95,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency added by the proxies")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     args = parser.parse_args(argv)
-    from tests.support.wan import S3_ENV
+    from tests.support.wan import S3_ENV, emulated_wan
 
     os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     rows: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="diloco-topology-") as directory:
+    with (
+        tempfile.TemporaryDirectory(prefix="diloco-topology-") as directory,
+        emulated_wan(REGIONS, [SYNCER], rate_mbit=args.link_mbit, latency_ms=args.latency_ms, hostnames=True) as wan,
+    ):
         for label, per_region, syncer_place, extra in TOPOLOGIES:
             started = time.monotonic()
             print(f"{label}: {per_region} learners per region, syncer in {syncer_place}", flush=True)
-            rows[label] = run_topology(label, per_region, syncer_place, extra, args, Path(directory))
+            rows[label] = run_topology(wan, label, per_region, syncer_place, extra, args, Path(directory))
             row = rows[label]
             print(
                 f"  {row['wan_bytes_per_token']:.2f} WAN B/token, final loss {row['final_loss']:.4f} "
