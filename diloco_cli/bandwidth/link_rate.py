@@ -97,9 +97,7 @@ def diloco_rate_mbit(shape: RunShape, target: float = COMPUTE_TARGET) -> float |
     return math.exp(high)
 
 
-def link_rates(
-    shape: RunShape, parameters: int, bytes_per_value: int = 2, target: float = COMPUTE_TARGET
-) -> LinkRates:
+def link_rates(shape: RunShape, parameters: int, bytes_per_value: int = 2, target: float = COMPUTE_TARGET) -> LinkRates:
     """Each method's rate for the same model, learners, step time and latencies."""
     workers = shape.num_learners
     regions = sum(1 for link in shape.links if link.learners > 0)

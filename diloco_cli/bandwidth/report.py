@@ -108,6 +108,8 @@ class KindRow(BaseModel):
     bytes_down: int
     wan_bytes: int
     """Of these bytes, those that crossed a link."""
+    cost_dollars: float = 0.0
+    """Requests and egress of this kind at list prices (0 unpriced)."""
 
 
 class Compression(BaseModel):
@@ -250,7 +252,7 @@ def build_report(
         links=links,
         learners=[_learner(beat) for _, beat in sorted(heartbeats.items())],
         syncers=[_syncer(name, status) for name, status in syncer_statuses.items()],
-        kinds=_kinds(sources),
+        kinds=_kinds(sources, prices, provider),
         compression=_compression(heartbeats.values(), syncers),
         data_parallel=_data_parallel(spec, first, tokens, wan_bytes),
         evaluations=list(first.evaluations) if first else [],
@@ -280,6 +282,23 @@ def _moved(traffic: Traffic) -> int:
     return traffic.bytes_up + traffic.bytes_down
 
 
+def _dollars(
+    traffic: Traffic, source: str, bucket: str, prices: PriceTable | None, provider: Mapping[str, str | None]
+) -> float:
+    """What ``traffic`` between ``source`` and ``bucket`` costs at list prices (0 unpriced):
+    its requests at the bucket's provider, and its egress, reads leaving the bucket's
+    network and writes the source's (when it is a region)."""
+    if prices is None:
+        return 0.0
+    wan = source != bucket
+    reads = traffic.requests - traffic.writes - traffic.deletes
+    cost = request_dollars(prices, provider[bucket], traffic.writes, reads)
+    source_provider = provider.get(source)
+    cost += egress_dollars(prices, traffic.bytes_down, provider[bucket], source_provider, same_region=not wan)
+    cost += egress_dollars(prices, traffic.bytes_up, source_provider, provider[bucket], same_region=not wan)
+    return cost
+
+
 def _link(
     source: str,
     bucket: str,
@@ -292,13 +311,7 @@ def _link(
     for c in counts:
         total = total.plus(c.total)
     wan = source != bucket
-    cost = 0.0
-    if prices is not None:
-        cost = request_dollars(prices, provider[bucket], total.writes, total.requests - total.writes - total.deletes)
-        # reads leave the bucket's network; writes leave the source's (when it is a region)
-        source_provider = provider.get(source)
-        cost += egress_dollars(prices, total.bytes_down, provider[bucket], source_provider, same_region=not wan)
-        cost += egress_dollars(prices, total.bytes_up, source_provider, provider[bucket], same_region=not wan)
+    cost = _dollars(total, source, bucket, prices, provider)
     return LinkRow(
         source=source,
         bucket=bucket,
@@ -369,15 +382,20 @@ def _syncer(name: str, status: SyncerStatus) -> SyncerTraffic:
     )
 
 
-def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRow]:
+def _kinds(
+    sources: list[tuple[str, str, list[StorageCounters]]],
+    prices: PriceTable | None,
+    provider: Mapping[str, str | None],
+) -> list[KindRow]:
     rows = []
     for kind in KINDS:
-        total, wan = Traffic(), 0
+        total, wan, cost = Traffic(), 0, 0.0
         for source, bucket, counts in sources:
             for c in counts:
                 if kind in c.kinds:
                     total = total.plus(c.kinds[kind])
                     wan += _moved(c.kinds[kind]) if source != bucket else 0
+                    cost += _dollars(c.kinds[kind], source, bucket, prices, provider)
         if total.requests:
             rows.append(
                 KindRow(
@@ -386,6 +404,7 @@ def _kinds(sources: list[tuple[str, str, list[StorageCounters]]]) -> list[KindRo
                     bytes_up=total.bytes_up,
                     bytes_down=total.bytes_down,
                     wan_bytes=wan,
+                    cost_dollars=cost,
                 )
             )
     return rows

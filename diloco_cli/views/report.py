@@ -100,7 +100,7 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
             human_count(row.requests),
             human_bytes(row.home_bytes),
         )
-    kinds = _table("per kind", table_box, ("kind", "requests", "up", "down", "across links"))
+    kinds = _table("per kind", table_box, ("kind", "requests", "up", "down", "across links", "cost"))
     for row in report.kinds:
         kinds.add_row(
             row.kind,
@@ -108,6 +108,7 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
             human_bytes(row.bytes_up),
             human_bytes(row.bytes_down),
             human_bytes(row.wan_bytes),
+            _dollars(row.cost_dollars),
         )
     lines = []
     for c in report.compression:

@@ -145,7 +145,14 @@ def _tables(report: TrafficReport) -> list[str]:
         for row in report.syncers
     ]
     kinds = [
-        (k.kind, f"{k.requests:,}", human_bytes(k.bytes_up), human_bytes(k.bytes_down), human_bytes(k.wan_bytes))
+        (
+            k.kind,
+            f"{k.requests:,}",
+            human_bytes(k.bytes_up),
+            human_bytes(k.bytes_down),
+            human_bytes(k.wan_bytes),
+            _dollars(k.cost_dollars),
+        )
         for k in report.kinds
     ]
     compression = [
@@ -193,7 +200,7 @@ def _tables(report: TrafficReport) -> list[str]:
         _table(
             "table-kinds",
             "By kind",
-            ("kind", "requests", "up", "down", "across links"),
+            ("kind", "requests", "up", "down", "across links", "cost"),
             kinds,
             "no traffic reported yet",
         ),

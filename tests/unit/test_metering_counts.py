@@ -4,6 +4,8 @@ checks the counts against what real S3 servers received and sent)."""
 
 from __future__ import annotations
 
+import pytest
+
 from diloco_cli.bandwidth.report import summed_history
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.metering import StorageMeter, Traffic, thinned
@@ -84,3 +86,27 @@ def test_the_newest_history_sample_is_always_the_present_totals(monkeypatch):
     times = [when for when, _, _ in counters.history]
     assert all(later - earlier >= metering.SAMPLE_SECONDS for earlier, later in zip(times[:-2], times[1:-1]))
     assert counters.history[-1][1] == 3000 and len(times) in (6, 7)
+
+
+def test_each_kind_is_priced_as_its_link_is_and_the_kinds_add_up_to_the_links():
+    """An update read 10 GB across the internet from an AWS bucket (0.09 $/GB) and a
+    heartbeat written in the region: the kinds' costs are the links' split by kind."""
+    from diloco_cli.bandwidth.prices import GB, load_prices
+    from diloco_cli.bandwidth.report import _kinds, _link
+    from diloco_cli.store.metering import StorageCounters
+
+    prices, provider = load_prices(), {"east": "aws"}
+    syncer = StorageCounters(
+        kinds={
+            "update": Traffic(requests=1000, writes=0, bytes_down=10 * GB),
+            "head": Traffic(requests=2000, writes=2000, bytes_up=2_000_000),
+        }
+    )
+    learner = StorageCounters(kinds={"heartbeat": Traffic(requests=500, writes=500, bytes_up=1_000_000)})
+    sources = [("syncer", "east", [syncer]), ("east", "east", [learner])]
+    kinds = {row.kind: row for row in _kinds(sources, prices, provider)}
+    links = [_link(source, bucket, counts, 1, prices, provider) for source, bucket, counts in sources]
+    assert kinds["update"].cost_dollars == pytest.approx(10 * 0.09 + 1000 / 1000 * 0.0004)
+    assert kinds["heartbeat"].wan_bytes == 0 and kinds["heartbeat"].cost_dollars == pytest.approx(500 / 1000 * 0.005)
+    assert sum(row.cost_dollars for row in kinds.values()) == pytest.approx(sum(link.cost_dollars for link in links))
+    assert all(row.cost_dollars == 0 for row in _kinds(sources, None, provider))
