@@ -59,6 +59,9 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     if protocol == "file":
         options = {"auto_mkdir": True, **(storage_options or {})}
     if OPTIONAL_BACKENDS.get(protocol, ("",))[0] == "s3fs":
+        # a read is one GET: with max_concurrency > 1 (s3fs's default, 10) every read first
+        # asks the object's size, a HEAD, and a missing object then costs a LIST as well
+        options.setdefault("max_concurrency", 1)
         # one attempt per call in botocore (diloco's retry policy decides the rest)
         options["config_kwargs"] = {
             "retries": {"total_max_attempts": 1, "mode": "standard"},

@@ -57,3 +57,17 @@ def test_an_outage_ends_in_one_bounded_storage_error(flaky):
     # diloco's policy is the only loop: 6 requests (s3fs and botocore retry nothing)
     assert proxy.stats.total("refused") == 6 and store.meter.snapshot().failures == 1
     assert time.monotonic() - started < 10
+
+
+def test_each_storage_call_is_one_request_as_the_server_counts_them(flaky):
+    """What the metering counts is what S3 receives: a read is one GET (no HEAD first), a
+    missing object one GET answered 404 (no LIST after it), a write one PUT."""
+    store, proxy = flaky
+    store.put("documents/present.json", b"{}")
+    for _ in range(3):
+        assert store.get("documents/present.json") == b"{}"
+        with pytest.raises(FileNotFoundError):
+            store.get("documents/missing.json")
+    forwarded = proxy.stats.snapshot()["forwarded"]
+    assert forwarded == {"PUT": 1, "GET": 6}
+    assert store.meter.snapshot().requests == sum(forwarded.values())
