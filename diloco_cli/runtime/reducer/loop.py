@@ -61,6 +61,9 @@ EXIT_FINISHED = 0
 EXIT_STOPPED = 143
 GAP_SECONDS = 10.0
 """How long the region's copy waits for a missing update before it asks for a snapshot."""
+REPEAT_SECONDS = 10.0
+"""The same refusal (object and reason) is logged and reported again at most this often:
+a damaged update is met every turn until the syncer rewrites it."""
 
 
 class Reducer:
@@ -95,6 +98,8 @@ class Reducer:
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
         self.refusals = Refusals()
+        self._last_refused: dict[tuple[str, str, str], float] = {}
+        """When each (kind, key, reason) was last reported."""
         self.counts = {"aggregates": 0, "sends": 0, "voided": 0}
         self.snapshot_version = Version(-1)
         self.damaged_snapshots: set[Version] = set()
@@ -500,8 +505,13 @@ class Reducer:
     # ------------------------------------------------------------------------ report
 
     def _refused(self, kind: str, key: str, error: Exception) -> None:
-        log.warning("refusing %s %s: %s", kind, key, error)
-        self.refusals.record(kind, key, str(error), time.time())
+        reason, now = str(error), time.time()
+        self._last_refused = {seen: at for seen, at in self._last_refused.items() if now - at < REPEAT_SECONDS}
+        if (kind, key, reason) in self._last_refused:
+            return
+        self._last_refused[(kind, key, reason)] = now
+        log.warning("refusing %s %s: %s", kind, key, reason)
+        self.refusals.record(kind, key, reason, now)
 
     def status(self) -> ReducerStatus:
         replica = self.replica
