@@ -425,8 +425,11 @@ def sweep_only(args: argparse.Namespace) -> dict:
     """The sweep alone, against an earlier full run's data-parallel results; the sweep
     replaces the one in that file."""
     document = json.loads(args.sweep_from.read_text())
-    if document.get("quick") or "dp" not in document.get("results", {}):
-        raise SystemExit(f"{args.sweep_from} holds no full run's data-parallel results: run python -m bench.wan first")
+    if document.get("quick") or "baselines" not in document.get("results", {}).get("dp", {}):
+        raise SystemExit(
+            f"{args.sweep_from} holds no full run's data-parallel baselines (a quick run, or one from before "
+            "the hierarchical baseline): run python -m bench.wan first"
+        )
     results = document["results"]
     workdir = Path(tempfile.mkdtemp(prefix="bench-wan-sweep-"))
     timeout = args.timeout or 3600.0
