@@ -136,7 +136,10 @@ def test_wan_benchmark_quick(tmp_path):
         medians = baseline["wan"]["medians"]
         by_hand = calibration["link_mbit"] * medians["comm_seconds"] / (medians["compute_seconds"] / 9)
         assert rates["dp_measured_mbit"][name] == pytest.approx(by_hand)
-    assert rates["plan"]["target_compute_share"] == 0.9 and rates["plan"]["diloco_mbit"] > 0
+    # the plan's, as `diloco plan` printed them (the quick run's 40 ms round trips against
+    # steps of milliseconds leave no rate for either method: None, not a number)
+    assert rates["plan"] == results["plan"]["prediction"]["link_rates"]
+    assert rates["plan"]["target_compute_share"] == 0.9 and "diloco_mbit" in rates["plan"]
     assert rates["diloco_runs"] == []  # the shaped check runs in the full mode only (--check-link-rate)
 
     # DiLoCo: the whole run on the WAN, by names, with the right proxies
