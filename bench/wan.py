@@ -88,12 +88,12 @@ from bench.wan_diloco import (
     load_recipe,
     process_env,
 )
+from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_sweep import dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
-TARGET_MARGIN = 0.01  # the target loss: 1% above the worse of the two final losses
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
 # evaluation of the global model at every version (time to the target needs them close).
 QUICK = [*QUICK_RUN, "training.num_learners=2", "training.inner_steps=30"]
@@ -104,10 +104,6 @@ QUICK = [*QUICK_RUN, "training.num_learners=2", "training.inner_steps=30"]
 
 def overrides_for(quick: bool) -> list[str]:
     return [*MEASURE, *(QUICK if quick else [])]
-
-
-def first_at_or_below(evaluations: Sequence[dict], target: float) -> dict | None:
-    return next((e for e in evaluations if e["loss"] <= target), None)
 
 
 def crossings(places: Sequence[str]) -> int:
@@ -192,55 +188,6 @@ def _print_dp_wan(measured: dict) -> None:
         f"{measured['comm_to_compute']:.1f}x), {measured['app_wan_bytes_per_step']:,} WAN bytes per step",
         flush=True,
     )
-
-
-def baseline(measured: dict, hit: dict | None, tokens_per_step: int) -> dict:
-    """One data-parallel all-reduce on the WAN, counted to the step where data-parallel
-    (on loopback, the same arithmetic) first reaches the target loss."""
-    per_step = measured["app_wan_bytes_per_step"]
-    step_seconds = measured["medians"]["step_seconds"]
-    return {
-        "all_reduce": measured["all_reduce"],
-        "wan": measured,
-        "wan_bytes_per_step": per_step,
-        "wan_bytes_per_token": per_step / tokens_per_step,
-        "wire_wan_bytes_per_step": measured["wire_wan_bytes_per_step"],
-        "wan_step_seconds": step_seconds,
-        "wan_bytes_to_target": per_step * hit["step"] if hit else None,
-        "wire_wan_bytes_to_target": measured["wire_wan_bytes_per_step"] * hit["step"] if hit else None,
-        "time_to_target_seconds": step_seconds * hit["step"] if hit else None,
-    }
-
-
-def equal_loss(dp: dict, diloco: dict, diloco_hit: dict | None) -> dict:
-    """WAN bytes and time to the same held-out loss.  Data-parallel's are counted to the
-    first evaluation at or below the target; DiLoCo's bytes are the whole run's (it may
-    reach the target before its end: an upper bound, never in its favour), its time the
-    first syncer evaluation at or below the target."""
-    result: dict[str, Any] = {
-        "dp_steps_to_target": dp["steps_to_target"],
-        "dp_tokens_to_target": dp["steps_to_target"] * dp["loopback"]["tokens_per_step"]
-        if dp["steps_to_target"] is not None
-        else None,
-        "diloco_tokens_at_target": diloco_hit.get("tokens") if diloco_hit else None,
-        "diloco_wan_bytes": diloco["wan_bytes"],
-        "diloco_wire_wan_bytes": diloco["wire_wan_bytes"],
-        "diloco_time_to_target_seconds": diloco["time_to_target_seconds"],
-        "rule": "data-parallel: bytes per step x steps to the target; DiLoCo: the whole run's WAN bytes",
-    }
-    for name, measured in dp["baselines"].items():
-        to_target = measured["wan_bytes_to_target"]
-        time_to_target = measured["time_to_target_seconds"]
-        result[f"{name}_wan_bytes_to_target"] = to_target
-        result[f"wan_bytes_{name}_over_diloco"] = to_target / diloco["wan_bytes"] if to_target else None
-        wire = measured["wire_wan_bytes_to_target"]
-        result[f"wire_wan_bytes_{name}_over_diloco"] = wire / diloco["wire_wan_bytes"] if wire else None
-        result[f"time_to_target_{name}_over_diloco"] = (
-            time_to_target / diloco["time_to_target_seconds"]
-            if time_to_target and diloco["time_to_target_seconds"]
-            else None
-        )
-    return result
 
 
 # --------------------------------------------------------------------------- plan
@@ -583,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         # 5. the target, both sides' time to it
         dp_final = loopback["evaluations"][-1]["loss"]
-        target = max(diloco["final_loss"], dp_final) * (1 + TARGET_MARGIN)
+        target = target_loss(diloco["final_loss"], dp_final)
         dp_hit = first_at_or_below(loopback["evaluations"], target)
         diloco_hit = first_at_or_below(diloco["evaluations"], target)
         step_seconds = dp_wan["medians"]["step_seconds"]

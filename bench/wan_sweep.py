@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from bench.wan_diloco import tail
+from bench.wan_equal_loss import first_at_or_below, target_loss
 
 TARGET_FLAT_RING = 300.0
 TARGET_HIERARCHICAL = 200.0
 """Fewer WAN bytes than each data-parallel baseline at equal held-out loss (issue: the
 codec and schedule that reach 300x)."""
-TARGET_MARGIN = 0.01
 QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
 INT4_UPDATES = "sync.update_codec.codec=int4"
 SWEEP = (
@@ -131,8 +131,8 @@ def dp_reference(dp: dict) -> dict:
 def at_equal_loss(row: dict, reference: dict) -> dict:
     """Each baseline's WAN bytes to the row's loss (the first data-parallel evaluation at or
     below max(the row's final loss, data-parallel's) x 1.01) over the row's whole run."""
-    target = max(row["final_loss"], reference["final_loss"]) * (1 + TARGET_MARGIN)
-    hit = next((e for e in reference["evaluations"] if e["loss"] <= target), None)
+    target = target_loss(row["final_loss"], reference["final_loss"])
+    hit = first_at_or_below(reference["evaluations"], target)
     ratios = {"target_loss": target, "dp_steps_to_target": hit["step"] if hit else None}
     for name, per_step in reference["wan_bytes_per_step"].items():
         ratios[f"{name}_over_diloco"] = per_step * hit["step"] / row["wan_bytes"] if hit else None
