@@ -95,8 +95,11 @@ class ObjectStore:
 
         paths = self._call("listing", prefix, find, "list", kind="listing")
         self.meter.count("listing", down=listing_bytes(paths))
+        # Only what lies strictly below the prefix: s3fs's find, racing a first write under an
+        # empty prefix, can list nothing and then return the prefix itself as a "directory".
+        below = self._full(prefix) + "/"
         start = len(self._path) + 1
-        keys = (path[start:] for path in paths)
+        keys = (path[start:] for path in paths if path.startswith(below))
         return sorted(key for key in keys if include_partial or not key.endswith(PARTIAL_SUFFIX))
 
     def delete(self, key: str) -> None:

@@ -28,6 +28,16 @@ def bucket_files(s3, prefix: str) -> dict[str, bytes]:
     return {path.removeprefix(prefix + "/"): filesystem.cat_file(path) for path in filesystem.find(prefix)}
 
 
+def read_if_there(s3, path: str) -> bytes | None:
+    """The object at ``path``, or None before it exists. (Polled while a writer starts, a
+    ``find`` of the prefix can list nothing and then find the prefix itself as a "directory",
+    which s3fs returns as one entry named like the prefix.)"""
+    try:
+        return s3.filesystem().cat_file(path)
+    except FileNotFoundError:
+        return None
+
+
 def test_prepare_to_s3_resumes_after_a_kill_mid_upload(tmp_path, s3):
     """A ``diloco prepare`` process killed while uploading (through a slow link) leaves no
     index; run again, it keeps the staged shards and the files already uploaded, and finishes."""
@@ -60,7 +70,7 @@ def test_prepare_to_s3_resumes_after_a_kill_mid_upload(tmp_path, s3):
         uploaded: list[str] = []
         while len(uploaded) < 3:
             assert process.poll() is None and time.monotonic() < deadline, "prepare ended before it was killed"
-            record = bucket_files(s3, "prepare-resume/shakespeare").get("uploads.json")
+            record = read_if_there(s3, "prepare-resume/shakespeare/uploads.json")
             uploaded = [file["name"] for file in json.loads(record)["files"]] if record else []
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)

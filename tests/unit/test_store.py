@@ -37,6 +37,15 @@ def test_whole_objects_and_fresh_listings(root):
     assert store.meter.snapshot().bytes_up == 3 and other.meter.snapshot().bytes_up == 3
 
 
+def test_a_listing_holds_only_keys_below_its_prefix(root):
+    """s3fs's find, racing the first write under an empty prefix, can answer with the prefix
+    itself; an object named like the prefix stands in for that answer here."""
+    store = ObjectStore(root)
+    store.put("commits", b"not below the prefix")
+    assert store.list("commits") == []
+    assert store.list("") == ["commits"]
+
+
 def test_only_marked_objects_are_listed_as_marked(root):
     store = ObjectStore(root)
     store.put("p/unmarked.dlc", b"half of an upload")
