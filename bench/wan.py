@@ -44,8 +44,9 @@ the delaying proxy on the region's WAN address.
    ``--check-link-rate`` (full mode only) DiLoCo run again at the plan's rate and at half
    of it.
 7. ``--sweep`` (full mode only): WAN bytes at several settings (``bench.wan_sweep.SWEEP``:
-   int4 published updates, H=50 and 100, the outer learning rate and momentum at H=100;
-   all but the default's H with less chatter), each a whole run with ``diloco up`` on this
+   int4 published updates, H=50 and 100, the outer learning rate and momentum at H=100,
+   int2 uploads with int4 or int2 updates at H=100; all but the default's H with less
+   chatter), each a whole run with ``diloco up`` on this
    machine (file:// buckets: bytes do not depend on the link), against both data-parallel
    baselines at equal loss (each counted to the steps data-parallel needs to reach the
    setting's final loss): which reaches >= 300x fewer than the flat ring and >= 200x fewer
@@ -54,6 +55,7 @@ the delaying proxy on the region's WAN address.
     python -m bench.wan                  # the full race (~10 min on 2 cores; needs root, iproute2)
     python -m bench.wan --sweep          # and the settings sweep (~25 min more)
     python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
+    python -m bench.wan --sweep-from bench/results/wan.json --settings "H=100, int2 uploads, int4 updates"
     python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
 
 Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
@@ -91,7 +93,7 @@ from bench.wan_diloco import (
 from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
-from bench.wan_sweep import dp_reference, sweep
+from bench.wan_sweep import LABELS, dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
@@ -360,11 +362,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run only the sweep, against the data-parallel results of an earlier full run's JSON (written back there)",
     )
     parser.add_argument(
+        "--settings",
+        action="append",
+        default=[],
+        choices=LABELS,
+        metavar="SETTING",
+        help="with --sweep-from: run only this setting of the sweep (repeatable), keeping the others' rows",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
     args = parser.parse_args(argv)
     if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
         parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
+    if args.settings and not args.sweep_from:
+        parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
     return args
 
 
@@ -386,7 +398,8 @@ def sweep_only(args: argparse.Namespace) -> dict:
         args.sweep_from.write_text(json.dumps(document, indent=2) + "\n")
 
     try:
-        write(sweep(workdir, dp_reference(results["dp"]), timeout, write))
+        earlier = results.get("sweep", {}).get("rows", [])
+        write(sweep(workdir, dp_reference(results["dp"]), timeout, write, args.settings, earlier))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     show_sweep(results["sweep"])

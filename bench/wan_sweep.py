@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.wan_diloco import tail
@@ -20,6 +21,9 @@ TARGET_HIERARCHICAL = 200.0
 codec and schedule that reach 300x)."""
 QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
 INT4_UPDATES = "sync.update_codec.codec=int4"
+INT2_UPLOADS = "sync.learner_codec.codec=int2"
+"""Learners' deltas and reducers' aggregates in 2 bits, with their error feedback."""
+INT2_UPDATES = "sync.update_codec.codec=int2"
 SWEEP = (
     ("default (H=25, int4/int8)", []),
     ("int4 updates", [INT4_UPDATES]),
@@ -33,7 +37,10 @@ SWEEP = (
         "H=100, int4 updates, outer momentum 0.5",
         [*QUIET, "sync.sync_interval=100", INT4_UPDATES, "sync.outer_momentum=0.5"],
     ),
+    ("H=100, int2 uploads, int4 updates", [*QUIET, "sync.sync_interval=100", INT2_UPLOADS, INT4_UPDATES]),
+    ("H=100, int2 uploads and updates", [*QUIET, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES]),
 )
+LABELS = tuple(label for label, _ in SWEEP)
 
 
 def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, attempt: int = 0) -> dict:
@@ -95,12 +102,20 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     }
 
 
-def sweep(workdir: Path, reference: dict, timeout: float, write) -> dict:
+def sweep(
+    workdir: Path, reference: dict, timeout: float, write, only: Sequence[str] = (), earlier: Sequence[dict] = ()
+) -> dict:
     """Every setting of SWEEP (a run that fails is tried once more, then reported as
     failed), against ``reference``: data-parallel's loss curve and each baseline's WAN
-    bytes per step (:func:`dp_reference`)."""
+    bytes per step (:func:`dp_reference`).  With ``only``, just those settings run and
+    the others keep their rows from ``earlier`` (an earlier sweep's)."""
+    kept = {row["setting"]: row for row in earlier}
     rows: list[dict] = []
     for label, overrides in SWEEP:
+        if only and label not in only:
+            if label in kept:
+                rows.append(kept[label])
+            continue
         errors = []
         for attempt in range(2):
             try:

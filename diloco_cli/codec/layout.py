@@ -1,8 +1,9 @@
 """The byte layout of a payload's body: codecs and the size of each tensor's section.
 
 Pure arithmetic, without torch, so that what only reads headers (the CLI, status) starts
-fast.  A section is ``[scales][codes]``: one bfloat16 scale per block for int8 and int4,
-none for the float formats, padded to 8 bytes so sections can be viewed as fp32 in place.
+fast.  A section is ``[scales][codes]``: one bfloat16 scale per block for int8, int4 and
+int2, none for the float formats, padded to 8 bytes so sections can be viewed as fp32 in
+place.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ class Codec(str, Enum):
     BF16 = "bf16"
     INT8 = "int8"
     INT4 = "int4"
+    INT2 = "int2"
 
     @property
     def levels(self) -> int:
-        """Positive quantization levels (0 for the float formats)."""
-        return {Codec.INT8: 127, Codec.INT4: 7}.get(self, 0)
+        """The largest code (0 for the float formats).  int8 and int4 store the integers in
+        ``[-levels, levels]`` with a block's scale its absmax over this; int2 the odd ones,
+        -3, -1, 1 and 3, with the scale from the block's mean absolute value (clipping)."""
+        return {Codec.INT8: 127, Codec.INT4: 7, Codec.INT2: 3}.get(self, 0)
+
+    @property
+    def values_per_byte(self) -> int:
+        """Codes packed into one byte (1 for the formats of whole bytes per value)."""
+        return {Codec.INT4: 2, Codec.INT2: 4}.get(self, 1)
 
 
 @dataclass(frozen=True)
@@ -51,5 +60,4 @@ def section_layout(codec: Codec, numel: int, block_size: int) -> SectionLayout:
     if codec is Codec.BF16:
         return SectionLayout(0, 2 * numel)
     num_blocks = -(-numel // block_size)
-    code_bytes = numel if codec is Codec.INT8 else -(-numel // 2)
-    return SectionLayout(2 * num_blocks, code_bytes)
+    return SectionLayout(2 * num_blocks, -(-numel // codec.values_per_byte))

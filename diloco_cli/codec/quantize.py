@@ -6,11 +6,16 @@ a bfloat16 (2 bytes, exact in fp32), and each value becomes the nearest level
 ``q * scale`` rounded to fp32.  int8 uses 127 levels, int4
 7 levels packed two to a byte (as in Streaming DiLoCo, arXiv 2501.18512, and Decoupled
 DiLoCo, arXiv 2604.21428, whose ablation finds 4 bits lossless and 2 bits harmful).
+int2 keeps four odd levels, ``q`` in {-3, -1, 1, 3}, the nearest odd integer to ``x /
+scale`` with the scale from the block's mean absolute value (:data:`INT2_SCALE_OF_MEAN`),
+so values beyond ``3 * scale`` are clipped; packed four to a byte.  It is meant for
+learners' deltas, whose error feedback carries the rounding and the clipping into the next
+send (as SparseLoCo, arXiv 2508.15706, does with 2-bit values).
 
-Two backends compute exactly the same bytes: fused C kernels (``_kernels.c``, one pass
-per block, loaded with ctypes) and a torch reference used where the kernels were not
-built.  A section is ``[scales][codes]``, padded to 8 bytes so sections can be viewed as
-fp32 in place.
+Two backends compute exactly the same bytes for int8 and int4: fused C kernels
+(``_kernels.c``, one pass per block, loaded with ctypes) and a torch reference used where
+the kernels were not built; int2 has the torch path only.  A section is
+``[scales][codes]``, padded to 8 bytes so sections can be viewed as fp32 in place.
 """
 
 from __future__ import annotations
@@ -29,6 +34,13 @@ from diloco_cli.codec.parallel import SERIAL, KernelPool
 
 MAX_ABSMAX = 3.0e38
 """Beyond this a block's scale, rounded up to a bfloat16, would overflow (as in the kernels)."""
+
+INT2_SCALE_OF_MEAN = 2.0 / 3.0
+"""An int2 block's scale over its mean absolute value: levels at +-2/3 and +-2 of the mean,
+a step of about one standard deviation of Gaussian values, near the best uniform 4-level
+quantizer (Max, "Quantizing for minimum distortion", 1960: step 0.996 sigma); 34% relative
+error on Gaussian values and 57% on Student-t(3) ones, where an absmax scale loses 51% and
+123% (a block's largest value sets levels that most values are far from)."""
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -88,10 +100,6 @@ def _address(array: np.ndarray | torch.Tensor | None) -> int | None:
 
 
 # ------------------------------------------------------------------------ quantization
-
-
-def _code_bytes_per_value(codec: Codec) -> float:
-    return 0.5 if codec is Codec.INT4 else 1.0
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -179,7 +187,7 @@ def quantize_chunk(
             torch.sub(values, stored.to(torch.float32), out=residual)
         return
     first_block = start // block_size
-    code_start = int(start * _code_bytes_per_value(codec))
+    code_start = start // codec.values_per_byte
     if _uses_kernels(codec, use_kernels):
         function = KERNELS.diloco_quantize_int8 if codec is Codec.INT8 else KERNELS.diloco_quantize_int4
         status = function(
@@ -222,23 +230,57 @@ def _reference_quantize(
     invalid = ~(absmax <= MAX_ABSMAX)  # NaN, infinity, or a scale that would overflow
     if bool(invalid.any()):
         raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
-    rounded_up = ((absmax / levels).view(torch.int32) + 0xFFFF) & -65536
+    if codec is Codec.INT2:
+        counts = torch.full_like(absmax, block_size)
+        counts[-1] = numel - (len(counts) - 1) * block_size
+        exact_scale = blocks.abs().sum(dim=1) / counts * INT2_SCALE_OF_MEAN
+    else:
+        exact_scale = absmax / levels
+    rounded_up = (exact_scale.view(torch.int32) + 0xFFFF) & -65536
     block_scales = rounded_up.view(torch.float32)
     inverse = torch.where(block_scales > 0, 1.0 / block_scales, torch.zeros_like(block_scales))
-    quantized = torch.round(blocks * inverse[:, None]).clamp_(-levels, levels)
+    scaled = blocks * inverse[:, None]
+    if codec is Codec.INT2:  # the nearest odd integer
+        quantized = (torch.round((scaled - 1) / 2) * 2 + 1).clamp_(-levels, levels)
+    else:
+        quantized = torch.round(scaled).clamp_(-levels, levels)
     torch.from_numpy(scales[: len(block_scales)]).copy_((rounded_up >> 16).to(torch.int16))
     flat = quantized.view(-1)[:numel].to(torch.int8)
     if codec is Codec.INT8:
         torch.from_numpy(codes[:numel]).copy_(flat.view(torch.uint8))
     else:
-        nibbles = (flat + 8).to(torch.uint8)
-        if numel % 2:
-            nibbles = torch.cat([nibbles, torch.tensor([8], dtype=torch.uint8)])
-        pairs = nibbles.view(-1, 2)
-        torch.from_numpy(codes[: len(pairs)]).copy_(pairs[:, 0] | (pairs[:, 1] << 4))
+        _pack(codec, flat, codes)
     if residual is not None:
         decoded = (quantized * block_scales[:, None]).view(-1)[:numel]
         torch.sub(values, decoded, out=residual)
+
+
+def _pack(codec: Codec, levels: torch.Tensor, codes: np.ndarray) -> None:
+    """Pack int4 or int2 levels into ``codes``, the first value in the lowest bits: int4
+    as ``q + 8`` (0 pads an odd count, as code 8), int2 as ``(q + 3) / 2`` (padding 0)."""
+    per_byte = codec.values_per_byte
+    bits = 8 // per_byte
+    fields = ((levels + 8) if codec is Codec.INT4 else (levels + 3) // 2).to(torch.uint8)
+    padding = -len(fields) % per_byte
+    if padding:
+        pad = 8 if codec is Codec.INT4 else 0
+        fields = torch.cat([fields, torch.full((padding,), pad, dtype=torch.uint8)])
+    groups = fields.view(-1, per_byte)
+    packed = groups[:, 0].clone()
+    for slot in range(1, per_byte):
+        packed |= groups[:, slot] << (bits * slot)
+    torch.from_numpy(codes[: len(packed)]).copy_(packed)
+
+
+def _unpack(codec: Codec, packed: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` levels (int8) of int4 or int2 codes packed by :func:`_pack`."""
+    per_byte = codec.values_per_byte
+    bits = 8 // per_byte
+    mask = (1 << bits) - 1
+    packed = packed[: -(-length // per_byte)]
+    fields = torch.stack([(packed >> (bits * slot)) & mask for slot in range(per_byte)], dim=1).view(-1)[:length]
+    fields = fields.to(torch.int8)
+    return fields - 8 if codec is Codec.INT4 else fields * 2 - 3
 
 
 def dequantize_into(
@@ -300,7 +342,7 @@ def dequantize_chunk(
             out.copy_(stored)
         return
     first_block = start // block_size
-    code_start = int(start * _code_bytes_per_value(codec))
+    code_start = start // codec.values_per_byte
     if _uses_kernels(codec, use_kernels):
         function = KERNELS.diloco_dequantize_int8 if codec is Codec.INT8 else KERNELS.diloco_dequantize_int4
         function(
@@ -316,9 +358,7 @@ def dequantize_chunk(
     if codec is Codec.INT8:
         levels = codes_tensor[:length].view(torch.int8).to(torch.float32)
     else:
-        packed = codes_tensor[: -(-length // 2)]
-        unpacked = torch.stack([packed & 15, packed >> 4], dim=1).view(-1)[:length]
-        levels = unpacked.to(torch.float32) - 8
+        levels = _unpack(codec, codes_tensor, length).to(torch.float32)
     block_scales = (_as_tensor(scales[first_block:]).to(torch.int32) << 16).view(torch.float32)
     block_scales = block_scales.repeat_interleave(block_size)[:length]
     decoded = levels * block_scales

@@ -29,7 +29,7 @@ from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES, PayloadLimits
 from diloco_cli.codec.layout import section_layout
 from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into
 
-ERROR_BOUNDS = {Codec.FP32: 0.0, Codec.BF16: 0.005, Codec.INT8: 0.01, Codec.INT4: 0.12}
+ERROR_BOUNDS = {Codec.FP32: 0.0, Codec.BF16: 0.005, Codec.INT8: 0.01, Codec.INT4: 0.12, Codec.INT2: 0.36}
 
 
 def relative_error(original, decoded):
@@ -96,6 +96,42 @@ def test_int4_golden_block():
     out = torch.empty(6)
     dequantize_into(Codec.INT4, section, 6, 64, out)
     assert torch.equal(out, torch.tensor(expected_levels, dtype=torch.float32) * scale)
+
+
+def test_int2_golden_block():
+    """One block by hand: mean |x| 0.6 gives the scale 0.4, rounded up to the bfloat16
+    0.400390625; each value becomes the nearest odd level of that scale, clipped to +-3,
+    four to a byte as (q + 3) / 2, the first value in the lowest bits."""
+    values = torch.tensor([1.5, -0.3, 0.1, -0.5, 0.0, 1.2])
+    assert abs(float(values.abs().mean()) - 0.6) < 1e-7
+    section = np.zeros(section_layout(Codec.INT2, 6, 64).total_bytes, np.uint8)
+    quantize_into(Codec.INT2, values, 64, section)
+    scale = 0.400390625  # 0x3ECD0000: 0.4f is 0x3ECCCCCD, rounded up in the top 16 bits
+    assert section[:2].view(np.uint16)[0] == 0x3ECD
+    expected_levels = [3, -1, 1, -1, 1, 3]  # 1.5/s = 3.75 clips to 3; 0.0 rounds to +1 (no zero level)
+    fields = [(int(byte) >> shift) & 3 for byte in section[2:4] for shift in (0, 2, 4, 6)][:6]
+    assert [2 * f - 3 for f in fields] == expected_levels
+    assert section_layout(Codec.INT2, 6, 64).code_bytes == 2
+    out = torch.empty(6)
+    dequantize_into(Codec.INT2, section, 6, 64, out)
+    assert torch.equal(out, torch.tensor(expected_levels, dtype=torch.float32) * scale)
+
+
+def test_int2_error_feedback_sends_the_sum_of_what_it_was_given():
+    """Sent with error feedback, int2's clipping and rounding are carried, not lost: after
+    T sends of the same values, what arrived sums to T times them but for one residual,
+    so its relative error falls with T (one send alone loses 35%)."""
+    values = torch.randn(4096, generator=torch.Generator().manual_seed(1))
+    residual, arrived, errors = torch.zeros(4096), torch.zeros(4096), []
+    for sends in range(1, 51):
+        section = np.zeros(section_layout(Codec.INT2, 4096, 64).total_bytes, np.uint8)
+        quantize_into(Codec.INT2, values + residual, 64, section, residual)
+        decoded = torch.empty(4096)
+        dequantize_into(Codec.INT2, section, 4096, 64, decoded)
+        arrived += decoded
+        errors.append(relative_error(sends * values, arrived))
+    assert torch.allclose(arrived + residual, 50 * values, rtol=1e-4, atol=1e-3)
+    assert errors[0] > 0.3 and errors[9] < 0.2 and errors[49] < 0.08
 
 
 def test_int8_ties_round_to_even():
@@ -230,6 +266,8 @@ def test_int4_needs_an_even_block_of_at_most_256():
     with pytest.raises(ValueError, match="even block_size"):
         CodecSpec(codec=Codec.INT4, block_size=63)
     assert CodecSpec(codec=Codec.INT8, block_size=1000).block_size == 1000
+    with pytest.raises(ValueError, match="multiple of 4"):
+        CodecSpec(codec=Codec.INT2, block_size=66)
 
 
 def test_secret_never_shows_in_its_repr():

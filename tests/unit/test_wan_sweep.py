@@ -3,7 +3,8 @@ bytes to the setting's final loss over the setting's whole run (figures computed
 
 import pytest
 
-from bench.wan_sweep import summarize_sweep
+import bench.wan_sweep
+from bench.wan_sweep import LABELS, summarize_sweep, sweep
 
 REFERENCE = {
     "evaluations": [{"step": step, "loss": 3.0 - step / 100} for step in range(0, 301, 10)],  # 3.0 .. 0.0
@@ -44,3 +45,20 @@ def test_the_targets_need_both_baselines_and_a_failed_setting_counts_as_unmeasur
     assert summary["meeting"] == ["default", "lean"]
     lean_only = summarize_sweep([row("default", 2.0, 1_001.0)], REFERENCE)
     assert not lean_only["rows"][0]["meets_target"]
+
+
+def test_rerunning_some_settings_keeps_the_earlier_rows_of_the_others(monkeypatch, tmp_path):
+    ran = []
+
+    def fake_run(label, overrides, workdir, timeout, attempt=0):  # a whole diloco up, elsewhere
+        ran.append(label)
+        return row(label, 2.0, 500.0)
+
+    monkeypatch.setattr(bench.wan_sweep, "sweep_run", fake_run)
+    earlier = [row(label, 2.0, 1_000.0) for label in LABELS[:-1]] + [row("a setting since removed", 2.0, 1.0)]
+    written = []
+    summary = sweep(tmp_path, REFERENCE, 60.0, written.append, only=[LABELS[1], LABELS[-1]], earlier=earlier)
+    assert ran == [LABELS[1], LABELS[-1]]
+    assert [r["setting"] for r in summary["rows"]] == list(LABELS)  # in the sweep's order, the removed one gone
+    assert [r["wan_bytes"] for r in summary["rows"]] == [500.0 if label in ran else 1_000.0 for label in LABELS]
+    assert len(written) == 2 and summary["rows"][0]["loss_vs_default"] == 0.0
