@@ -76,6 +76,40 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     return filesystem, path.rstrip("/")
 
 
+def is_s3(filesystem: fsspec.AbstractFileSystem) -> bool:
+    return "s3" in _protocols(filesystem)
+
+
+def _protocols(filesystem: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = filesystem.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def find_below(filesystem: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """The paths of every object below ``path/``, freshly listed.  On S3, one LIST per
+    1000 keys: s3fs's ``find`` of a prefix that holds nothing also sends a HEAD and a LIST
+    looking for an object named ``path`` (three requests where one will do; an empty
+    prefix is what a poller lists most), which a stem filter on the parent avoids."""
+    filesystem.invalidate_cache()
+    parent, _, name = path.rpartition("/")
+    try:
+        if is_s3(filesystem) and parent:
+            return filesystem.find(parent, prefix=name + "/")
+        return filesystem.find(path)
+    except FileNotFoundError:
+        return []
+
+
+def object_exists(filesystem: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether an object of at least one byte is at ``path``, in one request: a read of its
+    first byte (s3fs's ``exists`` is a HEAD and, for a missing object, a LIST as well)."""
+    try:
+        filesystem.cat_file(path, start=0, end=1)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write an object so that no reader can see part of it."""
     if isinstance(filesystem, LocalFileSystem):

@@ -11,7 +11,14 @@ from typing import Any
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.documents import DocumentType, seal, unseal
 from diloco_cli.store.faults import StorageFaults
-from diloco_cli.store.filesystem import StorageError, open_filesystem, protocol_of, write_whole
+from diloco_cli.store.filesystem import (
+    StorageError,
+    find_below,
+    object_exists,
+    open_filesystem,
+    protocol_of,
+    write_whole,
+)
 from diloco_cli.store.metering import StorageMeter, listing_bytes
 from diloco_cli.store.retry import RetryPolicy, call_with_retries
 
@@ -81,19 +88,14 @@ class ObjectStore:
         return data
 
     def exists(self, key: str) -> bool:
-        return self._call("checking", key, lambda: self._filesystem.exists(self._full(key)), "read")
+        """Whether object ``key`` (of at least one byte: a marker, a payload) exists; one request."""
+        return self._call("checking", key, lambda: object_exists(self._filesystem, self._full(key)), "read")
 
     def list(self, prefix: str, include_partial: bool = False) -> list[str]:
         """Keys of every object under ``prefix/``, freshly listed (recursive, sorted)."""
-
-        def find() -> list[str]:
-            self._filesystem.invalidate_cache()
-            try:
-                return self._filesystem.find(self._full(prefix))
-            except FileNotFoundError:
-                return []
-
-        paths = self._call("listing", prefix, find, "list", kind="listing")
+        paths = self._call(
+            "listing", prefix, lambda: find_below(self._filesystem, self._full(prefix)), "list", kind="listing"
+        )
         self.meter.count("listing", down=listing_bytes(paths))
         # Only what lies strictly below the prefix: s3fs's find, racing a first write under an
         # empty prefix, can list nothing and then return the prefix itself as a "directory".

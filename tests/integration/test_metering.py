@@ -16,6 +16,7 @@ from diloco_cli.launch.runs import load_run
 from diloco_cli.store.metering import Traffic
 from diloco_cli.store.region import RegionBucket
 from tests.support.delay_proxy import delay_proxy
+from tests.support.fault_proxy import FaultRules, fault_proxy
 from tests.support.runs import (
     TINY_RECIPE,
     child_pid,
@@ -71,6 +72,43 @@ def test_a_store_counts_what_the_s3_server_received_and_sent(s3):
     assert kinds["heartbeat"].bytes_up == 3000
     assert_within_headers("up", counters.bytes_up, up, counters.requests)
     assert_within_headers("down", counters.bytes_down, down, counters.requests)
+
+
+def test_every_request_the_s3_server_receives_is_metered_once(s3):
+    """Counted by an HTTP proxy in front of moto, request by request: what each store
+    operation sends is what the meter counts (an empty listing is one LIST, not s3fs's
+    LIST + HEAD + LIST; a check for a missing marker one GET, not HEAD + LIST)."""
+    secret = RunSecret.generate()
+    root = s3.create_bucket("requests") + "/run"
+    payload = encode_payload([("w", __import__("torch").randn(32))], CodecSpec(), secret, {"base_version": 0})
+    marker = {"base_version": 0, "c_steps": 1, "c_tokens": 32}
+    with fault_proxy(s3.endpoint_url, FaultRules()) as proxy:
+        bucket = RegionBucket("r0", root, {"endpoint_url": proxy.url}, secret)
+        store = bucket.store
+
+        def sent_and_metered() -> tuple[int, int]:
+            return proxy.stats.total("forwarded"), store.meter.snapshot().requests
+
+        steps = [
+            ("an empty listing", lambda: store.list("payloads")),
+            ("a missing document", lambda: bucket.read_control("r0-0")),
+            ("a missing marker", lambda: store.exists("global/updates/0000000001-000.dlc.ready")),
+            ("a send (payload and marker)", lambda: bucket.send_payload("r0-0", 0, 1, payload, marker)),
+            ("a listing", lambda: bucket.payload_keys()),
+            ("a marker there", lambda: store.exists(bucket.payload_keys()[0] + ".ready")),
+            ("a read", lambda: bucket.read_payload(bucket.payload_keys()[0])),
+            ("a document", lambda: store.put("heartbeats/r0-0.json", b"{}")),
+            ("a deletion of both", lambda: bucket.delete_payload(bucket.payload_keys()[0])),
+            ("a batch deletion", lambda: store.delete_many(["a/1", "a/2", "a/3"])),
+        ]
+        for what, step in steps:
+            before = sent_and_metered()
+            step()
+            after = sent_and_metered()
+            assert after[0] - before[0] == after[1] - before[1], (
+                f"{what}: sent {after[0] - before[0]} requests, metered {after[1] - before[1]}"
+            )
+        assert store.meter.snapshot().requests == proxy.stats.total("forwarded") >= len(steps)
 
 
 def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_continues(tmp_path, s3):
