@@ -692,7 +692,10 @@ def show(results: dict) -> None:
         f"+ {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
         f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s"
     )
-    print("\nbytes per link, DiLoCo (app: the run's report; proxy: HTTP through the proxies; wire: the WAN devices)")
+    print(
+        "\nbytes per link, DiLoCo (app: the run's report, objects and estimated heads; proxy: HTTP through the "
+        "proxies; wire: the WAN devices)"
+    )
     link_rows = []
     for link in diloco["links"]:
         proxy = diloco["proxies"][link["bucket"]]["remote" if link["wan"] else "local"]
@@ -707,6 +710,9 @@ def show(results: dict) -> None:
             }
         )
     print_table(link_rows, ["link", "WAN", "app up", "app down", "proxy up", "proxy down"])
+    if diloco.get("metered_over_proxy") is not None:
+        metered = diloco["metered_over_proxy"]
+        print(f"WAN bytes metered (objects and estimated heads) against the proxies: {metered:+.2%}")
     device_rows = [{"place": label, "tx": moved["tx"], "rx": moved["rx"]} for label, moved in diloco["devices"].items()]
     print(
         "wire bytes per place's link, DiLoCo run:",

@@ -379,6 +379,7 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
         "wan_bytes_per_token": wan_bytes / tokens,
         "proxy_wan_bytes": proxy_wan,
         "wan_bytes_per_token_proxy": proxy_wan / tokens,
+        "metered_over_proxy": wan_bytes / proxy_wan - 1 if proxy_wan else None,
         "wire_wan_bytes": wire_wan,
         "wan_bytes_per_token_wire": wire_wan / tokens,
         "links": [

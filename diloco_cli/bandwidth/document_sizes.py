@@ -45,7 +45,7 @@ REDUCER_STATUS_BYTES_PER_FRAGMENT = 30
 REDUCER_STATUS_BYTES_PER_LEARNER = 24
 """Per learner of the region, besides its name: the time of its heartbeat last seen."""
 
-COUNTERS_BYTES_PER_KIND = 144
+COUNTERS_BYTES_PER_KIND = 188
 """Storage counters (``store.metering``) per kind of object counted."""
 COUNTERS_BYTES_PER_SAMPLE = 38
 """Storage counters per history sample held."""

@@ -54,6 +54,7 @@ from diloco_cli.bandwidth.document_sizes import (
 )
 from diloco_cli.config.recipe import SyncConfig, TrainingConfig
 from diloco_cli.store.metering import LIST_PAGE_KEYS, LISTING_BYTES_PER_KEY, LISTING_BYTES_PER_REQUEST
+from diloco_cli.store.wire import wire_model
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -115,6 +116,9 @@ class Link(BaseModel):
     local link, neither limited nor part of the WAN)."""
     latency_ms: float = Field(ge=0)
     """One-way latency; a request costs a round trip, twice this."""
+    protocol: str = "s3"
+    """The protocol of the region's bucket (``s3``, ``gs``, ``file``...): what each request
+    carries besides its object, its HTTP heads (:mod:`diloco_cli.store.wire`)."""
 
     @property
     def wan(self) -> bool:
@@ -545,12 +549,29 @@ def _seconds(flows: tuple[Flow, ...], link: Link) -> float:
     return sum(f.bytes_per_second / link.bytes_per_second + f.requests_per_second * round_trip for f in flows)
 
 
+def request_overhead(flows: tuple[Flow, ...], protocol: str, path_bytes: float) -> tuple[float, float]:
+    """Bytes per second up and down that ``flows``' requests carry besides their objects
+    (their HTTP heads, as the meter estimates them: :mod:`diloco_cli.store.wire`); PUT
+    and LIST are counted as PUTs."""
+    wire = wire_model(protocol)
+    up = down = 0.0
+    for op, rate in (
+        ("write", sum(f.put_per_second for f in flows)),
+        ("read", sum(f.get_per_second for f in flows)),
+        ("delete", sum(f.delete_per_second for f in flows)),
+    ):
+        request_up, request_down = wire.per_request(op, path_bytes)
+        up, down = up + rate * request_up, down + rate * request_down
+    return up, down
+
+
 def link_traffic(
     shape: RunShape, link: Link, period: float, head: float, status: float, beat: float, samples: float
 ) -> LinkTraffic:
     flows = link_flows(shape, link, period, head, status, beat, samples)
-    up = sum(f.bytes_per_second for f in flows if f.direction == "up")
-    down = sum(f.bytes_per_second for f in flows if f.direction == "down")
+    heads_up, heads_down = request_overhead(flows, link.protocol, shape.key_prefix_bytes + 40)
+    up = sum(f.bytes_per_second for f in flows if f.direction == "up") + heads_up
+    down = sum(f.bytes_per_second for f in flows if f.direction == "down") + heads_down
     polling = [f for f in flows if f.polling]
     one_poll = _seconds(
         tuple(

@@ -45,9 +45,12 @@ class LinkRow(BaseModel):
     """Whether the bytes crossed a link between places (else region-local)."""
     requests: int
     bytes_up: int
-    """Bytes written into the bucket."""
+    """Bytes written into the bucket: objects, and the requests' heads (estimated)."""
     bytes_down: int
-    """Bytes read from it (listings estimated)."""
+    """Bytes read from it: objects (listings estimated) and the answers' heads (estimated)."""
+    overhead_bytes: int = 0
+    """Of these, both ways, what the requests carried besides objects: HTTP heads, error
+    bodies, envelopes (estimated per request: ``diloco_cli/store/wire.py``)."""
     seconds: float
     """Time spent in these calls, summed over threads."""
     megabytes_per_second: float | None
@@ -106,6 +109,9 @@ class KindRow(BaseModel):
     requests: int
     bytes_up: int
     bytes_down: int
+    """Objects and the requests' heads, as for links."""
+    overhead_bytes: int = 0
+    """Of these, both ways, the heads and envelopes (estimated per request)."""
     wan_bytes: int
     """Of these bytes, those that crossed a link."""
     cost_dollars: float = 0.0
@@ -279,7 +285,8 @@ def _prices_note(places: list[str]) -> str:
 
 
 def _moved(traffic: Traffic) -> int:
-    return traffic.bytes_up + traffic.bytes_down
+    """Every byte a link carried for ``traffic``: objects and the requests' overhead."""
+    return traffic.wire_up + traffic.wire_down
 
 
 def _dollars(
@@ -294,8 +301,8 @@ def _dollars(
     reads = traffic.requests - traffic.writes - traffic.deletes
     cost = request_dollars(prices, provider[bucket], traffic.writes, reads)
     source_provider = provider.get(source)
-    cost += egress_dollars(prices, traffic.bytes_down, provider[bucket], source_provider, same_region=not wan)
-    cost += egress_dollars(prices, traffic.bytes_up, source_provider, provider[bucket], same_region=not wan)
+    cost += egress_dollars(prices, traffic.wire_down, provider[bucket], source_provider, same_region=not wan)
+    cost += egress_dollars(prices, traffic.wire_up, source_provider, provider[bucket], same_region=not wan)
     return cost
 
 
@@ -317,8 +324,9 @@ def _link(
         bucket=bucket,
         wan=wan,
         requests=total.requests,
-        bytes_up=total.bytes_up,
-        bytes_down=total.bytes_down,
+        bytes_up=total.wire_up,
+        bytes_down=total.wire_down,
+        overhead_bytes=total.overhead_up + total.overhead_down,
         seconds=round(total.seconds, 3),
         megabytes_per_second=(_moved(total) / total.seconds / 1e6) if total.seconds > 0 else None,
         share=_moved(total) / total_bytes if total_bytes else 0.0,
@@ -348,7 +356,7 @@ def summed_history(histories: Iterable[list[TrafficSample]]) -> list[TrafficSamp
 
 def _learner(beat: Heartbeat) -> LearnerTraffic:
     kinds = beat.storage.kinds
-    up = {kind: traffic.bytes_up for kind, traffic in kinds.items()}
+    up = {kind: traffic.wire_up for kind, traffic in kinds.items()}
     total = beat.storage.total
     delta = up.get("payload", 0) + up.get("marker", 0)
     checkpoint = up.get("checkpoint", 0)
@@ -358,8 +366,8 @@ def _learner(beat: Heartbeat) -> LearnerTraffic:
         tokens=beat.tokens,
         delta_bytes_up=delta,
         checkpoint_bytes_up=checkpoint,
-        other_bytes_up=total.bytes_up - delta - checkpoint,
-        bytes_down=total.bytes_down,
+        other_bytes_up=total.wire_up - delta - checkpoint,
+        bytes_down=total.wire_down,
         requests=total.requests,
         retries=beat.storage.retries,
         failures=beat.storage.failures,
@@ -376,9 +384,9 @@ def _syncer(name: str, status: SyncerStatus) -> SyncerTraffic:
         place=status.place,
         merges=status.merges,
         requests=total.requests,
-        bytes_up=total.bytes_up,
-        bytes_down=total.bytes_down,
-        home_bytes=home.bytes_up + home.bytes_down,
+        bytes_up=total.wire_up,
+        bytes_down=total.wire_down,
+        home_bytes=_moved(home),
     )
 
 
@@ -401,8 +409,9 @@ def _kinds(
                 KindRow(
                     kind=kind,
                     requests=total.requests,
-                    bytes_up=total.bytes_up,
-                    bytes_down=total.bytes_down,
+                    bytes_up=total.wire_up,
+                    bytes_down=total.wire_down,
+                    overhead_bytes=total.overhead_up + total.overhead_down,
                     wan_bytes=wan,
                     cost_dollars=cost,
                 )

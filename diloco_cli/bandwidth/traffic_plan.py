@@ -54,6 +54,7 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.store.aggregates import SendRecord
+from diloco_cli.store.filesystem import protocol_of
 from diloco_cli.store.region import SEQUENCE_PER_EPOCH, payload_key
 
 FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -278,6 +279,7 @@ def _links(
             learners=r.learners,
             rate_mbit=None if r.name == syncer_region else rates[r.name],
             latency_ms=0.0 if r.name == syncer_region else latencies[r.name],
+            protocol=protocol_of(r.bucket) if r.bucket else "s3",
         )
         for r in layout
     )

@@ -100,16 +100,6 @@ def find_below(filesystem: fsspec.AbstractFileSystem, path: str) -> list[str]:
         return []
 
 
-def object_exists(filesystem: fsspec.AbstractFileSystem, path: str) -> bool:
-    """Whether an object of at least one byte is at ``path``, in one request: a read of its
-    first byte (s3fs's ``exists`` is a HEAD and, for a missing object, a LIST as well)."""
-    try:
-        filesystem.cat_file(path, start=0, end=1)
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write an object so that no reader can see part of it."""
     if isinstance(filesystem, LocalFileSystem):

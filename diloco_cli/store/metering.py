@@ -9,7 +9,10 @@ report, so a restarted process does not reset them.
 
 Listings have no body the backends hand back, so their bytes are estimated from the keys
 listed (:data:`LISTING_BYTES_PER_REQUEST`, :data:`LISTING_BYTES_PER_KEY`); every other
-byte is the size of an object written or read.  Request headers are not counted.
+object byte is the size of an object written or read.  What each request carries
+besides (HTTP heads, error bodies, protocol envelopes) is counted apart, as *overhead*,
+estimated per request by :mod:`diloco_cli.store.wire`; the *wire* bytes are both, what a
+link carries and what reports show.
 """
 
 from __future__ import annotations
@@ -79,14 +82,28 @@ class Traffic(BaseModel):
     raw_bytes: int = 0
     """For tensor objects written: the fp32 bytes of the tensors they carry (what the
     codec compressed)."""
+    overhead_up: int = 0
+    """Sent besides the objects: request heads and envelopes (estimated per request)."""
+    overhead_down: int = 0
+    """Received besides the objects: response heads, error bodies (estimated per request)."""
+
+    @property
+    def wire_up(self) -> int:
+        """Every byte sent: objects and overhead."""
+        return self.bytes_up + self.overhead_up
+
+    @property
+    def wire_down(self) -> int:
+        """Every byte received: objects and overhead."""
+        return self.bytes_down + self.overhead_down
 
     def plus(self, other: Traffic) -> Traffic:
         return Traffic(**{name: getattr(self, name) + getattr(other, name) for name in Traffic.model_fields})
 
 
 TrafficSample = tuple[float, int, int]
-"""(time, bytes up, bytes down): bytes moved up to ``time`` since the process's first
-start (a plain triple: heartbeats carry a hundred of them every few seconds)."""
+"""(time, wire bytes up, wire bytes down): bytes moved up to ``time`` since the process's
+first start (a plain triple: heartbeats carry a hundred of them every few seconds)."""
 
 
 class StorageCounters(BaseModel):
@@ -124,6 +141,14 @@ class StorageCounters(BaseModel):
     def bytes_down(self) -> int:
         return self.total.bytes_down
 
+    @property
+    def wire_up(self) -> int:
+        return self.total.wire_up
+
+    @property
+    def wire_down(self) -> int:
+        return self.total.wire_down
+
     def plus(self, other: StorageCounters) -> StorageCounters:
         """The sum of two counts: ``self`` from before a restart, ``other`` since (the
         latest error wins; the history continues from ``self``'s totals)."""
@@ -135,7 +160,7 @@ class StorageCounters(BaseModel):
         }
         before = self.total
         history = self.history + [
-            (when, before.bytes_up + up, before.bytes_down + down) for when, up, down in other.history
+            (when, before.wire_up + up, before.wire_down + down) for when, up, down in other.history
         ]
         return StorageCounters(
             kinds=kinds,
@@ -176,7 +201,7 @@ class StorageMeter:
             counters = self._counters
             now = time.time()
             total = counters.total
-            sample = (round(now, 1), total.bytes_up, total.bytes_down)
+            sample = (round(now, 1), total.wire_up, total.wire_down)
             history = counters.history
             if len(history) >= 2 and history[-1][0] - history[-2][0] < SAMPLE_SECONDS:
                 history = history[:-1]  # the newest moves on to now until it is far enough from the one before
@@ -193,9 +218,10 @@ class StorageMeter:
         down: int = 0,
         seconds: float = 0.0,
         raw: int = 0,
+        overhead: tuple[int, int] = (0, 0),
     ) -> None:
         """Add to ``kind``'s counts; ``op`` (``read``, ``write``, ``list``, ``delete``)
-        classes the requests for pricing."""
+        classes the requests for pricing; ``overhead``: (up, down) bytes besides objects."""
         with self._lock:
             traffic = self._counters.kinds.setdefault(kind, Traffic())
             traffic.requests += requests
@@ -207,6 +233,8 @@ class StorageMeter:
             traffic.bytes_down += down
             traffic.seconds += seconds
             traffic.raw_bytes += raw
+            traffic.overhead_up += overhead[0]
+            traffic.overhead_down += overhead[1]
 
     def retried(self) -> None:
         with self._lock:

@@ -4,7 +4,7 @@ marked objects, sealed documents, every call under the retry policy and metered.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +14,13 @@ from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import (
     StorageError,
     find_below,
-    object_exists,
     open_filesystem,
     protocol_of,
     write_whole,
 )
 from diloco_cli.store.metering import StorageMeter, listing_bytes
 from diloco_cli.store.retry import RetryPolicy, call_with_retries
+from diloco_cli.store.wire import wire_model
 
 MARKER_SUFFIX = ".ready"
 """A marked object ``X`` is trusted only once ``X.ready`` exists (written after ``X``)."""
@@ -48,6 +48,8 @@ class ObjectStore:
         self.root = root.rstrip("/")
         self._storage_options = dict(storage_options or {})
         self._filesystem, self._path = open_filesystem(self.root, self._storage_options)
+        self._wire = wire_model(protocol_of(self.root))
+        """What each request carries besides objects (estimated: :mod:`.wire`)."""
         self.retry = retry or RetryPolicy()
         self.meter = StorageMeter()
         self.kind_of = kind_of
@@ -60,11 +62,23 @@ class ObjectStore:
     def _full(self, key: str) -> str:
         return f"{self._path}/{key}" if key else self._path
 
-    def _call(self, what: str, key: str, call, op: str, kind: str | None = None):
+    def _call(self, what: str, key: str, call, op: str, kind: str | None = None, batch: Sequence[str] = ()):
+        """Run ``call`` under the retry policy, counted under ``kind`` (or ``kind_of(key)``)
+        as ``op``; ``batch``: the paths a batch deletion names."""
         description = f"{what} {self.root}/{key}"
         if self.faults is not None:
             call = self._faulty(call, description)
-        return call_with_retries(call, self.retry, self.meter, description, kind or self.kind_of(key), op)
+        path = "/" + self._full(key)
+        bucket_path = "/" + self._path.split("/", 1)[0]
+
+        def overhead(missing: bool) -> tuple[int, int]:
+            if batch:
+                return self._wire.estimate_batch(bucket_path, batch)
+            return self._wire.estimate(op, path, missing=missing)
+
+        return call_with_retries(
+            call, self.retry, self.meter, description, kind or self.kind_of(key), op, overhead=overhead
+        )
 
     def _faulty(self, call, description: str):
         faults = self.faults
@@ -89,7 +103,11 @@ class ObjectStore:
 
     def exists(self, key: str) -> bool:
         """Whether object ``key`` (of at least one byte: a marker, a payload) exists; one request."""
-        return self._call("checking", key, lambda: object_exists(self._filesystem, self._full(key)), "read")
+        try:  # one request, a read of the first byte (s3fs's exists: a HEAD, and a LIST when missing)
+            self._call("checking", key, lambda: self._filesystem.cat_file(self._full(key), start=0, end=1), "read")
+        except FileNotFoundError:
+            return False
+        return True
 
     def list(self, prefix: str, include_partial: bool = False) -> list[str]:
         """Keys of every object under ``prefix/``, freshly listed (recursive, sorted)."""
@@ -130,7 +148,14 @@ class ObjectStore:
                     except FileNotFoundError:
                         pass
 
-        self._call("deleting", f"{keys[0]} and {len(keys) - 1} more", remove, "delete", kind=self.kind_of(keys[0]))
+        self._call(
+            "deleting",
+            f"{keys[0]} and {len(keys) - 1} more",
+            remove,
+            "delete",
+            kind=self.kind_of(keys[0]),
+            batch=paths,
+        )
 
     def remove_everything(self) -> None:
         """Delete every object under the root (``diloco rm``: the root is the run's own)."""

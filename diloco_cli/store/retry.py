@@ -49,19 +49,27 @@ def call_with_retries(
     what: str,
     kind: str = "other",
     op: str = "read",
+    overhead: Callable[[bool], tuple[int, int]] | None = None,
 ) -> Result:
     """Run ``call`` under ``policy``; ``what`` names the operation and object in messages,
-    ``kind`` and ``op`` how each try is counted in ``meter`` (a request and its seconds).
+    ``kind`` and ``op`` how each try is counted in ``meter`` (a request and its seconds),
+    ``overhead(missing)`` the (up, down) bytes each try carries besides objects (``missing``:
+    answered that the object does not exist).
 
     Raises the call's own error for answers (``FileNotFoundError``...), and
     :class:`StorageError` once a transient failure has used up every attempt."""
 
     def counted() -> Result:
         start = time.perf_counter()
+        missing = False
         try:
             return call()
+        except FileNotFoundError:
+            missing = True
+            raise
         finally:
-            meter.count(kind, requests=1, op=op, seconds=time.perf_counter() - start)
+            wire = overhead(missing) if overhead is not None else (0, 0)
+            meter.count(kind, requests=1, op=op, seconds=time.perf_counter() - start, overhead=wire)
 
     def before_sleep(state: RetryCallState) -> None:
         meter.retried()

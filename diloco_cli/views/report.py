@@ -61,13 +61,18 @@ def build_view(report: TrafficReport, plain: bool = False) -> Group:
         + f"  in regions {human_bytes(report.total_bytes - report.wan_bytes)}"
         f"  est. cost {_dollars(report.cost_dollars)}"
     )
-    links = _table("per link", table_box, ("link", "WAN", "up", "down", "requests", "MB/s", "share", "cost"))
+    links = _table(
+        "per link (bytes: objects and the requests' HTTP heads)",
+        table_box,
+        ("link", "WAN", "up", "down", "of it heads", "requests", "MB/s", "share", "cost"),
+    )
     for link in report.links:
         links.add_row(
             link.name,
             "yes" if link.wan else "no",
             human_bytes(link.bytes_up),
             human_bytes(link.bytes_down),
+            human_bytes(link.overhead_bytes),
             human_count(link.requests),
             _rate(link.megabytes_per_second),
             f"{link.share:.1%}",

@@ -110,6 +110,7 @@ def _tables(report: TrafficReport) -> list[str]:
             "WAN" if link.wan else "in region",
             human_bytes(link.bytes_up),
             human_bytes(link.bytes_down),
+            human_bytes(link.overhead_bytes),
             f"{link.requests:,}",
             "-" if link.megabytes_per_second is None else f"{link.megabytes_per_second:,.1f} MB/s",
             f"{link.share:.1%}",
@@ -161,8 +162,8 @@ def _tables(report: TrafficReport) -> list[str]:
     return [
         _table(
             "table-links",
-            "Links",
-            ("link", "", "up", "down", "requests", "rate", "share", "cost"),
+            "Links (bytes: objects and the requests' HTTP heads)",
+            ("link", "", "up", "down", "of it heads", "requests", "rate", "share", "cost"),
             links,
             "no traffic reported yet",
         ),

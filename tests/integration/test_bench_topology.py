@@ -30,9 +30,9 @@ def test_topology_benchmark_quick(tmp_path):
     assert set(rows) == {"landed", "default", "default 2x4"}
     for row in rows.values():
         assert row["tokens"] > 0 and row["versions"] > 0 and row["final_loss"] > 0
-        # the proxies see at least what the tool's own metering counts (and, on this tiny
-        # model, HTTP headers and s3fs's extra HEAD requests of the same order as the bodies)
-        assert 0 < row["wan_bytes_per_token_metered"] <= row["wan_bytes_per_token"]
+        # the proxies see what the tool's own metering counts (objects and estimated heads,
+        # within 2%) and the benchmark's own reads
+        assert 0 < row["wan_bytes_per_token_metered"] <= 1.02 * row["wan_bytes_per_token"]
     landed, default = rows["landed"], rows["default"]
     assert syncer_read(landed, "payload") > 0  # the landed syncer reads every payload across
     assert syncer_read(default, "payload") == 0 and syncer_read(default, "aggregate") > 0

@@ -80,10 +80,27 @@ class ProxyStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, Counter[str]] = {kind: Counter() for kind in self.KINDS}
+        self._bytes: Counter[str] = Counter()
 
     def record(self, kind: str, method: str) -> None:
         with self._lock:
             self._counts[kind][method] += 1
+
+    def record_bytes(self, method: str, head_up: int, body_up: int, head_down: int, body_down: int) -> None:
+        """The sizes of a forwarded request and of its response as the client got them."""
+        with self._lock:
+            for part, size in (("head_up", head_up), ("body_up", body_up), ("head_down", head_down)):
+                self._bytes[part] += size
+                self._bytes[f"{part}:{method}"] += size
+            self._bytes["body_down"] += body_down
+            self._bytes[f"body_down:{method}"] += body_down
+
+    def byte_counts(self) -> dict[str, int]:
+        """Bytes of forwarded requests and responses: ``head_up``, ``body_up``, ``head_down``
+        and ``body_down`` (HTTP heads: start line, fields and the blank line), and each also
+        per method, as ``head_up:GET``..."""
+        with self._lock:
+            return dict(self._bytes)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """``{kind: {method: count}}`` for every kind (an empty dict where nothing happened)."""
@@ -99,6 +116,7 @@ class _Head:
     """The start line and header fields of a request or response, kept verbatim."""
 
     def __init__(self, raw: bytes) -> None:
+        self.raw_size = len(raw)
         lines = raw.decode("latin-1").split("\r\n")
         self.start = lines[0]
         self.fields = [tuple(s.strip() for s in line.split(":", 1)) for line in lines[1:] if line]
@@ -299,7 +317,9 @@ class FaultProxy:
                 response.drop("connection")
                 if close:
                     response.fields.append(("Connection", "close"))
-                client.write(response.encode() + response_body)
+                response_head = response.encode()
+                self.stats.record_bytes(method, request.raw_size, len(body), len(response_head), len(response_body))
+                client.write(response_head + response_body)
                 await client.drain()
                 if close:
                     return

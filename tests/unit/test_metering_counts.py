@@ -110,3 +110,31 @@ def test_each_kind_is_priced_as_its_link_is_and_the_kinds_add_up_to_the_links():
     assert kinds["heartbeat"].wan_bytes == 0 and kinds["heartbeat"].cost_dollars == pytest.approx(500 / 1000 * 0.005)
     assert sum(row.cost_dollars for row in kinds.values()) == pytest.approx(sum(link.cost_dollars for link in links))
     assert all(row.cost_dollars == 0 for row in _kinds(sources, None, provider))
+
+
+def test_request_overhead_is_counted_apart_and_reports_show_wire_bytes():
+    """Heads ride beside the objects: compression sees objects only, links and kinds every
+    byte (objects and heads), and the history ends at the links' figures."""
+    from diloco_cli.bandwidth.report import _kinds, _link
+    from diloco_cli.store.wire import S3_WIRE, wire_model
+
+    path = "/bucket/run/payloads/r0-0/000-000000000001.dlc"  # 46 characters
+    assert S3_WIRE.estimate("write", path) == (860 + 46, 415)
+    assert S3_WIRE.estimate("read", path, missing=True) == (750 + 46, 630)
+    assert S3_WIRE.estimate_batch("/bucket", ["bucket/a/1", "bucket/a/2"]) == (
+        715 + 7 + 180 + 2 * 30 + 20,
+        245 + 110 + 2 * 35 + 20,
+    )
+    assert wire_model("file").estimate("write", path) == (0, 0) and wire_model("gs") is not S3_WIRE
+    meter = StorageMeter()
+    meter.count("payload", requests=1, op="write", up=10_000, raw=80_000, overhead=S3_WIRE.estimate("write", path))
+    meter.count("payload", requests=1, op="read", down=10_000, overhead=S3_WIRE.estimate("read", path))
+    counters = meter.snapshot()
+    payload = counters.kinds["payload"]
+    assert (payload.bytes_up, payload.overhead_up, payload.wire_up) == (10_000, 906 + 796, 11_702)
+    assert (payload.bytes_down, payload.overhead_down, payload.wire_down) == (10_000, 940, 10_940)
+    assert counters.history[-1][1:] == (11_702, 10_940)
+    link = _link("syncer", "east", [counters], 1, None, {"east": None})
+    assert (link.bytes_up, link.bytes_down, link.overhead_bytes) == (11_702, 10_940, 1702 + 940)
+    (kind,) = _kinds([("syncer", "east", [counters])], None, {"east": None})
+    assert kind.wan_bytes == 11_702 + 10_940 and kind.overhead_bytes == 2642

@@ -305,7 +305,7 @@ def test_a_saturated_run_keeps_only_what_the_network_carries():
 
     cost = CodecCost(codec="int4", bytes=(1_000_000,), seconds=(0.0,))
     shape = RunShape(
-        links=(Link(region="a", learners=1, rate_mbit=8.0, latency_ms=0.0),),  # 1 MB/s
+        links=(Link(region="a", learners=1, rate_mbit=8.0, latency_ms=0.0, protocol="file"),),  # 1 MB/s, no heads
         quorum=1,
         sync_interval=1,
         num_fragments=1,
@@ -631,3 +631,27 @@ def test_a_two_cloud_plan_with_the_syncer_in_its_first_region():
         3600 * (gcp.down_bytes_per_second * 0.12 + gcp.up_bytes_per_second * 0.09) / GB
     )
     assert plan.diloco.wan_bytes_per_second == pytest.approx(gcp.up_bytes_per_second + gcp.down_bytes_per_second)
+
+
+def test_requests_to_s3_carry_their_http_heads_and_local_files_none(tmp_path):
+    """The same regions as S3 buckets and as local folders: a link's bytes are its flows'
+    and, over S3, its requests' heads as the meter estimates them (a PUT or LIST 860 B and
+    its path up, 415 B down; a GET 750 B and its path up, 525 B down); local files none."""
+    for scheme, bucket in (("s3", "s3://diloco-{name}/runs"), ("file", f"file://{tmp_path}/{{name}}")):
+        regions = tmp_path / f"{scheme}.yaml"
+        regions.write_text(
+            "regions:\n" + "".join(f"  - name: {n}\n    bucket: {bucket.format(name=n)}\n" for n in ("east", "west"))
+        )
+        plan, _ = plan_of([*ARGS, "--regions", str(regions)])
+        path = plan["shape"]["key_prefix_bytes"] + 40
+        for link in plan["diloco"]["links"]:
+            puts, gets = link["put_per_second"], link["get_per_second"]
+            assert puts > 0 and gets > 0
+            heads_up, heads_down = puts * (860 + path) + gets * (750 + path), puts * 415 + gets * 525
+            if scheme == "file":
+                heads_up = heads_down = 0.0
+            flows = {
+                d: sum(f["bytes_per_second"] for f in link["flows"] if f["direction"] == d) for d in ("up", "down")
+            }
+            assert link["up_bytes_per_second"] == pytest.approx(flows["up"] + heads_up)
+            assert link["down_bytes_per_second"] == pytest.approx(flows["down"] + heads_down)
