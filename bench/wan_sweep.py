@@ -20,6 +20,12 @@ TARGET_HIERARCHICAL = 200.0
 """Fewer WAN bytes than each data-parallel baseline at equal held-out loss (issue: the
 codec and schedule that reach 300x)."""
 QUIET = ["sync.status_seconds=10", "sync.poll_seconds=2", "training.heartbeat_seconds=10"]
+QUIETER = ["sync.status_seconds=30", "sync.poll_seconds=2", "training.heartbeat_seconds=30"]
+"""The syncer's status and the heartbeats every 30 s: what they cost is a sixth of the WAN
+bytes once payloads are 2 bits (the syncer writes its status to every region and reads
+every heartbeat); learners are still declared gone after 60 s of silence."""
+BLOCKS_256 = ["sync.learner_codec.block_size=256", "sync.update_codec.block_size=256"]
+"""A scale per 256 values instead of 64: 2 bytes of scale are an eighth of an int2 block of 64."""
 INT4_UPDATES = "sync.update_codec.codec=int4"
 INT2_UPLOADS = "sync.learner_codec.codec=int2"
 """Learners' deltas and reducers' aggregates in 2 bits, with their error feedback."""
@@ -39,6 +45,14 @@ SWEEP = (
     ),
     ("H=100, int2 uploads, int4 updates", [*QUIET, "sync.sync_interval=100", INT2_UPLOADS, INT4_UPDATES]),
     ("H=100, int2 uploads and updates", [*QUIET, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES]),
+    (
+        "H=100, int2 both, reports every 30 s",
+        [*QUIETER, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES],
+    ),
+    (
+        "H=100, int2 both in blocks of 256, reports every 30 s",
+        [*QUIETER, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES, *BLOCKS_256],
+    ),
 )
 LABELS = tuple(label for label, _ in SWEEP)
 
