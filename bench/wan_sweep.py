@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench._common import machine
 from bench.wan_diloco import tail
 from bench.wan_equal_loss import first_at_or_below, target_loss
 
@@ -106,6 +107,7 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     return {
         "setting": label,
         "overrides": overrides,
+        "commit": machine()["commit"],  # a sweep's rows may come from several runs (--settings)
         "seconds": time.monotonic() - started,
         "versions": status.version,
         "tokens": report["tokens"],
