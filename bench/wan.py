@@ -244,7 +244,7 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
     if plan is None:
         return None
     try:
-        predicted_wan = plan["diloco"]["wan_bytes_per_token"] * diloco["tokens"]
+        predicted_wan = plan["diloco"]["run_wan_bytes"]  # the run's sends, its end's flush included
         # the plan's cpu share is t / T over the training loop: the learners' share measured over
         # their loops (from training_since) where the heartbeats have it, else over their lives
         loop_share = diloco.get("compute_share_over_loop") or diloco["compute_share"]

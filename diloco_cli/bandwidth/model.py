@@ -295,6 +295,14 @@ class DiLoCoPrediction(BaseModel):
     """Up and down, summed over the WAN links, at the rates the run asks for."""
     wan_bytes_per_token: float
     """wan_bytes_per_second over trained tokens per second."""
+    rounds_per_learner: float
+    """Sends each learner makes over its inner steps: every fragment on its staggered
+    schedule, and once more at the end for each fragment trained since its last send
+    (the end-of-run flush), where the steady rates count P x inner_steps / H."""
+    run_wan_bytes: float
+    """The whole run's WAN bytes: the per-round flows (payloads or aggregates, updates,
+    markers, heads) for ``rounds_per_learner``, the rest (heartbeats, status, listings)
+    at their rates over the learners' inner steps."""
     head_bytes: float
     status_bytes: float
     heartbeat_bytes: float
@@ -603,6 +611,32 @@ def link_traffic(
     )
 
 
+PER_ROUND_KINDS = frozenset({"payload", "aggregate", "update", "marker", "head", "snapshot"})
+"""Flows that come once per send or merge (the rest come with the clock)."""
+
+
+def rounds_per_learner(inner_steps: int, sync_interval: int, num_fragments: int) -> int:
+    """A learner's sends over ``inner_steps``: fragment p at every step ``p*H//P + k*H``
+    (:func:`diloco_cli.core.fragments.fragments_due`), and once more at the end when it
+    trained after its last send (the final sends of a learner that finishes)."""
+    total = 0
+    for fragment in range(num_fragments):
+        offset = fragment * sync_interval // num_fragments
+        first = offset if offset >= 1 else sync_interval
+        scheduled = 0 if first > inner_steps else (inner_steps - first) // sync_interval + 1
+        last = first + (scheduled - 1) * sync_interval if scheduled else 0
+        total += scheduled + (last < inner_steps)
+    return total
+
+
+def link_bytes_per_second(link: LinkTraffic, per_round: float = 1.0) -> float:
+    """Both directions of ``link``, its per-round flows (:data:`PER_ROUND_KINDS`) times
+    ``per_round``, with its requests' heads (kept at the steady rates)."""
+    flows = sum(f.bytes_per_second for f in link.flows)
+    rounds = sum(f.bytes_per_second for f in link.flows if f.kind in PER_ROUND_KINDS)
+    return link.up_bytes_per_second + link.down_bytes_per_second - flows + (flows - rounds) + rounds * per_round
+
+
 def predict(shape: RunShape) -> DiLoCoPrediction:
     """Traffic per link, compute share and token rates of a Decoupled DiLoCo run.
 
@@ -645,6 +679,13 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     cpu_share = s.step_seconds / period
     trained = M * s.tokens_per_step / period
     wan = sum(link.up_bytes_per_second + link.down_bytes_per_second for link in links if link.wan)
+    rounds = rounds_per_learner(s.inner_steps, s.sync_interval, P)
+    run_seconds = s.inner_steps * period
+    run_wan = sum(
+        run_seconds * link_bytes_per_second(link, per_round=rounds / (P * s.inner_steps / s.sync_interval))
+        for link in links
+        if link.wan
+    )
     return DiLoCoPrediction(
         num_learners=M,
         quorum=K,
@@ -667,6 +708,8 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
         useful_tokens_per_second=trained * factor,
         wan_bytes_per_second=wan,
         wan_bytes_per_token=wan / trained,
+        rounds_per_learner=rounds,
+        run_wan_bytes=run_wan,
         head_bytes=head,
         status_bytes=status,
         heartbeat_bytes=beat,

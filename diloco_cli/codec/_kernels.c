@@ -142,6 +142,66 @@ int64_t diloco_quantize_int4(const float *x, int64_t n, int64_t block, uint16_t 
     return 0;
 }
 
+/* int2: the odd levels q in {-3, -1, 1, 3} of a scale 2/3 of the block's mean absolute
+ * value (summed in double, sequentially), rounded up to a bfloat16; values beyond 3 scales
+ * are clipped.  Codes (q+3)/2 in 0..3, four per byte, the first value in the lowest bits;
+ * a tail short of four is padded with code 0.  Returns 0, or the 1-based index of the
+ * first block holding a non-finite value. */
+MULTIVERSION
+int64_t diloco_quantize_int2(const float *x, int64_t n, int64_t block, uint16_t *scales,
+                             uint8_t *packed, float *residual) {
+    int64_t num_blocks = (n + block - 1) / block;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+        int64_t start = b * block;
+        int64_t len = n - start < block ? n - start : block;
+        const float *xb = x + start;
+        float absmax = block_absmax(xb, len);
+        if (!(absmax <= MAX_ABSMAX)) return b + 1;
+        double sum = 0.0;
+        for (int64_t j = 0; j < len; ++j) sum += (double)fabsf(xb[j]);
+        float exact = (float)(sum / (double)len * (2.0 / 3.0));
+        uint32_t bits;
+        memcpy(&bits, &exact, sizeof bits);
+        bits = (bits + 0xFFFFu) & 0xFFFF0000u;
+        scales[b] = (uint16_t)(bits >> 16);
+        float scale;
+        memcpy(&scale, &bits, sizeof scale);
+        float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        uint8_t *pb = packed + start / 4;
+        for (int64_t j = 0; j < len; j += 4) {
+            uint8_t byte = 0;
+            for (int k = 0; k < 4 && j + k < len; ++k) {
+                float v = xb[j + k] * inverse;
+                float half = (v - 1.0f) / 2.0f;
+                float r = (half + ROUNDING_MAGIC) - ROUNDING_MAGIC;
+                float q = r * 2.0f + 1.0f;
+                q = q > 3.0f ? 3.0f : (q < -3.0f ? -3.0f : q);
+                byte |= (uint8_t)(((int)q + 3) / 2) << (2 * k);
+                if (residual) residual[start + j + k] = xb[j + k] - q * scale;
+            }
+            pb[j / 4] = byte;
+        }
+    }
+    return 0;
+}
+
+MULTIVERSION
+void diloco_dequantize_int2(const uint8_t *packed, const uint16_t *scales, int64_t n,
+                            int64_t block, float *out, int accumulate) {
+    int64_t num_blocks = (n + block - 1) / block;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+        int64_t start = b * block;
+        int64_t len = n - start < block ? n - start : block;
+        float scale = bf16_to_float(scales[b]);
+        const uint8_t *pb = packed + start / 4;
+        float *ob = out + start;
+        for (int64_t j = 0; j < len; ++j) {
+            float value = (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3) * scale;
+            if (accumulate) ob[j] += value; else ob[j] = value;
+        }
+    }
+}
+
 /* out = q*scale (accumulate == 0) or out += q*scale (accumulate != 0). */
 MULTIVERSION
 void diloco_dequantize_int8(const int8_t *codes, const uint16_t *scales, int64_t n,
@@ -201,7 +261,7 @@ void diloco_dequantize_int4(const uint8_t *packed, const uint16_t *scales, int64
  * do not depend on the number of threads.
  */
 
-enum { KIND_FP32 = 0, KIND_BF16 = 1, KIND_INT8 = 2, KIND_INT4 = 3 };
+enum { KIND_FP32 = 0, KIND_BF16 = 1, KIND_INT8 = 2, KIND_INT4 = 3, KIND_INT2 = 4 };
 enum { MAX_TILE = 4096, FLOAT_TILE = 1024 };
 
 /* Values [start, start + len) of a chunk, decoded: a pointer into the section itself for
@@ -219,6 +279,12 @@ ALWAYS_INLINE const float *decode_tile(int kind, const void *codes, const uint16
     if (kind == KIND_INT8) {
         const int8_t *qb = (const int8_t *)codes + start;
         for (int64_t j = 0; j < len; ++j) values[j] = (float)qb[j] * scale;
+        return values;
+    }
+    if (kind == KIND_INT2) {
+        const uint8_t *pb = (const uint8_t *)codes + start / 4;
+        for (int64_t j = 0; j < len; ++j)
+            values[j] = (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3) * scale;
         return values;
     }
     const uint8_t *pb = (const uint8_t *)codes + start / 2;

@@ -27,10 +27,10 @@ from diloco_cli.codec.layout import Codec, section_layout
 from diloco_cli.codec.parallel import SERIAL, KernelPool
 from diloco_cli.codec.quantize import KERNELS, dequantize_into
 
-_KINDS = {Codec.FP32: 0, Codec.BF16: 1, Codec.INT8: 2, Codec.INT4: 3}
-"""The codec numbers of ``_kernels.c`` (int2 has no kernels: the torch path folds it)."""
+_KINDS = {Codec.FP32: 0, Codec.BF16: 1, Codec.INT8: 2, Codec.INT4: 3, Codec.INT2: 4}
+"""The codec numbers of ``_kernels.c``."""
 
-_CODE_BYTES = {Codec.FP32: 4.0, Codec.BF16: 2.0, Codec.INT8: 1.0, Codec.INT4: 0.5}
+_CODE_BYTES = {Codec.FP32: 4.0, Codec.BF16: 2.0, Codec.INT8: 1.0, Codec.INT4: 0.5, Codec.INT2: 0.25}
 
 
 class AnchoredPayload:
@@ -51,7 +51,7 @@ class AnchoredPayload:
     ) -> None:
         self.body, self.drift, self.pool = body, drift, pool
         self.names = [entry.name for entry in body.header.tensors]
-        self._use_kernels = use_kernels and KERNELS is not None and body.header.codec.codec in _KINDS
+        self._use_kernels = use_kernels and KERNELS is not None
         self._anchored: tuple[str, torch.Tensor] | None = None
         """The torch path's last anchored tensor, so that norm and fold decode it once."""
 

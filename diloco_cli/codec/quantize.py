@@ -12,9 +12,11 @@ so values beyond ``3 * scale`` are clipped; packed four to a byte.  It is meant 
 learners' deltas, whose error feedback carries the rounding and the clipping into the next
 send (as SparseLoCo, arXiv 2508.15706, does with 2-bit values).
 
-Two backends compute exactly the same bytes for int8 and int4: fused C kernels
+Two backends compute exactly the same bytes: fused C kernels
 (``_kernels.c``, one pass per block, loaded with ctypes) and a torch reference used where
-the kernels were not built; int2 has the torch path only.  A section is
+the kernels were not built (for int2 up to the order of a float64 sum, which changes a
+block's scale only where the sum of its absolute values sits on a rounding boundary of
+float64 after more than 2^29 of range between its values).  A section is
 ``[scales][codes]``, padded to 8 bytes so sections can be viewed as fp32 in place.
 """
 
@@ -46,8 +48,8 @@ error on Gaussian values and 57% on Student-t(3) ones, where an absmax scale los
 # ----------------------------------------------------------------------------- kernels
 
 
-def _load_kernels() -> ctypes.CDLL | None:
-    here = Path(__file__).parent
+def _load_kernels(here: Path = Path(__file__).parent) -> ctypes.CDLL | None:
+    """The kernels compiled in ``here``, or None (with a warning that says why)."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         candidate = here / f"_kernels{suffix}"
         if candidate.exists():
@@ -60,23 +62,16 @@ def _load_kernels() -> ctypes.CDLL | None:
                     stacklevel=2,
                 )
                 return None
-            pointer, size = ctypes.c_void_p, ctypes.c_int64
-            for name in ("diloco_quantize_int8", "diloco_quantize_int4"):
-                function = getattr(library, name)
-                function.argtypes = [pointer, size, size, pointer, pointer, pointer]
-                function.restype = size
-            for name in ("diloco_dequantize_int8", "diloco_dequantize_int4"):
-                function = getattr(library, name)
-                function.argtypes = [pointer, pointer, size, size, pointer, ctypes.c_int]
-                function.restype = None
-            library.diloco_fold_sumsq.argtypes = [ctypes.c_int, pointer, pointer, size, size, pointer]
-            library.diloco_fold_sumsq.restype = ctypes.c_double
-            weight = ctypes.c_float
-            library.diloco_fold_sums.argtypes = [
-                *(ctypes.c_int, pointer, pointer, size, size, pointer),
-                *(pointer, weight, pointer, weight, ctypes.c_int),
-            ]
-            library.diloco_fold_sums.restype = ctypes.c_int
+            try:
+                _declare(library)
+            except AttributeError as error:  # compiled from an older source: the torch path serves
+                warnings.warn(
+                    f"diloco's codec kernels {candidate} are out of date ({error}); using the torch path. "
+                    "Rebuild them with: python -m diloco_cli.codec.build",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return None
             return library
     warnings.warn(
         "diloco's C codec kernels are not built (no C compiler at install time?); "
@@ -85,6 +80,27 @@ def _load_kernels() -> ctypes.CDLL | None:
         stacklevel=2,
     )
     return None
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    """Declare the kernels' signatures; AttributeError when one is missing."""
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name in ("diloco_quantize_int8", "diloco_quantize_int4", "diloco_quantize_int2"):
+        function = getattr(library, name)
+        function.argtypes = [pointer, size, size, pointer, pointer, pointer]
+        function.restype = size
+    for name in ("diloco_dequantize_int8", "diloco_dequantize_int4", "diloco_dequantize_int2"):
+        function = getattr(library, name)
+        function.argtypes = [pointer, pointer, size, size, pointer, ctypes.c_int]
+        function.restype = None
+    library.diloco_fold_sumsq.argtypes = [ctypes.c_int, pointer, pointer, size, size, pointer]
+    library.diloco_fold_sumsq.restype = ctypes.c_double
+    weight = ctypes.c_float
+    library.diloco_fold_sums.argtypes = [
+        *(ctypes.c_int, pointer, pointer, size, size, pointer),
+        *(pointer, weight, pointer, weight, ctypes.c_int),
+    ]
+    library.diloco_fold_sums.restype = ctypes.c_int
 
 
 KERNELS = _load_kernels()
@@ -189,7 +205,7 @@ def quantize_chunk(
     first_block = start // block_size
     code_start = start // codec.values_per_byte
     if _uses_kernels(codec, use_kernels):
-        function = KERNELS.diloco_quantize_int8 if codec is Codec.INT8 else KERNELS.diloco_quantize_int4
+        function = getattr(KERNELS, f"diloco_quantize_{codec.value}")
         status = function(
             values.data_ptr(),
             length,
@@ -207,7 +223,7 @@ def quantize_chunk(
 
 
 def _uses_kernels(codec: Codec, use_kernels: bool) -> bool:
-    return KERNELS is not None and use_kernels and codec in (Codec.INT8, Codec.INT4)
+    return KERNELS is not None and use_kernels and codec in (Codec.INT8, Codec.INT4, Codec.INT2)
 
 
 def _reference_quantize(
@@ -231,9 +247,10 @@ def _reference_quantize(
     if bool(invalid.any()):
         raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
     if codec is Codec.INT2:
-        counts = torch.full_like(absmax, block_size)
+        counts = torch.full_like(absmax, block_size, dtype=torch.float64)
         counts[-1] = numel - (len(counts) - 1) * block_size
-        exact_scale = blocks.abs().sum(dim=1) / counts * INT2_SCALE_OF_MEAN
+        # summed in float64, as the kernel does (exact for any order but in freak blocks)
+        exact_scale = (blocks.abs().to(torch.float64).sum(dim=1) / counts * INT2_SCALE_OF_MEAN).to(torch.float32)
     else:
         exact_scale = absmax / levels
     rounded_up = (exact_scale.view(torch.int32) + 0xFFFF) & -65536
@@ -344,7 +361,7 @@ def dequantize_chunk(
     first_block = start // block_size
     code_start = start // codec.values_per_byte
     if _uses_kernels(codec, use_kernels):
-        function = KERNELS.diloco_dequantize_int8 if codec is Codec.INT8 else KERNELS.diloco_dequantize_int4
+        function = getattr(KERNELS, f"diloco_dequantize_{codec.value}")
         function(
             _address(codes) + code_start,
             _address(scales) + 2 * first_block,

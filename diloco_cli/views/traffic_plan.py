@@ -109,6 +109,7 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"syncer I/O {_share(d.syncer_busy)} busy "
         "(its slowest region: bytes over rate plus a round trip per request; regions are called at once)"
     )
+    steady = d.num_fragments * shape.inner_steps / d.sync_interval
     lines += [
         "",
         "Decoupled DiLoCo",
@@ -118,6 +119,8 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"  time to budget   {human_duration(plan.time_to_budget_seconds)}",
         f"  WAN bytes/token  {_per_token(d.wan_bytes_per_token)} "
         f"({human_bytes(d.wan_bytes_per_second)}/s over all links)",
+        f"  WAN bytes, run   {human_bytes(d.run_wan_bytes)} ({d.rounds_per_learner:g} sends per learner, the end's "
+        f"flush included; {steady:g} at the steady rate)",
         *_other_placements(plan),
     ]
     if s.reached:

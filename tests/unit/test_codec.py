@@ -58,8 +58,8 @@ def test_encoding_and_decoding_are_deterministic(secret, codec, seed):
     assert torch.equal(decode_payload(first, secret).tensors["w"], decode_payload(second, secret).tensors["w"])
 
 
-@pytest.mark.parametrize("codec", [Codec.INT8, Codec.INT4])
-@pytest.mark.parametrize("numel", [1, 63, 64, 65, 1001])
+@pytest.mark.parametrize("codec", [Codec.INT8, Codec.INT4, Codec.INT2])
+@pytest.mark.parametrize("numel", [1, 3, 63, 64, 65, 1001])
 def test_kernels_and_torch_reference_write_the_same_bytes(codec, numel):
     if KERNELS is None:
         pytest.fail("the C kernels are not built: the install must compile diloco_cli/codec/_kernels.c")
@@ -282,3 +282,21 @@ def test_declared_values_count_without_trusting():
     frame = encode_payload([("w", torch.zeros(3, 5)), ("b", torch.zeros(7))], CodecSpec(), RunSecret.generate(), {})
     assert declared_values(frame) == 22
     assert declared_values(b"junk") == 0 and declared_values(b"D" * 64) == 0
+
+
+def test_kernels_compiled_from_an_older_source_give_way_to_the_torch_path(tmp_path):
+    """A host that kept kernels built before a codec was added (no int2 symbols) must not
+    crash at import: the codec warns, says how to rebuild, and uses the torch path."""
+    import importlib.machinery
+    import subprocess
+    import sysconfig
+
+    from diloco_cli.codec.quantize import _load_kernels
+
+    source = tmp_path / "old.c"
+    source.write_text("int diloco_quantize_int8(void) { return 0; }\n")
+    library = tmp_path / f"_kernels{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    subprocess.run([*compiler, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    with pytest.warns(RuntimeWarning, match="out of date.*python -m diloco_cli.codec.build"):
+        assert _load_kernels(tmp_path) is None

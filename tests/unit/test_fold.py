@@ -66,9 +66,10 @@ def test_fused_fold_equals_decoding_onto_the_drift_and_adding(secret, small_chun
 
 
 @needs_kernels
+@pytest.mark.parametrize("codec", [Codec.INT4, Codec.INT2])
 @pytest.mark.parametrize("with_drift", [False, True])
-def test_kernels_and_torch_fallback_agree(secret, small_chunks, with_drift):
-    spec = CodecSpec(codec=Codec.INT4)
+def test_kernels_and_torch_fallback_agree(secret, small_chunks, with_drift, codec):
+    spec = CodecSpec(codec=codec)
     body = open_payload(payload(secret, "a", 0, delta(3), spec), secret)
     drift = delta(4, 1e-3) if with_drift else None
     kernels, torch_path = AnchoredPayload(body, drift, KernelPool(2)), AnchoredPayload(body, drift, use_kernels=False)

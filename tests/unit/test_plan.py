@@ -655,3 +655,27 @@ def test_requests_to_s3_carry_their_http_heads_and_local_files_none(tmp_path):
             }
             assert link["up_bytes_per_second"] == pytest.approx(flows["up"] + heads_up)
             assert link["down_bytes_per_second"] == pytest.approx(flows["down"] + heads_down)
+
+
+def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
+    """300 steps at H=100 with 2 fragments: fragment 0 goes at steps 100, 200, 300,
+    fragment 1 at 50, 150, 250 and once more at the end (it trained after 250): 7 sends
+    per learner where the steady rate counts 6; the per-round flows of the run's WAN bytes
+    grow by 7/6, the others (heartbeats, status, listings) run at their rates."""
+    from diloco_cli.bandwidth.model import PER_ROUND_KINDS, rounds_per_learner
+
+    assert rounds_per_learner(300, 100, 2) == 7
+    assert rounds_per_learner(300, 25, 2) == 25  # 12 + 12 and fragment 1's flush after step 287
+    assert rounds_per_learner(300, 100, 1) == 3 and rounds_per_learner(10, 25, 2) == 2  # only the flush
+    plan, text = plan_of([*ARGS, "--set", "sync.sync_interval=100", "--set", "training.inner_steps=300"])
+    d = plan["diloco"]
+    assert d["rounds_per_learner"] == 7
+    run_seconds = 300 * d["period_seconds"]
+    expected = 0.0
+    for link in (link for link in d["links"] if link["wan"]):
+        rounds = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
+        total = link["up_bytes_per_second"] + link["down_bytes_per_second"]
+        expected += run_seconds * (total + rounds * (7 / 6 - 1))
+    assert d["run_wan_bytes"] == pytest.approx(expected)
+    assert d["run_wan_bytes"] > d["wan_bytes_per_second"] * run_seconds
+    assert "7 sends per learner, the end's flush included; 6 at the steady rate" in text
