@@ -39,7 +39,9 @@ the delaying proxy on the region's WAN address.
    baseline's WAN bytes per step x the steps it needs to reach the target, against the
    whole DiLoCo run's WAN bytes (an upper bound on its bytes to the target).
 6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
-   the measurement (compute share in points, WAN bytes in %); its link rate for 90%
+   the measurement (compute share in points, WAN bytes in %; DiLoCo's figures from the
+   plan given the step its learners took in the run, slower than c on shared cores, and
+   their measured start-up); its link rate for 90%
    computing beside data-parallel's measured one (``bench.wan_link_rate``), and with
    ``--check-link-rate`` (full mode only) DiLoCo run again at the plan's rate and at half
    of it.
@@ -202,6 +204,7 @@ def plan_prediction(
     link_mbit: float,
     latency_ms: float,
     timeout: float = 300.0,
+    startup_seconds: float | None = None,
 ) -> dict:
     """HOOK: ``diloco plan``'s prediction for this scenario (``python -m diloco_cli plan --output
     json``).  Returns {"command", "prediction" (the plan's JSON, or None), "error" (why not)}:
@@ -221,6 +224,7 @@ def plan_prediction(
         f"{latency_ms:.6g}",
     ]
     command += ["--regions", str(regions_path)] if regions_path else []
+    command += ["--startup-seconds", f"{startup_seconds:.6g}"] if startup_seconds is not None else []
     command += [item for override in overrides for item in ("--set", override)]
     try:
         proc = subprocess.run(
@@ -240,7 +244,9 @@ def plan_prediction(
         return {"command": command, "prediction": None, "error": f"not JSON: {error}: {proc.stdout[:500]}"}
 
 
-def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
+def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict, data_parallel_plan: dict | None = None) -> dict | None:
+    """The plan's figures beside the measured ones: DiLoCo's from ``plan``, data-parallel's
+    from ``data_parallel_plan`` (default: the same plan)."""
     if plan is None:
         return None
     try:
@@ -248,12 +254,13 @@ def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict) -> dict | None:
         # the plan's cpu share is t / T over the training loop: the learners' share measured over
         # their loops (from training_since) where the heartbeats have it, else over their lives
         loop_share = diloco.get("compute_share_over_loop") or diloco["compute_share"]
-        dpp = plan["data_parallel"]
+        launch_share = diloco.get("compute_share_from_launch") or diloco["compute_share"]
+        dpp = (data_parallel_plan or plan)["data_parallel"]
         return {
-            "diloco_compute_share": {
-                "predicted": plan["diloco"]["compute_share"],
-                "measured": diloco["compute_share"],
-                "points": 100 * (plan["diloco"]["compute_share"] - diloco["compute_share"]),
+            "diloco_compute_share": {  # over all wall time from the launch, start-up included
+                "predicted": plan["diloco"]["compute_share_with_startup"],
+                "measured": launch_share,
+                "points": 100 * (plan["diloco"]["compute_share_with_startup"] - launch_share),
             },
             "diloco_cpu_share": {
                 "predicted": plan["diloco"]["cpu_share"],
@@ -524,7 +531,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
             print(
                 f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
-                f"compute share {diloco['compute_share']:.1%}, "
+                f"compute share {diloco['compute_share']:.1%} of the learners' lives, "
+                f"{diloco['compute_share_from_launch']:.1%} from the launch, "
                 f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
                 flush=True,
             )
@@ -532,6 +540,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
             phase("plan", "diloco plan for the same scenario")
             diloco_overrides = [*overrides, *args.diloco_set]
             plan = plan_prediction(workdir / "regions.json", diloco_overrides, c, rate, args.latency_ms)
+            # beside the measurement: the plan given the step the learners took in the run (on
+            # these shared cores, with the reducers, syncer, proxies and servers, slower than c);
+            # the link rates stay those of c, the step the scenario was calibrated with
+            run_step = diloco.get("median_learner_step_seconds")
+            plan_at_run_step = (
+                plan_prediction(
+                    workdir / "regions.json",
+                    diloco_overrides,
+                    run_step,
+                    rate,
+                    args.latency_ms,
+                    startup_seconds=diloco.get("startup_seconds") or diloco["learners_started_after_seconds"],
+                )
+                if run_step
+                else plan
+            )
             plan_rates = (plan["prediction"] or {}).get("link_rates") or {}
             rate_runs = []
             if args.check_link_rate and plan_rates.get("diloco_mbit"):
@@ -608,7 +632,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "measured_dp_comm_to_compute": dp_wan["comm_to_compute"],
         }
         results["plan"] = plan
-        results["plan_vs_measured"] = plan_vs_measured(plan["prediction"], diloco, dp)
+        results["plan_at_run_step"] = plan_at_run_step
+        results["plan_vs_measured"] = plan_vs_measured(plan_at_run_step["prediction"], diloco, dp, plan["prediction"])
         dp_measured = {
             "flat_ring": dp_rate_for_target(dp_wan, rate),
             "hierarchical": dp_rate_for_target(hierarchical_wan, rate),

@@ -342,6 +342,10 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
     alive = sum(beat.time - beat.started_at for beat in beats.values())
     since = [getattr(beat, "training_since", None) for beat in beats.values()]
     looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
+    # from the launch: each learner's wall time since `diloco up` began, and its start-up
+    # (the launch to its first step: the command's checks, the processes, imports, model, data)
+    from_launch = sum(beat.time - launched for beat in beats.values())
+    startup = median([start - launched for start in since]) if all(since) else None
     syncer_kinds = {
         region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()}
         for region, counters in status.storage.items()
@@ -372,6 +376,8 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
         "learner_seconds": alive,
         "compute_share": compute / alive,
         "compute_share_over_loop": compute / looping if looping else None,
+        "compute_share_from_launch": compute / from_launch,
+        "startup_seconds": startup,
         "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds])
         if any(b.step_seconds for b in beats.values())
         else None,

@@ -161,6 +161,9 @@ class RunShape(BaseModel):
     inner_steps: int = Field(ge=1)
     step_seconds: float = Field(gt=0)
     """t: compute time of one inner step."""
+    startup_seconds: float = Field(default=0.0, ge=0)
+    """S: from the launch to the learners' first step (processes, imports, the model, the
+    data): no learner computes, the syncer already polls."""
     tokens_per_step: int = Field(ge=1)
     """Tokens one learner trains per inner step (batch x sequence length)."""
     uploads: CodecCost
@@ -286,7 +289,10 @@ class DiLoCoPrediction(BaseModel):
     """min(1, 1/utilization of every WAN link, 1/syncer_busy): the share of the
     learners' work that the links and the syncer can carry."""
     compute_share: float
-    """cpu_share x network_factor: useful compute over wall time."""
+    """cpu_share x network_factor: useful compute over the training loop's wall time."""
+    compute_share_with_startup: float
+    """compute_share over all wall time, start-up included: x ``I T / (S + I T)`` for I
+    inner steps."""
     bottleneck: str
     """none, ``link <region> (up|down)``, or ``syncer I/O``."""
     trained_tokens_per_second: float
@@ -302,7 +308,7 @@ class DiLoCoPrediction(BaseModel):
     run_wan_bytes: float
     """The whole run's WAN bytes: the per-round flows (payloads or aggregates, updates,
     markers, heads) for ``rounds_per_learner``, the rest (heartbeats, status, listings)
-    at their rates over the learners' inner steps."""
+    at their rates over the start-up and the learners' inner steps."""
     head_bytes: float
     status_bytes: float
     heartbeat_bytes: float
@@ -629,12 +635,11 @@ def rounds_per_learner(inner_steps: int, sync_interval: int, num_fragments: int)
     return total
 
 
-def link_bytes_per_second(link: LinkTraffic, per_round: float = 1.0) -> float:
-    """Both directions of ``link``, its per-round flows (:data:`PER_ROUND_KINDS`) times
-    ``per_round``, with its requests' heads (kept at the steady rates)."""
-    flows = sum(f.bytes_per_second for f in link.flows)
+def per_round_and_clock_bytes(link: LinkTraffic) -> tuple[float, float]:
+    """Both directions of ``link`` per second: its per-round flows
+    (:data:`PER_ROUND_KINDS`), and the rest with its requests' heads."""
     rounds = sum(f.bytes_per_second for f in link.flows if f.kind in PER_ROUND_KINDS)
-    return link.up_bytes_per_second + link.down_bytes_per_second - flows + (flows - rounds) + rounds * per_round
+    return rounds, link.up_bytes_per_second + link.down_bytes_per_second - rounds
 
 
 def predict(shape: RunShape) -> DiLoCoPrediction:
@@ -680,12 +685,12 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     trained = M * s.tokens_per_step / period
     wan = sum(link.up_bytes_per_second + link.down_bytes_per_second for link in links if link.wan)
     rounds = rounds_per_learner(s.inner_steps, s.sync_interval, P)
-    run_seconds = s.inner_steps * period
-    run_wan = sum(
-        run_seconds * link_bytes_per_second(link, per_round=rounds / (P * s.inner_steps / s.sync_interval))
-        for link in links
-        if link.wan
-    )
+    loop_seconds = s.inner_steps * period
+    run_seconds = s.startup_seconds + loop_seconds
+    run_wan = 0.0
+    for link in (link for link in links if link.wan):
+        per_round, clock = per_round_and_clock_bytes(link)
+        run_wan += loop_seconds * per_round * rounds / (P * s.inner_steps / s.sync_interval) + run_seconds * clock
     return DiLoCoPrediction(
         num_learners=M,
         quorum=K,
@@ -703,6 +708,7 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
         syncer_busy=busy,
         network_factor=factor,
         compute_share=cpu_share * factor,
+        compute_share_with_startup=cpu_share * factor * loop_seconds / run_seconds,
         bottleneck=bottleneck,
         trained_tokens_per_second=trained,
         useful_tokens_per_second=trained * factor,

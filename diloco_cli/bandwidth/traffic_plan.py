@@ -341,6 +341,7 @@ def build_traffic_plan(
     update_codec: str | None = None,
     parameters: int | None = None,
     step_seconds: float | None = None,
+    startup_seconds: float = 0.0,
     link_mbit: float = 100.0,
     region_link_mbit: Mapping[str, float] | None = None,
     latency_ms: float = 20.0,
@@ -355,8 +356,9 @@ def build_traffic_plan(
     ``region_*`` mappings).  ``regions`` places the learners (M and regions from it);
     without it M learners (``num_learners`` or the recipe's) are spread over
     ``num_regions`` regions (default: the default region file's).  ``parameters`` plans
-    an N-parameter model without building it (then ``step_seconds`` is needed).  The
-    token budget defaults to the recipe's: M x inner_steps x batch x sequence length.
+    an N-parameter model without building it (then ``step_seconds`` is needed);
+    ``startup_seconds`` pass before the learners' first step.  The token budget defaults
+    to the recipe's: M x inner_steps x batch x sequence length.
     """
     if parameters is not None and step_seconds is None:
         raise ConfigError("--parameters plans without building the model: give --step-seconds too")
@@ -466,6 +468,7 @@ def build_traffic_plan(
         num_fragments=P,
         inner_steps=training.inner_steps,
         step_seconds=step_seconds,
+        startup_seconds=startup_seconds,
         tokens_per_step=tokens_per_step,
         uploads=uploads[upload_codec],
         updates=updates[publish_codec],
@@ -511,7 +514,7 @@ def build_traffic_plan(
         shape=shape,
         placement=placement,
         diloco=diloco,
-        time_to_budget_seconds=budget / diloco.useful_tokens_per_second,
+        time_to_budget_seconds=startup_seconds + budget / diloco.useful_tokens_per_second,
         data_parallel=data_parallel,
         data_parallel_time_to_budget_seconds=budget / data_parallel.tokens_per_second,
         bytes_ratio=data_parallel.wan_bytes_per_token / diloco.wan_bytes_per_token

@@ -16,6 +16,9 @@ MAX_LINK_MBIT = 10_000_000.0
 MAX_LATENCY_MS = 60_000.0
 """A minute one way: beyond any link that still carries a run."""
 MAX_STEP_SECONDS = 86_400.0
+DEFAULT_STARTUP_SECONDS = 10.0
+"""``--startup-seconds`` unless given: a local launch of the default job measured 11-12 s
+from ``diloco up`` to the first step on this machine's 2 cores (bench.wan)."""
 """A day per inner step."""
 
 PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds, tokens_budget,
@@ -78,6 +81,16 @@ def plan(
         parser=finite(above=0, maximum=MAX_STEP_SECONDS),
         help="Compute seconds of one inner step (default: measured with a short trial here).",
     ),
+    startup_seconds: float = typer.Option(
+        DEFAULT_STARTUP_SECONDS,
+        "--startup-seconds",
+        metavar="S",
+        parser=finite(minimum=0, maximum=MAX_STEP_SECONDS),
+        help=(
+            "Seconds from launch to the learners' first step: processes, imports, the model, the data "
+            "(about 11 s for the default job on this machine's 2 cores; add SSH bootstrap for remote hosts)."
+        ),
+    ),
     link_mbit: list[str] = typer.Option(
         [],
         "--link-mbit",
@@ -125,6 +138,7 @@ def plan(
         placed,
         parameters=parameters,
         step_seconds=step_seconds,
+        startup_seconds=startup_seconds,
         link_mbit=100.0 if rate is None else rate,
         region_link_mbit=rates,
         latency_ms=20.0 if latency is None else latency,

@@ -110,10 +110,13 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         "(its slowest region: bytes over rate plus a round trip per request; regions are called at once)"
     )
     steady = d.num_fragments * shape.inner_steps / d.sync_interval
+    loop = shape.inner_steps * d.period_seconds
     lines += [
         "",
         "Decoupled DiLoCo",
-        f"  computing        {_share(d.cpu_share)} of wall time (learners never wait for the network)",
+        f"  computing        {_share(d.cpu_share)} of the training loop (learners never wait for the network); "
+        f"{_share(d.cpu_share * loop / (loop + shape.startup_seconds))} of all wall time with "
+        f"{shape.startup_seconds:g} s of start-up",
         f"  useful share     {_share(d.compute_share)} "
         f"(the share of that work the links and syncer carry to a merge on time; bottleneck: {d.bottleneck})",
         f"  time to budget   {human_duration(plan.time_to_budget_seconds)}",

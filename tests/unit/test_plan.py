@@ -108,7 +108,9 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
     # Not saturated at 1 s a step: the compute share is t / T and tokens flow at M x 2048 / T.
     assert d["syncer_busy"] < 1 and d["network_factor"] == 1.0 and d["bottleneck"] == "none"
     assert d["compute_share"] == pytest.approx(STEP / period)
-    assert plan["time_to_budget_seconds"] == pytest.approx(BUDGET / (M * TOKENS_PER_STEP / period))
+    # and before the first step, the default start-up of 10 s
+    assert shape["startup_seconds"] == 10
+    assert plan["time_to_budget_seconds"] == pytest.approx(10 + BUDGET / (M * TOKENS_PER_STEP / period))
 
     # Data-parallel: 2(M-1)/M x 2 bytes x N per worker per step, over the 10 Mbit/s link,
     # plus 2(M-1) latencies, after the step's compute.
@@ -661,21 +663,35 @@ def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
     """300 steps at H=100 with 2 fragments: fragment 0 goes at steps 100, 200, 300,
     fragment 1 at 50, 150, 250 and once more at the end (it trained after 250): 7 sends
     per learner where the steady rate counts 6; the per-round flows of the run's WAN bytes
-    grow by 7/6, the others (heartbeats, status, listings) run at their rates."""
+    grow by 7/6, the others (heartbeats, status, listings) run at their rates, through the
+    start-up too."""
     from diloco_cli.bandwidth.model import PER_ROUND_KINDS, rounds_per_learner
 
     assert rounds_per_learner(300, 100, 2) == 7
     assert rounds_per_learner(300, 25, 2) == 25  # 12 + 12 and fragment 1's flush after step 287
     assert rounds_per_learner(300, 100, 1) == 3 and rounds_per_learner(10, 25, 2) == 2  # only the flush
-    plan, text = plan_of([*ARGS, "--set", "sync.sync_interval=100", "--set", "training.inner_steps=300"])
+
+    def by_hand(plan: dict, startup: float) -> float:
+        d = plan["diloco"]
+        loop = 300 * d["period_seconds"]
+        total = 0.0
+        for link in (link for link in d["links"] if link["wan"]):
+            per_round = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
+            clock = link["up_bytes_per_second"] + link["down_bytes_per_second"] - per_round
+            total += loop * per_round * 7 / 6 + (startup + loop) * clock
+        return total
+
+    settings = ["--set", "sync.sync_interval=100", "--set", "training.inner_steps=300"]
+    plan, text = plan_of([*ARGS, *settings, "--startup-seconds", "0"])
     d = plan["diloco"]
-    assert d["rounds_per_learner"] == 7
-    run_seconds = 300 * d["period_seconds"]
-    expected = 0.0
-    for link in (link for link in d["links"] if link["wan"]):
-        rounds = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
-        total = link["up_bytes_per_second"] + link["down_bytes_per_second"]
-        expected += run_seconds * (total + rounds * (7 / 6 - 1))
-    assert d["run_wan_bytes"] == pytest.approx(expected)
-    assert d["run_wan_bytes"] > d["wan_bytes_per_second"] * run_seconds
+    assert d["rounds_per_learner"] == 7 and d["run_wan_bytes"] == pytest.approx(by_hand(plan, 0))
+    assert d["run_wan_bytes"] > d["wan_bytes_per_second"] * 300 * d["period_seconds"]
     assert "7 sends per learner, the end's flush included; 6 at the steady rate" in text
+    # 20 s of start-up: no learner computes, the syncer already polls
+    started, text = plan_of([*ARGS, *settings, "--startup-seconds", "20"])
+    late, loop = started["diloco"], 300 * started["diloco"]["period_seconds"]
+    assert late["run_wan_bytes"] == pytest.approx(by_hand(started, 20))
+    assert late["compute_share_with_startup"] == pytest.approx(late["compute_share"] * loop / (loop + 20))
+    budget = started["tokens_budget"]
+    assert started["time_to_budget_seconds"] == pytest.approx(20 + budget / late["useful_tokens_per_second"])
+    assert "of all wall time with 20 s of start-up" in text
