@@ -209,9 +209,25 @@ def test_wan_benchmark_quick(tmp_path):
     else:
         comparison = results["plan_vs_measured"]
         assert "error" not in comparison, comparison
-        assert comparison["diloco_compute_share"]["measured"] == diloco["compute_share"]
+        # DiLoCo's figures from the plan given the run's step and start-up, data-parallel's at c
+        at_run = results["plan_at_run_step"]["prediction"]
+        command = results["plan_at_run_step"]["command"]
+        step = command[command.index("--step-seconds") + 1]
+        assert float(step) == pytest.approx(diloco["median_learner_step_seconds"], rel=1e-5)
+        startup = command[command.index("--startup-seconds") + 1]
+        assert float(startup) == pytest.approx(diloco["startup_seconds"], rel=1e-5)
+        assert 0 < diloco["compute_share_from_launch"] < diloco["compute_share"]
+        assert comparison["diloco_compute_share"] == {
+            "predicted": at_run["diloco"]["compute_share_with_startup"],
+            "measured": diloco["compute_share_from_launch"],
+            "points": pytest.approx(
+                100 * (at_run["diloco"]["compute_share_with_startup"] - diloco["compute_share_from_launch"])
+            ),
+        }
+        assert comparison["diloco_wan_bytes"]["predicted"] == at_run["diloco"]["run_wan_bytes"]
         assert comparison["diloco_wan_bytes"]["measured"] == diloco["wan_bytes"]
-        assert comparison["dp_wan_bytes_per_token"]["predicted"] > 0
+        dp_plan = plan["prediction"]["data_parallel"]
+        assert comparison["dp_wan_bytes_per_token"]["predicted"] == dp_plan["wan_bytes_per_token"]
     assert "sweep" not in results
 
     # nothing is left behind: namespaces, hosts files
