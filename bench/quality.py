@@ -144,9 +144,11 @@ def run_diloco(recipe: Recipe, name: str, workdir: Path, stop_at: float | None =
         if status.state in ("finished", "stopped"):
             break
         if stop_at is not None and any(e["tokens"] >= stop_at * budget for e in status.evaluations):
-            stop_run(load_run(workdir / "runs", name))
             break
         time.sleep(2 if stop_at else 5)
+    # every process down before the caller removes the buckets: a reducer still finishing
+    # when its bucket vanished was left retrying, supervised, after the benchmark ended
+    stop_run(load_run(workdir / "runs", name))
     evaluations = status.evaluations
     if stop_at is not None:  # the first evaluation past the stop (the run may have ended sooner)
         past = [e for e in evaluations if e["tokens"] >= stop_at * budget] or evaluations[-1:]

@@ -74,19 +74,16 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     started = time.monotonic()
     result = launch(None, None, overrides, name, runs_dir, dry_run=False)
     record = load_run(runs_dir, name)
-    done = False
     try:
         while True:
             status = collect_status(result.spec, record.secret())
             if status.state in ("finished", "stopped"):
-                done = True
                 break
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"sweep run {label} did not finish in {timeout:.0f} s")
             time.sleep(5)
-    finally:
-        if not done:
-            stop_run(load_run(runs_dir, name))
+    finally:  # every process down, finished or not, before the next run or the working directory goes
+        stop_run(load_run(runs_dir, name))
     report = json.loads(render_json(collect_report(result.spec, record.secret(), load_prices())))
     evaluations = status.evaluations
     recipe = result.spec.recipe
