@@ -75,6 +75,7 @@ def run(recipe: Recipe, name: str, workdir: Path, chaos: str | None) -> dict:
         time.sleep(2.0)
     wall = time.time() - started
     record = load_run(workdir / "runs", name)
+    stop_run(record)  # every process down (a reducer may still be finishing) before its folder goes
     secret = record.secret()
     spec = launched.spec
     beats = {learner.id: spec.bucket(learner.region, secret).read_heartbeat(learner.id) for learner in spec.learners}
