@@ -60,11 +60,9 @@ ALWAYS_INLINE float block_absmax(const float *x, int64_t n) {
     return result;
 }
 
-/* The block scale absmax/levels rounded up to the next bfloat16 (the top 16 bits of an
- * fp32), so that it is stored in 2 bytes and decodes exactly; rounding up keeps every
- * |x| / scale within the levels. */
-ALWAYS_INLINE float bf16_scale_up(float absmax, float levels, uint16_t *stored) {
-    float exact = absmax / levels;
+/* ``exact`` rounded up to the next bfloat16 (the top 16 bits of an fp32), so that a
+ * scale is stored in 2 bytes and decodes exactly. */
+ALWAYS_INLINE float bf16_round_up(float exact, uint16_t *stored) {
     uint32_t bits;
     memcpy(&bits, &exact, sizeof bits);
     bits = (bits + 0xFFFFu) & 0xFFFF0000u;
@@ -72,6 +70,16 @@ ALWAYS_INLINE float bf16_scale_up(float absmax, float levels, uint16_t *stored) 
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return scale;
+}
+
+/* The block scale absmax/levels, rounded up: every |x| / scale stays within the levels. */
+ALWAYS_INLINE float bf16_scale_up(float absmax, float levels, uint16_t *stored) {
+    return bf16_round_up(absmax / levels, stored);
+}
+
+/* The level (-3, -1, 1 or 3) of value j of an int2 block's packed codes. */
+ALWAYS_INLINE float int2_level(const uint8_t *pb, int64_t j) {
+    return (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3);
 }
 
 ALWAYS_INLINE float bf16_to_float(uint16_t stored) {
@@ -159,13 +167,7 @@ int64_t diloco_quantize_int2(const float *x, int64_t n, int64_t block, uint16_t 
         if (!(absmax <= MAX_ABSMAX)) return b + 1;
         double sum = 0.0;
         for (int64_t j = 0; j < len; ++j) sum += (double)fabsf(xb[j]);
-        float exact = (float)(sum / (double)len * (2.0 / 3.0));
-        uint32_t bits;
-        memcpy(&bits, &exact, sizeof bits);
-        bits = (bits + 0xFFFFu) & 0xFFFF0000u;
-        scales[b] = (uint16_t)(bits >> 16);
-        float scale;
-        memcpy(&scale, &bits, sizeof scale);
+        float scale = bf16_round_up((float)(sum / (double)len * (2.0 / 3.0)), &scales[b]);
         float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         uint8_t *pb = packed + start / 4;
         for (int64_t j = 0; j < len; j += 4) {
@@ -196,7 +198,7 @@ void diloco_dequantize_int2(const uint8_t *packed, const uint16_t *scales, int64
         const uint8_t *pb = packed + start / 4;
         float *ob = out + start;
         for (int64_t j = 0; j < len; ++j) {
-            float value = (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3) * scale;
+            float value = int2_level(pb, j) * scale;
             if (accumulate) ob[j] += value; else ob[j] = value;
         }
     }
@@ -284,7 +286,7 @@ ALWAYS_INLINE const float *decode_tile(int kind, const void *codes, const uint16
     if (kind == KIND_INT2) {
         const uint8_t *pb = (const uint8_t *)codes + start / 4;
         for (int64_t j = 0; j < len; ++j)
-            values[j] = (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3) * scale;
+            values[j] = int2_level(pb, j) * scale;
         return values;
     }
     const uint8_t *pb = (const uint8_t *)codes + start / 2;
