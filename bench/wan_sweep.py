@@ -31,6 +31,19 @@ INT4_UPDATES = "sync.update_codec.codec=int4"
 INT2_UPLOADS = "sync.learner_codec.codec=int2"
 """Learners' deltas and reducers' aggregates in 2 bits, with their error feedback."""
 INT2_UPDATES = "sync.update_codec.codec=int2"
+INT2_BOTH = [INT2_UPLOADS, INT2_UPDATES]
+OUTER_TUNING = (
+    (100, ", outer momentum 0.5", ["sync.outer_momentum=0.5"]),
+    (100, ", outer lr 0.7, momentum 0.9", ["sync.outer_learning_rate=0.7", "sync.outer_momentum=0.9"]),
+    (50, "", []),
+    (50, ", outer momentum 0.5", ["sync.outer_momentum=0.5"]),
+    (200, "", []),
+    (200, ", outer momentum 0.5", ["sync.outer_momentum=0.5"]),
+    (200, ", outer lr 1.4", ["sync.outer_learning_rate=1.4"]),
+)
+"""The outer step tuned for H in {50, 100, 200} with the WAN recipe's codecs: the outer
+learning rate (``auto``: 1.0 with K = M) and Nesterov momentum (default 0; DiLoCo's 0.7
+and 0.9 at large scale)."""
 SWEEP = (
     ("default (H=25, int4/int8)", []),
     ("int4 updates", [INT4_UPDATES]),
@@ -53,6 +66,10 @@ SWEEP = (
     (
         "H=100, int2 both in blocks of 256, reports every 30 s",
         [*QUIETER, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES, *BLOCKS_256],
+    ),
+    *(
+        (f"H={h}, int2 both, reports every 30 s{label}", [*QUIETER, f"sync.sync_interval={h}", *INT2_BOTH, *outer])
+        for h, label, outer in OUTER_TUNING
     ),
 )
 LABELS = tuple(label for label, _ in SWEEP)
