@@ -121,7 +121,7 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     return {
         "setting": label,
         "overrides": overrides,
-        "commit": machine()["commit"],  # a sweep's rows may come from several runs (--settings)
+        "commit": machine()["git_commit"],  # a sweep's rows may come from several runs (--settings)
         "seconds": time.monotonic() - started,
         "versions": status.version,
         "tokens": report["tokens"],
