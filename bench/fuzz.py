@@ -147,7 +147,7 @@ def frame_seeds() -> list[bytes]:
     tensors = [("w", torch.linspace(-1, 1, 96).reshape(8, 12)), ("b", torch.ones(5))]
     seeds = [
         encode_payload(tensors, CodecSpec(codec=codec, zstd_level=level), SECRET, {"learner": "east-0", "fragment": 1})
-        for codec in ("fp32", "bf16", "int8", "int4", "int2")
+        for codec in ("fp32", "bf16", "int8", "int4", "int2", "topk")
         for level in (0, 1)
     ]
     seeds.append(

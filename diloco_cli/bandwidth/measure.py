@@ -231,7 +231,6 @@ class Sizer:
         time per value of a :data:`SAMPLE_VALUES` sample, and its header from stand-ins
         of the same names."""
         from diloco_cli.codec import encode_payload
-        from diloco_cli.codec.layout import section_layout
 
         measure = self._upload if kind == "upload" else self._update
         numel = sum(_numel(shape) for _, shape in tensors)
@@ -239,13 +238,13 @@ class Sizer:
             seconds, frame = measure(tensors, spec, meta)
             return len(frame), seconds
         seconds, sample = measure([("sample", (SAMPLE_VALUES,))], spec, meta)
-        sample_raw = section_layout(spec.codec, SAMPLE_VALUES, spec.block_size).total_bytes
+        sample_raw = spec.layout(SAMPLE_VALUES).total_bytes
         ratio = _frame_parts(sample)[1] / sample_raw
-        raw = sum(section_layout(spec.codec, _numel(shape), spec.block_size).total_bytes for _, shape in tensors)
+        raw = sum(spec.layout(_numel(shape)).total_bytes for _, shape in tensors)
         import torch
 
         stand_ins = encode_payload(((name, torch.zeros(1)) for name, _ in tensors), spec, self.secret, meta)
-        standin_raw = sum(section_layout(spec.codec, 1, spec.block_size).total_bytes for _ in tensors)
+        standin_raw = sum(spec.layout(1).total_bytes for _ in tensors)
         header = _frame_parts(stand_ins)[0]
         header += sum(len(json.dumps(list(shape), separators=(",", ":"))) - len("[1]") for _, shape in tensors)
         header += len(str(raw)) - len(str(standin_raw))

@@ -120,6 +120,7 @@ class UpdateEncoder:
             self._carries[name].numel(),
             start,
             carry,
+            keep_per_block=self.spec.keep_per_block,
         )
 
     def add_decoded(self, name: str, start: int, parameters: torch.Tensor) -> None:
@@ -133,6 +134,7 @@ class UpdateEncoder:
             start,
             parameters,
             accumulate=True,
+            keep_per_block=self.spec.keep_per_block,
         )
 
     def body(self, meta: Mapping[str, Any] | None = None) -> PayloadBody:

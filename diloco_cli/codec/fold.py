@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from diloco_cli.codec.frame import PayloadBody, TensorEntry
-from diloco_cli.codec.layout import Codec, section_layout
+from diloco_cli.codec.layout import Codec
 from diloco_cli.codec.parallel import SERIAL, KernelPool
 from diloco_cli.codec.quantize import KERNELS, dequantize_into
 
@@ -51,7 +51,7 @@ class AnchoredPayload:
     ) -> None:
         self.body, self.drift, self.pool = body, drift, pool
         self.names = [entry.name for entry in body.header.tensors]
-        self._use_kernels = use_kernels and KERNELS is not None
+        self._use_kernels = use_kernels and KERNELS is not None and body.header.codec.codec in _KINDS
         self._anchored: tuple[str, torch.Tensor] | None = None
         """The torch path's last anchored tensor, so that norm and fold decode it once."""
 
@@ -139,7 +139,7 @@ class AnchoredPayload:
         """The entry, the addresses of the codes and the scales, and the block size."""
         entry, section = self.body.section(name)
         spec = self.body.header.codec
-        layout = section_layout(spec.codec, entry.numel, spec.block_size)
+        layout = spec.layout(entry.numel)
         address = section.ctypes.data
         block = spec.block_size if spec.codec.levels else 1
         return entry, address + layout.scale_bytes, address, block
@@ -157,7 +157,15 @@ class AnchoredPayload:
         entry, section = self.body.section(name)
         spec = self.body.header.codec
         anchored = torch.empty(entry.numel)
-        dequantize_into(spec.codec, section, entry.numel, spec.block_size, anchored, use_kernels=False)
+        dequantize_into(
+            spec.codec,
+            section,
+            entry.numel,
+            spec.block_size,
+            anchored,
+            keep_per_block=spec.keep_per_block,
+            use_kernels=False,
+        )
         if self.drift is not None:
             anchored = torch.add(self.drift[name].view(-1), anchored)
         self._anchored = (name, anchored)

@@ -45,7 +45,6 @@ from diloco_cli.codec.errors import (
     UnsupportedFormat,
     WrongRun,
 )
-from diloco_cli.codec.layout import section_layout
 from diloco_cli.codec.secret import RunSecret
 from diloco_cli.codec.spec import CodecSpec
 
@@ -103,9 +102,7 @@ class PayloadHeader(BaseModel):
 
     def section_sizes(self) -> list[int]:
         """Byte size of each tensor's section in the uncompressed body."""
-        return [
-            section_layout(self.codec.codec, entry.numel, self.codec.block_size).total_bytes for entry in self.tensors
-        ]
+        return [self.codec.layout(entry.numel).total_bytes for entry in self.tensors]
 
 
 @dataclass(frozen=True)
@@ -170,6 +167,7 @@ class PayloadBody:
                 self.header.codec.block_size,
                 targets[entry.name].view(-1),
                 accumulate=accumulate,
+                keep_per_block=self.header.codec.keep_per_block,
                 pool=pool or SERIAL,
             )
 
@@ -218,7 +216,7 @@ def quantize_body(
             if residual.dtype != torch.float32 or residual.device.type != "cpu" or not residual.is_contiguous():
                 raise ValueError(f"the residual for {name!r} must be a contiguous fp32 CPU tensor")
             residual = residual.view(-1)
-        quantize_into(spec.codec, values, spec.block_size, section, residual)
+        quantize_into(spec.codec, values, spec.block_size, section, residual, keep_per_block=spec.keep_per_block)
         entries.append({"name": name, "shape": list(tensor.shape), "dtype": _dtype_name(tensor.dtype)})
         sections.append(section)
     raw = sections[0] if len(sections) == 1 else np.concatenate(sections) if sections else np.empty(0, np.uint8)
@@ -228,7 +226,7 @@ def quantize_body(
 def empty_body(spec: CodecSpec, numels: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     """A body for tensors of ``numels`` values: one buffer, and its section per tensor
     (the alignment padding zeroed, the rest to be written by quantizing)."""
-    layouts = [section_layout(spec.codec, numel, spec.block_size) for numel in numels]
+    layouts = [spec.layout(numel) for numel in numels]
     raw = np.empty(sum(layout.total_bytes for layout in layouts), np.uint8)
     sections = list(_split_body(raw, [layout.total_bytes for layout in layouts]))
     for layout, section in zip(layouts, sections):
@@ -246,7 +244,7 @@ def finished_body(
     """The body of quantized ``sections`` (views of ``raw``) and its header: ``entries``
     hold each tensor's name, shape and dtype name, in body order."""
     document = {
-        "codec": spec.model_dump(mode="json"),
+        "codec": spec.header_fields(),
         "raw_body_bytes": raw.nbytes,
         "tensors": list(entries),
         "meta": dict(meta or {}),

@@ -3,7 +3,8 @@
 Pure arithmetic, without torch, so that what only reads headers (the CLI, status) starts
 fast.  A section is ``[scales][codes]``: one bfloat16 scale per block for int8, int4 and
 int2, none for the float formats, padded to 8 bytes so sections can be viewed as fp32 in
-place.
+place.  A top-k section's codes are one record per block: the positions of its kept values
+(a byte each) and their signs (a bit each).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Codec(str, Enum):
     INT8 = "int8"
     INT4 = "int4"
     INT2 = "int2"
+    TOPK = "topk"
 
     @property
     def levels(self) -> int:
@@ -37,6 +39,15 @@ class Codec(str, Enum):
     def values_per_byte(self) -> int:
         """Codes packed into one byte (1 for the formats of whole bytes per value)."""
         return {Codec.INT4: 2, Codec.INT2: 4}.get(self, 1)
+
+
+MAX_TOPK_BLOCK = 256
+"""A top-k block names each kept value by its position in one byte."""
+
+
+def topk_record_bytes(keep_per_block: int) -> int:
+    """A top-k block's codes: a position byte per kept value, then their sign bits."""
+    return keep_per_block + -(-keep_per_block // 8)
 
 
 @dataclass(frozen=True)
@@ -53,11 +64,14 @@ class SectionLayout:
         return -(-raw // SECTION_ALIGNMENT) * SECTION_ALIGNMENT
 
 
-def section_layout(codec: Codec, numel: int, block_size: int) -> SectionLayout:
-    """The byte sizes of a tensor of ``numel`` values encoded with ``codec``."""
+def section_layout(codec: Codec, numel: int, block_size: int, keep_per_block: int = 0) -> SectionLayout:
+    """The byte sizes of a tensor of ``numel`` values encoded with ``codec`` (top-k keeping
+    ``keep_per_block`` values of each block)."""
     if codec is Codec.FP32:
         return SectionLayout(0, 4 * numel)
     if codec is Codec.BF16:
         return SectionLayout(0, 2 * numel)
     num_blocks = -(-numel // block_size)
+    if codec is Codec.TOPK:
+        return SectionLayout(2 * num_blocks, num_blocks * topk_record_bytes(keep_per_block))
     return SectionLayout(2 * num_blocks, -(-numel // codec.values_per_byte))

@@ -41,7 +41,7 @@ def test_the_measurements_run_on_the_cpu(tmp_path):
         assert row["tokens_per_second"] > 0 and row["model_TFLOPs"] > 0 and row["MFU"] is None
         assert row["precision"] == "bf16" and row["steps"] == 3
     assert results["installs_bit_exact"] is True
-    assert {row["codec"] for row in results["codec"]} == {"fp32", "bf16", "int8", "int4", "int2"}
+    assert {row["codec"] for row in results["codec"]} == {"fp32", "bf16", "int8", "int4", "int2", "topk"}
     for row in results["codec"]:
         assert row["same_payload_as_cpu"] and row["same_values_as_cpu"]
         assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0 and 0 < row["payload_MB"] < row["fp32_MB"]

@@ -21,11 +21,14 @@ def test_codec_benchmark_quick(tmp_path):
     document = json.loads(output.read_text())
     assert document["machine"]["torch"] and document["settings"]["threads"] == 1
     rows = {(row["codec"], row["zstd"]): row for row in document["results"]["rows"]}
-    assert len(rows) == 15  # fp32, bf16, int8, int4, int2 at zstd 0, 1, 3
+    assert len(rows) == 18  # fp32, bf16, int8, int4, int2, topk at zstd 0, 1, 3
     assert rows[("int4", 1)]["ratio_real"] >= 7.5
     # int2: about 2.1 bits a value against int4's 3.7; one send loses more (error feedback carries it)
     assert rows[("int2", 1)]["ratio_real"] >= 1.6 * rows[("int4", 1)]["ratio_real"]
     assert rows[("int4", 1)]["error_real"] < rows[("int2", 1)]["error_real"] <= 0.6
+    # top-k, 8 of 256: about 0.36 bits a value; one send carries little (88x, 94% error here)
+    assert rows[("topk", 1)]["ratio_real"] >= 4 * rows[("int2", 1)]["ratio_real"]
+    assert rows[("int2", 1)]["error_real"] < rows[("topk", 1)]["error_real"] < 1.0
     assert rows[("int8", 1)]["ratio_real"] >= 3.8
     assert rows[("fp32", 0)]["error_real"] == 0.0
     assert rows[("int4", 1)]["error_real"] <= 0.12 and rows[("int8", 1)]["error_real"] <= 0.01

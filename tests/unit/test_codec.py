@@ -29,7 +29,14 @@ from diloco_cli.codec.frame import MAGIC, PREFIX, TAG_BYTES, PayloadLimits
 from diloco_cli.codec.layout import section_layout
 from diloco_cli.codec.quantize import KERNELS, dequantize_into, quantize_into
 
-ERROR_BOUNDS = {Codec.FP32: 0.0, Codec.BF16: 0.005, Codec.INT8: 0.01, Codec.INT4: 0.12, Codec.INT2: 0.36}
+ERROR_BOUNDS = {
+    Codec.FP32: 0.0,
+    Codec.BF16: 0.005,
+    Codec.INT8: 0.01,
+    Codec.INT4: 0.12,
+    Codec.INT2: 0.36,
+    Codec.TOPK: 0.75,
+}
 
 
 def relative_error(original, decoded):

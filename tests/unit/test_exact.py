@@ -10,7 +10,7 @@ from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex
 
 
-@pytest.mark.parametrize("codec", [Codec.INT4, Codec.INT8, Codec.BF16])
+@pytest.mark.parametrize("codec", [Codec.INT4, Codec.INT8, Codec.BF16, Codec.TOPK])
 def test_learners_applying_updates_in_order_are_bit_identical_to_the_syncer(secret, codec):
     generator = torch.Generator().manual_seed(1)
     shapes = {"w": (64, 33), "b": (33,)}
