@@ -53,6 +53,7 @@ from diloco_cli.bandwidth.document_sizes import (
     status_bytes,
 )
 from diloco_cli.config.recipe import SyncConfig, TrainingConfig
+from diloco_cli.core.fragments import sends_per_learner
 from diloco_cli.store.metering import LIST_PAGE_KEYS, LISTING_BYTES_PER_KEY, LISTING_BYTES_PER_REQUEST
 from diloco_cli.store.wire import wire_model
 
@@ -157,6 +158,9 @@ class RunShape(BaseModel):
     links: tuple[Link, ...]
     quorum: int = Field(ge=1)
     sync_interval: int = Field(ge=1)
+    sync_interval_schedule: tuple[tuple[int, int], ...] = ()
+    """Smaller H early: ``(until_step, H)`` stages (``sync.sync_interval_schedule``); the
+    steady rates are at ``sync_interval``, the run's sends count the stages."""
     num_fragments: int = Field(ge=1)
     inner_steps: int = Field(ge=1)
     step_seconds: float = Field(gt=0)
@@ -621,20 +625,6 @@ PER_ROUND_KINDS = frozenset({"payload", "aggregate", "update", "marker", "head",
 """Flows that come once per send or merge (the rest come with the clock)."""
 
 
-def rounds_per_learner(inner_steps: int, sync_interval: int, num_fragments: int) -> int:
-    """A learner's sends over ``inner_steps``: fragment p at every step ``p*H//P + k*H``
-    (:func:`diloco_cli.core.fragments.fragments_due`), and once more at the end when it
-    trained after its last send (the final sends of a learner that finishes)."""
-    total = 0
-    for fragment in range(num_fragments):
-        offset = fragment * sync_interval // num_fragments
-        first = offset if offset >= 1 else sync_interval
-        scheduled = 0 if first > inner_steps else (inner_steps - first) // sync_interval + 1
-        last = first + (scheduled - 1) * sync_interval if scheduled else 0
-        total += scheduled + (last < inner_steps)
-    return total
-
-
 def per_round_and_clock_bytes(link: LinkTraffic) -> tuple[float, float]:
     """Both directions of ``link`` per second: its per-round flows
     (:data:`PER_ROUND_KINDS`), and the rest with its requests' heads."""
@@ -684,7 +674,7 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     cpu_share = s.step_seconds / period
     trained = M * s.tokens_per_step / period
     wan = sum(link.up_bytes_per_second + link.down_bytes_per_second for link in links if link.wan)
-    rounds = rounds_per_learner(s.inner_steps, s.sync_interval, P)
+    rounds = sends_per_learner(s.inner_steps, s.sync_interval, P, s.sync_interval_schedule)
     loop_seconds = s.inner_steps * period
     run_seconds = s.startup_seconds + loop_seconds
     run_wan = 0.0

@@ -465,6 +465,7 @@ def build_traffic_plan(
         links=links,
         quorum=K,
         sync_interval=sync.sync_interval,
+        sync_interval_schedule=sync.sync_interval_schedule,
         num_fragments=P,
         inner_steps=training.inner_steps,
         step_seconds=step_seconds,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -189,6 +189,13 @@ class SyncConfig(BaseModel):
     sync_interval: int = Field(default=25, ge=1)
     """H: inner steps between two sends of the same fragment."""
 
+    sync_interval_schedule: tuple[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]], ...] = ()
+    """A smaller H early in the run: ``[until_step, H]`` pairs, steps increasing: before
+    inner step ``until_step`` a learner sends every ``H`` steps (each stage staggered as
+    the recipe's H is), from the last ``until_step`` on every ``sync_interval``.  E.g.
+    ``[[100, 25], [200, 50]]`` with ``sync_interval: 100``: early sends pull the learners
+    together while their deltas are largest, later ones are rare."""
+
     num_fragments: int = Field(default=2, ge=1)
     """P: fragments sent at staggered steps; 1 sends the whole model at once."""
 
@@ -299,6 +306,16 @@ class SyncConfig(BaseModel):
     leftover_seconds: float = Field(default=900.0, gt=0)
     """Partial writes, payloads without their marker and stray keys are removed once the
     syncer has seen them this long (longer than any upload in flight can take)."""
+
+    @model_validator(mode="after")
+    def _schedule_in_order(self) -> SyncConfig:
+        steps = [until for until, _ in self.sync_interval_schedule]
+        if any(later <= earlier for earlier, later in zip(steps, steps[1:])):
+            raise ValueError(
+                f"sync.sync_interval_schedule's steps must increase, got {steps}: "
+                "list the stages in order, each [until_step, H]"
+            )
+        return self
 
 
 class RetryPolicy(BaseModel):

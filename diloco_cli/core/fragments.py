@@ -172,6 +172,42 @@ def fragments_due(step: int, sync_interval: int, num_fragments: int) -> list[Fra
     ]
 
 
+SyncSchedule = Sequence[tuple[int, int]]
+"""``(until_step, H)`` stages: before inner step ``until_step``, H is the stage's."""
+
+
+def scheduled_sync_interval(step: int, schedule: SyncSchedule, interval: int, recipe_interval: int) -> int:
+    """H after inner step ``step``: the stage's H while ``step`` is before its
+    ``until_step``, else ``interval`` (the recipe's H, or the learner's H_m under dynamic
+    local updates, which scales a stage's H by ``interval / recipe_interval`` too)."""
+    for until, stage_interval in schedule:
+        if step < until:
+            return max(1, stage_interval * interval // recipe_interval)
+    return interval
+
+
+def sends_per_learner(inner_steps: int, sync_interval: int, num_fragments: int, schedule: SyncSchedule = ()) -> int:
+    """A learner's sends over ``inner_steps``: those :func:`fragments_due` makes at the
+    H of each step (:func:`scheduled_sync_interval`), and once more per fragment at the
+    end when it trained after its last send (the final sends of a learner that
+    finishes).  Counted stage by stage in closed form: a plan asks for millions of steps."""
+    bounds = [1, *(min(until, inner_steps + 1) for until, _ in schedule), inner_steps + 1]
+    intervals = [interval for _, interval in schedule] + [sync_interval]
+    total = 0
+    for fragment in range(num_fragments):
+        last = 0
+        for start, end, interval in zip(bounds, bounds[1:], intervals):
+            offset = fragment_offset(fragment, interval, num_fragments)
+            low = max(start, offset, 1)
+            first = offset + -(-(low - offset) // interval) * interval
+            if first < end:
+                sends = (end - 1 - first) // interval + 1
+                total += sends
+                last = first + (sends - 1) * interval
+        total += last < inner_steps
+    return total
+
+
 def dynamic_sync_intervals(sync_interval: int, step_seconds: Mapping[str, float]) -> dict[str, int]:
     """Dynamic local updates (Decoupled DiLoCo, arXiv 2604.21428): each learner's H
     scaled by its speed, ``H_m = max(1, floor(H * speed_m / fastest speed))`` with speed

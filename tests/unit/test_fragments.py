@@ -1,9 +1,18 @@
 """Splitting a model into fragments and the staggered send schedule."""
 
+import random
+
 import pytest
 import torch
 
-from diloco_cli.core.fragments import FragmentError, fragments_due, fragments_of_model, split_into_fragments
+from diloco_cli.core.fragments import (
+    FragmentError,
+    fragments_due,
+    fragments_of_model,
+    scheduled_sync_interval,
+    sends_per_learner,
+    split_into_fragments,
+)
 
 
 class TiedModel(torch.nn.Module):
@@ -65,3 +74,41 @@ def test_dynamic_local_updates_scale_h_by_speed():
     assert dynamic_sync_intervals(25, {"a": 0.1, "b": 0.125, "c": 0.1 / 0.6}) == {"a": 25, "b": 20, "c": 15}
     assert dynamic_sync_intervals(4, {"fast": 1.0, "crawling": 100.0}) == {"fast": 4, "crawling": 1}  # at least 1
     assert dynamic_sync_intervals(25, {"unknown": 0.0}) == {}
+
+
+def test_a_schedule_gives_each_step_its_stage_h():
+    schedule = ((100, 25), (200, 50))
+    assert [scheduled_sync_interval(step, schedule, 100, 100) for step in (1, 99, 100, 199, 200, 5000)] == [
+        25,
+        25,
+        50,
+        50,
+        100,
+        100,
+    ]
+    # dynamic local updates: a learner told H_m = 50 of the recipe's 100 sends twice as often in every stage
+    assert [scheduled_sync_interval(step, schedule, 50, 100) for step in (1, 150, 300)] == [12, 25, 50]
+    assert scheduled_sync_interval(1, ((10, 1),), 30, 100) == 1  # never below 1
+
+
+def test_schedule_sends_by_hand():
+    """[[100, 25]] then H=100, two fragments, 300 steps: fragment 0 at 25, 50, 75 then
+    100, 200, 300; fragment 1 at 12, 37, 62, 87 then 150, 250 and the end's flush: 14."""
+    due = {p: [s for s in range(1, 301) if p in fragments_due(s, 25 if s < 100 else 100, 2)] for p in (0, 1)}
+    assert due == {0: [25, 50, 75, 100, 200, 300], 1: [12, 37, 62, 87, 150, 250]}
+    assert sends_per_learner(300, 100, 2, ((100, 25),)) == 6 + 6 + 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_closed_form_counts_the_sends_a_learner_makes(seed):
+    """The plan's count equals stepping through a run with the learner's own rule."""
+    rng = random.Random(seed)
+    steps, interval, fragments = rng.randint(1, 400), rng.randint(1, 120), rng.randint(1, 4)
+    untils = sorted(rng.sample(range(1, 500), rng.randint(0, 3)))
+    schedule = tuple((until, rng.randint(1, 60)) for until in untils)
+    last, sends = [0] * fragments, 0
+    for step in range(1, steps + 1):
+        for p in fragments_due(step, scheduled_sync_interval(step, schedule, interval, interval), fragments):
+            sends, last[p] = sends + 1, step
+    sends += sum(step < steps for step in last)  # the end's flush
+    assert sends_per_learner(steps, interval, fragments, schedule) == sends

@@ -665,11 +665,12 @@ def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
     per learner where the steady rate counts 6; the per-round flows of the run's WAN bytes
     grow by 7/6, the others (heartbeats, status, listings) run at their rates, through the
     start-up too."""
-    from diloco_cli.bandwidth.model import PER_ROUND_KINDS, rounds_per_learner
+    from diloco_cli.bandwidth.model import PER_ROUND_KINDS
+    from diloco_cli.core.fragments import sends_per_learner
 
-    assert rounds_per_learner(300, 100, 2) == 7
-    assert rounds_per_learner(300, 25, 2) == 25  # 12 + 12 and fragment 1's flush after step 287
-    assert rounds_per_learner(300, 100, 1) == 3 and rounds_per_learner(10, 25, 2) == 2  # only the flush
+    assert sends_per_learner(300, 100, 2) == 7
+    assert sends_per_learner(300, 25, 2) == 25  # 12 + 12 and fragment 1's flush after step 287
+    assert sends_per_learner(300, 100, 1) == 3 and sends_per_learner(10, 25, 2) == 2  # only the flush
 
     def by_hand(plan: dict, startup: float) -> float:
         d = plan["diloco"]

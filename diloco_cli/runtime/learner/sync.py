@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.core.fragments import fragments_due, fragments_of_model
+from diloco_cli.core.fragments import fragments_due, fragments_of_model, scheduled_sync_interval
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.distributed import (
     ProcessGroup,
@@ -248,7 +248,11 @@ class LearnerSync:
         storage = self.group.is_storage_rank
         if storage:
             self.fragments.count_step(tokens)
-        for fragment in fragments_due(step, self.instructions.sync_interval, self.recipe.sync.num_fragments):
+        sync = self.recipe.sync
+        interval = scheduled_sync_interval(
+            step, sync.sync_interval_schedule, self.instructions.sync_interval, sync.sync_interval
+        )
+        for fragment in fragments_due(step, interval, sync.num_fragments):
             self._send(fragment)
         self._install(self.poller.take() if storage else None)
         if storage:
