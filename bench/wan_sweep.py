@@ -7,6 +7,7 @@ at equal tokens beside it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -32,6 +33,11 @@ INT2_UPLOADS = "sync.learner_codec.codec=int2"
 """Learners' deltas and reducers' aggregates in 2 bits, with their error feedback."""
 INT2_UPDATES = "sync.update_codec.codec=int2"
 INT2_BOTH = [INT2_UPLOADS, INT2_UPDATES]
+TOPK_UPLOADS = ["sync.learner_codec.codec=topk", "sync.learner_codec.block_size=256"]
+"""Learners' deltas and reducers' aggregates as top-k with error feedback (SparseLoCo),
+``keep_per_block`` of 256 values: 8 is 3%, 4 is 1.6%."""
+SCHEDULE = "sync.sync_interval_schedule=[[50,25],[150,50]]"
+"""H=25 for the first 50 steps, 50 until step 150, then the setting's H."""
 OUTER_TUNING = (
     (100, ", outer momentum 0.5", ["sync.outer_momentum=0.5"]),
     (100, ", outer lr 0.7, momentum 0.9", ["sync.outer_learning_rate=0.7", "sync.outer_momentum=0.9"]),
@@ -67,6 +73,20 @@ SWEEP = (
         "H=100, int2 both in blocks of 256, reports every 30 s",
         [*QUIETER, "sync.sync_interval=100", INT2_UPLOADS, INT2_UPDATES, *BLOCKS_256],
     ),
+    (
+        "H=100, topk 8 of 256 uploads, int2 updates, reports every 30 s",
+        [*QUIETER, "sync.sync_interval=100", *TOPK_UPLOADS, "sync.learner_codec.keep_per_block=8", INT2_UPDATES],
+    ),
+    (
+        "H=100, topk 4 of 256 uploads, int2 updates, reports every 30 s",
+        [*QUIETER, "sync.sync_interval=100", *TOPK_UPLOADS, "sync.learner_codec.keep_per_block=4", INT2_UPDATES],
+    ),
+    (
+        "H=50, topk 8 of 256 uploads, int2 updates, reports every 30 s",
+        [*QUIETER, "sync.sync_interval=50", *TOPK_UPLOADS, "sync.learner_codec.keep_per_block=8", INT2_UPDATES],
+    ),
+    ("H=25, 50, then 100, int2 both, reports every 30 s", [*QUIETER, "sync.sync_interval=100", SCHEDULE, *INT2_BOTH]),
+    ("H=25, 50, then 200, int2 both, reports every 30 s", [*QUIETER, "sync.sync_interval=200", SCHEDULE, *INT2_BOTH]),
     *(
         (f"H={h}, int2 both, reports every 30 s{label}", [*QUIETER, f"sync.sync_interval={h}", *INT2_BOTH, *outer])
         for h, label, outer in OUTER_TUNING
@@ -85,8 +105,9 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     from diloco_cli.views.report import collect_report, render_json
     from diloco_cli.views.run_state import collect_status
 
-    name = "sweep-" + "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")[:40].strip("-")
-    name = "-".join(filter(None, name.split("-"))) + (f"-{attempt}" if attempt else "")
+    slug = "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in label.lower()).split("-")))
+    digest = hashlib.blake2b(label.encode(), digest_size=3).hexdigest()  # labels alike in their first words
+    name = f"sweep-{slug[:32].strip('-')}-{digest}" + (f"-{attempt}" if attempt else "")
     runs_dir = workdir / "sweep-runs"
     started = time.monotonic()
     result = launch(None, None, overrides, name, runs_dir, dry_run=False)
