@@ -61,6 +61,8 @@ class LinkRow(BaseModel):
     """Egress and requests at the bucket's provider's list prices."""
     history: list[TrafficSample] = Field(default_factory=list)
     """Bytes moved (up, down) over time."""
+    kinds: dict[str, int] = Field(default_factory=dict)
+    """Bytes both ways by kind of object, heads included (they add up to up + down)."""
 
     @property
     def name(self) -> str:
@@ -315,8 +317,11 @@ def _link(
     provider: Mapping[str, str | None],
 ) -> LinkRow:
     total = Traffic()
+    kinds: dict[str, int] = {}
     for c in counts:
         total = total.plus(c.total)
+        for kind, traffic in c.kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + _moved(traffic)
     wan = source != bucket
     cost = _dollars(total, source, bucket, prices, provider)
     return LinkRow(
@@ -332,6 +337,7 @@ def _link(
         share=_moved(total) / total_bytes if total_bytes else 0.0,
         cost_dollars=cost,
         history=summed_history([c.history for c in counts]),
+        kinds={kind: kinds[kind] for kind in KINDS if kinds.get(kind)},
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from diloco_cli.bandwidth.report import TrafficReport
+from diloco_cli.store.metering import KINDS
 from diloco_cli.views.format import human_bytes, human_count, human_duration
 
 PLOTS_MISSING = 'plots need matplotlib: pip install "diloco-cli[plots]"'
@@ -252,12 +253,21 @@ LINE_STYLES = ("-", "--", ":", "-.")
 def _plots(report: TrafficReport) -> str:
     """The three plots as inline SVG, or the line saying what they need."""
     try:
-        from matplotlib import rc_context
+        from matplotlib import colormaps, rc_context
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         return f'<p id="plots-missing" class="note">{escape(PLOTS_MISSING)}</p>'
+
+    def svg(fig: Figure, plot_id: str, title: str) -> str:
+        buffer = io.StringIO()
+        with rc_context({"svg.fonttype": "none"}):  # text as text: no glyph outlines, no fonts to load
+            fig.savefig(buffer, format="svg", metadata={"Date": None})
+        text = buffer.getvalue()
+        text = text[text.index("<svg") :]  # no XML prolog, no DOCTYPE
+        text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.DOTALL)
+        return f'<figure id="{plot_id}" aria-label="{escape(title)}">{text}</figure>'
 
     def figure(
         plot_id: str,
@@ -284,13 +294,40 @@ def _plots(report: TrafficReport) -> str:
             axes.text(0.5, 0.5, empty, transform=axes.transAxes, ha="center", va="center", color="#57606a")
         elif len(lines) > 1:
             axes.legend(fontsize="small")
-        buffer = io.StringIO()
-        with rc_context({"svg.fonttype": "none"}):  # text as text: no glyph outlines, no fonts to load
-            fig.savefig(buffer, format="svg", metadata={"Date": None})
-        svg = buffer.getvalue()
-        svg = svg[svg.index("<svg") :]  # no XML prolog, no DOCTYPE
-        svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.DOTALL)
-        return f'<figure id="{plot_id}" aria-label="{escape(title)}">{svg}</figure>'
+        return svg(fig, plot_id, title)
+
+    def rates() -> str:
+        """Bytes per second across each WAN link (and all of them), stacked by kind, with
+        what data-parallel would need for the same tokens in the same time."""
+        title = "Bytes per second across links, by kind"
+        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.add_subplot()
+        axes.set(title=title, xlabel="bytes per second over the run (log scale)")
+        bars = wan_rates(report)
+        if not bars:
+            axes.text(0.5, 0.5, "no bytes crossed a link yet", transform=axes.transAxes, ha="center", va="center")
+            axes.set_yticks([])
+            return svg(fig, "plot-rates", title)
+        axes.set_xscale("log")
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_bytes(value) + "/s"))
+        kinds = [kind for kind in KINDS if any(kind in by_kind for _, by_kind in bars)]
+        smallest = min(rate for _, by_kind in bars for rate in by_kind.values())
+        colors = colormaps["tab20"]
+        for index, kind in enumerate(kinds):
+            lefts, widths = [], []
+            for _, by_kind in bars:
+                before = sum(by_kind.get(k, 0.0) for k in kinds[:index])
+                lefts.append(max(before, smallest / 10))  # a log axis has no 0: the first kind starts below all
+                widths.append(before + by_kind.get(kind, 0.0) - lefts[-1] if kind in by_kind else 0.0)
+            axes.barh(range(len(bars)), widths, left=lefts, label=kind, color=colors(index % 20))
+        axes.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize="small")
+        axes.invert_yaxis()
+        for (label, rate), style in zip(data_parallel_rates(report), ("--", ":")):
+            axes.axvline(rate, color="#cf222e", linestyle=style, label=label)
+        axes.grid(True, axis="x", alpha=0.3)
+        axes.legend(fontsize="x-small", loc="lower right", ncols=2)
+        return svg(fig, "plot-rates", title)
 
     start = report.started_at
     unit, per = _time_unit(
@@ -310,6 +347,7 @@ def _plots(report: TrafficReport) -> str:
     since = f"{unit} since start"
     figures = [
         figure("plot-bytes", "Bytes moved per link", since, "cumulative MB", traffic, "no traffic history yet"),
+        rates(),
         figure(
             "plot-loss-tokens",
             "Held-out loss against tokens",
@@ -322,6 +360,33 @@ def _plots(report: TrafficReport) -> str:
         figure("plot-loss-time", "Held-out loss against time", since, "held-out loss", by_time, "no evaluation yet"),
     ]
     return '<div class="plots">' + "\n".join(figures) + "</div>"
+
+
+def wan_rates(report: TrafficReport) -> list[tuple[str, dict[str, float]]]:
+    """Each WAN link's bytes per second over the run by kind, and, with several links,
+    all of them together (what data-parallel's rates compare with)."""
+    seconds = max(report.elapsed_seconds, 1e-9)
+    links = [link for link in report.links if link.wan and link.kinds]
+    bars = [(link.name, {kind: count / seconds for kind, count in link.kinds.items()}) for link in links]
+    if len(bars) > 1:
+        total: dict[str, float] = {}
+        for _, by_kind in bars:
+            for kind, rate in by_kind.items():
+                total[kind] = total.get(kind, 0.0) + rate
+        bars.append(("all links", total))
+    return bars
+
+
+def data_parallel_rates(report: TrafficReport) -> list[tuple[str, float]]:
+    """What synchronous data-parallel would move between regions per second to train the
+    run's tokens in the run's time: a flat ring and a hierarchical all-reduce."""
+    dp, seconds = report.data_parallel, max(report.elapsed_seconds, 1e-9)
+    if dp is None:
+        return []
+    return [
+        (f"data-parallel, flat ring ({_ratio(dp.wan_ratio)})", dp.wan_bytes / seconds),
+        (f"data-parallel, hierarchical ({_ratio(dp.hierarchical_wan_ratio)})", dp.hierarchical_wan_bytes / seconds),
+    ]
 
 
 def _time_unit(span: float) -> tuple[str, float]:

@@ -19,6 +19,7 @@ PAGE_IDS = (
     "table-compression",
     "table-data-parallel",
     "plot-bytes",
+    "plot-rates",
     "plot-loss-tokens",
     "plot-loss-time",
 )

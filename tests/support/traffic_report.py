@@ -15,7 +15,7 @@ from diloco_cli.store.documents import Evaluation
 TABLES = ("table-links", "table-learners", "table-kinds", "table-compression", "table-data-parallel")
 
 
-PLOTS = ("plot-bytes", "plot-loss-tokens", "plot-loss-time")
+PLOTS = ("plot-bytes", "plot-rates", "plot-loss-tokens", "plot-loss-time")
 
 
 START = 1_790_000_000.0
@@ -41,6 +41,7 @@ def link(source: str, bucket: str, up: int, down: int, share: float, cost: float
         share=share,
         cost_dollars=cost,
         history=history(up // 11, down // 11),
+        kinds={"payload": up // 2, "update": down // 2, "heartbeat": up - up // 2, "listing": down - down // 2},
     )
 
 

@@ -55,3 +55,27 @@ def test_a_run_that_has_reported_nothing_yet_still_renders():
     assert "the syncer has not reported the model&#x27;s size" in html
     assert all(f'id="{name}"' in html for name in TABLES + PLOTS)
     assert "minutes since start" in html and "no evaluation yet" in html
+
+
+def test_the_rates_plot_stacks_each_links_kinds_beside_data_parallels_rates():
+    """Per WAN link its bytes per second by kind over the run, summing to the table's
+    bytes; a bar for all links; data-parallel's two rates for the same tokens in the same
+    time (its bytes over the elapsed seconds)."""
+    pytest.importorskip("matplotlib")
+    from diloco_cli.views.report_html import data_parallel_rates, wan_rates
+
+    report = realistic()
+    bars = dict(wan_rates(report))
+    assert list(bars) == ["syncer-host -> eu-west", "syncer-host -> us-east", "all links"]
+    one = bars["syncer-host -> eu-west"]
+    assert sum(one.values()) == pytest.approx((60_000_000 + 70_000_000) / 330.0)
+    assert one["payload"] == pytest.approx(30_000_000 / 330.0)
+    assert sum(bars["all links"].values()) == pytest.approx(report.wan_bytes / 330.0)
+    (flat, flat_rate), (hierarchical, hierarchical_rate) = data_parallel_rates(report)
+    assert flat_rate == pytest.approx(146.5 * 2 * 372_000_000 / 330.0) and "flat ring" in flat
+    assert hierarchical_rate == pytest.approx(146.5 * 2 * 248_000_000 / 330.0) and "hierarchical" in hierarchical
+    html = render_html(report)
+    rates = html[html.index('id="plot-rates"') : html.index("</figure>", html.index('id="plot-rates"'))]
+    assert "data-parallel, flat ring" in rates and "heartbeat" in rates and "all links" in rates
+    local_only = realistic(links=[link for link in report.links if not link.wan])
+    assert wan_rates(local_only) == [] and "no bytes crossed a link yet" in render_html(local_only)
