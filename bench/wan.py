@@ -70,7 +70,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,11 +89,11 @@ from bench.wan_diloco import (
     device_deltas,
     diloco_on_wan,
     load_recipe,
-    process_env,
 )
 from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
+from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_sweep import LABELS, dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
@@ -192,125 +191,6 @@ def _print_dp_wan(measured: dict) -> None:
         f"{measured['comm_to_compute']:.1f}x), {measured['app_wan_bytes_per_step']:,} WAN bytes per step",
         flush=True,
     )
-
-
-# --------------------------------------------------------------------------- plan
-
-
-def plan_prediction(
-    regions_path: Path | None,
-    overrides: Sequence[str],
-    step_seconds: float,
-    link_mbit: float,
-    latency_ms: float,
-    timeout: float = 300.0,
-    startup_seconds: float | None = None,
-) -> dict:
-    """HOOK: ``diloco plan``'s prediction for this scenario (``python -m diloco_cli plan --output
-    json``).  Returns {"command", "prediction" (the plan's JSON, or None), "error" (why not)}:
-    a plan command that is missing or fails is recorded as null, not raised."""
-    command = [
-        sys.executable,
-        "-m",
-        "diloco_cli",
-        "plan",
-        "--output",
-        "json",
-        "--step-seconds",
-        f"{step_seconds:.6g}",
-        "--link-mbit",
-        f"{link_mbit:.6g}",
-        "--latency-ms",
-        f"{latency_ms:.6g}",
-    ]
-    command += ["--regions", str(regions_path)] if regions_path else []
-    command += ["--startup-seconds", f"{startup_seconds:.6g}"] if startup_seconds is not None else []
-    command += [item for override in overrides for item in ("--set", override)]
-    try:
-        proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY, env=process_env()
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return {"command": command, "prediction": None, "error": str(error)}
-    if proc.returncode != 0:
-        return {
-            "command": command,
-            "prediction": None,
-            "error": (proc.stderr or proc.stdout).strip()[-2000:] or f"exit {proc.returncode}",
-        }
-    try:
-        return {"command": command, "prediction": json.loads(proc.stdout), "error": None}
-    except ValueError as error:
-        return {"command": command, "prediction": None, "error": f"not JSON: {error}: {proc.stdout[:500]}"}
-
-
-def plan_vs_measured(plan: dict | None, diloco: dict, dp: dict, data_parallel_plan: dict | None = None) -> dict | None:
-    """The plan's figures beside the measured ones: DiLoCo's from ``plan``, data-parallel's
-    from ``data_parallel_plan`` (default: the same plan)."""
-    if plan is None:
-        return None
-    try:
-        predicted_wan = plan["diloco"]["run_wan_bytes"]  # the run's sends, its end's flush included
-        # the plan's cpu share is t / T over the training loop: the learners' share measured over
-        # their loops (from training_since) where the heartbeats have it, else over their lives
-        loop_share = diloco.get("compute_share_over_loop") or diloco["compute_share"]
-        launch_share = diloco.get("compute_share_from_launch") or diloco["compute_share"]
-        dpp = (data_parallel_plan or plan)["data_parallel"]
-        return {
-            "diloco_compute_share": {  # over all wall time from the launch, start-up included
-                "predicted": plan["diloco"]["compute_share_with_startup"],
-                "measured": launch_share,
-                "points": 100 * (plan["diloco"]["compute_share_with_startup"] - launch_share),
-            },
-            "diloco_cpu_share": {
-                "predicted": plan["diloco"]["cpu_share"],
-                "measured": loop_share,
-                "points": 100 * (plan["diloco"]["cpu_share"] - loop_share),
-            },
-            "diloco_bottleneck": plan["diloco"].get("bottleneck"),
-            "diloco_network_factor": plan["diloco"].get("network_factor"),
-            "suggestion": {
-                key: plan["suggestion"].get(key)
-                for key in (
-                    "target_compute_share",
-                    "reached",
-                    "sync_interval",
-                    "upload_codec",
-                    "update_codec",
-                    "compute_share",
-                )
-            }
-            if isinstance(plan.get("suggestion"), dict)
-            else None,
-            "diloco_syncer_busy": plan["diloco"].get("syncer_busy"),
-            "diloco_wan_bytes": {
-                "predicted": predicted_wan,
-                "measured": diloco["wan_bytes"],
-                "percent": 100 * (predicted_wan / diloco["wan_bytes"] - 1),
-            },
-            "diloco_time_to_budget_seconds": {
-                "predicted": plan["time_to_budget_seconds"],
-                "measured": diloco["wall_seconds"],
-                "percent": 100 * (plan["time_to_budget_seconds"] / diloco["wall_seconds"] - 1),
-            },
-            "dp_step_seconds": {
-                "predicted": dpp["step_seconds"],
-                "measured": dp["wan"]["medians"]["step_seconds"],
-                "percent": 100 * (dpp["step_seconds"] / dp["wan"]["medians"]["step_seconds"] - 1),
-            },
-            "dp_compute_share": {
-                "predicted": dpp["compute_share"],
-                "measured": dp["compute_share"],
-                "points": 100 * (dpp["compute_share"] - dp["compute_share"]),
-            },
-            "dp_wan_bytes_per_token": {
-                "predicted": dpp["wan_bytes_per_token"],
-                "measured": dp["wan_bytes_per_token"],
-                "percent": 100 * (dpp["wan_bytes_per_token"] / dp["wan_bytes_per_token"] - 1),
-            },
-        }
-    except (KeyError, TypeError, ZeroDivisionError) as error:
-        return {"error": f"the plan's JSON lacks a figure: {error!r}"}
 
 
 # --------------------------------------------------------------------------- main
@@ -825,6 +705,8 @@ def show_sweep(sweep_result: dict) -> None:
                 "flat ring x": equal.get("flat_ring_over_diloco"),
                 "hierarchical x": equal.get("hierarchical_over_diloco"),
                 "flat ring x, equal tokens": equal.get("flat_ring_over_diloco_equal_tokens"),
+                "plan bytes %": (row.get("plan_vs_measured") or {}).get("wan_bytes", {}).get("percent"),
+                "plan share pts": (row.get("plan_vs_measured") or {}).get("compute_share", {}).get("points"),
             }
         )
     print_table(
@@ -838,9 +720,19 @@ def show_sweep(sweep_result: dict) -> None:
             "hierarchical x",
             "flat ring x, equal tokens",
             "meets_target",
+            "plan bytes %",
+            "plan share pts",
         ],
     )
     print(sweep_result["verdict"])
+    plan = sweep_result.get("plan") or {}
+    if plan.get("planned"):
+        print(
+            f"diloco plan, {plan['planned']} settings planned ({plan['unplanned']} from before): at worst "
+            f"{plan['worst_wan_bytes_percent']:+.1f}% of the WAN bytes ({plan['worst_wan_bytes_setting']}) and "
+            f"{plan['worst_compute_share_points']:+.1f} points of the compute share "
+            f"({plan['worst_compute_share_setting']}); within 10% and 10 points: {plan['within_target']}"
+        )
 
 
 if __name__ == "__main__":

@@ -11,11 +11,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench._common import median
+
+if TYPE_CHECKING:
+    from diloco_cli.store.documents import Heartbeat
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 REGIONS = ("east", "west")
@@ -69,6 +73,28 @@ def device_bytes(place) -> dict[str, int]:
 
 def device_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {label: {d: after[label][d] - before[label][d] for d in ("tx", "rx")} for label in before}
+
+
+def learner_figures(beats: Mapping[str, Heartbeat], launched: float) -> dict:
+    """What the learners' last heartbeats say of a run launched at ``launched``: their
+    compute seconds and shares of wall time (over their lives, their training loops and
+    since the launch, start-up included), the median start-up (the launch to the first
+    step: the command's checks, the processes, imports, model, data) and step time."""
+    compute = sum(beat.compute_seconds for beat in beats.values())
+    alive = sum(beat.time - beat.started_at for beat in beats.values())
+    since = [getattr(beat, "training_since", None) for beat in beats.values()]
+    looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
+    from_launch = sum(beat.time - launched for beat in beats.values())
+    steps = [beat.step_seconds for beat in beats.values() if beat.step_seconds]
+    return {
+        "compute_seconds": compute,
+        "learner_seconds": alive,
+        "compute_share": compute / alive,
+        "compute_share_over_loop": compute / looping if looping else None,
+        "compute_share_from_launch": compute / from_launch,
+        "startup_seconds": median([start - launched for start in since]) if all(since) else None,
+        "median_learner_step_seconds": median(steps) if steps else None,
+    }
 
 
 def tail(path: Path, size: int = 3000) -> str:
@@ -338,14 +364,6 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
     report = json.loads(render_json(collect_report(setup, secret, load_prices())))
     evaluations = [e.model_dump(mode="json") for e in status.evaluations]
     first_start = min(beat.started_at for beat in beats.values())
-    compute = sum(beat.compute_seconds for beat in beats.values())
-    alive = sum(beat.time - beat.started_at for beat in beats.values())
-    since = [getattr(beat, "training_since", None) for beat in beats.values()]
-    looping = sum(beat.time - start for beat, start in zip(beats.values(), since)) if all(since) else None
-    # from the launch: each learner's wall time since `diloco up` began, and its start-up
-    # (the launch to its first step: the command's checks, the processes, imports, model, data)
-    from_launch = sum(beat.time - launched for beat in beats.values())
-    startup = median([start - launched for start in since]) if all(since) else None
     syncer_kinds = {
         region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()}
         for region, counters in status.storage.items()
@@ -372,15 +390,7 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
         "evaluations": evaluations,
         "final_loss": evaluations[-1]["loss"],
         "tokens": tokens,
-        "compute_seconds": compute,
-        "learner_seconds": alive,
-        "compute_share": compute / alive,
-        "compute_share_over_loop": compute / looping if looping else None,
-        "compute_share_from_launch": compute / from_launch,
-        "startup_seconds": startup,
-        "median_learner_step_seconds": median([beat.step_seconds for beat in beats.values() if beat.step_seconds])
-        if any(b.step_seconds for b in beats.values())
-        else None,
+        **learner_figures(beats, launched),
         "wan_bytes": wan_bytes,
         "wan_bytes_per_token": wan_bytes / tokens,
         "proxy_wan_bytes": proxy_wan,

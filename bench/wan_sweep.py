@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench._common import machine
-from bench.wan_diloco import tail
+from bench.wan_diloco import learner_figures, tail
 from bench.wan_equal_loss import first_at_or_below, target_loss
+from bench.wan_plan import plan_prediction
 
 TARGET_FLAT_RING = 300.0
 TARGET_HIERARCHICAL = 200.0
@@ -103,13 +104,13 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
     from diloco_cli.launch.runs import load_run
     from diloco_cli.launch.up import launch
     from diloco_cli.views.report import collect_report, render_json
-    from diloco_cli.views.run_state import collect_status
+    from diloco_cli.views.run_state import collect_status, read_buckets
 
     slug = "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in label.lower()).split("-")))
     digest = hashlib.blake2b(label.encode(), digest_size=3).hexdigest()  # labels alike in their first words
     name = f"sweep-{slug[:32].strip('-')}-{digest}" + (f"-{attempt}" if attempt else "")
     runs_dir = workdir / "sweep-runs"
-    started = time.monotonic()
+    started, launched = time.monotonic(), time.time()
     result = launch(None, None, overrides, name, runs_dir, dry_run=False)
     record = load_run(runs_dir, name)
     try:
@@ -139,17 +140,51 @@ def sweep_run(label: str, overrides: list[str], workdir: Path, timeout: float, a
             f"sweep run {name} ({label}) ended {status.state} with {report['tokens']} of {budget} tokens, "
             f"version {status.version}, {len(evaluations)} evaluations\n{logs}"
         )
+    seconds = time.monotonic() - started
+    learners = learner_figures(read_buckets(result.spec, record.secret(), time.time()).heartbeats, launched)
     return {
         "setting": label,
         "overrides": overrides,
         "commit": machine()["git_commit"],  # a sweep's rows may come from several runs (--settings)
-        "seconds": time.monotonic() - started,
+        "seconds": seconds,
+        "learners": learners,
+        "plan_vs_measured": plan_beside(overrides, learners, report["wan_bytes"]),
         "versions": status.version,
         "tokens": report["tokens"],
         "wan_bytes": report["wan_bytes"],
         "wan_bytes_per_token": report["wan_bytes_per_token"],
         "final_loss": evaluations[-1]["loss"] if evaluations else None,
         "kinds": report["kinds"],
+    }
+
+
+LOCAL_LINK_MBIT = 10_000.0
+"""The plan's link rate for the sweep's file:// buckets: no link limits them."""
+
+
+def plan_beside(overrides: list[str], learners: dict, wan_bytes: int) -> dict | None:
+    """``diloco plan`` for a sweep run's setting, given the step time and start-up its
+    learners had, beside what the run measured: its WAN bytes (the whole run's) and the
+    learners' compute share of all wall time from the launch."""
+    step, startup = learners["median_learner_step_seconds"], learners["startup_seconds"]
+    if not step:
+        return None
+    plan = plan_prediction(None, overrides, step, LOCAL_LINK_MBIT, 0.0, startup_seconds=startup)
+    if plan["prediction"] is None:
+        return {"error": plan["error"]}
+    predicted = plan["prediction"]["diloco"]
+    share = learners["compute_share_from_launch"]
+    return {
+        "wan_bytes": {
+            "predicted": predicted["run_wan_bytes"],
+            "measured": wan_bytes,
+            "percent": 100 * (predicted["run_wan_bytes"] / wan_bytes - 1),
+        },
+        "compute_share": {
+            "predicted": predicted["compute_share_with_startup"],
+            "measured": share,
+            "points": 100 * (predicted["compute_share_with_startup"] - share),
+        },
     }
 
 
@@ -208,6 +243,33 @@ def at_equal_loss(row: dict, reference: dict) -> dict:
     return ratios
 
 
+PLAN_BYTES_PERCENT = 10.0
+PLAN_SHARE_POINTS = 10.0
+"""``diloco plan`` within 10% of a run's WAN bytes and 10 points of its compute share, in
+every setting of the sweep (the issue's target)."""
+
+
+def plan_accuracy(rows: list[dict]) -> dict:
+    """How far the plan was from each planned row, at worst, and whether every planned row
+    is within the targets (rows from before the plan was compared count as unplanned)."""
+    planned = [row for row in rows if (row.get("plan_vs_measured") or {}).get("wan_bytes")]
+    if not planned:
+        return {"planned": 0, "unplanned": len(rows), "within_target": None}
+    worst_bytes = max(planned, key=lambda row: abs(row["plan_vs_measured"]["wan_bytes"]["percent"]))
+    worst_share = max(planned, key=lambda row: abs(row["plan_vs_measured"]["compute_share"]["points"]))
+    bytes_percent = worst_bytes["plan_vs_measured"]["wan_bytes"]["percent"]
+    share_points = worst_share["plan_vs_measured"]["compute_share"]["points"]
+    return {
+        "planned": len(planned),
+        "unplanned": len(rows) - len(planned),
+        "worst_wan_bytes_percent": bytes_percent,
+        "worst_wan_bytes_setting": worst_bytes["setting"],
+        "worst_compute_share_points": share_points,
+        "worst_compute_share_setting": worst_share["setting"],
+        "within_target": abs(bytes_percent) <= PLAN_BYTES_PERCENT and abs(share_points) <= PLAN_SHARE_POINTS,
+    }
+
+
 def summarize_sweep(rows: list[dict], reference: dict) -> dict:
     default = rows[0]
     for row in rows:
@@ -236,6 +298,7 @@ def summarize_sweep(rows: list[dict], reference: dict) -> dict:
             f"final loss {best['final_loss']:.3f}, {best['loss_vs_default']:+.2%} against the default)"
         )
     return {
+        "plan": plan_accuracy(rows),
         "reference": {key: value for key, value in reference.items() if key != "evaluations"},
         "target": f"at equal loss, >= {TARGET_FLAT_RING:.0f}x fewer WAN bytes than the flat ring and "
         f">= {TARGET_HIERARCHICAL:.0f}x than the hierarchical all-reduce",

@@ -62,3 +62,20 @@ def test_rerunning_some_settings_keeps_the_earlier_rows_of_the_others(monkeypatc
     assert [r["setting"] for r in summary["rows"]] == list(LABELS)  # in the sweep's order, the removed one gone
     assert [r["wan_bytes"] for r in summary["rows"]] == [500.0 if label in ran else 1_000.0 for label in LABELS]
     assert len(written) == 2 and summary["rows"][0]["loss_vs_default"] == 0.0
+
+
+def test_the_plans_worst_row_decides_whether_it_is_within_the_targets():
+    def planned(setting, percent, points):
+        return {
+            **row(setting, 2.0, 1_000.0),
+            "plan_vs_measured": {"wan_bytes": {"percent": percent}, "compute_share": {"points": points}},
+        }
+
+    rows = [planned("a", 4.0, -2.0), planned("b", -9.5, 1.0), row("before", 2.0, 1_000.0)]
+    plan = summarize_sweep(rows, REFERENCE)["plan"]
+    assert (plan["planned"], plan["unplanned"]) == (2, 1)
+    assert plan["worst_wan_bytes_percent"] == -9.5 and plan["worst_wan_bytes_setting"] == "b"
+    assert plan["worst_compute_share_points"] == -2.0 and plan["within_target"]
+    assert not summarize_sweep([*rows, planned("c", 12.0, 0.0)], REFERENCE)["plan"]["within_target"]
+    assert not summarize_sweep([*rows, planned("d", 0.0, 10.5)], REFERENCE)["plan"]["within_target"]
+    assert summarize_sweep(rows[2:], REFERENCE)["plan"] == {"planned": 0, "unplanned": 1, "within_target": None}
