@@ -309,10 +309,15 @@ class DiLoCoPrediction(BaseModel):
     """Sends each learner makes over its inner steps: every fragment on its staggered
     schedule, and once more at the end for each fragment trained since its last send
     (the end-of-run flush), where the steady rates count P x inner_steps / H."""
+    rounds_crossing_per_learner: float
+    """Of these, the rounds that reach a merge: ``rounds_per_learner x network_factor``.
+    Where a link or the syncer is the bottleneck the learners go on computing, their
+    outboxes fold the sends that wait into newer ones and the syncer merges less often:
+    only this many rounds' bytes cross."""
     run_wan_bytes: float
     """The whole run's WAN bytes: the per-round flows (payloads or aggregates, updates,
-    markers, heads) for ``rounds_per_learner``, the rest (heartbeats, status, listings)
-    at their rates over the start-up and the learners' inner steps."""
+    markers, heads) for ``rounds_crossing_per_learner``, the rest (heartbeats, status,
+    listings) at their rates over the start-up and the learners' inner steps."""
     head_bytes: float
     status_bytes: float
     heartbeat_bytes: float
@@ -680,7 +685,8 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     run_wan = 0.0
     for link in (link for link in links if link.wan):
         per_round, clock = per_round_and_clock_bytes(link)
-        run_wan += loop_seconds * per_round * rounds / (P * s.inner_steps / s.sync_interval) + run_seconds * clock
+        steady_rounds = P * s.inner_steps / s.sync_interval  # what the steady rates count
+        run_wan += loop_seconds * per_round * factor * rounds / steady_rounds + run_seconds * clock
     return DiLoCoPrediction(
         num_learners=M,
         quorum=K,
@@ -705,6 +711,7 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
         wan_bytes_per_second=wan,
         wan_bytes_per_token=wan / trained,
         rounds_per_learner=rounds,
+        rounds_crossing_per_learner=rounds * factor,
         run_wan_bytes=run_wan,
         head_bytes=head,
         status_bytes=status,

@@ -12,7 +12,8 @@ from diloco_cli.cli.runs_commands import RUNS_DIR, Output
 REPORT_JSON_HELP = """JSON: run, state, elapsed_seconds, tokens, total_bytes, wan_bytes,
 wan_bytes_per_token, cost_dollars; links[] (source, bucket, wan, requests, bytes_up,
 bytes_down, seconds, megabytes_per_second, share, cost_dollars, kinds (bytes both ways by
-kind), history of [time, up, down]); learners[]; kinds[] (with cost_dollars); compression[] (kind, bytes, raw_fp32_bytes, ratio);
+kind), history of [time, up, down]); learners[]; kinds[] (with cost_dollars);
+compression[] (kind, bytes, raw_fp32_bytes, ratio);
 data_parallel at equal tokens (parameters, workers, steps, bytes_per_worker_step,
 wan_bytes and wan_ratio of a flat ring, regions, hierarchical_wan_bytes and
 hierarchical_wan_ratio, formula, hierarchical_formula); evaluations[]."""

@@ -123,7 +123,13 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
         f"  WAN bytes/token  {_per_token(d.wan_bytes_per_token)} "
         f"({human_bytes(d.wan_bytes_per_second)}/s over all links)",
         f"  WAN bytes, run   {human_bytes(d.run_wan_bytes)} ({d.rounds_per_learner:g} sends per learner, the end's "
-        f"flush included; {steady:g} at the steady rate)",
+        f"flush included; {steady:g} at the steady rate"
+        + (
+            f"; {d.rounds_crossing_per_learner:.3g} reach a merge, the rest folded into later sends by the "
+            f"{d.bottleneck} bottleneck)"
+            if d.network_factor < 1
+            else ")"
+        ),
         *_other_placements(plan),
     ]
     if s.reached:

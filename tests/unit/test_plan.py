@@ -696,3 +696,31 @@ def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
     budget = started["tokens_budget"]
     assert started["time_to_budget_seconds"] == pytest.approx(20 + budget / late["useful_tokens_per_second"])
     assert "of all wall time with 20 s of start-up" in text
+
+
+def test_on_a_link_too_thin_for_every_round_the_run_carries_the_rounds_it_can():
+    """At 0.02 Mbit/s the syncer's calls over the link are the bottleneck (the syncer is busy
+    more than all of its time): learners go on computing, waiting sends
+    fold into newer ones, and only network_factor of the rounds cross; the per-round flows
+    of the run's bytes shrink by that factor, the clock's flows do not."""
+    from diloco_cli.bandwidth.model import PER_ROUND_KINDS
+
+    settings = ["--set", "sync.sync_interval=100", "--set", "training.inner_steps=300", "--startup-seconds", "0"]
+    thin, text = plan_of(["plan", "--step-seconds", "1", "--link-mbit", "0.02", "--latency-ms", "40", *settings])
+    d = thin["diloco"]
+    assert d["bottleneck"] == "syncer I/O" and 0 < d["network_factor"] < 1
+    assert d["rounds_per_learner"] == 7 and d["rounds_crossing_per_learner"] == pytest.approx(7 * d["network_factor"])
+    loop = 300 * d["period_seconds"]
+    by_hand = 0.0
+    for link in (link for link in d["links"] if link["wan"]):
+        per_round = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
+        clock = link["up_bytes_per_second"] + link["down_bytes_per_second"] - per_round
+        by_hand += loop * per_round * d["network_factor"] * 7 / 6 + loop * clock
+    assert d["run_wan_bytes"] == pytest.approx(by_hand)
+    assert (
+        f"{d['rounds_crossing_per_learner']:.3g} reach a merge, the rest folded into later sends by the syncer I/O"
+        in text
+    )
+    wide, text = plan_of([*ARGS, *settings])
+    assert wide["diloco"]["network_factor"] == 1 and wide["diloco"]["rounds_crossing_per_learner"] == 7
+    assert "reach a merge" not in text
