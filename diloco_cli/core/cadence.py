@@ -1,7 +1,10 @@
 """Periodic duties of a loop that turns on an injected clock: the syncer's and the
-reducers' heartbeat reads, status writes and sweeps."""
+reducers' heartbeat reads, status writes and sweeps, and when a run's end is near."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 
 class Cadences:
@@ -17,3 +20,36 @@ class Cadences:
             return False
         self._last[task] = now
         return True
+
+
+END_READ_SECONDS = 5.0
+"""How often the syncer and the reducers read heartbeats once a learner is due to finish."""
+
+GOING_ON = frozenset({"starting", "waiting", "training"})
+"""States of a learner that will still train and send."""
+
+
+class Progress(Protocol):
+    """What a learner's heartbeat says of its progress."""
+
+    @property
+    def state(self) -> Any: ...  # a state's ``value``, or the state's name itself
+
+    step: int
+    total_steps: int
+    step_seconds: float | None
+    time: float
+
+
+def due_to_finish(reports: Iterable[Progress], now: float) -> bool:
+    """Whether a learner that last reported going on should have trained its last step by
+    ``now`` (wall clock): ``time + (total_steps - step) x step_seconds <= now``.  The run's
+    end is near then, and its readers look at heartbeats every :data:`END_READ_SECONDS`
+    instead of every heartbeat period (30 s in ``recipes/wan.yaml``): a run ends within
+    seconds of its learners, not a few periods after them."""
+    for report in reports:
+        state = getattr(report.state, "value", report.state)
+        if state in GOING_ON and report.step_seconds:
+            if report.time + (report.total_steps - report.step) * report.step_seconds <= now:
+                return True
+    return False

@@ -409,3 +409,25 @@ def test_a_damaged_snapshot_of_the_regions_present_version_is_rewritten_by_its_r
         reduced.assert_bases_equal_the_syncers(late)
     finally:
         late.close()
+
+
+def test_a_learner_that_stopped_going_on_is_reported_by_its_reducer_at_once(reduced):
+    """The syncer ends a run only once each region's reducer has seen its learners' last
+    heartbeats: a reducer writes its status when a learner finishes, not at its next
+    status period (30 s in recipes/wan.yaml)."""
+    from diloco_cli.store.documents import LearnerState
+
+    reducer = reduced.reducer
+    sync = reducer.recipe.sync.model_copy(update={"status_seconds": 3600.0})
+    reducer.recipe = reducer.recipe.model_copy(update={"sync": sync})
+    reducer.turn(read_heartbeats=True)  # its status period (an hour here) is spent
+    written = aggregates.read_reducer_status(reduced.bucket).time
+    learner = reduced.learners[0]
+    learner.heartbeats.beat(LearnerState.TRAINING, wait=10)
+    reducer.turn(read_heartbeats=True)
+    assert aggregates.read_reducer_status(reduced.bucket).time == written  # nothing new to tell
+    learner.heartbeats.beat(LearnerState.FINISHED, wait=10)
+    finished = reduced.bucket.read_heartbeat(learner.me.id)
+    reducer.turn(read_heartbeats=True)
+    status = aggregates.read_reducer_status(reduced.bucket)
+    assert status.time > written and status.heartbeats_seen[learner.me.id] == finished.time

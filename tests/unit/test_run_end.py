@@ -41,3 +41,32 @@ def test_a_scan_cut_short_by_a_storage_failure_does_not_end_the_run_before_the_l
         for fragment in range(len(learner.fragment_list)):
             merged = tokens_merged(history, learner.me.id, fragment)
             assert merged + beat.tokens_overwritten.get(fragment, 0) == beat.tokens, (learner.me.id, fragment)
+
+
+def test_once_a_learner_is_due_to_finish_the_syncer_reads_heartbeats_every_few_seconds(harness, monkeypatch):
+    """With heartbeats every 30 s a run ended up to a period after its learners; once a
+    learner's last report says its remaining steps have had their time, the syncer reads
+    heartbeats every END_READ_SECONDS (its clock moved by hand here)."""
+    from diloco_cli.core.cadence import END_READ_SECONDS
+    from diloco_cli.store.documents import LearnerState
+
+    syncer, learner = harness.syncer, harness.learners[0]
+    now = [1000.0]
+    syncer.clock = lambda: now[0]
+    training = syncer.recipe.training.model_copy(update={"heartbeat_seconds": 3600.0})
+    sync = syncer.recipe.sync.model_copy(update={"status_seconds": 3600.0})
+    syncer.recipe = syncer.recipe.model_copy(update={"training": training, "sync": sync})
+    harness.train(learner, 2)  # a step time to tell
+    learner.heartbeats.beat(LearnerState.TRAINING, wait=10)
+    syncer.turn()  # the first read: heartbeats are due at first
+    seen = syncer.observer.heartbeats[learner.me.id]
+    assert seen.state is LearnerState.TRAINING and seen.step < seen.total_steps and seen.step_seconds
+    learner.heartbeats.beat(LearnerState.FINISHED, wait=10)
+    now[0] += END_READ_SECONDS
+    syncer.turn()
+    assert syncer.observer.heartbeats[learner.me.id].state is LearnerState.TRAINING  # not due yet: an hour's period
+    remaining = (seen.total_steps - seen.step) * (seen.step_seconds or 0.0)
+    monkeypatch.setattr("time.time", lambda: seen.time + remaining + 0.1)  # its steps have had their time
+    now[0] += END_READ_SECONDS
+    syncer.turn()
+    assert syncer.observer.heartbeats[learner.me.id].state is LearnerState.FINISHED

@@ -38,7 +38,7 @@ import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
-from diloco_cli.core.cadence import Cadences
+from diloco_cli.core.cadence import END_READ_SECONDS, GOING_ON, Cadences, due_to_finish
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -97,6 +97,8 @@ class Reducer:
         """Aggregates forwarded and not resolved yet, by key."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
+        self.reports: dict[LearnerId, Heartbeat] = {}
+        """Per learner of the region: its latest heartbeat (its progress: when it is due to finish)."""
         self.refusals = Refusals()
         self._last_refused: dict[tuple[str, str, str], float] = {}
         """When each (kind, key, reason) was last reported."""
@@ -109,7 +111,7 @@ class Reducer:
         self.gap_since: float | None = None
         """Since when the region's copy cannot add the next update (one is missing)."""
         self.started_at = time.time()
-        self.cadences = Cadences("beats", "status")
+        self.cadences = Cadences("beats", "ending", "status")
 
     # ----------------------------------------------------------------------- start
 
@@ -182,10 +184,13 @@ class Reducer:
         sync = self.recipe.sync
         wake = now + sync.poll_seconds
         if read_heartbeats is None:
-            read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds)
+            read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds) or (
+                due_to_finish(self.reports.values(), time.time()) and self.cadences.due("ending", now, END_READ_SECONDS)
+            )
+        report_now = False
         if read_heartbeats:
             self._follow_manifest()
-            self._read_heartbeats()
+            report_now = self._read_heartbeats()
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
@@ -198,8 +203,8 @@ class Reducer:
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
-        elif self.cadences.due("status", now, sync.status_seconds):
-            self._write_status()
+        elif self.cadences.due("status", now, sync.status_seconds) or report_now:
+            self._write_status()  # and at once when a learner stopped going on: the syncer waits for it at the end
         return wake
 
     # --------------------------------------------------- following the global weights
@@ -381,8 +386,11 @@ class Reducer:
 
     # ----------------------------------------------------------------------- looking
 
-    def _read_heartbeats(self) -> None:
+    def _read_heartbeats(self) -> bool:
+        """Take in the region's heartbeats; whether a learner stopped going on (finished,
+        stopped, failed) since the last read."""
         now = self.clock()
+        stopped_going = False
         for learner in (spec.id for spec in self.spec.learners if spec.region == self.region):
             try:
                 beat: Heartbeat | None = self.bucket.read_heartbeat(learner)
@@ -397,12 +405,16 @@ class Reducer:
             previous = self.heartbeats.get(learner)
             if previous is None or previous[0] != beat.time:
                 self.heartbeats[learner] = (beat.time, beat.state.value, now)
+                was_going = previous is None or previous[1] in GOING_ON
+                stopped_going |= was_going and beat.state.value not in GOING_ON
+            self.reports[learner] = beat
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
                 match = self.bucket.layout.snapshot_pattern.match(note.key)
                 if note.kind == "snapshot" and match and seen not in self.reported:
                     self.reported.add(seen)
                     self.damaged_snapshots.add(Version(int(match["version"])))
+        return stopped_going
 
     def _follow_manifest(self) -> None:
         """Learners added or drained (``diloco scale``): the region's share and who may

@@ -36,7 +36,7 @@ import torch
 from diloco_cli.codec import RunSecret
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
-from diloco_cli.core.cadence import Cadences
+from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import LearnerId
@@ -95,7 +95,7 @@ class Syncer:
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
         self.given_up: dict[LearnerId, str] = {}
-        self.cadences = Cadences("beats", "status", "sweep")
+        self.cadences = Cadences("beats", "ending", "status", "sweep")
         """When each periodic task of the loop last ran (syncer clock)."""
 
     # ----------------------------------------------------------------------- start
@@ -252,12 +252,16 @@ class Syncer:
 
     def turn(self, read_heartbeats: bool | None = None) -> float:
         """One turn: observe, decide, act, upkeep; returns when to wake for the next.
-        Heartbeats are read every few seconds, or when ``read_heartbeats`` says so."""
+        Heartbeats are read every few seconds (more often once a learner is due to
+        finish), or when ``read_heartbeats`` says so."""
         now = self.clock()
         sync = self.recipe.sync
         if read_heartbeats is None:
             read_heartbeats = self.cadences.due(
                 "beats", now, min(sync.status_seconds, self.recipe.training.heartbeat_seconds)
+            ) or (
+                due_to_finish(self.observer.heartbeats.values(), time.time())
+                and self.cadences.due("ending", now, END_READ_SECONDS)
             )
         look = self.observer.look(self.spec, read_heartbeats)
         for region in look.lost:
