@@ -24,7 +24,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from diloco_cli.bandwidth.model import RunShape, data_parallel_bytes_per_step, predict
+from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, predict
+from diloco_cli.bandwidth.shapes import RunShape
 
 COMPUTE_TARGET = 0.9
 """The share of wall time the learners compute at the rates reported (the paper's 90%)."""

@@ -38,17 +38,9 @@ from diloco_cli.bandwidth.measure import (
     measure_step_seconds,
     model_fragments,
 )
-from diloco_cli.bandwidth.model import (
-    CodecCost,
-    DataParallelPrediction,
-    DiLoCoPrediction,
-    Link,
-    RunShape,
-    predict,
-    predict_data_parallel,
-    smallest_sync_interval,
-)
+from diloco_cli.bandwidth.model import predict, predict_data_parallel, smallest_sync_interval
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.shapes import CodecCost, DataParallelPrediction, DiLoCoPrediction, Link, RunShape
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile

@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from diloco_cli.bandwidth.link_rate import allreduce_rate_mbit, diloco_rate_mbit
-from diloco_cli.bandwidth.model import RunShape, predict
+from diloco_cli.bandwidth.model import predict
+from diloco_cli.bandwidth.shapes import RunShape
 from diloco_cli.cli.app import app
 
 runner = CliRunner()

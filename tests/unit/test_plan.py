@@ -8,13 +8,13 @@ from typer.testing import CliRunner
 
 from diloco_cli.bandwidth import document_sizes
 from diloco_cli.bandwidth.model import (
-    RunShape,
     data_parallel_bytes_per_step,
     predict,
     ring_region_crossings,
     smallest_sync_interval,
 )
 from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.shapes import RunShape
 from diloco_cli.bandwidth.traffic_plan import TrafficPlan
 from diloco_cli.cli.app import app
 from diloco_cli.config.errors import ConfigError
@@ -303,7 +303,7 @@ def test_an_unreachable_target_reports_the_best_it_found():
 
 def test_a_saturated_run_keeps_only_what_the_network_carries():
     """Learners never wait: a syncer busy b > 1 leaves 1/b of their work useful."""
-    from diloco_cli.bandwidth.model import CodecCost, Link
+    from diloco_cli.bandwidth.shapes import CodecCost, Link
 
     cost = CodecCost(codec="int4", bytes=(1_000_000,), seconds=(0.0,))
     shape = RunShape(
@@ -665,7 +665,7 @@ def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
     per learner where the steady rate counts 6; the per-round flows of the run's WAN bytes
     grow by 7/6, the others (heartbeats, status, listings) run at their rates, through the
     start-up too."""
-    from diloco_cli.bandwidth.model import PER_ROUND_KINDS
+    from diloco_cli.bandwidth.flows import PER_ROUND_KINDS
     from diloco_cli.core.fragments import sends_per_learner
 
     assert sends_per_learner(300, 100, 2) == 7
@@ -703,7 +703,7 @@ def test_on_a_link_too_thin_for_every_round_the_run_carries_the_rounds_it_can():
     more than all of its time): learners go on computing, waiting sends
     fold into newer ones, and only network_factor of the rounds cross; the per-round flows
     of the run's bytes shrink by that factor, the clock's flows do not."""
-    from diloco_cli.bandwidth.model import PER_ROUND_KINDS
+    from diloco_cli.bandwidth.flows import PER_ROUND_KINDS
 
     settings = ["--set", "sync.sync_interval=100", "--set", "training.inner_steps=300", "--startup-seconds", "0"]
     thin, text = plan_of(["plan", "--step-seconds", "1", "--link-mbit", "0.02", "--latency-ms", "40", *settings])
