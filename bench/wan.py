@@ -77,7 +77,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._common import benchmark_parser, print_table, write_result
+from bench._common import benchmark_parser, write_result
 from bench.ddp_worker import launch_local
 from bench.wan_diloco import (
     MEASURE,
@@ -94,6 +94,7 @@ from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_o
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_plan import plan_prediction, plan_vs_measured
+from bench.wan_show import show, show_sweep
 from bench.wan_sweep import LABELS, dp_reference, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
@@ -540,199 +541,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _fmt(value: float | None, spec: str = ".4g") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def show(results: dict) -> None:
-    dp, diloco, calibration = results["dp"], results["diloco"], results["calibration"]
-    print(
-        f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
-        f"measured data-parallel comm/compute {dp['comm_to_compute']:.1f}x; "
-        f"target loss {results['target']['loss']:.4f} "
-        f"({results['target']['rule']})"
-    )
-    rows = [
-        {
-            "method": f"data-parallel, {name.replace('_', ' ')}",
-            "time to target s": baseline["time_to_target_seconds"],
-            "compute share": baseline["wan"]["compute_share"],
-            "WAN B/token": baseline["wan_bytes_per_token"],
-            "WAN bytes to target": baseline["wan_bytes_to_target"],
-            "final loss": dp["final_loss"],
-            "how": f"{dp['steps_to_target']} steps x {baseline['wan_step_seconds']:.2f} s",
-        }
-        for name, baseline in dp["baselines"].items()
-    ]
-    rows.append(
-        {
-            "method": "Decoupled DiLoCo",
-            "time to target s": diloco["time_to_target_seconds"],
-            "compute share": diloco["compute_share"],
-            "WAN B/token": diloco["wan_bytes_per_token"],
-            "WAN bytes to target": diloco["wan_bytes"],
-            "final loss": diloco["final_loss"],
-            "how": f"measured, version {diloco['version_at_target']}; bytes: the whole run",
-        }
-    )
-    print_table(
-        rows, ["method", "time to target s", "compute share", "WAN B/token", "WAN bytes to target", "final loss", "how"]
-    )
-    ratios, equal = results["ratios"], results["equal_loss"]
-    for name in dp["baselines"]:
-        print(
-            f"{name.replace('_', ' ')} / DiLoCo at equal loss: "
-            f"WAN bytes {_fmt(equal[f'wan_bytes_{name}_over_diloco'], '.1f')}x "
-            f"(wire {_fmt(equal[f'wire_wan_bytes_{name}_over_diloco'], '.1f')}x), "
-            f"time {_fmt(equal[f'time_to_target_{name}_over_diloco'], '.1f')}x"
-        )
-    print(
-        f"at equal tokens (flat ring / DiLoCo): WAN bytes {_fmt(ratios['wan_bytes_per_token_dp_over_diloco'], '.1f')}x "
-        f"(wire {_fmt(ratios['wan_bytes_per_token_wire_dp_over_diloco'], '.1f')}x)"
-    )
-    print(
-        "data-parallel's gloo traffic gets no emulated latency: "
-        f"+ {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
-        f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s"
-    )
-    print(
-        "\nbytes per link, DiLoCo (app: the run's report, objects and estimated heads; proxy: HTTP through the "
-        "proxies; wire: the WAN devices)"
-    )
-    link_rows = []
-    for link in diloco["links"]:
-        proxy = diloco["proxies"][link["bucket"]]["remote" if link["wan"] else "local"]
-        link_rows.append(
-            {
-                "link": f"{link['source']} -> {link['bucket']}",
-                "WAN": "yes" if link["wan"] else "no",
-                "app up": link["bytes_up"],
-                "app down": link["bytes_down"],
-                "proxy up": proxy["bytes_to_upstream"],
-                "proxy down": proxy["bytes_to_client"],
-            }
-        )
-    print_table(link_rows, ["link", "WAN", "app up", "app down", "proxy up", "proxy down"])
-    if diloco.get("metered_over_proxy") is not None:
-        metered = diloco["metered_over_proxy"]
-        print(f"WAN bytes metered (objects and estimated heads) against the proxies: {metered:+.2%}")
-    device_rows = [{"place": label, "tx": moved["tx"], "rx": moved["rx"]} for label, moved in diloco["devices"].items()]
-    print(
-        "wire bytes per place's link, DiLoCo run:",
-        ", ".join(f"{r['place']} tx {r['tx']:,} rx {r['rx']:,}" for r in device_rows),
-    )
-    wan = dp["wan"]
-    print(
-        "wire bytes per place's link per step, data-parallel:",
-        ", ".join(
-            f"{label} tx {moved['tx'] / wan['steps_done']:,.0f} rx {moved['rx'] / wan['steps_done']:,.0f}"
-            for label, moved in wan["devices"].items()
-        ),
-    )
-    comparison = results.get("plan_vs_measured")
-    if comparison and "error" not in comparison:
-        print("\ndiloco plan against the measurement")
-        plan_rows = []
-        for key, value in comparison.items():
-            if isinstance(value, dict) and "predicted" in value:
-                unit = "points" if "points" in value else "percent"
-                plan_rows.append(
-                    {
-                        "figure": key,
-                        "predicted": value["predicted"],
-                        "measured": value["measured"],
-                        "difference": f"{value[unit]:+.1f} {'pt' if unit == 'points' else '%'}",
-                    }
-                )
-        print_table(plan_rows, ["figure", "predicted", "measured", "difference"])
-        print(
-            f"plan's bottleneck: {comparison['diloco_bottleneck']}, "
-            f"syncer busy {_fmt(comparison['diloco_syncer_busy'], '.2f')}; "
-            f"DiLoCo published {diloco['versions']} versions"
-            f"{' of ' + str(diloco['versions_expected']) if 'versions_expected' in diloco else ''}"
-        )
-        if comparison.get("suggestion"):
-            hint = comparison["suggestion"]
-            print(
-                f"plan's suggestion for a {hint['target_compute_share']:.0%} compute share: H={hint['sync_interval']}, "
-                f"{hint['upload_codec']}/{hint['update_codec']} ({hint['compute_share']:.1%}"
-                f"{'' if hint['reached'] else ', not reached'})"
-            )
-    else:
-        plan = results.get("plan") or {}
-        print(
-            "\ndiloco plan: no prediction "
-            f"({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})"
-        )
-    rates = results.get("link_rates")
-    if rates:
-        plan_rates, measured = rates["plan"], rates["dp_measured_mbit"]
-        print(f"\nlink rate for {rates['target_compute_share']:.0%} computing (Mbit/s, every WAN link)")
-        print(
-            f"  plan: DiLoCo {_fmt(plan_rates.get('diloco_mbit'), '.3g')}, flat ring "
-            f"{_fmt(plan_rates.get('flat_ring_mbit'), '.3g')}, "
-            f"hierarchical {_fmt(plan_rates.get('hierarchical_mbit'), '.3g')} "
-            "(with the links' latency)"
-        )
-        print(
-            f"  data-parallel measured (its step on the shaped links, no latency): flat ring "
-            f"{_fmt(measured['flat_ring'], '.3g')}, hierarchical {_fmt(measured['hierarchical'], '.3g')}; "
-            f"over the plan's DiLoCo rate: {_fmt(rates['measured_ratios']['flat_ring'], '.0f')}x, "
-            f"{_fmt(rates['measured_ratios']['hierarchical'], '.0f')}x"
-        )
-        for run in rates["diloco_runs"]:
-            print(
-                f"  DiLoCo at {run['link_mbit']:.3g} ({run['factor']:g}x the plan's): "
-                f"computing {run['compute_share']:.1%}, "
-                f"{run['versions']} of {run['versions_expected']} versions: "
-                f"{'reaches' if run['reaches_target'] else 'misses'} the target"
-            )
-    if results.get("sweep"):
-        show_sweep(results["sweep"])
-
-
-def show_sweep(sweep_result: dict) -> None:
-    print("\nsettings sweep: WAN bytes against data-parallel's at equal loss (and at equal tokens)")
-    rows = []
-    for row in sweep_result["rows"]:
-        equal = row.get("equal_loss") or {}
-        rows.append(
-            {
-                **row,
-                "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
-                "flat ring x": equal.get("flat_ring_over_diloco"),
-                "hierarchical x": equal.get("hierarchical_over_diloco"),
-                "flat ring x, equal tokens": equal.get("flat_ring_over_diloco_equal_tokens"),
-                "plan bytes %": (row.get("plan_vs_measured") or {}).get("wan_bytes", {}).get("percent"),
-                "plan share pts": (row.get("plan_vs_measured") or {}).get("compute_share", {}).get("points"),
-            }
-        )
-    print_table(
-        rows,
-        [
-            "setting",
-            "final_loss",
-            "loss vs default",
-            "wan_bytes_per_token",
-            "flat ring x",
-            "hierarchical x",
-            "flat ring x, equal tokens",
-            "meets_target",
-            "plan bytes %",
-            "plan share pts",
-        ],
-    )
-    print(sweep_result["verdict"])
-    plan = sweep_result.get("plan") or {}
-    if plan.get("planned"):
-        print(
-            f"diloco plan, {plan['planned']} settings planned ({plan['unplanned']} from before): at worst "
-            f"{plan['worst_wan_bytes_percent']:+.1f}% of the WAN bytes ({plan['worst_wan_bytes_setting']}) and "
-            f"{plan['worst_compute_share_points']:+.1f} points of the compute share "
-            f"({plan['worst_compute_share_setting']}); within 10% and 10 points: {plan['within_target']}"
-        )
 
 
 if __name__ == "__main__":
