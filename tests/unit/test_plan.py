@@ -1,6 +1,5 @@
 """``diloco plan``: the traffic model against hand calculations, the suggested H, prices."""
 
-import json
 import math
 
 import pytest
@@ -13,12 +12,12 @@ from diloco_cli.bandwidth.model import (
     ring_region_crossings,
     smallest_sync_interval,
 )
-from diloco_cli.bandwidth.prices import GB, egress_dollars, load_prices, provider_of, request_dollars
+from diloco_cli.bandwidth.prices import GB
 from diloco_cli.bandwidth.shapes import RunShape
 from diloco_cli.bandwidth.traffic_plan import TrafficPlan
 from diloco_cli.cli.app import app
-from diloco_cli.config.errors import ConfigError
 from diloco_cli.views.traffic_plan import render_traffic_plan
+from tests.support.plans import ARGS, plan_of
 
 runner = CliRunner()
 
@@ -31,18 +30,8 @@ BUDGET = M * 300 * TOKENS_PER_STEP  # 2,457,600
 STEP = 1.0  # --step-seconds
 RATE = 10e6 / 8  # --link-mbit 10, in bytes per second
 LATENCY = 0.040  # --latency-ms 40, one way
-ARGS = ["plan", "--step-seconds", "1", "--link-mbit", "10", "--latency-ms", "40"]
 APART = "syncer:\n  host: local\n"
 """A region file of the default regions with the syncer in a place of its own."""
-
-
-def plan_of(args: list[str]) -> tuple[dict, str]:
-    """``diloco plan`` with ``args``, as JSON and as text."""
-    as_json = runner.invoke(app, [*args, "--output", "json"])
-    assert as_json.exit_code == 0, as_json.output
-    as_text = runner.invoke(app, args)
-    assert as_text.exit_code == 0, as_text.output
-    return json.loads(as_json.output), as_text.output
 
 
 @pytest.fixture(scope="module")
@@ -499,91 +488,6 @@ def test_the_timed_step_is_the_learners_step_with_the_recipes_loss_precision_and
 # ------------------------------------------------------------------------- prices
 
 
-def test_default_prices_load():
-    prices = load_prices()
-    aws, gcp, azure = prices.providers.aws, prices.providers.gcp, prices.providers.azure
-    assert (aws.egress_inter_region_per_gb, aws.egress_internet_per_gb, aws.put_per_1000, aws.get_per_1000) == (
-        0.02,
-        0.09,
-        0.005,
-        0.0004,
-    )
-    assert (gcp.egress_inter_region_per_gb, gcp.egress_internet_per_gb, gcp.put_per_1000, gcp.get_per_1000) == (
-        0.02,
-        0.12,
-        0.005,
-        0.0004,
-    )
-    assert (azure.egress_inter_region_per_gb, azure.egress_internet_per_gb, azure.put_per_1000, azure.get_per_1000) == (
-        0.02,
-        0.087,
-        0.0065,
-        0.0005,
-    )
-    assert prices.looked_up.year >= 2024 and "remembered" in prices.note
-
-
-def test_a_user_file_overrides_one_price(tmp_path):
-    path = tmp_path / "prices.yaml"
-    path.write_text("providers:\n  aws:\n    egress_internet_per_gb: 0.05\n")
-    prices = load_prices(path)
-    assert prices.providers.aws.egress_internet_per_gb == 0.05
-    assert (
-        prices.providers.aws.egress_inter_region_per_gb == 0.02 and prices.providers.gcp.egress_internet_per_gb == 0.12
-    )
-
-
-def test_a_bad_price_file_names_the_file_and_the_key(tmp_path):
-    path = tmp_path / "prices.yaml"
-    path.write_text("providers:\n  aws:\n    egress_internet_per_gb: -1\n")
-    with pytest.raises(ConfigError, match=rf"{path}: providers\.aws\.egress_internet_per_gb"):
-        load_prices(path)
-    path.write_text("providers:\n  gcp:\n    egres_internet_per_gb: 0.1\n")
-    with pytest.raises(
-        ConfigError,
-        match=rf"{path}: unknown key 'providers\.gcp\.egres_internet_per_gb'.*did you mean 'egress_internet_per_gb'",
-    ):
-        load_prices(path)
-    path.write_text("providers: [")
-    with pytest.raises(ConfigError, match=f"{path}: not valid YAML"):
-        load_prices(path)
-
-
-def test_providers_and_what_bytes_and_requests_cost():
-    assert [
-        provider_of(u)
-        for u in (
-            "s3://b/r",
-            "gs://b",
-            "gcs://b",
-            "az://c",
-            "abfs://c",
-            "abfss://c",
-            "file:///tmp/x",
-            "memory://x",
-            "/tmp",
-        )
-    ] == [
-        "aws",
-        "gcp",
-        "gcp",
-        "azure",
-        "azure",
-        "azure",
-        None,
-        None,
-        None,
-    ]
-    prices = load_prices()
-    assert egress_dollars(prices, 10 * GB, "aws", "aws") == pytest.approx(0.2)  # another AWS region
-    assert egress_dollars(prices, 10 * GB, "aws", "gcp") == pytest.approx(0.9)  # the internet
-    assert egress_dollars(prices, 10 * GB, "aws", None) == pytest.approx(0.9)  # a machine elsewhere
-    assert egress_dollars(prices, 10 * GB, "aws", "aws", same_region=True) == 0.0
-    assert egress_dollars(prices, 10 * GB, None, "aws") == 0.0  # not a cloud: free
-    assert request_dollars(prices, "azure", put_like=2000, get_like=10_000) == pytest.approx(2 * 0.0065 + 10 * 0.0005)
-    assert request_dollars(prices, None, 1e6, 1e6) == 0.0
-
-
 def test_a_two_cloud_plan_prices_its_links():
     from pathlib import Path
 
@@ -633,94 +537,3 @@ def test_a_two_cloud_plan_with_the_syncer_in_its_first_region():
         3600 * (gcp.down_bytes_per_second * 0.12 + gcp.up_bytes_per_second * 0.09) / GB
     )
     assert plan.diloco.wan_bytes_per_second == pytest.approx(gcp.up_bytes_per_second + gcp.down_bytes_per_second)
-
-
-def test_requests_to_s3_carry_their_http_heads_and_local_files_none(tmp_path):
-    """The same regions as S3 buckets and as local folders: a link's bytes are its flows'
-    and, over S3, its requests' heads as the meter estimates them (a PUT or LIST 860 B and
-    its path up, 415 B down; a GET 750 B and its path up, 525 B down); local files none."""
-    for scheme, bucket in (("s3", "s3://diloco-{name}/runs"), ("file", f"file://{tmp_path}/{{name}}")):
-        regions = tmp_path / f"{scheme}.yaml"
-        regions.write_text(
-            "regions:\n" + "".join(f"  - name: {n}\n    bucket: {bucket.format(name=n)}\n" for n in ("east", "west"))
-        )
-        plan, _ = plan_of([*ARGS, "--regions", str(regions)])
-        path = plan["shape"]["key_prefix_bytes"] + 40
-        for link in plan["diloco"]["links"]:
-            puts, gets = link["put_per_second"], link["get_per_second"]
-            assert puts > 0 and gets > 0
-            heads_up, heads_down = puts * (860 + path) + gets * (750 + path), puts * 415 + gets * 525
-            if scheme == "file":
-                heads_up = heads_down = 0.0
-            flows = {
-                d: sum(f["bytes_per_second"] for f in link["flows"] if f["direction"] == d) for d in ("up", "down")
-            }
-            assert link["up_bytes_per_second"] == pytest.approx(flows["up"] + heads_up)
-            assert link["down_bytes_per_second"] == pytest.approx(flows["down"] + heads_down)
-
-
-def test_the_runs_wan_bytes_count_the_staggered_sends_and_the_ends_flush():
-    """300 steps at H=100 with 2 fragments: fragment 0 goes at steps 100, 200, 300,
-    fragment 1 at 50, 150, 250 and once more at the end (it trained after 250): 7 sends
-    per learner where the steady rate counts 6; the per-round flows of the run's WAN bytes
-    grow by 7/6, the others (heartbeats, status, listings) run at their rates, through the
-    start-up too."""
-    from diloco_cli.bandwidth.flows import PER_ROUND_KINDS
-    from diloco_cli.core.fragments import sends_per_learner
-
-    assert sends_per_learner(300, 100, 2) == 7
-    assert sends_per_learner(300, 25, 2) == 25  # 12 + 12 and fragment 1's flush after step 287
-    assert sends_per_learner(300, 100, 1) == 3 and sends_per_learner(10, 25, 2) == 2  # only the flush
-
-    def by_hand(plan: dict, startup: float) -> float:
-        d = plan["diloco"]
-        loop = 300 * d["period_seconds"]
-        total = 0.0
-        for link in (link for link in d["links"] if link["wan"]):
-            per_round = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
-            clock = link["up_bytes_per_second"] + link["down_bytes_per_second"] - per_round
-            total += loop * per_round * 7 / 6 + (startup + loop) * clock
-        return total
-
-    settings = ["--set", "sync.sync_interval=100", "--set", "training.inner_steps=300"]
-    plan, text = plan_of([*ARGS, *settings, "--startup-seconds", "0"])
-    d = plan["diloco"]
-    assert d["rounds_per_learner"] == 7 and d["run_wan_bytes"] == pytest.approx(by_hand(plan, 0))
-    assert d["run_wan_bytes"] > d["wan_bytes_per_second"] * 300 * d["period_seconds"]
-    assert "7 sends per learner, the end's flush included; 6 at the steady rate" in text
-    # 20 s of start-up: no learner computes, the syncer already polls
-    started, text = plan_of([*ARGS, *settings, "--startup-seconds", "20"])
-    late, loop = started["diloco"], 300 * started["diloco"]["period_seconds"]
-    assert late["run_wan_bytes"] == pytest.approx(by_hand(started, 20))
-    assert late["compute_share_with_startup"] == pytest.approx(late["compute_share"] * loop / (loop + 20))
-    budget = started["tokens_budget"]
-    assert started["time_to_budget_seconds"] == pytest.approx(20 + budget / late["useful_tokens_per_second"])
-    assert "of all wall time with 20 s of start-up" in text
-
-
-def test_on_a_link_too_thin_for_every_round_the_run_carries_the_rounds_it_can():
-    """At 0.02 Mbit/s the syncer's calls over the link are the bottleneck (the syncer is busy
-    more than all of its time): learners go on computing, waiting sends
-    fold into newer ones, and only network_factor of the rounds cross; the per-round flows
-    of the run's bytes shrink by that factor, the clock's flows do not."""
-    from diloco_cli.bandwidth.flows import PER_ROUND_KINDS
-
-    settings = ["--set", "sync.sync_interval=100", "--set", "training.inner_steps=300", "--startup-seconds", "0"]
-    thin, text = plan_of(["plan", "--step-seconds", "1", "--link-mbit", "0.02", "--latency-ms", "40", *settings])
-    d = thin["diloco"]
-    assert d["bottleneck"] == "syncer I/O" and 0 < d["network_factor"] < 1
-    assert d["rounds_per_learner"] == 7 and d["rounds_crossing_per_learner"] == pytest.approx(7 * d["network_factor"])
-    loop = 300 * d["period_seconds"]
-    by_hand = 0.0
-    for link in (link for link in d["links"] if link["wan"]):
-        per_round = sum(f["bytes_per_second"] for f in link["flows"] if f["kind"] in PER_ROUND_KINDS)
-        clock = link["up_bytes_per_second"] + link["down_bytes_per_second"] - per_round
-        by_hand += loop * per_round * d["network_factor"] * 7 / 6 + loop * clock
-    assert d["run_wan_bytes"] == pytest.approx(by_hand)
-    assert (
-        f"{d['rounds_crossing_per_learner']:.3g} reach a merge, the rest folded into later sends by the syncer I/O"
-        in text
-    )
-    wide, text = plan_of([*ARGS, *settings])
-    assert wide["diloco"]["network_factor"] == 1 and wide["diloco"]["rounds_crossing_per_learner"] == 7
-    assert "reach a merge" not in text
