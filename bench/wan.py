@@ -46,18 +46,21 @@ the delaying proxy on the region's WAN address.
    ``--check-link-rate`` (full mode only) DiLoCo run again at the plan's rate and at half
    of it.
 7. ``--sweep`` (full mode only): WAN bytes at several settings (``bench.wan_sweep.SWEEP``:
-   int4 published updates, H=50 and 100, the outer learning rate and momentum at H=100,
-   int2 uploads with int4 or int2 updates at H=100; all but the default's H with less
+   int4 published updates, H=50, 100 and 200 with the outer learning rate and momentum
+   tuned for each, int2 uploads with int4 or int2 updates, top-k uploads (8 and 4 of
+   256), H schedules (25, 50, then 100 or 200); all but the default's H with less
    chatter), each a whole run with ``diloco up`` on this
    machine (file:// buckets: bytes do not depend on the link), against both data-parallel
    baselines at equal loss (each counted to the steps data-parallel needs to reach the
    setting's final loss): which reaches >= 300x fewer than the flat ring and >= 200x fewer
-   than the hierarchical all-reduce.
+   than the hierarchical all-reduce; and ``diloco plan`` for each setting, given the step
+   and start-up its learners had, against its WAN bytes and compute share.
 
     python -m bench.wan                  # the full race (~10 min on 2 cores; needs root, iproute2)
     python -m bench.wan --sweep          # and the settings sweep (~25 min more)
     python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
     python -m bench.wan --sweep-from bench/results/wan.json --settings "H=100, int2 uploads, int4 updates"
+    python -m bench.wan --learners 8     # 2 regions x 4 learners (~20 min)
     python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
 
 Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
@@ -232,6 +235,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--learners",
+        type=int,
+        help="learners (data-parallel ranks) in all, split evenly between the two regions: 8 for 2 x 4 "
+        "(default: the recipe's 4; quick 2)",
+    )
+    parser.add_argument(
         "--syncer-in",
         default=REGIONS[0],
         choices=[*REGIONS, SYNCER],
@@ -263,6 +272,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
         parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
+    if args.learners is not None and (args.learners < 2 or args.learners % len(REGIONS)):
+        parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
     if args.settings and not args.sweep_from:
         parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
     return args
@@ -307,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
     quick = args.quick
-    overrides = overrides_for(quick)
+    overrides = overrides_for(quick) + ([f"training.num_learners={args.learners}"] if args.learners else [])
     recipe = load_recipe(overrides)
     world = recipe.training.num_learners
     steps = recipe.training.inner_steps
