@@ -98,7 +98,7 @@ from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_show import show, show_sweep
-from bench.wan_sweep import LABELS, dp_reference, sweep
+from bench.wan_sweep import LABELS, dp_reference, replanned, sweep
 
 TARGET_COMM_TO_COMPUTE = 30.0
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
@@ -267,6 +267,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --sweep-from: run only this setting of the sweep (repeatable), keeping the others' rows",
     )
     parser.add_argument(
+        "--replan",
+        action="store_true",
+        help="with --sweep-from: run no setting, plan each row again at this commit (from its learners' step and "
+        "start-up) beside what it measured",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
     args = parser.parse_args(argv)
@@ -274,6 +280,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
     if args.learners is not None and (args.learners < 2 or args.learners % len(REGIONS)):
         parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
+    if args.replan and (args.settings or not args.sweep_from):
+        parser.error("--replan plans the rows of an earlier sweep again: give --sweep-from RESULT, no --settings")
     if args.settings and not args.sweep_from:
         parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
     return args
@@ -298,7 +306,10 @@ def sweep_only(args: argparse.Namespace) -> dict:
 
     try:
         earlier = results.get("sweep", {}).get("rows", [])
-        write(sweep(workdir, dp_reference(results["dp"]), timeout, write, args.settings, earlier))
+        if args.replan:
+            write(replanned(earlier, dp_reference(results["dp"])))
+        else:
+            write(sweep(workdir, dp_reference(results["dp"]), timeout, write, args.settings, earlier))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     show_sweep(results["sweep"])

@@ -188,6 +188,17 @@ def plan_beside(overrides: list[str], learners: dict, wan_bytes: int) -> dict | 
     }
 
 
+def replanned(rows: list[dict], reference: dict) -> dict:
+    """The rows with ``diloco plan`` run again at this commit for each that recorded its
+    learners (the runs are not repeated: a change to the plan is checked against them)."""
+    commit = machine()["git_commit"]
+    for row in rows:
+        if row.get("learners") and row.get("wan_bytes"):
+            row["plan_vs_measured"] = plan_beside(row["overrides"], row["learners"], row["wan_bytes"])
+            row["plan_commit"] = commit
+    return summarize_sweep(rows, reference)
+
+
 def sweep(
     workdir: Path, reference: dict, timeout: float, write, only: Sequence[str] = (), earlier: Sequence[dict] = ()
 ) -> dict:

@@ -289,6 +289,8 @@ class Sizer:
 
 def _spec_with(spec: CodecSpec, codec: str) -> CodecSpec:
     try:
-        return CodecSpec(codec=codec, block_size=spec.block_size, zstd_level=spec.zstd_level)
+        return CodecSpec(
+            codec=codec, block_size=spec.block_size, keep_per_block=spec.keep_per_block, zstd_level=spec.zstd_level
+        )
     except ValueError:  # a block size int4 cannot take: its default
         return CodecSpec(codec=codec, zstd_level=spec.zstd_level)

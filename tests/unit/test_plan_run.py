@@ -96,3 +96,14 @@ def test_on_a_link_too_thin_for_every_round_the_run_carries_the_rounds_it_can():
     wide, text = plan_of([*ARGS, *settings])
     assert wide["diloco"]["network_factor"] == 1 and wide["diloco"]["rounds_crossing_per_learner"] == 7
     assert "reach a merge" not in text
+
+
+def test_the_plan_sizes_top_k_uploads_with_the_values_the_recipe_keeps():
+    """Keeping 4 of 256 instead of 8: each block's record is 5 bytes instead of 9, and its
+    scale 2 more: the plan's uploads shrink by about (2 + 5) / (2 + 9)."""
+    topk = ["--set", "sync.learner_codec.codec=topk", "--set", "sync.learner_codec.block_size=256"]
+    sizes = {}
+    for keep in (8, 4):
+        plan, _ = plan_of([*ARGS, *topk, "--set", f"sync.learner_codec.keep_per_block={keep}"])
+        sizes[keep] = max(plan["shape"]["uploads"]["bytes"])
+    assert sizes[4] / sizes[8] == pytest.approx(7 / 11, rel=0.1)

@@ -4,7 +4,7 @@ bytes to the setting's final loss over the setting's whole run (figures computed
 import pytest
 
 import bench.wan_sweep
-from bench.wan_sweep import LABELS, summarize_sweep, sweep
+from bench.wan_sweep import LABELS, replanned, summarize_sweep, sweep
 
 REFERENCE = {
     "evaluations": [{"step": step, "loss": 3.0 - step / 100} for step in range(0, 301, 10)],  # 3.0 .. 0.0
@@ -79,3 +79,17 @@ def test_the_plans_worst_row_decides_whether_it_is_within_the_targets():
     assert not summarize_sweep([*rows, planned("c", 12.0, 0.0)], REFERENCE)["plan"]["within_target"]
     assert not summarize_sweep([*rows, planned("d", 0.0, 10.5)], REFERENCE)["plan"]["within_target"]
     assert summarize_sweep(rows[2:], REFERENCE)["plan"] == {"planned": 0, "unplanned": 1, "within_target": None}
+
+
+def test_replanning_plans_the_rows_that_recorded_their_learners_again(monkeypatch):
+    calls = []
+
+    def fake_plan(overrides, learners, wan_bytes):
+        calls.append((tuple(overrides), learners["median_learner_step_seconds"], wan_bytes))
+        return {"wan_bytes": {"percent": 1.0}, "compute_share": {"points": -1.0}}
+
+    monkeypatch.setattr(bench.wan_sweep, "plan_beside", fake_plan)
+    measured = {**row("measured", 2.0, 1_000.0), "overrides": ["a=1"], "learners": {"median_learner_step_seconds": 0.4}}
+    summary = replanned([row("before", 2.0, 1_000.0), measured], REFERENCE)
+    assert calls == [(("a=1",), 0.4, 1_000.0)]
+    assert summary["plan"]["planned"] == 1 and summary["rows"][1]["plan_commit"]
