@@ -148,6 +148,10 @@ def even_fragments(parameters: int, num_fragments: int) -> list[TensorShapes]:
     return [[(f"fragment-{p}", (size + (p < extra),))] for p in range(num_fragments)]
 
 
+SPARSE_ROUNDS = 4
+"""Sparse updates sized after this many: the carry of the ones before fills in."""
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
@@ -202,15 +206,25 @@ class Sizer:
 
         return _best_of(3, encode)
 
-    def _update(self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
+    def _update(
+        self, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any], density: float = 1.0
+    ) -> tuple[float, bytes]:
         """A published update, and a learner's time to install it: add it to a copy of
-        the base, check the digest, copy the result into the parameters."""
-        from diloco_cli.codec import encode_payload
-        from diloco_cli.codec.exact import apply_update, fragment_digest
+        the base, check the digest, copy the result into the parameters.  With ``density``
+        below 1 the updates are that sparse (merged top-k sends): the syncer's error
+        feedback spreads them, so the update sized is the last of :data:`SPARSE_ROUNDS`."""
+        import torch
+
+        from diloco_cli.codec.exact import ExactPublisher, apply_update, fragment_digest
+        from diloco_cli.core.types import FragmentIndex
 
         generator = self._generator()
-        update = {name: _random(shape, generator, 1e-3) for name, shape in tensors}
-        payload = encode_payload(update.items(), spec, self.secret, meta)
+        publisher = ExactPublisher(spec, self.secret)
+        for _ in range(1 if density >= 1 else SPARSE_ROUNDS):
+            update = {name: _random(shape, generator, 1e-3) for name, shape in tensors}
+            if density < 1:
+                update = {name: t * (torch.rand(t.shape, generator=generator) < density) for name, t in update.items()}
+            payload = publisher.encode_update(FragmentIndex(0), update, meta)
         base = {name: _random(t.shape, generator, 0.02) for name, t in update.items()}
         parameters = {name: t.clone() for name, t in base.items()}
         names = [name for name, _ in tensors]
@@ -225,14 +239,18 @@ class Sizer:
         seconds, _ = _best_of(3, install)
         return seconds, payload
 
-    def measure(self, kind: str, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[int, float]:
-        """(bytes, seconds) of one fragment's upload or update.  A fragment larger than
-        :data:`EXACT_VALUES` is sized from its exact layout with the compression and the
-        time per value of a :data:`SAMPLE_VALUES` sample, and its header from stand-ins
-        of the same names."""
+    def measure(
+        self, kind: str, tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any], density: float = 1.0
+    ) -> tuple[int, float]:
+        """(bytes, seconds) of one fragment's upload or update (``density``: the share of an
+        update's values that are not 0).  A fragment larger than :data:`EXACT_VALUES` is
+        sized from its exact layout with the compression and the time per value of a
+        :data:`SAMPLE_VALUES` sample, and its header from stand-ins of the same names."""
         from diloco_cli.codec import encode_payload
 
-        measure = self._upload if kind == "upload" else self._update
+        def measure(tensors: TensorShapes, spec: CodecSpec, meta: Mapping[str, Any]) -> tuple[float, bytes]:
+            return self._upload(tensors, spec, meta) if kind == "upload" else self._update(tensors, spec, meta, density)
+
         numel = sum(_numel(shape) for _, shape in tensors)
         if numel <= EXACT_VALUES:
             seconds, frame = measure(tensors, spec, meta)

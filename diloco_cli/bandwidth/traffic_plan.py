@@ -41,6 +41,7 @@ from diloco_cli.bandwidth.measure import (
 from diloco_cli.bandwidth.model import predict, predict_data_parallel, smallest_sync_interval
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices, provider_of, request_dollars
 from diloco_cli.bandwidth.shapes import CodecCost, DataParallelPrediction, DiLoCoPrediction, Link, RunShape
+from diloco_cli.codec.layout import Codec
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
@@ -55,6 +56,20 @@ CODECS = ("fp32", "bf16", "int8", "int4")
 """The codecs a plan weighs, heaviest first."""
 
 NOT_BUILT = "not built (--parameters)"
+
+
+def update_density(recipe: Recipe, regions: int, learners: int) -> float:
+    """The share of a published update's values that are not 0: where uploads are top-k
+    and the outer step has no momentum, a merge of S sends keeps at most S x
+    keep_per_block of each block (S: the regions' aggregates with reducers, else the
+    learners' payloads); else every value moves."""
+    codec, sync = recipe.sync.learner_codec, recipe.sync
+    if codec.codec is not Codec.TOPK or sync.outer_momentum > 0:
+        return 1.0
+    senders = regions if sync.reducers else learners
+    return min(1.0, senders * codec.keep_per_block / codec.block_size)
+
+
 """The plan's ``model`` when it was made from a parameter count alone."""
 
 EXAMPLE_RUN_NAME_SUFFIX = "-20260101-120000"
@@ -416,7 +431,8 @@ def build_traffic_plan(
             ("upload", sync.learner_codec, upload_meta, uploads),
             ("update", sync.update_codec, update_meta, updates),
         ):
-            measured = [sizer.measure(kind, fragment, _spec_with(spec, codec), meta) for fragment in fragments]
+            density = 1.0 if kind == "upload" else update_density(recipe, len(layout), M)
+            measured = [sizer.measure(kind, fragment, _spec_with(spec, codec), meta, density) for fragment in fragments]
             found[codec] = CodecCost(
                 codec=codec, bytes=tuple(b for b, _ in measured), seconds=tuple(s for _, s in measured)
             )

@@ -107,3 +107,24 @@ def test_the_plan_sizes_top_k_uploads_with_the_values_the_recipe_keeps():
         plan, _ = plan_of([*ARGS, *topk, "--set", f"sync.learner_codec.keep_per_block={keep}"])
         sizes[keep] = max(plan["shape"]["uploads"]["bytes"])
     assert sizes[4] / sizes[8] == pytest.approx(7 / 11, rel=0.1)
+
+
+def test_updates_merged_from_top_k_sends_are_sized_as_sparse_as_they_are():
+    """Two regions' top-k aggregates keep at most 2 x 8 of each 256 values: the merged
+    update is that sparse (6%) and compresses to a fraction of a dense one, unless outer
+    momentum spreads it over every value (about 64% here, int2 without a zero level)."""
+    from diloco_cli.bandwidth.traffic_plan import update_density
+    from diloco_cli.config.recipe import Recipe
+
+    topk = ["--set", "sync.learner_codec.codec=topk", "--set", "sync.learner_codec.block_size=256"]
+    updates = ["--set", "sync.update_codec.codec=int2"]
+    sizes = {}
+    for name, extra in (("dense", []), ("sparse", topk), ("momentum", [*topk, "--set", "sync.outer_momentum=0.5"])):
+        plan, _ = plan_of([*ARGS, *updates, *extra])
+        sizes[name] = max(plan["shape"]["updates"]["bytes"])
+    assert sizes["sparse"] < 0.7 * sizes["dense"] and sizes["momentum"] == pytest.approx(sizes["dense"], rel=0.02)
+    recipe = Recipe.model_validate({"sync": {"learner_codec": {"codec": "topk", "block_size": 256}}})
+    assert update_density(recipe, regions=2, learners=4) == 2 * 8 / 256
+    no_reducers = recipe.model_copy(update={"sync": recipe.sync.model_copy(update={"reducers": False})})
+    assert update_density(no_reducers, regions=2, learners=4) == 4 * 8 / 256
+    assert update_density(Recipe(), regions=2, learners=4) == 1.0
