@@ -15,7 +15,9 @@ DiLoCo learners never wait for the network: the rate is the lowest at which the 
 the syncer carry every learner's sends to a merge on time, so that
 :func:`~diloco_cli.bandwidth.model.predict`'s compute share (the training thread's share
 times the network factor) reaches the target.  None: no rate reaches it (latency alone,
-or the training thread's own overhead, costs more than the target allows).
+or the training thread's own overhead, costs more than the target allows).  It is never
+below the rate at which the largest update crosses in one request within the storage
+client's timeout (:data:`OBJECT_SECONDS`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ from pydantic import BaseModel, ConfigDict
 
 from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, predict
 from diloco_cli.bandwidth.shapes import RunShape
+
+OBJECT_SECONDS = 15.0
+"""The longest one write across a link may take: s3fs's default read timeout.  A PUT whose
+answer has not come this long after its body went out fails and starts again, so below
+``largest update / OBJECT_SECONDS`` the syncer's updates to a remote region never arrive
+however long the run waits (bench.wan at 0.049 Mbit/s: a 225 KB update failed every
+try).  A region's ``storage_options: {config_kwargs: {read_timeout: S}}`` raises it."""
 
 COMPUTE_TARGET = 0.9
 """The share of wall time the learners compute at the rates reported (the paper's 90%)."""
@@ -46,6 +55,9 @@ class LinkRates(BaseModel):
     """Synchronous data-parallel with a flat ring all-reduce."""
     hierarchical_mbit: float | None
     """Synchronous data-parallel with a hierarchical all-reduce (a ring of region leaders)."""
+    diloco_object_mbit: float = 0.0
+    """The rate below which Decoupled DiLoCo's largest update cannot be written across a
+    link in one request (:data:`OBJECT_SECONDS`): ``diloco_mbit`` is at least this."""
 
     def _over_diloco(self, rate: float | None) -> float | None:
         return rate / self.diloco_mbit if rate is not None and self.diloco_mbit else None
@@ -72,9 +84,23 @@ def allreduce_rate_mbit(
     return bytes_per_step / budget * 8 / 1e6
 
 
+def object_rate_mbit(shape: RunShape) -> float:
+    """The rate below which the largest update cannot be written across a link within
+    :data:`OBJECT_SECONDS`."""
+    return max(shape.updates.bytes, default=0) * 8 / OBJECT_SECONDS / 1e6
+
+
 def diloco_rate_mbit(shape: RunShape, target: float = COMPUTE_TARGET) -> float | None:
-    """The lowest rate of every WAN link at which ``predict`` computes ``target``: the
-    compute share only grows with the rate, so a bisection (in log space) finds it."""
+    """The lowest rate of every WAN link at which ``predict`` computes ``target`` (the
+    compute share only grows with the rate, so a bisection in log space finds it), and
+    at which the largest update still crosses in one request (:func:`object_rate_mbit`)."""
+    rate = _shared_rate_mbit(shape, target)
+    if rate is None or not any(link.wan for link in shape.links):
+        return rate
+    return max(rate, object_rate_mbit(shape))
+
+
+def _shared_rate_mbit(shape: RunShape, target: float) -> float | None:
 
     def share(rate: float) -> float:
         links = tuple(
@@ -113,6 +139,7 @@ def link_rates(shape: RunShape, parameters: int, bytes_per_value: int = 2, targe
     return LinkRates(
         target_compute_share=target,
         diloco_mbit=diloco_rate_mbit(shape, target),
+        diloco_object_mbit=object_rate_mbit(shape),
         flat_ring_mbit=flat,
         hierarchical_mbit=hierarchical,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from diloco_cli.bandwidth.link_rate import OBJECT_SECONDS
 from diloco_cli.views.format import human_bytes, human_duration
 
 if TYPE_CHECKING:
@@ -69,7 +70,12 @@ def _link_rates(plan: TrafficPlan) -> list[str]:
 
     return [
         f"Link rate for {_share(rates.target_compute_share)} computing (every WAN link alike, each way)",
-        f"  Decoupled DiLoCo {_rate(rates.diloco_mbit)}",
+        f"  Decoupled DiLoCo {_rate(rates.diloco_mbit)}"
+        + (
+            f" (the largest update must cross in one request within {OBJECT_SECONDS:g} s, s3fs's read timeout)"
+            if rates.diloco_mbit is not None and rates.diloco_mbit <= rates.diloco_object_mbit
+            else ""
+        ),
         f"  data-parallel    {_rate(rates.flat_ring_mbit)} flat ring{times(rates.flat_ring_over_diloco)}, "
         f"{_rate(rates.hierarchical_mbit)} hierarchical{times(rates.hierarchical_over_diloco)}",
     ]
