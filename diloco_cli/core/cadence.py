@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from diloco_cli.core.decisions import GONE_STATES
+
 
 class Cadences:
     """When each named periodic task last ran; a task is due once ``every`` seconds have
@@ -24,9 +26,6 @@ class Cadences:
 
 END_READ_SECONDS = 5.0
 """How often the syncer and the reducers read heartbeats once a learner is due to finish."""
-
-GOING_ON = frozenset({"starting", "waiting", "training"})
-"""States of a learner that will still train and send."""
 
 
 class Progress(Protocol):
@@ -49,7 +48,7 @@ def due_to_finish(reports: Iterable[Progress], now: float) -> bool:
     seconds of its learners, not a few periods after them."""
     for report in reports:
         state = getattr(report.state, "value", report.state)
-        if state in GOING_ON and report.step_seconds:
+        if state not in GONE_STATES and report.step_seconds:
             if report.time + (report.total_steps - report.step) * report.step_seconds <= now:
                 return True
     return False

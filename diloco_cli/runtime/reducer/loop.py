@@ -38,7 +38,7 @@ import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
-from diloco_cli.core.cadence import END_READ_SECONDS, GOING_ON, Cadences, due_to_finish
+from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
@@ -99,6 +99,8 @@ class Reducer:
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
         self.reports: dict[LearnerId, Heartbeat] = {}
         """Per learner of the region: its latest heartbeat (its progress: when it is due to finish)."""
+        self.report_soon = False
+        """A learner stopped going on since the last status: write it at the next turn that can."""
         self.refusals = Refusals()
         self._last_refused: dict[tuple[str, str, str], float] = {}
         """When each (kind, key, reason) was last reported."""
@@ -187,10 +189,9 @@ class Reducer:
             read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds) or (
                 due_to_finish(self.reports.values(), time.time()) and self.cadences.due("ending", now, END_READ_SECONDS)
             )
-        report_now = False
         if read_heartbeats:
             self._follow_manifest()
-            report_now = self._read_heartbeats()
+            self.report_soon |= self._read_heartbeats()
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
@@ -203,7 +204,7 @@ class Reducer:
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
-        elif self.cadences.due("status", now, sync.status_seconds) or report_now:
+        elif self.cadences.due("status", now, sync.status_seconds) or self.report_soon:
             self._write_status()  # and at once when a learner stopped going on: the syncer waits for it at the end
         return wake
 
@@ -405,8 +406,8 @@ class Reducer:
             previous = self.heartbeats.get(learner)
             if previous is None or previous[0] != beat.time:
                 self.heartbeats[learner] = (beat.time, beat.state.value, now)
-                was_going = previous is None or previous[1] in GOING_ON
-                stopped_going |= was_going and beat.state.value not in GOING_ON
+                was_going = previous is None or previous[1] not in GONE_STATES
+                stopped_going |= was_going and beat.state.value in GONE_STATES
             self.reports[learner] = beat
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
@@ -556,6 +557,7 @@ class Reducer:
     def _write_status(self) -> None:
         try:
             store.write_reducer_status(self.bucket, self.status())
+            self.report_soon = False
         except StorageError as error:
             log.warning("could not write the reducer's status: %s", error)
 
