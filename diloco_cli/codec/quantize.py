@@ -239,6 +239,34 @@ def _uses_kernels(codec: Codec, use_kernels: bool) -> bool:
     return KERNELS is not None and use_kernels and codec in (Codec.INT8, Codec.INT4, Codec.INT2)
 
 
+def _checked_blocks(values: torch.Tensor, block_size: int, first_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values`` padded with zeros to whole blocks, one block a row, and each block's
+    absolute maximum; :class:`NonFiniteValues` names the first block (of its tensor:
+    ``first_block`` is the values' first) with NaN, infinity or a scale that would overflow."""
+    numel = values.numel()
+    padded = torch.zeros(-(-numel // block_size) * block_size, dtype=torch.float32)
+    padded[:numel] = values
+    blocks = padded.view(-1, block_size)
+    absmax = blocks.abs().amax(dim=1)
+    invalid = ~(absmax <= MAX_ABSMAX)
+    if bool(invalid.any()):
+        raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
+    return blocks, absmax
+
+
+def _store_scales(exact_scale: torch.Tensor, scales: np.ndarray) -> torch.Tensor:
+    """Each block's scale rounded up to a bfloat16, written to ``scales`` (its top 16
+    bits); returns the rounded scales (exact in fp32)."""
+    rounded_up = (exact_scale.view(torch.int32) + 0xFFFF) & -65536
+    torch.from_numpy(scales[: len(rounded_up)]).copy_((rounded_up >> 16).to(torch.int16))
+    return rounded_up.view(torch.float32)
+
+
+def _stored_scales(scales: np.ndarray, count: int) -> torch.Tensor:
+    """The first ``count`` bfloat16 scales of a section, as fp32."""
+    return (_as_tensor(scales[:count]).to(torch.int32) << 16).view(torch.float32)
+
+
 def _reference_quantize(
     codec: Codec,
     values: torch.Tensor,
@@ -252,13 +280,7 @@ def _reference_quantize(
     number ``first_block`` of its tensor (for error messages)."""
     levels = float(codec.levels)
     numel = values.numel()
-    padded = torch.zeros(-(-numel // block_size) * block_size, dtype=torch.float32)
-    padded[:numel] = values
-    blocks = padded.view(-1, block_size)
-    absmax = blocks.abs().amax(dim=1)
-    invalid = ~(absmax <= MAX_ABSMAX)  # NaN, infinity, or a scale that would overflow
-    if bool(invalid.any()):
-        raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
+    blocks, absmax = _checked_blocks(values, block_size, first_block)
     if codec is Codec.INT2:
         counts = torch.full_like(absmax, block_size, dtype=torch.float64)
         counts[-1] = numel - (len(counts) - 1) * block_size
@@ -266,15 +288,13 @@ def _reference_quantize(
         exact_scale = (blocks.abs().to(torch.float64).sum(dim=1) / counts * INT2_SCALE_OF_MEAN).to(torch.float32)
     else:
         exact_scale = absmax / levels
-    rounded_up = (exact_scale.view(torch.int32) + 0xFFFF) & -65536
-    block_scales = rounded_up.view(torch.float32)
+    block_scales = _store_scales(exact_scale, scales)
     inverse = torch.where(block_scales > 0, 1.0 / block_scales, torch.zeros_like(block_scales))
     scaled = blocks * inverse[:, None]
     if codec is Codec.INT2:  # the nearest odd integer
         quantized = (torch.round((scaled - 1) / 2) * 2 + 1).clamp_(-levels, levels)
     else:
         quantized = torch.round(scaled).clamp_(-levels, levels)
-    torch.from_numpy(scales[: len(block_scales)]).copy_((rounded_up >> 16).to(torch.int16))
     flat = quantized.view(-1)[:numel].to(torch.int8)
     if codec is Codec.INT8:
         torch.from_numpy(codes[:numel]).copy_(flat.view(torch.uint8))
@@ -299,21 +319,14 @@ def _topk_quantize(
     scale, the mean of their magnitudes (float64) rounded up to a bfloat16; ``scales`` and
     ``codes`` start at the values' first block."""
     numel = values.numel()
-    num_blocks = -(-numel // block_size)
-    padded = torch.zeros(num_blocks * block_size, dtype=torch.float32)
-    padded[:numel] = values
-    blocks = padded.view(num_blocks, block_size)
+    blocks, _ = _checked_blocks(values, block_size, first_block)
+    num_blocks = len(blocks)
     magnitudes = blocks.abs()
-    invalid = ~(magnitudes.amax(dim=1) <= MAX_ABSMAX)
-    if bool(invalid.any()):
-        raise NonFiniteValues(f"block {first_block + int(invalid.nonzero()[0])} holds NaN or infinite values")
     # a stable sort by magnitude, largest first: equal magnitudes keep the lower position
     order = torch.sort(magnitudes, dim=1, descending=True, stable=True).indices[:, :keep]
     positions = torch.sort(order, dim=1).values
     kept = blocks.gather(1, positions)
-    exact_scale = kept.abs().to(torch.float64).mean(dim=1).to(torch.float32)
-    rounded_up = (exact_scale.view(torch.int32) + 0xFFFF) & -65536
-    block_scales = rounded_up.view(torch.float32)
+    block_scales = _store_scales(kept.abs().to(torch.float64).mean(dim=1).to(torch.float32), scales)
     negative = kept < 0
     record = topk_record_bytes(keep)
     records = torch.zeros(num_blocks, record, dtype=torch.uint8)
@@ -322,7 +335,6 @@ def _topk_quantize(
     sign_bits[:, :keep] = negative.to(torch.uint8)
     weights = (1 << torch.arange(8, dtype=torch.int32)).to(torch.uint8)
     records[:, keep:] = (sign_bits.view(num_blocks, -1, 8) * weights).sum(dim=2, dtype=torch.uint8)
-    torch.from_numpy(scales[:num_blocks]).copy_((rounded_up >> 16).to(torch.int16))
     torch.from_numpy(codes[: num_blocks * record]).copy_(records.view(-1))
     if residual is not None:
         decoded = torch.zeros_like(blocks)
@@ -340,7 +352,7 @@ def _topk_decoded(scales: np.ndarray, codes: np.ndarray, length: int, block_size
         raise CorruptPayload(f"a top-k position is beyond its block of {block_size} values")
     bits = (records[:, keep:, None] >> torch.arange(8, dtype=torch.uint8)) & 1
     negative = bits.reshape(num_blocks, -1)[:, :keep].bool()
-    block_scales = (_as_tensor(scales[:num_blocks]).to(torch.int32) << 16).view(torch.float32)[:, None]
+    block_scales = _stored_scales(scales, num_blocks)[:, None]
     decoded = torch.zeros(num_blocks, block_size, dtype=torch.float32)
     decoded.scatter_(1, positions, torch.where(negative, -block_scales, block_scales))
     return decoded.view(-1)[:length]
@@ -461,7 +473,7 @@ def dequantize_chunk(
         levels = codes_tensor[:length].view(torch.int8).to(torch.float32)
     else:
         levels = _unpack(codec, codes_tensor, length).to(torch.float32)
-    block_scales = (_as_tensor(scales[first_block:]).to(torch.int32) << 16).view(torch.float32)
+    block_scales = _stored_scales(scales[first_block:], -(-length // block_size))
     block_scales = block_scales.repeat_interleave(block_size)[:length]
     decoded = levels * block_scales
     if accumulate:
