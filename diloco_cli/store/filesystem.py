@@ -100,15 +100,24 @@ def find_below(filesystem: fsspec.AbstractFileSystem, path: str) -> list[str]:
         return []
 
 
+class FolderRemoved(OSError):
+    """A local write whose folder was removed while it was written (a region's bucket
+    wiped and recreated): a transient failure, so the retry policy writes it again, into
+    the folder made anew."""
+
+
 def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write an object so that no reader can see part of it."""
     if isinstance(filesystem, LocalFileSystem):
         temporary = f"{path}.{uuid.uuid4().hex}.partial"
-        Path(temporary).parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        try:
+            Path(temporary).parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        except FileNotFoundError as error:  # a write never answers "no such object": the folder went
+            raise FolderRemoved(f"the folder of {path} was removed while it was written: {error}") from error
     else:
         filesystem.pipe_file(path, data)

@@ -62,6 +62,32 @@ def test_a_killed_local_write_leaves_nothing_readable(tmp_path):
     assert store.list("p") == []
 
 
+def test_a_local_write_whose_folder_is_removed_before_its_rename_is_written_again(tmp_path, monkeypatch):
+    """A region's folder removed (the bucket wiped and recreated) between a write of the
+    whole object to its ``.partial`` and the rename into place: the write is tried again
+    under the retry policy, into the folder made anew, instead of failing the writer."""
+    import os
+    import shutil
+
+    from diloco_cli.config.recipe import RetryPolicy
+    from diloco_cli.store import filesystem
+
+    store = ObjectStore(f"file://{tmp_path}/region", retry=RetryPolicy(first_backoff_seconds=0.01))
+    store.put("global/head.json", b"old")
+    rename, removed = os.replace, []
+
+    def wiped_first(source, target):
+        if not removed:  # the region's folder goes after the .partial was written
+            removed.append(source)
+            shutil.rmtree(tmp_path / "region")
+        rename(source, target)
+
+    monkeypatch.setattr(filesystem.os, "replace", wiped_first)
+    store.put("global/head.json", b"new")
+    assert removed and removed[0].endswith(".partial")
+    assert store.get("global/head.json") == b"new" and store.meter.snapshot().retries == 1
+
+
 def test_payload_markers_are_authenticated(root, secret):
     bucket = RegionBucket("r", root, None, secret)
     key = bucket.send_payload(
