@@ -140,6 +140,8 @@ class GlobalReader:
                         FragmentFetch(fragment, target, {n: values[n] for n in names}, updates, digest)
                     )
                     break
+                except SnapshotRemoved:  # the clean-up took it: not a refusal, the next look reads the newer one
+                    continue
                 except (PayloadError, FileNotFoundError) as error:
                     if getattr(error, "key", None) not in refused:  # a snapshot fails once for every fragment
                         fetched.refusals.append(
@@ -183,11 +185,24 @@ class GlobalReader:
                     FragmentIndex(int(p)): Version(int(v)) for p, v in decoded.meta["fragment_versions"].items()
                 }
                 cache[version] = (decoded.tensors, versions)
-            except (PayloadError, FileNotFoundError, KeyError, ValueError) as error:
+            except FileNotFoundError as error:
+                removed = self._replaced(version)
+                cache[version] = SnapshotRemoved(key) if removed else SnapshotRefused(key, error)
+            except (PayloadError, KeyError, ValueError) as error:
                 cache[version] = SnapshotRefused(key, error)
         if isinstance(cache[version], Exception):
             raise cache[version]
         return cache[version]
+
+    def _replaced(self, version: Version) -> bool:
+        """Whether snapshot ``version``, not found, was removed by the normal clean-up
+        after a newer one: the head names another snapshot now.  One the head still
+        names is missing, and refused (reported, so that the syncer rewrites it)."""
+        try:
+            head = self.bucket.read_head()
+        except (PayloadError, FileNotFoundError):
+            return False
+        return head is not None and head.snapshot_version != version
 
     def _chain(
         self, fragment: FragmentIndex, base: Version, versions: list[Version], target: Version
@@ -225,6 +240,14 @@ class UpdateRefused(CorruptPayload):
     def __init__(self, key: str, error: Exception) -> None:
         self.key = key
         super().__init__(f"{key}: {error}")
+
+
+class SnapshotRemoved(FileNotFoundError):
+    """A snapshot the clean-up removed while a reader was getting to it (not damage)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"{key} was removed after a newer snapshot was published")
 
 
 class SnapshotRefused(CorruptPayload):

@@ -124,6 +124,31 @@ def test_a_learner_restarted_with_every_snapshot_damaged_waits_for_the_repair_in
         newcomer.close()
 
 
+def test_a_snapshot_its_clean_up_removed_while_a_learner_read_it_is_not_counted_as_refused(harness):
+    """A newcomer reads the head, then the syncer moves on and its clean-up removes the
+    snapshot that head named before the newcomer gets to it: the snapshot vanished, it
+    was not damaged; nothing is refused (nor reported for repair), and the next look
+    installs from the newer snapshot."""
+    writer, _ = harness.learners
+    for _ in range(2):
+        harness.train(writer, 10)
+        harness.merge()
+    newcomer = harness.learner("east-1", start=False)  # no checkpoint: needs a snapshot
+    try:
+        reader = newcomer.poller.readers[0]
+        head = reader.head()
+        while head.snapshot_version in harness.bucket.snapshot_versions():
+            harness.train(writer, 10)
+            harness.merge()
+        fetched = reader.fetch(head, {p: -1 for p in newcomer.fragments.base_version})
+        assert fetched.refusals == [] and fetched.fragments == []
+        assert len(harness.poll(newcomer)) == 2
+        assert newcomer.refusals.counts == {}
+        harness.assert_bases_equal_the_syncers(newcomer)
+    finally:
+        newcomer.close()
+
+
 def test_a_damaged_checkpoint_falls_back_to_an_older_one_then_to_the_global_weights_keeping_the_step(tmp_path, secret):
     harness = Harness(tmp_path, secret, checkpoint_every=10)
     try:
