@@ -8,6 +8,7 @@ syncer's weights at those versions (the digests its commit records hold).
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -19,13 +20,16 @@ from tests.support.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,
     assert_every_token_accounted,
+    audit_ledger,
     child_pid,
     deep_update,
     diloco,
+    final_checkpoint,
     heartbeats,
     logs_of,
     wait_finished,
     wait_for,
+    wait_processes_gone,
     write_yaml,
 )
 
@@ -286,4 +290,42 @@ def test_a_learner_gone_for_good_does_not_stall_the_run_and_resume_brings_it_bac
         runs_dir, name, lambda s: s.state == "finished" and not s.syncer.given_up, 240, "finishing with east-0"
     )
     assert {row.learner: row.state for row in status.learners} == {"east-0": "finished", "west-0": "finished"}
+    assert_bases_are_the_syncers(runs_dir, name)
+
+
+def test_down_then_resume_goes_on_from_where_each_learner_stood_and_trains_nothing_twice(tmp_path):
+    """`diloco down` between two checkpoints: each learner checkpoints the step it stood
+    at (weights, AdamW state, error feedback, what it sent) before it exits, `resume`
+    goes on from there, and every token is merged once (nothing retrained and sent again)."""
+    runs_dir, name = tmp_path / "runs", "downed"
+    changes = {
+        "training": {
+            "inner_steps": 160,
+            "checkpoint_every_steps": 50,
+            "learner_speeds": {"east-0": 0.1, "west-0": 0.1},
+        },
+        "sync": {"delete_consumed_payloads": False},
+    }
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))
+    diloco("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
+    learners = ("east-0", "west-0")
+    wait_for(runs_dir, name, lambda s: all(past_step(s, learner, 55) for learner in learners), 120, "step 55")
+    diloco("down", name, "--runs-dir", str(runs_dir))
+    wait_processes_gone(runs_dir, name)
+    record = load_run(runs_dir, name)
+    secret = record.secret()
+    stood_at = {}
+    for learner in learners:
+        log = (runs_dir / name / "logs" / f"{learner}.log").read_text()
+        stood_at[learner] = int(re.search(r"stopped at step (\d+)", log)[1])
+        checkpoint = final_checkpoint(record.spec.bucket(record.spec.learner(learner).region, secret), learner, secret)
+        assert checkpoint.meta["step"] == stood_at[learner], (learner, checkpoint.meta["step"], stood_at[learner])
+    assert any(step % 50 for step in stood_at.values()), stood_at  # stopped between two periodic checkpoints
+    diloco("resume", name, "--runs-dir", str(runs_dir))
+    wait_finished(runs_dir, name, timeout=240)
+    for learner in learners:
+        log = (runs_dir / name / "logs" / f"{learner}.log").read_text()
+        assert f"resumed from checkpoint at step {stood_at[learner]}" in log
+    audit_ledger(runs_dir / name, secret)
+    assert_every_token_accounted(runs_dir, name, heartbeats(runs_dir, name))
     assert_bases_are_the_syncers(runs_dir, name)

@@ -118,3 +118,42 @@ def test_overwrite_installs_and_resyncs_drop_the_unsent_work_and_count_it(secret
         assert fragments.install(0, 1, {"w": torch.tensor([10.0])}, keep_unsent=keep) is False
         assert (fragments.c_steps[0], fragments.c_tokens[0], fragments.tokens_overwritten[0]) == (0, 0, 8)
         assert _sent_delta(fragments, 10.0, secret) == 0.0  # theta is the base again
+
+
+def test_a_learner_stopped_between_checkpoints_checkpoints_where_it_stands_and_resumes_there(tmp_path, secret):
+    """``diloco down`` (SIGTERM's handler raises a flag) at step 13 of a learner that
+    checkpoints every 10: the flag is taken in at the next step boundary, and the learner
+    writes a checkpoint of step 14 (its weights, AdamW state, residuals and what it sent)
+    before it exits; a restart resumes from exactly that."""
+    from diloco_cli.runtime.learner.sync import EXIT_STOPPED
+    from tests.support.harness import Harness
+
+    harness = Harness(tmp_path, secret, checkpoint_every=10)
+    restarted = None
+    try:
+        stopped = harness.learners[0]
+        harness.train(stopped, 13)
+        stopped.request_stop()
+        assert not stopped.leaving  # a signal between two steps: taken in after the next one
+        harness.train(stopped, 1)
+        assert stopped.stop_requested and stopped.leaving
+        assert stopped.finish() == EXIT_STOPPED
+        keys = harness.bucket.checkpoint_keys("east-0")
+        assert [key.rsplit("/", 1)[1] for key in keys] == ["0000000010.dlc", "0000000014.dlc"]
+        restarted = harness.learner("east-0")
+        assert restarted.step == 14
+        for counter in ("base_version", "c_steps", "c_tokens", "sent_steps", "sent_tokens"):
+            assert getattr(restarted.fragments, counter) == getattr(stopped.fragments, counter), counter
+        for name, residual in stopped.fragments.residual.items():
+            assert torch.equal(restarted.fragments.residual[name], residual), name
+        for name, parameter in stopped.model.named_parameters():
+            assert torch.equal(dict(restarted.model.named_parameters())[name], parameter), name
+        before = full_optimizer_state(stopped.model, stopped.optimizer, ONE_PROCESS)
+        after = full_optimizer_state(restarted.model, restarted.optimizer, ONE_PROCESS)
+        for name, state in before.items():
+            assert float(after[name]["step"]) == float(state["step"]) == 14
+            assert torch.equal(after[name]["exp_avg"], state["exp_avg"]), name
+    finally:
+        if restarted is not None:
+            restarted.close()
+        harness.close()

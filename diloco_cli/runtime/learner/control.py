@@ -41,7 +41,8 @@ class Instructions:
     sync_interval: int
     """H for this learner: the recipe's, or the syncer's H_m under dynamic local updates."""
     stop: bool = False
-    """Stop now (``diloco down``, SIGTERM): finish the step and the uploads in flight."""
+    """Stop now (``diloco down``, SIGTERM): finish the step, checkpoint where it stands,
+    deliver the uploads in flight."""
     drain: bool = False
     """Leave the run (``diloco scale --learners -N``): send what was trained, then stop."""
     data_partition: tuple[int, int] | None = None
@@ -105,17 +106,19 @@ class StepControl:
 
 @dataclass(frozen=True)
 class StartPoint:
-    """Where every process starts: the step, and whether from a checkpoint."""
+    """Where every process starts: the step, whether from a checkpoint, and whether a
+    stop (``diloco down``) came while the learner was starting."""
 
     step: int
     from_checkpoint: bool
+    stop: bool = False
 
     def to_ints(self) -> list[int]:
-        return [self.step, int(self.from_checkpoint)]
+        return [self.step, int(self.from_checkpoint), int(self.stop)]
 
     @classmethod
     def from_ints(cls, values: list[int]) -> StartPoint:
-        return cls(values[0], bool(values[1]))
+        return cls(values[0], bool(values[1]), bool(values[2]))
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,14 @@ class Learner:
         self.recipe = spec.recipe
         self.me = spec.learner(learner)
         self.secret = secret
+        self.stop_signalled = False
 
     def _request_stop(self, signum: int, _frame: object) -> None:
-        log.info("signal %d: finishing the step and the uploads in flight, then stopping", signum)
-        self.sync.stop_requested = True
+        log.info("signal %d: finishing the step, checkpointing where it stands, then stopping", signum)
+        self.stop_signalled = True
+        sync = getattr(self, "sync", None)  # not built yet while the learner sets up
+        if sync is not None:
+            sync.request_stop()
 
     def setup(self) -> None:
         training = self.recipe.training
@@ -86,9 +90,11 @@ class Learner:
         )
 
     def run(self) -> int:
-        self.setup()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
+        self.setup()
+        if self.stop_signalled:  # a stop that came while it set up
+            self.sync.request_stop()
         clean = False
         try:
             step = self._train()

@@ -140,7 +140,7 @@ class JoinedRun:
         return self
 
     def _request_stop(self, signum: int, _frame: object) -> None:
-        self.sync.stop_requested = True
+        self.sync.request_stop()
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None

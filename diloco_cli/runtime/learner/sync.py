@@ -97,6 +97,9 @@ class LearnerSync:
         self.manifest = manifest
         """The run's manifest, followed for a new chaos plan (``diloco chaos``)."""
         self.instructions = Instructions(sync_interval=self.recipe.sync.sync_interval)
+        self._stop_signalled = False
+        self.start_step = 0
+        """The step this start resumed at (a stop checkpoints only if it trained since)."""
         self.progress = Progress()
         self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
         self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
@@ -157,12 +160,15 @@ class LearnerSync:
 
     @property
     def stop_requested(self) -> bool:
-        """Whether ``diloco down`` (a signal) asked this learner to stop."""
+        """Whether ``diloco down`` (a signal) asked this learner to stop (as every process
+        of the learner has heard it, after the step that took it in)."""
         return self.instructions.stop
 
-    @stop_requested.setter
-    def stop_requested(self, stop: bool) -> None:
-        self.instructions = replace(self.instructions, stop=stop)
+    def request_stop(self) -> None:
+        """``diloco down`` (SIGTERM): stop at the next step boundary.  Safe in a signal
+        handler: it only raises a flag, which the storage rank folds into the instructions
+        every process receives after a step (or at the start), so all stop at one step."""
+        self._stop_signalled = True
 
     @property
     def drain_requested(self) -> bool:
@@ -201,8 +207,11 @@ class LearnerSync:
                 self.progress.checkpoint_step = resume.step
             else:
                 self._wait_for_global_weights()
-        start = share(self.group, StartPoint(resume.step, resume.checkpoint is not None), self._device)
-        self.progress.step = start.step
+        start = share(
+            self.group, StartPoint(resume.step, resume.checkpoint is not None, self._stop_signalled), self._device
+        )
+        self.progress.step = self.start_step = start.step
+        self.instructions = replace(self.instructions, stop=start.stop)
         self.resumed_at_the_end = start.step >= self.total_steps
         checkpoint = resume.checkpoint
         if start.from_checkpoint:
@@ -222,7 +231,7 @@ class LearnerSync:
         return start.step
 
     def _wait_for_global_weights(self) -> None:
-        while not self.fragments.installed and not self.stop_requested:
+        while not self.fragments.installed and not self._stop_signalled:
             self.heartbeats.beat(LearnerState.WAITING)  # with what it refused: the syncer repairs it
             missing = {p: Version(-1) for p, v in self.fragments.base_version.items() if v < 0}
             try:
@@ -291,6 +300,8 @@ class LearnerSync:
                 Install.NONE if p not in installed else Install.KEEP_UNSENT if installed[p] else Install.OVERWRITE
                 for p in range(len(self.fragment_list))
             )
+        if self._stop_signalled:  # at a step boundary, where every process can stop alike
+            self.instructions = replace(self.instructions, stop=True)
         control = share(self.group, StepControl(self.instructions, installs), self._device)
         self.instructions = control.instructions
         overwritten = self._names(control.installs, Install.OVERWRITE)
@@ -369,6 +380,10 @@ class LearnerSync:
                 if left:
                     self._send(FragmentIndex(fragment))
             self._checkpoint()
+        elif self.progress.step > self.start_step and not self.checkpoints.due(self.progress.step):
+            # stopped (``diloco down``): a checkpoint where it stands, with what it sent, so
+            # that ``diloco resume`` goes on from this step and trains nothing twice
+            self._checkpoint()
         if self.group.is_storage_rank:
             code = self._deliver(finished, code)
         ended = "finished" if code == EXIT_FINISHED else "stopped" if code == EXIT_STOPPED else "not delivered"
@@ -390,6 +405,13 @@ class LearnerSync:
                 "written" if checkpoint_written else "not written",
             )
             state, code = LearnerState.FAILED, EXIT_UNDELIVERED
+        elif not payloads_delivered:
+            log.warning(
+                "stopping with %d payloads not delivered after %.0f s: the next send of their fragments from the "
+                "same base carries their work",
+                outbox.waiting,
+                patience,
+            )
         try:
             self.heartbeats.beat(state, wait=patience)
             if code == EXIT_FINISHED:  # delivered and reported: only the last one can matter now
