@@ -321,6 +321,9 @@ class ReducerStatus(Document):
     finished: bool = False
     storage: StorageCounters = Field(default_factory=StorageCounters)
     refusals: Refusals = Field(default_factory=Refusals)
+    refused_payloads: list[str] = Field(default_factory=list)
+    """Payloads of the region the reducer refused (their marker or their body) and
+    removed: the syncer's ledger retires each, as it does those it refuses itself."""
     started_at: float
     time: float
 

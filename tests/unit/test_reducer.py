@@ -431,3 +431,27 @@ def test_a_learner_that_stopped_going_on_is_reported_by_its_reducer_at_once(redu
     reducer.turn(read_heartbeats=True)
     status = aggregates.read_reducer_status(reduced.bucket)
     assert status.time > written and status.heartbeats_seen[learner.me.id] == finished.time
+
+
+def test_a_payload_its_reducer_refused_is_retired_in_the_syncers_ledger_also_after_a_restart(reduced, secret):
+    """A learner's payload damaged at rest: the region's reducer refuses it, lists it in
+    its status before removing it (so a reducer killed then still lists it), and the
+    syncer retires it in its next commit, as it retires the payloads it refuses itself."""
+    writer, _ = reduced.learners
+    reduced.train(writer, 10)
+    store = reduced.bucket.store
+    keys = reduced.bucket.payload_keys()
+    damaged = bytearray(store.get(keys[0]))
+    damaged[-40] ^= 0x10
+    store.put(keys[0], bytes(damaged))
+    reduced.reducer.turn(read_heartbeats=True)
+    assert reduced.reducer.refusals.counts["payload"] == 1 and keys[0] not in reduced.bucket.payload_keys()
+    reduced.reducer = Reducer(reduced.spec, "east", secret)  # killed after it refused: it starts again
+    reduced.reducer.start()
+    assert reduced.reducer.refused_payloads == {keys[0]}
+    reduced.syncer.turn(read_heartbeats=True)
+    reduced.train(writer, 10)
+    reduced.merge()
+    retired = [r.key for commit in reduced.syncer.home.history() for r in commit.retired]
+    assert retired.count(f"east:{keys[0]}") == 1
+    assert not reduced.reducer.refused_payloads  # a merge of the same learner and fragment passed it

@@ -102,6 +102,9 @@ class Reducer:
         self.report_soon = False
         """A learner stopped going on since the last status: write it at the next turn that can."""
         self.refusals = Refusals()
+        self.refused_payloads: set[str] = set()
+        """Payloads refused and removed, listed in the status until a merge of the same
+        learner and fragment passes them (the syncer's ledger retires them)."""
         self._last_refused: dict[tuple[str, str, str], float] = {}
         """When each (kind, key, reason) was last reported."""
         self.counts = {"aggregates": 0, "sends": 0, "voided": 0}
@@ -162,6 +165,7 @@ class Reducer:
             return StorageCounters()
         self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.snapshot_version = status.snapshot_version
+        self.refused_payloads = set(status.refused_payloads)
         return status.storage
 
     def _policy(self) -> ForwardPolicy:
@@ -452,6 +456,8 @@ class Reducer:
         present = set(keys)
         self.waiting = {key: item for key, item in self.waiting.items() if key in present}
         self.consumed &= present
+        self.refused_payloads = {key for key in self.refused_payloads if not _merged_past(key, head)}
+        refused = []
         for key in filter(self._owns, keys):
             if key in held or key in self.consumed:
                 continue
@@ -461,7 +467,7 @@ class Reducer:
                 continue
             except PayloadError as error:
                 self._refused("marker", key, error)
-                self.bucket.delete_payload(key)
+                refused.append(key)
                 continue
             except StorageError as error:
                 log.warning("payloads after %s wait for a later turn: %s", key, error)
@@ -474,6 +480,7 @@ class Reducer:
             self.records[key] = record
             if key not in self.waiting:
                 self.waiting[key] = Waiting(record.fragment, send_of(record), now)
+        self._remove_refused(refused)
 
     # ---------------------------------------------------------------------- forwarding
 
@@ -498,7 +505,7 @@ class Reducer:
             return
         for send, _ in built.refused:
             self.waiting.pop(send.key, None)
-            self.bucket.delete_payload(send.key)
+        self._remove_refused([send.key for send, _ in built.refused])
         if built.key is None:
             return
         for send in built.merged + built.resync:
@@ -514,6 +521,18 @@ class Reducer:
             learners,
             self.replica.versions[fragment],
         )
+
+    def _remove_refused(self, keys: list[str]) -> None:
+        """Payloads refused (their marker or their body): listed in the status first, for
+        the syncer's ledger to retire them, then removed.  A status that cannot be written
+        now leaves them in place, refused again at a later turn."""
+        if not keys:
+            return
+        self.refused_payloads.update(keys)
+        if not self._write_status():
+            return
+        for key in keys:
+            self.bucket.delete_payload(key)
 
     # ------------------------------------------------------------------------ report
 
@@ -549,17 +568,30 @@ class Reducer:
             needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,
+            refused_payloads=sorted(self.refused_payloads),
             finished=self.finished,
             started_at=self.started_at,
             time=time.time(),
         )
 
-    def _write_status(self) -> None:
+    def _write_status(self) -> bool:
+        """Write the status; whether it was written."""
         try:
             store.write_reducer_status(self.bucket, self.status())
             self.report_soon = False
+            return True
         except StorageError as error:
             log.warning("could not write the reducer's status: %s", error)
+            return False
+
+
+def _merged_past(key: str, head: Head) -> bool:
+    """Whether a merge of the payload's learner and fragment passed it (the ledger no
+    longer needs it retired)."""
+    match = PAYLOAD_KEY.match(key)
+    return match is None or int(match["sequence"]) <= head.merged_sequence(
+        LearnerId(match["learner"]), FragmentIndex(int(match["fragment"]))
+    )
 
 
 def run_reducers(reducers: list[Reducer]) -> int:

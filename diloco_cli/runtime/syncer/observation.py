@@ -122,6 +122,7 @@ class Observer:
                 self.refused(found.region, "status", key, found.reducer)
             elif found.reducer is not None:
                 self.reducer_status[found.region] = found.reducer
+                self._retire_refused_by_reducer(found.region, found.reducer)
         return look
 
     def _lost(self, scan: RegionScan, look: Look) -> None:
@@ -184,6 +185,14 @@ class Observer:
         if not record.sends:
             self.retire(payload_id(name))
         return found
+
+    def _retire_refused_by_reducer(self, region: str, status: ReducerStatus) -> None:
+        """Payloads the region's reducer refused and removed: retired (the next commit
+        lists them), as the payloads this syncer refuses itself are."""
+        for key in status.refused_payloads:
+            payload = payload_id(qualified(region, key))
+            if payload is not None and payload.key not in self.retiring and not self.consumed(payload):
+                self.retire(payload)
 
     def _heartbeats_seen(self, scan: RegionScan) -> list[decisions.Observation]:
         found: list[decisions.Observation] = []
