@@ -157,3 +157,33 @@ def test_a_learner_stopped_between_checkpoints_checkpoints_where_it_stands_and_r
         if restarted is not None:
             restarted.close()
         harness.close()
+
+
+def test_your_own_loop_stopped_by_sigterm_checkpoints_where_it_stands(tmp_path, secret):
+    """``join``'s loop (the Hugging Face callback's too) stopped by a real SIGTERM at
+    step 13: ``run.stop_requested`` turns true after step 14, leaving the block writes a
+    checkpoint of step 14 and exits 143 (stopped)."""
+    import os
+    import signal
+
+    from diloco_cli.runtime.learner.own_loop import JoinedRun
+    from tests.support.harness import Harness
+
+    harness = Harness(tmp_path, secret, checkpoint_every=10)
+    try:
+        harness.learners.pop().close()
+        sync = harness.learner("east-1", start=False)
+        harness.learners.append(sync)
+        run = JoinedRun(sync, sync.optimizer, step_hook=False, handle_signals=True)
+        with pytest.raises(SystemExit) as exit_code, run:
+            for step in range(run.step, run.total_steps):
+                sync.loop.train_step()  # the inner step and the learner's duties (its after_step)
+                if step + 1 == 13:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if run.stop_requested:
+                    break
+        assert exit_code.value.code == 143 and sync.step == 14
+        keys = harness.bucket.checkpoint_keys("east-1")
+        assert [key.rsplit("/", 1)[1] for key in keys] == ["0000000010.dlc", "0000000014.dlc"]
+    finally:
+        harness.close()
