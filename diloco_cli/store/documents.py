@@ -181,6 +181,15 @@ class Heartbeat(Document):
     time: float
 
 
+class HeartbeatHeard(Document):
+    """Where a reader's newest heartbeat of a learner stands (:mod:`diloco_cli.core.heartbeats`)."""
+
+    epoch: int
+    time: float
+    state: LearnerState
+    step: int
+
+
 class EpochRecord(Document):
     """``control/<learner>.epoch``: how often the learner has started."""
 
@@ -365,5 +374,8 @@ class SyncerStatus(Document):
     """Regions that went unreachable since this syncer started."""
     given_up: dict[LearnerId, str] = Field(default_factory=dict)
     """Learners the syncer no longer waits for, and why."""
+    heartbeats: dict[LearnerId, HeartbeatHeard] = Field(default_factory=dict)
+    """Each learner's newest heartbeat the syncer took in: ``diloco status`` refuses an
+    older one it reads (a replay) and shows the learner as the syncer heard it."""
     started_at: float
     time: float

@@ -41,6 +41,7 @@ from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
+from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
@@ -97,8 +98,9 @@ class Reducer:
         """Aggregates forwarded and not resolved yet, by key."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
-        self.reports: dict[LearnerId, Heartbeat] = {}
-        """Per learner of the region: its latest heartbeat (its progress: when it is due to finish)."""
+        self.heard: Heartbeats[Heartbeat] = Heartbeats()
+        """Per learner of the region: its newest heartbeat (its progress: when it is due to
+        finish); replayed older ones are refused."""
         self.report_soon = False
         """A learner stopped going on since the last status: write it at the next turn that can."""
         self.refusals = Refusals()
@@ -187,7 +189,8 @@ class Reducer:
         wake = now + sync.poll_seconds
         if read_heartbeats is None:
             read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds) or (
-                due_to_finish(self.reports.values(), time.time()) and self.cadences.due("ending", now, END_READ_SECONDS)
+                due_to_finish(self.heard.newest.values(), time.time())
+                and self.cadences.due("ending", now, END_READ_SECONDS)
             )
         if read_heartbeats:
             self._follow_manifest()
@@ -403,12 +406,16 @@ class Reducer:
                 continue
             if beat is None:
                 continue
-            previous = self.heartbeats.get(learner)
-            if previous is None or previous[0] != beat.time:
+            heard = self.heard.hear(learner, beat)
+            if heard.replay is not None:
+                if not heard.counted_before:
+                    self._refused("heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
+                continue
+            if heard.news:
+                previous = self.heartbeats.get(learner)
                 self.heartbeats[learner] = (beat.time, beat.state.value, now)
                 was_going = previous is None or previous[1] not in GONE_STATES
                 stopped_going |= was_going and beat.state.value in GONE_STATES
-            self.reports[learner] = beat
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
                 match = self.bucket.layout.snapshot_pattern.match(note.key)

@@ -20,7 +20,7 @@ from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
 from diloco_cli.runtime.syncer.state import SyncerState
-from diloco_cli.store.documents import LastMerge, SyncerPhase, SyncerStatus
+from diloco_cli.store.documents import HeartbeatHeard, LastMerge, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
 from diloco_cli.store.metering import StorageCounters
@@ -118,6 +118,10 @@ class StatusBoard:
             unreachable={name: outage.reason for name, outage in reachability.down.items()},
             outages=reachability.outages_seen,
             given_up=given_up,
+            heartbeats={
+                learner: HeartbeatHeard(epoch=beat.epoch, time=beat.time, state=beat.state, step=beat.step)
+                for learner, beat in self.observer.heartbeats.items()
+            },
             started_at=self.started_at,
             time=time.time(),
         )
