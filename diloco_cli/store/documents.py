@@ -330,6 +330,7 @@ class ReducerStatus(Document):
     finished: bool = False
     storage: StorageCounters = Field(default_factory=StorageCounters)
     refusals: Refusals = Field(default_factory=Refusals)
+    """What the reducer refused (since its first start, as its storage counts)."""
     started_at: float
     time: float
 
@@ -362,11 +363,11 @@ class SyncerStatus(Document):
     home_storage: StorageCounters = Field(default_factory=StorageCounters)
     """The syncer's calls to its own store (state, commits, ledger)."""
     refusals: dict[str, Refusals] = Field(default_factory=dict)
-    """What the syncer refused in each region's bucket."""
+    """What the syncer refused in each region's bucket (since its first start)."""
     repairs: int = 0
-    """Damaged or missing published objects the syncer rewrote."""
+    """Damaged or missing published objects the syncer rewrote (since its first start)."""
     leftovers_removed: int = 0
-    """Partial writes, unmarked payloads and stray keys removed."""
+    """Partial writes, unmarked payloads and stray keys removed (since its first start)."""
     unreachable: dict[str, str] = Field(default_factory=dict)
     """Regions the syncer cannot reach now (an outage), with the last error: skipped,
     probed now and then, caught up when they return."""

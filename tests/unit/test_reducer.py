@@ -431,3 +431,25 @@ def test_a_learner_that_stopped_going_on_is_reported_by_its_reducer_at_once(redu
     reducer.turn(read_heartbeats=True)
     status = aggregates.read_reducer_status(reduced.bucket)
     assert status.time > written and status.heartbeats_seen[learner.me.id] == finished.time
+
+
+def test_a_restarted_reducer_continues_its_refusals(reduced, secret):
+    """Issue 31, point 5: a reducer's refusals vanished from `status` after a SIGKILL;
+    they continue across restarts, as its storage counts do."""
+    from diloco_cli.codec import RunSecret
+    from diloco_cli.store.documents import seal
+    from diloco_cli.store.region import heartbeat_key
+
+    learner = reduced.learners[0]
+    learner.heartbeats.beat(wait=10)
+    key = heartbeat_key(learner.me.id)
+    reduced.bucket.store.put(key, seal(reduced.bucket.read_heartbeat(learner.me.id), key, RunSecret(bytes(32))))
+    reduced.reducer.turn(read_heartbeats=True)
+    learner.heartbeats.beat(wait=10)  # authentic again: the next start refuses nothing
+    reduced.reducer._write_status()
+    refused = aggregates.read_reducer_status(reduced.bucket).refusals
+    assert refused.counts == {"heartbeat": 1}
+    reduced.reducer = Reducer(reduced.spec, "east", secret)  # the first one was "killed" after its status
+    reduced.reducer.start()
+    reduced.reducer.turn(read_heartbeats=True)
+    assert reduced.reducer.status().refusals == refused

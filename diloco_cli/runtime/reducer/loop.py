@@ -164,6 +164,7 @@ class Reducer:
             return StorageCounters()
         self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.snapshot_version = status.snapshot_version
+        self.refusals = status.refusals  # counted on from there, as the storage counts are
         return status.storage
 
     def _policy(self) -> ForwardPolicy:
