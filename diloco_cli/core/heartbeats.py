@@ -28,6 +28,10 @@ class Beat(Protocol):
     epoch: int
     time: float
 
+    def as_heard(self, earlier: Any) -> Any:
+        """This heartbeat standing where ``earlier`` (an earlier start's record) does."""
+        ...
+
 
 def _state(beat: Beat) -> str:
     return getattr(beat.state, "value", beat.state)
@@ -73,16 +77,25 @@ class Heartbeats(Generic[BeatType]):
 
     newest: dict[str, BeatType] = field(default_factory=dict)
     """Per learner, the newest heartbeat taken in."""
+    earlier: dict[str, Beat] = field(default_factory=dict)
+    """Per learner, the newest heartbeat the reader's earlier start had taken in (from its
+    status): a restarted reader refuses a replay older than it too."""
     refused: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Per learner, the (epoch, time) of the replay last refused."""
 
     def hear(self, learner: str, beat: BeatType) -> Heard:
-        """Take ``beat`` in unless it is a replay; say whether it was news."""
+        """Take ``beat`` in unless it is a replay; say whether it was news (the first one
+        a start of the reader takes in always is).  A replay met first after a restart
+        leaves the learner where the earlier start heard it: finished stays finished,
+        though the learner, finished, writes no heartbeat to replace the replay."""
         seen = self.newest.get(learner)
-        reason = replay_reason(seen, beat)
+        earlier = self.earlier.get(learner) if seen is None else None
+        reason = replay_reason(seen or earlier, beat)
         if reason is not None:
             counted_before = self.refused.get(learner) == (beat.epoch, beat.time)
             self.refused[learner] = (beat.epoch, beat.time)
-            return Heard(news=False, replay=reason, counted_before=counted_before)
+            if earlier is not None:
+                self.newest[learner] = beat.as_heard(earlier)
+            return Heard(news=earlier is not None, replay=reason, counted_before=counted_before)
         self.newest[learner] = beat
         return Heard(news=seen is None or (seen.epoch, seen.time) != (beat.epoch, beat.time))

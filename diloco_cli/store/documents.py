@@ -180,6 +180,11 @@ class Heartbeat(Document):
     ``compute_seconds`` over the time since is the share of the loop spent computing."""
     time: float
 
+    def as_heard(self, heard: HeartbeatHeard) -> Heartbeat:
+        """This heartbeat (a replay) standing where ``heard``, a newer one taken in before,
+        stood: its epoch, time, state and step."""
+        return self.model_copy(update=heard.model_dump())
+
 
 class HeartbeatHeard(Document):
     """Where a reader's newest heartbeat of a learner stands (:mod:`diloco_cli.core.heartbeats`)."""
@@ -188,6 +193,14 @@ class HeartbeatHeard(Document):
     time: float
     state: LearnerState
     step: int
+
+    @classmethod
+    def of(cls, heartbeats: dict[LearnerId, Heartbeat]) -> dict[LearnerId, HeartbeatHeard]:
+        """Where each of these heartbeats stands, for a reader's status."""
+        return {
+            learner: cls(epoch=beat.epoch, time=beat.time, state=beat.state, step=beat.step)
+            for learner, beat in heartbeats.items()
+        }
 
 
 class EpochRecord(Document):
@@ -324,6 +337,8 @@ class ReducerStatus(Document):
     heartbeats_seen: dict[LearnerId, float] = Field(default_factory=dict)
     """The time of each region learner's heartbeat as the reducer last read it: the
     syncer ends the run only once the reducer has seen their last ones."""
+    heartbeats: dict[LearnerId, HeartbeatHeard] = Field(default_factory=dict)
+    """Where those heartbeats stand: a restarted reducer refuses older ones (replays)."""
     needs_snapshot: bool = False
     """The region's copy cannot catch up from the updates the region holds (it missed
     some that are no longer kept): the syncer gives the region a snapshot."""
@@ -376,7 +391,8 @@ class SyncerStatus(Document):
     given_up: dict[LearnerId, str] = Field(default_factory=dict)
     """Learners the syncer no longer waits for, and why."""
     heartbeats: dict[LearnerId, HeartbeatHeard] = Field(default_factory=dict)
-    """Each learner's newest heartbeat the syncer took in: ``diloco status`` refuses an
-    older one it reads (a replay) and shows the learner as the syncer heard it."""
+    """Each learner's newest heartbeat the syncer took in: ``diloco status`` and the
+    syncer's next start refuse an older one they read (a replay); status shows the
+    learner as the syncer heard it."""
     started_at: float
     time: float

@@ -162,7 +162,7 @@ def _refuse_replayed_heartbeats(spec: RunSpec, read: BucketReads, now: float) ->
         if seen is not None and reason is not None:
             region = spec.learner(learner).region
             read.refused.setdefault(region, Refusals()).record("heartbeat", heartbeat_key(learner), reason, now)
-            read.heartbeats[learner] = beat.model_copy(update=seen.model_dump())
+            read.heartbeats[learner] = beat.as_heard(seen)
 
 
 def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: float) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from diloco_cli.core.heartbeats import Heartbeats, replay_reason
+from diloco_cli.runtime.reducer.loop import Reducer
+from diloco_cli.runtime.syncer.loop import Syncer
 from diloco_cli.store.documents import LearnerState, SyncerPhase
 from diloco_cli.store.region import heartbeat_key
 from diloco_cli.views.run_state import collect_status
@@ -116,3 +118,37 @@ def test_a_reducer_refuses_a_replayed_heartbeat_and_hears_the_learners_next_star
     assert learner.me.id in reducer._live()
     assert reducer.status().heartbeats_seen[learner.me.id] == resumed.time
     assert reducer.refusals.counts == {"heartbeat": 1}
+
+
+def test_a_restarted_syncer_and_reducer_refuse_a_replay_older_than_what_they_heard_before(reduced, secret):
+    """A coordinator killed after it heard a learner finish refuses, once restarted, an
+    older heartbeat put back: else the restarted reducer would report the replay's time
+    as seen and the syncer, waiting for it to see the finished one, never end the run."""
+    learner = reduced.learners[0]
+    learner.heartbeats.beat(LearnerState.TRAINING, wait=10)
+    training = reduced.bucket.store.get(heartbeat_key(learner.me.id))
+    learner.heartbeats.beat(LearnerState.FINISHED, wait=10)
+    finished = reduced.bucket.read_heartbeat(learner.me.id)
+    reduced.reducer.turn(read_heartbeats=True)
+    reduced.syncer.turn(read_heartbeats=True)
+    reduced.reducer._write_status()
+    reduced.syncer.write_status(SyncerPhase.RUNNING)
+    syncer, reducer = Syncer(reduced.spec, secret), Reducer(reduced.spec, "east", secret)  # both "killed", restarted
+    syncer.start()
+    reducer.start()
+    replay(reduced.bucket, learner.me.id, training)
+    reducer.turn(read_heartbeats=True)
+    syncer.turn(read_heartbeats=True)
+    assert learner.me.id not in reducer._live()
+    assert learner.me.id not in syncer.decisions.live_learners(syncer.clock())
+    assert reducer.refusals.counts == {"heartbeat": 1} and syncer.observer.refusals["east"].counts == {"heartbeat": 1}
+    # both hold the learner where they heard it before: finished, at its last heartbeat's time
+    assert syncer.observer.heartbeats[learner.me.id].state is LearnerState.FINISHED
+    assert reducer.status().heartbeats_seen[learner.me.id] == syncer.observer.heartbeats[learner.me.id].time
+    assert syncer.observer.heartbeats[learner.me.id].time == finished.time
+    learner.heartbeats.beat(LearnerState.FINISHED, wait=10)  # the learner's own, newer: heard by both
+    reducer.turn(read_heartbeats=True)
+    syncer.turn(read_heartbeats=True)
+    newest = reduced.bucket.read_heartbeat(learner.me.id)
+    assert newest.time > finished.time
+    assert reducer.status().heartbeats_seen[learner.me.id] == syncer.observer.heartbeats[learner.me.id].time

@@ -50,7 +50,7 @@ from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplic
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
-from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
+from diloco_cli.store.documents import Head, Heartbeat, HeartbeatHeard, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, heartbeat_key
@@ -165,6 +165,7 @@ class Reducer:
         self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.snapshot_version = status.snapshot_version
         self.refusals = status.refusals  # counted on from there, as the storage counts are
+        self.heard.earlier = dict(status.heartbeats)  # older heartbeats read now are replays
         return status.storage
 
     def _policy(self) -> ForwardPolicy:
@@ -408,15 +409,15 @@ class Reducer:
             if beat is None:
                 continue
             heard = self.heard.hear(learner, beat)
-            if heard.replay is not None:
-                if not heard.counted_before:
-                    self._refused("heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
-                continue
+            if heard.replay is not None and not heard.counted_before:
+                self._refused("heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
             if heard.news:
-                previous = self.heartbeats.get(learner)
-                self.heartbeats[learner] = (beat.time, beat.state.value, now)
+                newest, previous = self.heard.newest[learner], self.heartbeats.get(learner)
+                self.heartbeats[learner] = (newest.time, newest.state.value, now)
                 was_going = previous is None or previous[1] not in GONE_STATES
-                stopped_going |= was_going and beat.state.value in GONE_STATES
+                stopped_going |= was_going and newest.state.value in GONE_STATES
+            if heard.replay is not None:
+                continue
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
                 match = self.bucket.layout.snapshot_pattern.match(note.key)
@@ -554,6 +555,7 @@ class Reducer:
             snapshot_version=max(self.snapshot_version, Version(0)),
             initial_weights=self.initial_weights,
             heartbeats_seen={learner: seen[0] for learner, seen in self.heartbeats.items()},
+            heartbeats=HeartbeatHeard.of(self.heard.newest),
             needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,

@@ -199,7 +199,8 @@ class Observer:
             if heard.replay is not None and not heard.counted_before:
                 self.refused(scan.region, "heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
             if heard.news:
-                found.append(decisions.HeartbeatSeen(learner, beat.step_seconds, beat.state.value))
+                newest = self.heartbeats[learner]
+                found.append(decisions.HeartbeatSeen(learner, newest.step_seconds, newest.state.value))
         return found
 
     # ---------------------------------------------------------------- what it holds

@@ -64,7 +64,8 @@ class StatusBoard:
 
     def continue_counts(self) -> None:
         """Storage counts, refusals, repairs and leftovers removed of the syncer's earlier
-        starts, from its newest status in any region, so that a restart continues them."""
+        starts, from its newest status in any region, so that a restart continues them;
+        and the heartbeats they took in, so that it refuses older ones (replays)."""
         newest: SyncerStatus | None = None
         for name, bucket in self.buckets.items():
             try:
@@ -80,6 +81,7 @@ class StatusBoard:
             self.storage_before, self.home_storage_before = dict(newest.storage), newest.home_storage
             self.refusals_before = dict(newest.refusals)
             self.repairs_before, self.leftovers_before = newest.repairs, newest.leftovers_removed
+            self.observer.heard.earlier = dict(newest.heartbeats)
 
     def merged(self, merge: LastMerge) -> None:
         self.merge_times.append(merge.time)
@@ -127,10 +129,7 @@ class StatusBoard:
             unreachable={name: outage.reason for name, outage in reachability.down.items()},
             outages=reachability.outages_seen,
             given_up=given_up,
-            heartbeats={
-                learner: HeartbeatHeard(epoch=beat.epoch, time=beat.time, state=beat.state, step=beat.step)
-                for learner, beat in self.observer.heartbeats.items()
-            },
+            heartbeats=HeartbeatHeard.of(self.observer.heartbeats),
             started_at=self.started_at,
             time=time.time(),
         )
