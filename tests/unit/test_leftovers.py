@@ -93,3 +93,22 @@ def test_every_kind_a_run_writes_with_a_marker_is_known_to_the_sweeper(tmp_path,
     assert kinds == {pattern.pattern for pattern in MARKED_KEYS}  # the run wrote every kind
     assert all(any(pattern.match(key) for pattern in MARKED_KEYS) for key in marked)
     assert leftovers(keys) == []
+
+
+def test_the_sweep_at_the_end_spares_a_partial_write_first_seen_then(tmp_path):
+    """The sweep when a run ends removes every leftover at once, but another syncer shard
+    or a reducer may still be writing its last status: a ``.partial`` file first seen
+    then is a write in flight (removed under it, the rename crashed syncer shard 1 of a
+    chaos run), one seen at an earlier sweep is not."""
+    store = ObjectStore(f"file://{tmp_path}/bucket")
+    (tmp_path / "bucket" / "global").mkdir(parents=True)
+    old = tmp_path / "bucket" / "global" / "head.json.0a1b.partial"
+    old.write_bytes(b"killed")
+    sweeper = LeftoverSweeper(store, after_seconds=60)
+    sweeper.sweep(now=1000.0)
+    in_flight = tmp_path / "bucket" / "global" / "shard-1" / "syncer.json.9f2c.partial"
+    in_flight.parent.mkdir()
+    in_flight.write_bytes(b"half")
+    store.put("payloads/east-0/stray.bin", b"junk")
+    sweeper.sweep(now=1001.0, all_of_them=True)
+    assert not old.exists() and in_flight.exists() and store.list("payloads") == []

@@ -69,11 +69,18 @@ class LeftoverSweeper:
 
     def sweep(self, now: float, all_of_them: bool = False) -> None:
         """Remove the leftovers seen for ``after_seconds``; with ``all_of_them``, every
-        leftover now (when the run has ended and no write can be in flight)."""
+        leftover now (when the run has ended), but a ``.partial`` file first seen now: the
+        learners are done, but another syncer shard or a reducer may be writing its last
+        status (removed under it, its rename would fail)."""
         keys = self.store.list("", include_partial=True)
         found = [k for k in keys if k.endswith(PARTIAL_SUFFIX)] if self.only_partial else leftovers(keys)
         self.first_seen = {key: self.first_seen.get(key, now) for key in found}
-        due = [key for key, since in self.first_seen.items() if all_of_them or now - since >= self.after_seconds]
+        in_flight = {key for key, since in self.first_seen.items() if since == now and key.endswith(PARTIAL_SUFFIX)}
+        due = [
+            key
+            for key, since in self.first_seen.items()
+            if now - since >= self.after_seconds or (all_of_them and key not in in_flight)
+        ]
         due = due if all_of_them else due[:MAX_REMOVALS_PER_SWEEP]
         for start in range(0, len(due), DELETE_BATCH):
             batch = due[start : start + DELETE_BATCH]
