@@ -20,7 +20,6 @@ across the WAN; payloads stay in their region.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +27,7 @@ from typing import Any
 from diloco_cli.codec import PayloadError, declared_values
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.store.documents import ReducerStatus
-from diloco_cli.store.region import RegionBucket
-
-AGGREGATE_KEY = re.compile(r"^aggregates/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
-RESIDUAL_KEY = re.compile(r"^reducer/residuals/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
+from diloco_cli.store.region import AGGREGATE_KEY, RESIDUAL_KEY, RegionBucket
 
 
 def reducer_of(region: str) -> LearnerId:

@@ -180,6 +180,28 @@ class Heartbeat(Document):
     ``compute_seconds`` over the time since is the share of the loop spent computing."""
     time: float
 
+    def as_heard(self, heard: HeartbeatHeard) -> Heartbeat:
+        """This heartbeat (a replay) standing where ``heard``, a newer one taken in before,
+        stood: its epoch, time, state and step."""
+        return self.model_copy(update=heard.model_dump())
+
+
+class HeartbeatHeard(Document):
+    """Where a reader's newest heartbeat of a learner stands (:mod:`diloco_cli.core.heartbeats`)."""
+
+    epoch: int
+    time: float
+    state: LearnerState
+    step: int
+
+    @classmethod
+    def of(cls, heartbeats: dict[LearnerId, Heartbeat]) -> dict[LearnerId, HeartbeatHeard]:
+        """Where each of these heartbeats stands, for a reader's status."""
+        return {
+            learner: cls(epoch=beat.epoch, time=beat.time, state=beat.state, step=beat.step)
+            for learner, beat in heartbeats.items()
+        }
+
 
 class EpochRecord(Document):
     """``control/<learner>.epoch``: how often the learner has started."""
@@ -315,12 +337,15 @@ class ReducerStatus(Document):
     heartbeats_seen: dict[LearnerId, float] = Field(default_factory=dict)
     """The time of each region learner's heartbeat as the reducer last read it: the
     syncer ends the run only once the reducer has seen their last ones."""
+    heartbeats: dict[LearnerId, HeartbeatHeard] = Field(default_factory=dict)
+    """Where those heartbeats stand: a restarted reducer refuses older ones (replays)."""
     needs_snapshot: bool = False
     """The region's copy cannot catch up from the updates the region holds (it missed
     some that are no longer kept): the syncer gives the region a snapshot."""
     finished: bool = False
     storage: StorageCounters = Field(default_factory=StorageCounters)
     refusals: Refusals = Field(default_factory=Refusals)
+    """What the reducer refused (since its first start, as its storage counts)."""
     refused_payloads: list[str] = Field(default_factory=list)
     """Payloads of the region the reducer refused (their marker or their body) and
     removed: the syncer's ledger retires each, as it does those it refuses itself."""
@@ -356,11 +381,11 @@ class SyncerStatus(Document):
     home_storage: StorageCounters = Field(default_factory=StorageCounters)
     """The syncer's calls to its own store (state, commits, ledger)."""
     refusals: dict[str, Refusals] = Field(default_factory=dict)
-    """What the syncer refused in each region's bucket."""
+    """What the syncer refused in each region's bucket (since its first start)."""
     repairs: int = 0
-    """Damaged or missing published objects the syncer rewrote."""
+    """Damaged or missing published objects the syncer rewrote (since its first start)."""
     leftovers_removed: int = 0
-    """Partial writes, unmarked payloads and stray keys removed."""
+    """Partial writes, unmarked payloads and stray keys removed (since its first start)."""
     unreachable: dict[str, str] = Field(default_factory=dict)
     """Regions the syncer cannot reach now (an outage), with the last error: skipped,
     probed now and then, caught up when they return."""
@@ -368,5 +393,9 @@ class SyncerStatus(Document):
     """Regions that went unreachable since this syncer started."""
     given_up: dict[LearnerId, str] = Field(default_factory=dict)
     """Learners the syncer no longer waits for, and why."""
+    heartbeats: dict[LearnerId, HeartbeatHeard] = Field(default_factory=dict)
+    """Each learner's newest heartbeat the syncer took in: ``diloco status`` and the
+    syncer's next start refuse an older one they read (a replay); status shows the
+    learner as the syncer heard it."""
     started_at: float
     time: float

@@ -125,6 +125,14 @@ ANY_UPDATE_KEY = re.compile(r"^global/(?:shard-\d+/)?updates/(?P<version>\d{10})
 """An update of any syncer (shard)."""
 ANY_SNAPSHOT_KEY = re.compile(r"^global/(?:shard-\d+/)?snapshots/(?P<version>\d{10})\.dlc$")
 """A snapshot of any syncer (shard)."""
+AGGREGATE_KEY = re.compile(r"^aggregates/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
+"""A region's reducer's aggregate (:mod:`diloco_cli.store.aggregates`)."""
+RESIDUAL_KEY = re.compile(r"^reducer/residuals/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
+"""A region's reducer's error feedback after one of its aggregates."""
+MARKED_KEYS = (PAYLOAD_KEY, CHECKPOINT_KEY, ANY_UPDATE_KEY, ANY_SNAPSHOT_KEY, AGGREGATE_KEY, RESIDUAL_KEY)
+"""Every kind of object written with a marker (``put_marked``): a reader uses one only
+once its marker is there, and the leftover sweeper keeps both while both are there and
+removes either without the other.  A new marked kind is added here."""
 
 
 KIND_BY_PREFIX = (

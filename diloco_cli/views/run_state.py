@@ -16,6 +16,7 @@ from typing import Any
 
 from diloco_cli.bandwidth.report import build_report, one_line
 from diloco_cli.codec import PayloadError, RunSecret
+from diloco_cli.core.heartbeats import replay_reason
 from diloco_cli.store.aggregates import read_reducer_status
 from diloco_cli.store.documents import ChaosLog, Head, Heartbeat, ReducerStatus, Refusals, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
@@ -146,7 +147,22 @@ def read_buckets(spec: RunSpec, secret: RunSecret | None, now: float) -> BucketR
             _read_bucket(spec, bucket, read, now)
         except StorageError as error:  # show the others, and say which cannot be read
             read.unreachable[bucket.name] = str(error)
+    _refuse_replayed_heartbeats(spec, read, now)
     return read
+
+
+def _refuse_replayed_heartbeats(spec: RunSpec, read: BucketReads, now: float) -> None:
+    """A heartbeat older than the newest one a syncer (shard) took in is a replay: it
+    counts as refused in its region, and the learner shows as the syncer heard it (a
+    finished learner does not show training again)."""
+    for learner, beat in list(read.heartbeats.items()):
+        heard = [status.heartbeats[learner] for status in read.syncers.values() if learner in status.heartbeats]
+        seen = max(heard, key=lambda seen: (seen.epoch, seen.time), default=None)
+        reason = replay_reason(seen, beat)
+        if seen is not None and reason is not None:
+            region = spec.learner(learner).region
+            read.refused.setdefault(region, Refusals()).record("heartbeat", heartbeat_key(learner), reason, now)
+            read.heartbeats[learner] = beat.as_heard(seen)
 
 
 def _read_bucket(spec: RunSpec, bucket: RegionBucket, read: BucketReads, now: float) -> None:

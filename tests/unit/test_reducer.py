@@ -455,3 +455,25 @@ def test_a_payload_its_reducer_refused_is_retired_in_the_syncers_ledger_also_aft
     retired = [r.key for commit in reduced.syncer.home.history() for r in commit.retired]
     assert retired.count(f"east:{keys[0]}") == 1
     assert not reduced.reducer.refused_payloads  # a merge of the same learner and fragment passed it
+
+
+def test_a_restarted_reducer_continues_its_refusals(reduced, secret):
+    """Issue 31, point 5: a reducer's refusals vanished from `status` after a SIGKILL;
+    they continue across restarts, as its storage counts do."""
+    from diloco_cli.codec import RunSecret
+    from diloco_cli.store.documents import seal
+    from diloco_cli.store.region import heartbeat_key
+
+    learner = reduced.learners[0]
+    learner.heartbeats.beat(wait=10)
+    key = heartbeat_key(learner.me.id)
+    reduced.bucket.store.put(key, seal(reduced.bucket.read_heartbeat(learner.me.id), key, RunSecret(bytes(32))))
+    reduced.reducer.turn(read_heartbeats=True)
+    learner.heartbeats.beat(wait=10)  # authentic again: the next start refuses nothing
+    reduced.reducer._write_status()
+    refused = aggregates.read_reducer_status(reduced.bucket).refusals
+    assert refused.counts == {"heartbeat": 1}
+    reduced.reducer = Reducer(reduced.spec, "east", secret)  # the first one was "killed" after its status
+    reduced.reducer.start()
+    reduced.reducer.turn(read_heartbeats=True)
+    assert reduced.reducer.status().refusals == refused

@@ -11,8 +11,9 @@ the syncer's weights bit for bit.
 from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import FragmentIndex
 from diloco_cli.runtime.syncer.loop import Syncer
-from diloco_cli.store.documents import seal
-from diloco_cli.store.region import HEAD_KEY, snapshot_key, update_key
+from diloco_cli.store.documents import SyncerPhase, seal
+from diloco_cli.store.region import HEAD_KEY, heartbeat_key, snapshot_key, update_key
+from diloco_cli.views.run_state import collect_status
 from tests.support.harness import Harness
 
 
@@ -187,3 +188,41 @@ def test_evaluations_are_committed_with_their_version_and_survive_a_restart(harn
     restarted.start()  # killed right after its last commit: nothing to redo
     assert [e.version for e in restarted.state.evaluations] == evaluated
     assert [e.loss for e in restarted.state.evaluations] == [e.loss for e in harness.syncer.state.evaluations]
+
+
+def test_a_restarted_syncer_continues_its_refusals_repairs_and_sweeps(harness):
+    """Issue 31, point 5: a syncer shard's refusals vanished from `status` after a
+    SIGKILL; they continue across restarts, as its storage counts do."""
+    writer, reader = harness.learners
+    harness.train(writer, 10)
+    harness.merge()
+    harness.poll(reader)
+    harness.train(writer, 10)
+    harness.merge()
+    head = harness.bucket.read_head()
+    version, fragment = next((v, p) for v, p in head.recent if v > reader.fragments.base_version[p])
+    flip_a_byte(harness.bucket, update_key(version, fragment))
+    flip_a_byte(harness.bucket, snapshot_key(head.snapshot_version))
+    harness.poll(reader)
+    reader.heartbeats.beat(wait=10)
+    beat = harness.bucket.read_heartbeat(writer.me.id)
+    harness.bucket.store.put(heartbeat_key(writer.me.id), seal(beat, heartbeat_key(writer.me.id), RunSecret(bytes(32))))
+    harness.bucket.store.put("payloads/east-0/stray.bin", b"junk")
+    syncer = harness.syncer
+    syncer.turn(read_heartbeats=True)  # refuses the forged heartbeat, repairs the update
+    syncer.sweep(syncer.clock(), all_of_them=True)
+    writer.heartbeats.beat(wait=10)  # an authentic heartbeat again: the next start refuses nothing
+    syncer.write_status(SyncerPhase.RUNNING)
+    before = syncer.status(SyncerPhase.RUNNING)
+    assert before.refusals["east"].counts == {"heartbeat": 1}
+    assert before.repairs >= 1 and before.leftovers_removed == 1
+
+    restarted = Syncer(harness.spec, harness.secret)  # the first one was "killed" after its status
+    restarted.start()
+    after = restarted.status(SyncerPhase.RUNNING)
+    assert after.refusals["east"].counts == before.refusals["east"].counts
+    assert after.refusals["east"].latest == before.refusals["east"].latest
+    assert (after.repairs, after.leftovers_removed) == (before.repairs, before.leftovers_removed)
+    restarted.write_status(SyncerPhase.RUNNING)
+    region = collect_status(harness.spec, harness.secret).regions[0]
+    assert region.refusals.get("heartbeat") == 1

@@ -41,6 +41,7 @@ from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.decisions import GONE_STATES
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
+from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
@@ -49,7 +50,7 @@ from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplic
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
-from diloco_cli.store.documents import Head, Heartbeat, ReducerStatus, Refusals
+from diloco_cli.store.documents import Head, Heartbeat, HeartbeatHeard, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
 from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, heartbeat_key
@@ -97,8 +98,9 @@ class Reducer:
         """Aggregates forwarded and not resolved yet, by key."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
-        self.reports: dict[LearnerId, Heartbeat] = {}
-        """Per learner of the region: its latest heartbeat (its progress: when it is due to finish)."""
+        self.heard: Heartbeats[Heartbeat] = Heartbeats()
+        """Per learner of the region: its newest heartbeat (its progress: when it is due to
+        finish); replayed older ones are refused."""
         self.report_soon = False
         """A learner stopped going on since the last status: write it at the next turn that can."""
         self.refusals = Refusals()
@@ -166,6 +168,8 @@ class Reducer:
         self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.snapshot_version = status.snapshot_version
         self.refused_payloads = set(status.refused_payloads)
+        self.refusals = status.refusals  # counted on from there, as the storage counts are
+        self.heard.earlier = dict(status.heartbeats)  # older heartbeats read now are replays
         return status.storage
 
     def _policy(self) -> ForwardPolicy:
@@ -191,7 +195,8 @@ class Reducer:
         wake = now + sync.poll_seconds
         if read_heartbeats is None:
             read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds) or (
-                due_to_finish(self.reports.values(), time.time()) and self.cadences.due("ending", now, END_READ_SECONDS)
+                due_to_finish(self.heard.newest.values(), time.time())
+                and self.cadences.due("ending", now, END_READ_SECONDS)
             )
         if read_heartbeats:
             self._follow_manifest()
@@ -407,12 +412,16 @@ class Reducer:
                 continue
             if beat is None:
                 continue
-            previous = self.heartbeats.get(learner)
-            if previous is None or previous[0] != beat.time:
-                self.heartbeats[learner] = (beat.time, beat.state.value, now)
+            heard = self.heard.hear(learner, beat)
+            if heard.replay is not None and not heard.counted_before:
+                self._refused("heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
+            if heard.news:
+                newest, previous = self.heard.newest[learner], self.heartbeats.get(learner)
+                self.heartbeats[learner] = (newest.time, newest.state.value, now)
                 was_going = previous is None or previous[1] not in GONE_STATES
-                stopped_going |= was_going and beat.state.value in GONE_STATES
-            self.reports[learner] = beat
+                stopped_going |= was_going and newest.state.value in GONE_STATES
+            if heard.replay is not None:
+                continue
             for note in beat.refusals.recent:
                 seen = (learner, note.key, note.time)
                 match = self.bucket.layout.snapshot_pattern.match(note.key)
@@ -565,6 +574,7 @@ class Reducer:
             snapshot_version=max(self.snapshot_version, Version(0)),
             initial_weights=self.initial_weights,
             heartbeats_seen={learner: seen[0] for learner, seen in self.heartbeats.items()},
+            heartbeats=HeartbeatHeard.of(self.heard.newest),
             needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from diloco_cli.codec import PayloadError
 from diloco_cli.core import decisions
+from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.types import FragmentIndex, LearnerId
 from diloco_cli.runtime.syncer.fanout import FanOut
@@ -73,7 +74,8 @@ class Observer:
         """Bytes of observed payloads, read as soon as their marker was seen."""
         self.retiring: dict[str, PayloadId] = {}
         """Payloads consumed unmerged since the last commit (its record will list them)."""
-        self.heartbeats: dict[LearnerId, Heartbeat] = {}
+        self.heard: Heartbeats[Heartbeat] = Heartbeats()
+        """Every learner's newest heartbeat; replayed older ones are refused."""
         self.refusals = {name: Refusals() for name in buckets}
         self.reachability = Reachability()
         self.whole: dict[str, bool] = dict.fromkeys(buckets, False)
@@ -202,13 +204,20 @@ class Observer:
                 continue
             if beat is None:
                 continue
-            previous = self.heartbeats.get(learner)
-            self.heartbeats[learner] = beat
-            if previous is None or previous.time != beat.time:
-                found.append(decisions.HeartbeatSeen(learner, beat.step_seconds, beat.state.value))
+            heard = self.heard.hear(learner, beat)
+            if heard.replay is not None and not heard.counted_before:
+                self.refused(scan.region, "heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
+            if heard.news:
+                newest = self.heartbeats[learner]
+                found.append(decisions.HeartbeatSeen(learner, newest.step_seconds, newest.state.value))
         return found
 
     # ---------------------------------------------------------------- what it holds
+
+    @property
+    def heartbeats(self) -> dict[LearnerId, Heartbeat]:
+        """Every learner's newest heartbeat taken in."""
+        return self.heard.newest
 
     def is_down(self, region: str) -> bool:
         return self.reachability.is_down(region)

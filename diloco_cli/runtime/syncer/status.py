@@ -3,7 +3,8 @@ status`` shows it: versions, merges, the quorum and grace window now, why each f
 waits, held-out losses, storage counts, refusals, repairs and outages.
 
 Counts continue across the syncer's restarts: a started syncer takes its storage
-counts from its newest status in any region (:meth:`StatusBoard.continue_counts`).
+counts, refusals, repairs and leftovers removed from its newest status in any region
+(:meth:`StatusBoard.continue_counts`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
 from diloco_cli.runtime.syncer.state import SyncerState
-from diloco_cli.store.documents import LastMerge, SyncerPhase, SyncerStatus
+from diloco_cli.store.documents import HeartbeatHeard, LastMerge, Refusals, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
 from diloco_cli.store.metering import StorageCounters
@@ -57,10 +58,14 @@ class StatusBoard:
         """Per fragment, what the decisions last said about it."""
         self.storage_before: dict[str, StorageCounters] = {}
         self.home_storage_before = StorageCounters()
+        self.refusals_before: dict[str, Refusals] = {}
+        self.repairs_before = 0
+        self.leftovers_before = 0
 
     def continue_counts(self) -> None:
-        """Storage counts of the syncer's earlier starts, from its newest status in any
-        region, so that a restart continues them."""
+        """Storage counts, refusals, repairs and leftovers removed of the syncer's earlier
+        starts, from its newest status in any region, so that a restart continues them;
+        and the heartbeats they took in, so that it refuses older ones (replays)."""
         newest: SyncerStatus | None = None
         for name, bucket in self.buckets.items():
             try:
@@ -74,6 +79,9 @@ class StatusBoard:
                 newest = status
         if newest is not None:
             self.storage_before, self.home_storage_before = dict(newest.storage), newest.home_storage
+            self.refusals_before = dict(newest.refusals)
+            self.repairs_before, self.leftovers_before = newest.repairs, newest.leftovers_removed
+            self.observer.heard.earlier = dict(newest.heartbeats)
 
     def merged(self, merge: LastMerge) -> None:
         self.merge_times.append(merge.time)
@@ -112,12 +120,16 @@ class StatusBoard:
                 for name, bucket in self.buckets.items()
             },
             home_storage=self.home_storage_before.plus(self.home.store.meter.snapshot()),
-            refusals=self.observer.refusals,
-            repairs=self.publication.repairs,
-            leftovers_removed=sum(sweeper.removed for sweeper in self.sweepers.values()),
+            refusals={
+                name: self.refusals_before.get(name, Refusals()).plus(refusals)
+                for name, refusals in self.observer.refusals.items()
+            },
+            repairs=self.repairs_before + self.publication.repairs,
+            leftovers_removed=self.leftovers_before + sum(sweeper.removed for sweeper in self.sweepers.values()),
             unreachable={name: outage.reason for name, outage in reachability.down.items()},
             outages=reachability.outages_seen,
             given_up=given_up,
+            heartbeats=HeartbeatHeard.of(self.observer.heartbeats),
             started_at=self.started_at,
             time=time.time(),
         )
