@@ -23,9 +23,11 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile, SyncerPlacement
 from diloco_cli.core.types import RegionName
 from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
+from diloco_cli.data.tokens.index import DatasetError
+from diloco_cli.data.tokens.storage import Location, read_index
 from diloco_cli.launch.runs import write_run_record
 from diloco_cli.models.context import model_context
-from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
+from diloco_cli.store.filesystem import StorageError, absolute_path, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerShardSpec, SyncerSpec
 
@@ -81,7 +83,7 @@ def resolve_run(
             name=RegionName(region.name),
             root=absolute_url(region.run_root(run, str(runs_dir))),
             storage_options=region.storage_options,
-            data_source=region.data_source,
+            data_source=region.data_source and absolute_path(region.data_source),
             data_storage_options=region.data_storage_options,
         )
         for region in regions.regions
@@ -158,14 +160,31 @@ def _syncer_shards(
     return tuple(shards)
 
 
+def resolve_data_source(recipe: Recipe) -> Recipe:
+    """The recipe with a local ``data.source`` (a path, or a ``file://`` URL, relative or
+    not) made absolute against the directory ``diloco up`` runs in, where the user meant
+    it: every process of the run starts in ``runs/<run>/``."""
+    source = recipe.data.source
+    if source.startswith(BUILTIN_PREFIX):
+        return recipe
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"source": absolute_path(source)})})
+
+
 def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
-    """The data source exists (a built-in corpus, or a file its URL names)."""
+    """The data source exists (a built-in corpus, or a file its URL names); a token
+    dataset's index is read as every process of the run reads it."""
     source = recipe.data.source
     if source.startswith(BUILTIN_PREFIX):
         if source[len(BUILTIN_PREFIX) :] not in BUILTIN_CORPORA:
             raise ConfigError(
                 f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)"
             )
+        return
+    if recipe.data.is_tokens:
+        try:
+            read_index(Location.of_index(source, recipe.data.storage_options))
+        except (DatasetError, StorageError) as error:
+            raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
         return
     try:
         filesystem, path = open_filesystem(source, recipe.data.storage_options)

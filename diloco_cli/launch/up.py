@@ -31,6 +31,7 @@ from diloco_cli.launch.resolve import (
     create_run_directory,
     new_run_name,
     remove_manifests,
+    resolve_data_source,
     resolve_entry_point,
     resolve_run,
     syncer_here,
@@ -82,6 +83,7 @@ def resolve(
     )
     recipe = load_recipe(recipe_path, overrides)
     regions = load_regions(regions_path)
+    recipe = resolve_data_source(recipe)
     check_data_source(recipe, sources)
     check_sequence_length(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)

@@ -1,6 +1,8 @@
 """What ``diloco up`` checks before it starts anything, and ``up --dry-run`` the same:
 the run's name, the files given, the buckets."""
 
+import re
+
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
@@ -43,3 +45,36 @@ def test_a_region_file_given_as_the_recipe_is_named_so_in_one_line(tmp_path):
     )
     error = one_line_error(runner.invoke(app, ["plan", "--regions", str(ROOT / "recipes/default.yaml")]))
     assert "looks like a recipe, not a region file" in error
+
+
+def test_a_local_data_source_is_read_from_where_up_was_started_and_its_index_checked(tmp_path, monkeypatch):
+    """The URL ``prepare`` prints, and the relative forms a user may type, reach the run's
+    processes (which start in runs/<run>/) as absolute ones; and ``up`` reads the index as
+    they do, so that what passes its checks runs."""
+    from diloco_cli.data.learner import open_learner_data
+    from diloco_cli.launch.up import resolve
+    from tests.support.corpora import make_documents, write_text_corpus
+
+    monkeypatch.chdir(tmp_path)
+    write_text_corpus(tmp_path / "corpus.txt", make_documents(200))
+    regions = str(ROOT / "regions/local.yaml")
+    prepared = runner.invoke(app, ["prepare", "corpus.txt", "--regions", regions, "--vocab-size", "300"])
+    assert prepared.exit_code == 0, prepared.output
+    printed = re.search(r"--set data\.source=(\S+)", prepared.stdout).group(1)
+    assert printed == f"file://{tmp_path}/runs/datasets/buckets/local-a/corpus/index.json"
+    (tmp_path / "elsewhere").mkdir()
+    relative = "runs/datasets/buckets/local-a/corpus/index.json"
+    for given in (printed, f"file://{relative}", relative):
+        monkeypatch.chdir(tmp_path)
+        spec, _, _ = resolve(None, None, [f"data.source={given}"], "own", tmp_path / "runs")
+        monkeypatch.chdir(tmp_path / "elsewhere")  # where a process starts
+        data = open_learner_data(spec, spec.learners[0], rank=0, world_size=1)
+        assert data.batch(0, 2)[0].shape == (2, 128), given
+        data.close()
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "not-an-index.json").write_text('{"format": "diloco-tokens/2"}')
+    for source in ("not-an-index.json", "runs/nothing/index.json"):
+        refused = runner.invoke(app, ["up", "--set", f"data.source={source}", "--dry-run"])
+        assert "error: the default recipe: data.source: " in one_line_error(refused)
+    assert f"no dataset index at {tmp_path}/runs/nothing/index.json" in refused.stderr
