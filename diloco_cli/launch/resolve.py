@@ -26,7 +26,7 @@ from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
 from diloco_cli.data.tokens.index import DatasetError
 from diloco_cli.data.tokens.storage import Location, read_index
 from diloco_cli.launch.runs import write_run_record
-from diloco_cli.models.context import model_context
+from diloco_cli.models.context import model_context, model_vocabulary
 from diloco_cli.store.filesystem import StorageError, absolute_path, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerShardSpec, SyncerSpec
@@ -182,9 +182,16 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
         return
     if recipe.data.is_tokens:
         try:
-            read_index(Location.of_index(source, recipe.data.storage_options))
+            index = read_index(Location.of_index(source, recipe.data.storage_options))
         except (DatasetError, StorageError) as error:
             raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
+        vocabulary = model_vocabulary(recipe.model.factory, recipe.model.kwargs)
+        if vocabulary is not None and index.vocab_size > vocabulary.size:
+            raise ConfigError(
+                f"{sources.recipe}: the token dataset {source} has a vocabulary of {index.vocab_size:,} tokens, "
+                f"but the model embeds {vocabulary.size:,} ({vocabulary.setting}); set it to {index.vocab_size} "
+                "or more, or prepare the dataset with a smaller --vocab-size"
+            )
         return
     try:
         filesystem, path = open_filesystem(source, recipe.data.storage_options)

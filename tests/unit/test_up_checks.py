@@ -66,7 +66,8 @@ def test_a_local_data_source_is_read_from_where_up_was_started_and_its_index_che
     relative = "runs/datasets/buckets/local-a/corpus/index.json"
     for given in (printed, f"file://{relative}", relative):
         monkeypatch.chdir(tmp_path)
-        spec, _, _ = resolve(None, None, [f"data.source={given}"], "own", tmp_path / "runs")
+        overrides = [f"data.source={given}", "model.kwargs.vocabulary_size=300"]
+        spec, _, _ = resolve(None, None, overrides, "own", tmp_path / "runs")
         monkeypatch.chdir(tmp_path / "elsewhere")  # where a process starts
         data = open_learner_data(spec, spec.learners[0], rank=0, world_size=1)
         assert data.batch(0, 2)[0].shape == (2, 128), given
@@ -78,3 +79,33 @@ def test_a_local_data_source_is_read_from_where_up_was_started_and_its_index_che
         refused = runner.invoke(app, ["up", "--set", f"data.source={source}", "--dry-run"])
         assert "error: the default recipe: data.source: " in one_line_error(refused)
     assert f"no dataset index at {tmp_path}/runs/nothing/index.json" in refused.stderr
+
+
+def test_a_token_dataset_beyond_the_models_vocabulary_is_refused_before_anything_starts(tmp_path):
+    """Token ids past the model's embedding failed in every learner's first step, after
+    ``up`` had passed the run."""
+    from tests.support.corpora import make_documents, write_text_corpus
+
+    corpus = write_text_corpus(tmp_path / "corpus.txt", make_documents(200))
+    assert (
+        runner.invoke(app, ["prepare", str(corpus), "-o", str(tmp_path / "tokens"), "--vocab-size", "300"]).exit_code
+        == 0
+    )
+    source = ["--set", f"data.source={tmp_path}/tokens/index.json", "--runs-dir", str(tmp_path / "runs"), "--dry-run"]
+    refused = one_line_error(runner.invoke(app, ["up", *source]))
+    assert refused == (
+        f"error: the default recipe: the token dataset {tmp_path}/tokens/index.json has a vocabulary of 300 tokens, "
+        "but the model embeds 256 (model.kwargs.vocabulary_size); set it to 300 or more, or prepare the dataset "
+        "with a smaller --vocab-size\n"
+    )
+    llama = [
+        "--set",
+        "model.factory=diloco_cli.models.hf:causal_lm",
+        "--set",
+        "model.kwargs={config: 'builtin:tiny-llama'}",
+    ]
+    refused = one_line_error(runner.invoke(app, ["up", *source, *llama, "--set", "model.kwargs.vocab_size=299"]))
+    assert "but the model embeds 299 (vocab_size of model.kwargs); set it to 300 or more" in refused
+    for fitting in (["--set", "model.kwargs.vocabulary_size=300"], [*llama, "--set", "model.kwargs.vocab_size=300"]):
+        planned = runner.invoke(app, ["up", *source, *fitting])
+        assert planned.exit_code == 0, planned.output
