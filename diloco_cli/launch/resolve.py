@@ -181,17 +181,7 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
             )
         return
     if recipe.data.is_tokens:
-        try:
-            index = read_index(Location.of_index(source, recipe.data.storage_options))
-        except (DatasetError, StorageError) as error:
-            raise ConfigError(f"{sources.recipe}: data.source: {error}") from None
-        vocabulary = model_vocabulary(recipe.model.factory, recipe.model.kwargs)
-        if vocabulary is not None and index.vocab_size > vocabulary.size:
-            raise ConfigError(
-                f"{sources.recipe}: the token dataset {source} has a vocabulary of {index.vocab_size:,} tokens, "
-                f"but the model embeds {vocabulary.size:,} ({vocabulary.setting}); set it to {index.vocab_size} "
-                "or more, or prepare the dataset with a smaller --vocab-size"
-            )
+        check_token_dataset(recipe, source, recipe.data.storage_options, f"{sources.recipe}: data.source")
         return
     try:
         filesystem, path = open_filesystem(source, recipe.data.storage_options)
@@ -202,6 +192,33 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
         raise ConfigError(
             f"{sources.recipe}: data.source {source!r}: no such file; "
             "point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare"
+        )
+
+
+def check_region_data_sources(recipe: Recipe, regions: RegionsFile, sources: Sources = Sources()) -> None:
+    """Each region's own copy of a token dataset (its ``data_source``), read as its
+    learners read it, where they run on this machine (an SSH host reads its own)."""
+    if not recipe.data.is_tokens:
+        return
+    for region in regions.regions:
+        if region.data_source and all(host.is_local for host in region.hosts):
+            where = f"{sources.regions}: region {region.name!r} data_source"
+            check_token_dataset(recipe, absolute_path(region.data_source), region.data_storage_options, where)
+
+
+def check_token_dataset(recipe: Recipe, index_url: str, storage_options: dict[str, Any], where: str) -> None:
+    """The token dataset's index reads as every process of the run reads it, and its
+    token ids fit the model's vocabulary."""
+    try:
+        index = read_index(Location.of_index(index_url, storage_options))
+    except (DatasetError, StorageError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+    vocabulary = model_vocabulary(recipe.model.factory, recipe.model.kwargs)
+    if vocabulary is not None and index.vocab_size > vocabulary.size:
+        raise ConfigError(
+            f"{where}: the token dataset {index_url} has a vocabulary of {index.vocab_size:,} tokens, "
+            f"but the model embeds {vocabulary.size:,} ({vocabulary.setting}); set it to {index.vocab_size} "
+            "or more, or prepare the dataset with a smaller --vocab-size"
         )
 
 

@@ -27,6 +27,7 @@ from diloco_cli.launch.resolve import (
     check_buckets,
     check_data_source,
     check_new_run,
+    check_region_data_sources,
     check_sequence_length,
     create_run_directory,
     new_run_name,
@@ -85,6 +86,7 @@ def resolve(
     regions = load_regions(regions_path)
     recipe = resolve_data_source(recipe)
     check_data_source(recipe, sources)
+    check_region_data_sources(recipe, regions, sources)
     check_sequence_length(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
     spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)

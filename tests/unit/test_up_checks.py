@@ -94,7 +94,8 @@ def test_a_token_dataset_beyond_the_models_vocabulary_is_refused_before_anything
     source = ["--set", f"data.source={tmp_path}/tokens/index.json", "--runs-dir", str(tmp_path / "runs"), "--dry-run"]
     refused = one_line_error(runner.invoke(app, ["up", *source]))
     assert refused == (
-        f"error: the default recipe: the token dataset {tmp_path}/tokens/index.json has a vocabulary of 300 tokens, "
+        "error: the default recipe: data.source: "
+        f"the token dataset {tmp_path}/tokens/index.json has a vocabulary of 300 tokens, "
         "but the model embeds 256 (model.kwargs.vocabulary_size); set it to 300 or more, or prepare the dataset "
         "with a smaller --vocab-size\n"
     )
@@ -109,3 +110,23 @@ def test_a_token_dataset_beyond_the_models_vocabulary_is_refused_before_anything
     for fitting in (["--set", "model.kwargs.vocabulary_size=300"], [*llama, "--set", "model.kwargs.vocab_size=300"]):
         planned = runner.invoke(app, ["up", *source, *fitting])
         assert planned.exit_code == 0, planned.output
+
+
+def test_a_regions_own_copy_of_the_data_is_checked_as_its_learners_read_it(tmp_path, monkeypatch):
+    from tests.support.corpora import make_documents, write_text_corpus
+
+    monkeypatch.chdir(tmp_path)
+    corpus = write_text_corpus(tmp_path / "corpus.txt", make_documents(200))
+    assert runner.invoke(app, ["prepare", str(corpus), "-o", "tokens", "--vocab-size", "300"]).exit_code == 0
+    regions = {
+        "regions": [
+            {"name": "east", "bucket": f"file://{tmp_path}/east", "hosts": [{"learners": 2}], "data_source": source}
+            for source in ("tokens/index.json", "west-copy/index.json")
+        ]
+    }
+    regions["regions"][1]["name"] = "west"
+    arguments = ["up", "--regions", str(write_yaml(tmp_path / "regions.yaml", regions)), "--dry-run"]
+    tokens = ["--set", "data.source=tokens/index.json", "--set", "model.kwargs.vocabulary_size=300"]
+    refused = one_line_error(runner.invoke(app, [*arguments, *tokens, "--set", "training.num_learners=4"]))
+    assert refused.startswith(f"error: {tmp_path}/regions.yaml: region 'west' data_source: no dataset index at ")
+    assert f"{tmp_path}/west-copy/index.json" in refused
