@@ -60,17 +60,27 @@ def sample(
     ),
     top_k: int = typer.Option(40, "--top-k", min=0, help="Sample among the k likeliest tokens (0: among all)."),
     seed: int = typer.Option(0, min=0, max=MAX_SEED, help="Random seed."),
+    past_end: bool = typer.Option(
+        False,
+        "--past-end",
+        help="Go on past the end of the document (printing its end-of-document token) until --length tokens.",
+    ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Continue a prompt with the run's global model, to see what it has learned (a run on
-    a token dataset encodes and decodes with the tokenizer its index names)."""
+    a token dataset encodes and decodes with the tokenizer its index names, and stops where
+    the model ends the document, as the exported model's generate does)."""
     from diloco_cli.launch.model import sample_run
     from diloco_cli.launch.runs import load_run
     from diloco_cli.runtime.export import versions_label
 
-    heads, text = sample_run(load_run(runs_dir, run), prompt, length, temperature, top_k, seed)
+    heads, sample = sample_run(load_run(runs_dir, run), prompt, length, temperature, top_k, seed, past_end)
     typer.echo(f"[global {versions_label(heads)}]", err=True)
-    typer.echo(text)
+    typer.echo(sample.text)
+    if sample.ended:
+        typer.echo(
+            f"[end of document after {sample.new_tokens} tokens; --past-end goes on to --length {length}]", err=True
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -140,7 +140,12 @@ def prepare(
         "\n\n",
         "--separator",
         metavar="TEXT",
-        help="Plain text: what separates two documents.",
+        help=(
+            "Plain text: what separates two documents (each ends with --eos-token, so a model learns "
+            "to stop where they end). A blank line suits prose, but cuts source files or articles "
+            "that have blank lines into short pieces: give text that only comes between documents "
+            "(in bash, $'\\n<|doc|>\\n' has newlines), or one JSON line per document."
+        ),
         show_default="a blank line",
     ),
     eos_token: str = typer.Option(
@@ -195,7 +200,8 @@ def prepare(
     resumes after an interruption."""
     from diloco_cli.config.errors import ConfigError
     from diloco_cli.data.tokens.storage import Location
-    from diloco_cli.views.prepare import progress_display, render_prepared
+    from diloco_cli.store.filesystem import absolute_path
+    from diloco_cli.views.prepare import progress_display, render_prepared, short_documents_warning
 
     display = progress_display()
     options = parse_storage_options(storage_options)
@@ -212,7 +218,7 @@ def prepare(
             raise ConfigError("--existing needs --dtype (uint16 or uint32) and --vocab-size N")
         with display:
             _index_existing(
-                Location(existing, options),
+                Location(absolute_path(existing), options),
                 dtype.value,
                 vocab_size,
                 heldout,
@@ -234,7 +240,7 @@ def prepare(
     if regions is not None:
         locations = region_locations(load_regions(regions), name or dataset_name(corpus), str(runs_dir))
     else:
-        locations = (Location(output, options),)
+        locations = (Location(absolute_path(output), options),)
     request = PrepareRequest(
         corpus=Corpus(corpus, format=corpus_format.value, text_field=text_field, separator=separator),
         locations=locations,
@@ -249,6 +255,8 @@ def prepare(
     with display:
         prepared = prepare_dataset(request, storage_retry(), display)
     typer.echo(render_prepared(prepared))
+    if (warning := short_documents_warning(prepared)) is not None:
+        typer.echo(warning, err=True)
 
 
 def _index_existing(

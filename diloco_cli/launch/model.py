@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.launch.local import learner_threads
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.store.documents import Head
+
+if TYPE_CHECKING:
+    from diloco_cli.runtime.export import Sample
 
 SAFETENSORS_NAME = "model.safetensors"
 """The file ``--format safetensors`` writes into a directory given as its output (the
@@ -34,12 +38,12 @@ def export_run(record: RunRecord, output: Path, hugging_face: bool, region: str 
 
 
 def sample_run(
-    record: RunRecord, prompt: str, length: int, temperature: float, top_k: int, seed: int
-) -> tuple[list[Head], str]:
+    record: RunRecord, prompt: str, length: int, temperature: float, top_k: int, seed: int, past_end: bool = False
+) -> tuple[list[Head], Sample]:
     """Continue ``prompt`` with the run's global model, on as many CPU threads as each of
     its learners here gets (torch's default, every core, is several times slower on a
-    machine that is busy training); returns the heads the weights were read at (one per
-    syncer shard), and the text."""
+    machine that is busy training), up to the end of the document unless ``past_end``;
+    returns the heads the weights were read at (one per syncer shard), and the sample."""
     import torch
 
     from diloco_cli.runtime.export import global_model, sample_text, sampling_tokenizer
@@ -49,5 +53,5 @@ def sample_run(
     tokenizer = sampling_tokenizer(spec.recipe.data)
     model, heads = global_model(spec, record.secret())
     return heads, sample_text(
-        model, prompt, length, temperature, top_k, seed, spec.recipe.data.sequence_length, tokenizer
+        model, prompt, length, temperature, top_k, seed, spec.recipe.data.sequence_length, tokenizer, past_end
     )

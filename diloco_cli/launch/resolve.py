@@ -23,9 +23,11 @@ from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile, SyncerPlacement
 from diloco_cli.core.types import RegionName
 from diloco_cli.data.corpora import BUILTIN_CORPORA, BUILTIN_PREFIX
+from diloco_cli.data.tokens.index import DatasetError
+from diloco_cli.data.tokens.storage import Location, read_index
 from diloco_cli.launch.runs import write_run_record
-from diloco_cli.models.context import model_context
-from diloco_cli.store.filesystem import StorageError, absolute_url, open_filesystem
+from diloco_cli.models.context import model_context, model_vocabulary
+from diloco_cli.store.filesystem import StorageError, absolute_path, absolute_url, open_filesystem
 from diloco_cli.store.objects import ObjectStore
 from diloco_cli.store.run_spec import LearnerSpec, ReducerSpec, RegionSpec, RunSpec, SyncerShardSpec, SyncerSpec
 
@@ -81,7 +83,7 @@ def resolve_run(
             name=RegionName(region.name),
             root=absolute_url(region.run_root(run, str(runs_dir))),
             storage_options=region.storage_options,
-            data_source=region.data_source,
+            data_source=region.data_source and absolute_path(region.data_source),
             data_storage_options=region.data_storage_options,
         )
         for region in regions.regions
@@ -158,14 +160,28 @@ def _syncer_shards(
     return tuple(shards)
 
 
+def resolve_data_source(recipe: Recipe) -> Recipe:
+    """The recipe with a local ``data.source`` (a path, or a ``file://`` URL, relative or
+    not) made absolute against the directory ``diloco up`` runs in, where the user meant
+    it: every process of the run starts in ``runs/<run>/``."""
+    source = recipe.data.source
+    if source.startswith(BUILTIN_PREFIX):
+        return recipe
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"source": absolute_path(source)})})
+
+
 def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
-    """The data source exists (a built-in corpus, or a file its URL names)."""
+    """The data source exists (a built-in corpus, or a file its URL names); a token
+    dataset's index is read as every process of the run reads it."""
     source = recipe.data.source
     if source.startswith(BUILTIN_PREFIX):
         if source[len(BUILTIN_PREFIX) :] not in BUILTIN_CORPORA:
             raise ConfigError(
                 f"{sources.recipe}: data.source {source!r}: unknown built-in corpus (available: builtin:shakespeare)"
             )
+        return
+    if recipe.data.is_tokens:
+        check_token_dataset(recipe, source, recipe.data.storage_options, f"{sources.recipe}: data.source")
         return
     try:
         filesystem, path = open_filesystem(source, recipe.data.storage_options)
@@ -176,6 +192,33 @@ def check_data_source(recipe: Recipe, sources: Sources = Sources()) -> None:
         raise ConfigError(
             f"{sources.recipe}: data.source {source!r}: no such file; "
             "point it at a text file, a token dataset's index.json (diloco prepare) or builtin:shakespeare"
+        )
+
+
+def check_region_data_sources(recipe: Recipe, regions: RegionsFile, sources: Sources = Sources()) -> None:
+    """Each region's own copy of a token dataset (its ``data_source``), read as its
+    learners read it, where they run on this machine (an SSH host reads its own)."""
+    if not recipe.data.is_tokens:
+        return
+    for region in regions.regions:
+        if region.data_source and all(host.is_local for host in region.hosts):
+            where = f"{sources.regions}: region {region.name!r} data_source"
+            check_token_dataset(recipe, absolute_path(region.data_source), region.data_storage_options, where)
+
+
+def check_token_dataset(recipe: Recipe, index_url: str, storage_options: dict[str, Any], where: str) -> None:
+    """The token dataset's index reads as every process of the run reads it, and its
+    token ids fit the model's vocabulary."""
+    try:
+        index = read_index(Location.of_index(index_url, storage_options))
+    except (DatasetError, StorageError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+    vocabulary = model_vocabulary(recipe.model.factory, recipe.model.kwargs)
+    if vocabulary is not None and index.vocab_size > vocabulary.size:
+        raise ConfigError(
+            f"{where}: the token dataset {index_url} has a vocabulary of {index.vocab_size:,} tokens, "
+            f"but the model embeds {vocabulary.size:,} ({vocabulary.setting}); set it to {index.vocab_size} "
+            "or more, or prepare the dataset with a smaller --vocab-size"
         )
 
 

@@ -27,10 +27,12 @@ from diloco_cli.launch.resolve import (
     check_buckets,
     check_data_source,
     check_new_run,
+    check_region_data_sources,
     check_sequence_length,
     create_run_directory,
     new_run_name,
     remove_manifests,
+    resolve_data_source,
     resolve_entry_point,
     resolve_run,
     syncer_here,
@@ -82,7 +84,9 @@ def resolve(
     )
     recipe = load_recipe(recipe_path, overrides)
     regions = load_regions(regions_path)
+    recipe = resolve_data_source(recipe)
     check_data_source(recipe, sources)
+    check_region_data_sources(recipe, regions, sources)
     check_sequence_length(recipe, sources)
     recipe = resolve_entry_point(recipe, sources)
     spec = resolve_run(recipe, regions, name or new_run_name(recipe), runs_dir, sources)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,20 +124,21 @@ def save_hugging_face(
 
     ``eos_token_id`` is the token that ended every training document (the dataset's):
     it goes into all three files with the beginning and padding tokens
-    (:func:`special_token_ids`) and the model's context as the longest input, so that
-    ``generate`` stops at the end of a text and the tokenizer pads.  Every file gets the
-    permissions of any file this process creates (``save_pretrained`` writes the weights
-    readable by their owner alone)."""
+    (:func:`special_token_ids`), and the model's context is the tokenizer's longest
+    input, so that ``generate`` stops at the end of a text and the tokenizer pads.  The
+    generation config sets no ``max_length``: ``generate(max_new_tokens=...)`` would warn
+    that both are set.  Every file gets the permissions of any file this process creates
+    (``save_pretrained`` writes the weights readable by their owner alone); no progress
+    bar is drawn (it would land in the command's output)."""
     transformers = import_transformers()
     special = special_token_ids(model.config, eos_token_id)
     context = getattr(model.config, "max_position_embeddings", None)
     for settings in (model.config, model.generation_config):
         for key, value in special.items():
             setattr(settings, key, value)
-    if context is not None:
-        model.generation_config.max_length = context
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
+    with progress_bars_off(transformers):
+        model.save_pretrained(directory)
     if tokenizer_json is not None:
         tokenizer_object = Tokenizer.from_str(tokenizer_json)
         tokens = {
@@ -151,6 +155,20 @@ def save_hugging_face(
     for path in directory.iterdir():
         if path.is_file():
             path.chmod(0o666 & ~umask)
+
+
+@contextmanager
+def progress_bars_off(transformers: Any) -> Iterator[None]:
+    """transformers' progress bars off for a while (``save_pretrained`` draws one on
+    stderr), and as they were after."""
+    logging = transformers.utils.logging
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
 
 
 def special_token_ids(config: Any, eos_token_id: int | None) -> dict[str, int | None]:
@@ -190,7 +208,28 @@ def dataset_tokenizer(data: DataConfig) -> tuple[str, int | None] | None:
     return content.decode("utf-8"), index.eos_token_id
 
 
-def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
+@dataclass(frozen=True)
+class SamplingTokenizer:
+    """The run's tokens: the dataset's tokenizer and its end-of-document token."""
+
+    tokenizer: Tokenizer
+    end_of_document: int | None
+    """The token after every training document (None when the index does not say)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A continuation, and whether it stopped at the end of a document."""
+
+    text: str
+    ended: bool
+    """The model ended the document (its end-of-document token, not printed) before the
+    tokens asked for."""
+    new_tokens: int
+    """Tokens generated, the end-of-document token included."""
+
+
+def sampling_tokenizer(data: DataConfig) -> SamplingTokenizer | None:
     """The tokenizer that turns a prompt into the run's tokens: None for text data (the
     model reads bytes), the dataset's tokenizer for a token dataset."""
     if not data.is_tokens:
@@ -200,7 +239,7 @@ def sampling_tokenizer(data: DataConfig) -> Tokenizer | None:
         raise ConfigError(
             f"the token dataset {data.source} names no tokenizer, so a prompt cannot be turned into its tokens"
         )
-    return Tokenizer.from_str(tokenizer[0])
+    return SamplingTokenizer(Tokenizer.from_str(tokenizer[0]), tokenizer[1])
 
 
 @torch.no_grad()
@@ -212,12 +251,17 @@ def sample_text(
     top_k: int | None,
     seed: int,
     context: int,
-    tokenizer: Tokenizer | None = None,
-) -> str:
+    tokens_of: SamplingTokenizer | None = None,
+    past_end: bool = False,
+) -> Sample:
     """Continue ``prompt`` one token at a time, seeing at most the last ``context`` tokens
-    (the sequence length the model was trained on): tokens of ``tokenizer`` when given,
-    else bytes.  The model may return logits or an output with ``.logits``."""
+    (the sequence length the model was trained on): tokens of ``tokens_of`` when given,
+    else bytes.  The model may return logits or an output with ``.logits``.  It stops
+    where the model ends the document (the dataset's end-of-document token, which is
+    not printed) unless ``past_end``, which goes on into a next document."""
     generator = torch.Generator().manual_seed(seed)
+    tokenizer = None if tokens_of is None else tokens_of.tokenizer
+    stop = None if tokens_of is None or past_end else tokens_of.end_of_document
     if tokenizer is None:
         prompt_tokens = list(prompt.encode("utf-8")) or [10]
     else:
@@ -225,6 +269,7 @@ def sample_text(
         if not prompt_tokens:
             raise ConfigError(f"the prompt {prompt!r} encodes to no tokens; give some text")
     tokens = torch.tensor([prompt_tokens], dtype=torch.long)
+    ended = False
     for _ in range(new_tokens):
         output = model(tokens[:, -context:])
         logits = getattr(output, "logits", output)[0, -1].float()
@@ -236,7 +281,12 @@ def sample_text(
                 threshold = torch.topk(logits, min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < threshold, float("-inf"))
             next_token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+        if next_token == stop:
+            ended = True
+            break
         tokens = torch.cat([tokens, torch.tensor([[next_token]])], dim=1)
     if tokenizer is None:
-        return bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
-    return tokenizer.decode(tokens[0].tolist(), skip_special_tokens=False)
+        text = bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
+    else:
+        text = tokenizer.decode(tokens[0].tolist(), skip_special_tokens=False)
+    return Sample(text, ended, tokens.shape[1] - len(prompt_tokens) + ended)

@@ -37,11 +37,19 @@ def protocol_of(url: str) -> str:
 
 
 def absolute_url(url: str) -> str:
-    """Make ``file://`` and plain paths absolute (processes may start elsewhere)."""
+    """Make ``file://`` and plain paths absolute ``file://`` URLs (processes may start elsewhere)."""
+    absolute = absolute_path(url)
+    return absolute if protocol_of(url) != "file" or absolute.startswith("file://") else f"file://{absolute}"
+
+
+def absolute_path(url: str) -> str:
+    """A plain path or ``file://`` URL made absolute against the current directory, in the
+    form it came (a URL of any other protocol as it is): what a user typed, meant from
+    where they typed it, for processes that start in other directories."""
     if protocol_of(url) != "file":
         return url
-    path = url[len("file://") :] if url.startswith("file://") else url
-    return "file://" + str(Path(path).expanduser().resolve())
+    prefix = "file://" if url.startswith("file://") else ""
+    return prefix + str(Path(url.removeprefix("file://")).expanduser().resolve())
 
 
 def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -11,10 +11,15 @@ def code_blocks(language: str) -> list[str]:
 
 
 def diloco_commands() -> list[str]:
-    commands = []
-    for block in code_blocks("bash"):
-        for line in block.splitlines():
-            command = line.split("  #")[0].strip()
-            if command.startswith("diloco "):
-                commands.append(command)
-    return commands
+    return [command for block in code_blocks("bash") for command in commands_in(block)]
+
+
+def own_data_commands() -> list[str]:
+    """The ``diloco`` commands of the "Your data" steps (the ``shell`` block that prepares a corpus)."""
+    return commands_in(next(block for block in code_blocks("shell") if "diloco prepare" in block))
+
+
+def commands_in(block: str) -> list[str]:
+    """The block's ``diloco`` commands, without their comments."""
+    commands = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [command for command in commands if command.startswith("diloco ")]

@@ -25,7 +25,13 @@ from diloco_cli.launch.resolve import resolve_run
 from diloco_cli.models.gpt import byte_gpt
 from diloco_cli.models.hf import causal_lm
 from diloco_cli.runtime import export
-from diloco_cli.runtime.export import dataset_tokenizer, sample_text, sampling_tokenizer, save_hugging_face
+from diloco_cli.runtime.export import (
+    SamplingTokenizer,
+    dataset_tokenizer,
+    sample_text,
+    sampling_tokenizer,
+    save_hugging_face,
+)
 from diloco_cli.store.documents import Head
 from tests.support.runs_on_disk import made_run
 
@@ -190,6 +196,22 @@ def test_hugging_face_export_loads_back_with_transformers(tmp_path, offline):
     assert AutoTokenizer.from_pretrained(tmp_path / "hf")(text).input_ids == tokenizer.encode(text).ids
 
 
+def test_the_export_prints_nothing_and_generate_with_max_new_tokens_does_not_warn(tmp_path, offline, capfd):
+    """``diloco export --format hf`` printed transformers' "Writing model shards" bar, and
+    the exported generation config's max_length made every generate(max_new_tokens=...)
+    warn that both were set."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer, model = tiny_tokenizer(), perturbed(built(0))
+    capfd.readouterr()  # (training the tokenizer prints)
+    save_hugging_face(model, tmp_path / "hf", tokenizer.to_str(), tokenizer.token_to_id("<|endoftext|>"))
+    assert capfd.readouterr() == ("", "")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    capfd.readouterr()  # (loading draws its own bar)
+    model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, do_sample=False)
+    assert "max_length" not in capfd.readouterr().err
+
+
 def test_export_hf_writes_the_global_model_and_the_dataset_tokenizer(tmp_path, offline, monkeypatch):
     index = token_dataset(tmp_path / "dataset", tiny_tokenizer())
     recipe = Recipe.model_validate(
@@ -242,7 +264,8 @@ def test_an_exported_model_stops_generating_at_the_end_of_text_and_its_tokenizer
     assert config["eos_token_id"] == generation["eos_token_id"] == eos
     assert config["pad_token_id"] == generation["pad_token_id"] == eos
     assert tokenizer_config["eos_token"] == tokenizer_config["pad_token"] == "<|endoftext|>"
-    assert tokenizer_config["model_max_length"] == generation["max_length"] == 256  # tiny-llama's context
+    assert tokenizer_config["model_max_length"] == 256  # tiny-llama's context
+    assert "max_length" not in generation  # else generate(max_new_tokens=...) warns that both are set
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -291,7 +314,8 @@ def test_the_tokenizer_comes_from_the_token_dataset_index(tmp_path):
     assert dataset_tokenizer(with_tokenizer) == (tokenizer.to_str(), eos)
     assert dataset_tokenizer(without) is None and dataset_tokenizer(DataConfig()) is None
     assert sampling_tokenizer(DataConfig()) is None  # text: the model reads bytes
-    assert sampling_tokenizer(with_tokenizer).encode("hello").ids == tokenizer.encode("hello").ids
+    assert sampling_tokenizer(with_tokenizer).tokenizer.encode("hello").ids == tokenizer.encode("hello").ids
+    assert sampling_tokenizer(with_tokenizer).end_of_document == eos
     with pytest.raises(ConfigError, match="names no tokenizer"):
         sampling_tokenizer(without)
 
@@ -300,12 +324,37 @@ def test_the_tokenizer_comes_from_the_token_dataset_index(tmp_path):
 
 
 def test_sample_continues_a_prompt_in_tokens_or_bytes(offline):
-    tokenizer = tiny_tokenizer()
-    text = sample_text(
-        perturbed(built(0, vocab_size=tokenizer.get_vocab_size())), "hello world", 8, 0.8, 40, 0, 256, tokenizer
-    )
-    assert text.startswith("hello world") and len(text) > len("hello world")
+    tokenizer = SamplingTokenizer(tiny_tokenizer(), None)
+    model = perturbed(built(0, vocab_size=tokenizer.tokenizer.get_vocab_size()))
+    sample = sample_text(model, "hello world", 8, 0.8, 40, 0, 256, tokenizer)
+    assert sample.text.startswith("hello world") and len(sample.text) > len("hello world")
+    assert sample.new_tokens == 8 and not sample.ended
     torch.manual_seed(0)
-    assert sample_text(byte_gpt().eval(), "ROMEO:", 8, 0.8, 40, 0, 128).startswith("ROMEO:")
+    assert sample_text(byte_gpt().eval(), "ROMEO:", 8, 0.8, 40, 0, 128).text.startswith("ROMEO:")
     with pytest.raises(ConfigError, match="encodes to no tokens"):
         sample_text(built(0), "", 1, 0.8, 40, 0, 256, tokenizer)
+
+
+def test_sample_stops_at_the_end_of_the_document_unless_told_to_go_on(offline):
+    """The model ends a document with the dataset's end-of-document token, as it learned
+    to: the sample ends there (without printing the token), as the exported model's
+    generate does; --past-end goes on into the next document."""
+    tokens_of = SamplingTokenizer(tiny_tokenizer(), tiny_tokenizer().token_to_id("<|endoftext|>"))
+    model = perturbed(built(0, vocab_size=tokens_of.tokenizer.get_vocab_size()))
+    steps = []
+
+    def end_of_document_on_the_third_token(module, inputs, output):
+        steps.append(1)
+        if len(steps) == 3:
+            output.logits[:, -1, :] = -1e9
+            output.logits[:, -1, tokens_of.end_of_document] = 1e9
+        return output
+
+    model.register_forward_hook(end_of_document_on_the_third_token)
+    stopped = sample_text(model, "hello world", 20, 0.8, 40, 0, 256, tokens_of)
+    assert stopped.ended and stopped.new_tokens == 3 and "<|endoftext|>" not in stopped.text
+    steps.clear()
+    went_on = sample_text(model, "hello world", 20, 0.8, 40, 0, 256, tokens_of, past_end=True)
+    assert not went_on.ended and went_on.new_tokens == 20 and "<|endoftext|>" in went_on.text
+    assert went_on.text.startswith(stopped.text)  # the same draws up to the end
+    assert "--past-end" in CliRunner().invoke(app, ["sample", "--help"]).stdout

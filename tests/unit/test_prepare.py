@@ -10,6 +10,7 @@ import json
 import sys
 
 import pytest
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
@@ -201,3 +202,63 @@ def test_a_vocabulary_larger_than_the_corpus_supports_says_what_it_got(tmp_path)
     assert f"the model's vocab_size must be at least {made:,}" in output
     quiet = prepare(str(corpus), "-o", str(tmp_path / "exact"), "--vocab-size", str(made))
     assert "vocabulary:" not in quiet
+
+
+def test_prepare_says_how_many_documents_it_made_and_how_long_they_are(tmp_path):
+    """Documents, tokens, the mean and the shortest, counted over the whole corpus: the
+    same when an interrupted run is resumed half-way as when nothing interrupted it."""
+    documents = make_documents(400, seed=7)
+    corpus = write_text_corpus(tmp_path / "corpus.txt", documents)
+    clean = prepare(str(corpus), "-o", str(tmp_path / "clean"), "--vocab-size", "300", "--shard-tokens", "2000")
+    tokenizer = Tokenizer.from_file(str(tmp_path / "clean" / "tokenizer.json"))
+    lengths = [len(ids) for ids in (encoding.ids for encoding in tokenizer.encode_batch(documents))]
+    tokens = sum(lengths) + len(documents)  # each with its end-of-document token
+    mean = sum(lengths) / len(documents)
+    expected = (
+        f"{len(documents):,} documents, {tokens:,} tokens: {mean:,.0f} tokens a document on average, "
+        f"the shortest {min(lengths)}"
+    )
+    assert expected in clean.splitlines()
+
+    request = PrepareRequest(
+        corpus=Corpus(str(corpus)),
+        locations=(Location(str(tmp_path / "resumed")),),
+        tokenizer=str(tmp_path / "clean" / "tokenizer.json"),
+        shard_tokens=2000,
+    )
+    with pytest.raises(Interrupted):
+        prepare_dataset(request, progress=InterruptAfterShards(2))
+    resumed = prepare_dataset(request)
+    assert resumed.shards_reused == 2 and resumed.documents.documents == len(documents)
+    assert resumed.documents.shortest == min(lengths)
+
+
+def test_documents_cut_short_by_the_separator_are_warned_of_with_what_to_do(tmp_path):
+    """Source files have blank lines: the default separator cuts them into pieces of a few
+    tokens, and a model trained on those learns to stop after a few tokens."""
+    source = "\n\n".join(f"def f{n}(x):\n    return x + {n}\n" for n in range(40))
+    (tmp_path / "code").mkdir()
+    for number in range(30):
+        (tmp_path / "code" / f"m{number:02d}.py").write_text(source)
+    corpus = str(tmp_path / "code" / "*.py")
+    cut = runner.invoke(app, ["prepare", corpus, "-o", str(tmp_path / "cut"), "--vocab-size", "300"])
+    assert cut.exit_code == 0, cut.output
+    assert "1,200 documents" in cut.stdout  # 30 files of 40 functions
+    warning = cut.stderr.splitlines()[-1]
+    assert warning.startswith("warning: the documents average ") and "far shorter than a training sequence" in warning
+    assert "The separator '\\n\\n' cut the text into them" in warning and "give --separator" in warning
+    whole = runner.invoke(
+        app,
+        ["prepare", corpus, "-o", str(tmp_path / "whole"), "--tokenizer", str(tmp_path / "cut/tokenizer.json")]
+        + ["--separator", "\n<|doc|>\n"],
+    )
+    assert whole.exit_code == 0 and "30 documents" in whole.stdout and "warning" not in whole.stderr, whole.output
+    assert "what separates two documents" in runner.invoke(app, ["prepare", "--help"]).stdout
+
+
+def test_prepare_prints_absolute_urls_a_run_can_read_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_text_corpus(tmp_path / "corpus.txt", make_documents(100, seed=8))
+    output = prepare("corpus.txt", "-o", "tokens", "--vocab-size", "300")
+    assert f"index: {tmp_path}/tokens/index.json" in output.splitlines()
+    assert f"train on it: diloco up RECIPE --set data.source={tmp_path}/tokens/index.json" in output

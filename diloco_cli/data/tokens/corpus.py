@@ -82,6 +82,10 @@ class Corpus:
     def format_of(self, path: str) -> CorpusFormat:
         return format_of(path) if self.format == "auto" else self.format
 
+    def reads_text(self) -> bool:
+        """Whether a file of the corpus is plain text (cut into documents by ``separator``)."""
+        return any(self.format_of(path) == "text" for path in self.files())
+
     def total_bytes(self, files: list[str]) -> int | None:
         """The text to read in bytes, where the file sizes tell it (uncompressed text and
         JSON lines), else None."""

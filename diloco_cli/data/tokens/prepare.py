@@ -32,6 +32,7 @@ from diloco_cli.data.tokens.progress import Progress, Silent, counted
 from diloco_cli.data.tokens.shards import (
     PARTIAL_SUFFIX,
     PROGRESS_NAME,
+    DocumentCounts,
     ProgressRecord,
     TokenizeSettings,
     read_progress,
@@ -46,6 +47,7 @@ from diloco_cli.data.tokens.tokenizer import (
     train_tokenizer,
 )
 from diloco_cli.data.tokens.upload import UPLOADS_NAME, StoredFile, read_uploads, upload_dataset, write_index
+from diloco_cli.store.filesystem import absolute_path
 
 WORK_ROOT = Path("~/.cache/diloco/prepare")
 """Where a dataset bound for buckets is staged, unless told otherwise (removed once
@@ -106,6 +108,11 @@ class Prepared:
     vocab_size_asked: int | None = None
     """``--vocab-size`` when the tokenizer trained on the corpus came out smaller (the
     corpus has no more pairs to merge), else None."""
+    documents: DocumentCounts | None = None
+    """How many documents the corpus made and the shortest (None when nothing was made)."""
+    separator: str | None = None
+    """What cut the documents, when a file was read as plain text (else None: JSON lines
+    and Parquet say where documents end)."""
 
 
 def local_path(location: Location) -> Path:
@@ -114,14 +121,16 @@ def local_path(location: Location) -> Path:
 
 def region_locations(regions: RegionsFile, name: str, runs_dir: str) -> tuple[Location, ...]:
     """Each region's own location of dataset ``name``: its ``data_source`` when that names
-    an index (``....json``), else ``<bucket>/datasets/<name>/`` in the region's bucket."""
+    an index (``....json``), else ``<bucket>/datasets/<name>/`` in the region's bucket
+    (``datasets`` in place of ``{run}`` where the bucket's URL has one); local ones
+    absolute, as ``prepare`` prints them for a recipe."""
     locations = []
     for region in regions.regions:
         if region.data_source is None:
             url = f"{region.run_root(REGION_DATASETS, runs_dir)}/{name}"
-            locations.append(Location(url, dict(region.storage_options)))
+            locations.append(Location(absolute_path(url), dict(region.storage_options)))
         elif region.data_source.split("?")[0].endswith(".json"):
-            locations.append(Location.of_index(region.data_source, dict(region.data_storage_options)))
+            locations.append(Location.of_index(absolute_path(region.data_source), dict(region.data_storage_options)))
         else:
             raise DatasetError(
                 f"region {region.name!r}: data_source {region.data_source} is not a token dataset's index (….json); "
@@ -286,4 +295,6 @@ def prepare_dataset(request: PrepareRequest, retry: Retry = call_once, progress:
         uploads_skipped=skipped,
         complete_before=tuple(location.index_url for location in complete),
         vocab_size_asked=asked,
+        documents=tokenized.record.documents,
+        separator=request.corpus.separator if request.corpus.reads_text() else None,
     )

@@ -91,6 +91,20 @@ class ResumePoint(BaseModel):
     """Its tokens (end-of-document token included) already in earlier shards."""
     heldout_tokens: int = Field(default=0, ge=0)
     """Held-out tokens written before this point."""
+    shortest_document: int | None = Field(default=None, ge=0)
+    """The fewest tokens of a document read so far (its end-of-document token left out)."""
+
+
+class DocumentCounts(BaseModel):
+    """What the corpus's documents came to, for ``prepare`` to say (a corpus cut into
+    documents far shorter than a training sequence teaches a model to stop early)."""
+
+    model_config = FROZEN
+
+    documents: int = Field(ge=1)
+    """Documents in the corpus, held out or not."""
+    shortest: int = Field(ge=0)
+    """Tokens of the shortest document, its end-of-document token left out."""
 
 
 class FinishedShard(ShardEntry):
@@ -110,6 +124,8 @@ class ProgressRecord(BaseModel):
     """Finished training shards, in order."""
     heldout: ShardEntry | None = None
     """The held-out shard, set once the whole corpus has been read."""
+    documents: DocumentCounts | None = None
+    """Set with ``heldout``, once the whole corpus has been read."""
 
     @property
     def start(self) -> ResumePoint:
@@ -171,9 +187,10 @@ class TrainShardWriter:
     def name(self) -> str:
         return train_shard_name(len(self.record.train))
 
-    def write(self, tokens: np.ndarray, document: int, skipped: int, heldout_tokens: int) -> None:
+    def write(self, tokens: np.ndarray, document: int, skipped: int, heldout_tokens: int, shortest: int) -> None:
         """Append ``tokens`` (little-endian, of the record's dtype): document
-        ``document``'s tokens from its ``skipped``-th on."""
+        ``document``'s tokens from its ``skipped``-th on (``shortest``: the fewest tokens
+        of a document so far, this one included)."""
         offset = 0
         while offset < len(tokens):
             if self.handle is None:
@@ -185,9 +202,14 @@ class TrainShardWriter:
             self.written += take
             offset += take
             if offset < len(tokens):
-                self.end = ResumePoint(document=document, skip_tokens=skipped + offset, heldout_tokens=heldout_tokens)
+                self.end = ResumePoint(
+                    document=document,
+                    skip_tokens=skipped + offset,
+                    heldout_tokens=heldout_tokens,
+                    shortest_document=shortest,
+                )
             else:
-                self.end = ResumePoint(document=document + 1, heldout_tokens=heldout_tokens)
+                self.end = ResumePoint(document=document + 1, heldout_tokens=heldout_tokens, shortest_document=shortest)
             if self.written == self.shard_tokens:
                 self.finish()
 
@@ -279,17 +301,18 @@ def tokenize_corpus(
     start = record.start
     dtype = np.dtype(settings.dtype).newbyteorder("<")
     heldout_tokens = start.heldout_tokens
-    read = start.document
+    read, shortest = start.document, start.shortest_document
     with open(staging / (HELDOUT_NAME + PARTIAL_SUFFIX), "ab") as heldout:
         writer = TrainShardWriter(staging, record, progress, heldout)
         for number, ids in encoded_documents(corpus, files, tokenizer, start.document, progress):
             skipped = start.skip_tokens if number == start.document else 0
             tokens = np.array([*ids, settings.eos_token_id], dtype=dtype)[skipped:]
+            shortest = len(ids) if shortest is None else min(shortest, len(ids))
             if is_heldout(number, settings.heldout_fraction):
                 heldout.write(tokens.tobytes())
                 heldout_tokens += len(tokens)
             else:
-                writer.write(tokens, number, skipped, heldout_tokens)
+                writer.write(tokens, number, skipped, heldout_tokens, shortest)
             read = number + 1
         writer.finish()
     if read == 0:
@@ -304,7 +327,8 @@ def tokenize_corpus(
         )
     os.replace(staging / (HELDOUT_NAME + PARTIAL_SUFFIX), staging / HELDOUT_NAME)
     heldout_shard = ShardEntry(name=HELDOUT_NAME, tokens=heldout_tokens, sha256=file_sha256(staging / HELDOUT_NAME))
-    record = writer.record.model_copy(update={"heldout": heldout_shard})
+    counts = DocumentCounts(documents=read, shortest=shortest or 0)
+    record = writer.record.model_copy(update={"heldout": heldout_shard, "documents": counts})
     save_progress(staging, record)
     progress.done(HELDOUT_NAME, reused=False)
     return Tokenized(record, reused)
