@@ -423,4 +423,4 @@ def chaos_line(log: ChaosLog | None, now: float) -> str:
         + ("" if event.outcome == "done" else f" ({event.outcome})")
         for event in reversed(log.events[-3:])
     )
-    return f"chaos: {log.count} process faults injected; latest: {latest}"
+    return f"chaos: {plural(log.count, 'process fault')} injected; latest: {latest}"

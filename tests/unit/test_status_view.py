@@ -176,3 +176,24 @@ def test_status_gives_one_restart_count_for_every_process_that_restarts(tmp_path
         "row, and `diloco resume viewed` starts it again once the cause is fixed",
     ]
     assert not any("in a row, restarted" in problem for problem in problems)
+
+
+def test_counts_read_as_words_and_piped_lines_never_wrap_mid_phrase(tmp_path):
+    """Issue 32, 8: "1 merge", not "1 merges"; the rate says its window, and a finished
+    run has none; piped, each line of prose is one line ("grace\\n1.8 s" was two)."""
+    from diloco_cli.views.status import render_plain
+
+    runs_dir, spec = make_run(tmp_path)
+    beat(spec, "local-a-0", 120)
+    syncer_status(spec)
+    status = collect_status(spec, run_secret(spec))
+    status.syncer.merges, status.syncer.merges_per_minute = 1, 1
+    status.syncer.repairs, status.syncer.leftovers_removed = 1, 1
+    text = render_plain(status)
+    assert "; 1 merge, 1 in the last minute; " in text and "1 merges" not in text
+    assert "rewrote 1 damaged published object; removed 1 leftover\n" in text
+    syncer_line = next(line for line in text.splitlines() if line.startswith("syncer: running"))
+    assert syncer_line.endswith("grace 1.8 s; live 3")  # one line, however long
+    assert next(line for line in text.splitlines() if line.startswith("st/s: ")).endswith("rst: restarts")
+    status.state = "finished"
+    assert "; 1 merge; quorum" in render_plain(status)
