@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = {
-    "status": ROOT / "README.md",
+    "status": ROOT / "docs" / "train-your-own.md",
     "report": ROOT / "docs" / "bandwidth.md",
     "plan": ROOT / "docs" / "bandwidth.md",
     "plan-link-rate": ROOT / "docs" / "bandwidth.md",
