@@ -437,7 +437,8 @@ def _decide(state: DecisionState, fragment: FragmentIndex, now: float, actions: 
         return state
     arrived = frozenset(current.pending)
     if not arrived:
-        actions.append(Wait(fragment, "no arrivals yet"))
+        since = f"since its merge at version {current.version}" if current.version else "yet"
+        actions.append(Wait(fragment, f"no arrivals {since}"))  # not "yet" once it merged
         return state
     live = state.live_learners(now)
     unseen = state.unseen_presumed_live(now)

@@ -6,8 +6,9 @@ On SIGTERM it forwards the signal to the child, waits for it and exits without
 restarting.  A child that exits 0 has finished; any other exit is a crash and is
 restarted after 1, 2, 4 ... up to 30 seconds, until it has crashed ``max_crashes`` times
 in a row without running a minute.  The state file keeps the crashes in a row (back to 0
-once a child has run a minute) and the last error line of the log, so that ``status``
-can say that a process is crash-looping and why.
+once a child has run a minute), the restarts in all, and the last error line of the
+child's output (else how it ended: ``killed by SIGKILL``), so that ``status`` can say that
+a process was restarted or is crash-looping, and why.
 """
 
 from __future__ import annotations
@@ -28,21 +29,40 @@ HEALTHY_SECONDS = 60.0
 LOG_TAIL_BYTES = 64 << 10
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b.*")
 """The last line of a Python traceback: ``ValueError: what went wrong``."""
+ROUTINE_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \S+ (DEBUG|INFO) ")
+"""A log record below WARNING, as the processes log (``diloco_cli.cli.internal``): what
+went well, never why a child died."""
 
 
-def last_error(log_path: Path) -> str | None:
-    """The line of the log that best says why the child died: the last exception line of
-    its output (the end of a traceback), else its last line, else None."""
+def last_error(log_path: Path, start: int = 0) -> str | None:
+    """The line of the log, from byte ``start`` on (the child's own output), that best
+    says why the child died: the last exception line (the end of a traceback), else its
+    last line that is not a routine log record, else None (a child killed while it
+    logged only progress)."""
     try:
         with open(log_path, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            log.seek(max(start, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             tail = log.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-    lines = [line.strip() for line in tail.splitlines() if line.strip() and not line.startswith("[supervisor ")]
+    lines = [
+        line.strip()
+        for line in tail.splitlines()
+        if line.strip() and not line.startswith("[supervisor ") and not ROUTINE_LINE.match(line)
+    ]
     exceptions = [line for line in lines if EXCEPTION_LINE.match(line)]
     found = exceptions[-1] if exceptions else lines[-1] if lines else None
     return found[:300] if found else None
+
+
+def exit_reason(code: int) -> str:
+    """``exit 3``, or ``killed by SIGKILL`` for a child a signal ended."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _write_state(path: Path, **state: Any) -> None:
@@ -74,7 +94,7 @@ def supervise(
             log.write(f"[supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n".encode())
 
         while True:
-            started = time.monotonic()
+            started, output_from = time.monotonic(), log.tell()
             note(f"starting (restart {restarts}): {' '.join(command)}")
             child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             running = {"child_pid": child.pid, "restarts": restarts, "last_error": error, "command": command}
@@ -94,7 +114,7 @@ def supervise(
                 _write_state(state_path, state="finished", exit_code=0, restarts=restarts)
                 return 0
             crashes = 1 if time.monotonic() - started >= HEALTHY_SECONDS else crashes + 1
-            error = last_error(log_path)
+            error = last_error(log_path, output_from) or exit_reason(code)
             if crashes >= max_crashes:
                 note(f"exit {code}: gave up after {crashes} crashes in a row")
                 _write_state(

@@ -158,8 +158,9 @@ def _table(title: str, table_box: box.Box, columns: tuple[str, ...]) -> Table:
 
 
 def render_plain(report: TrafficReport, width: int = 140) -> str:
+    """The report as plain text: tables fit ``width``, each line of prose stays one line."""
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False, highlight=False)
-    console.print(build_view(report, plain=True))
+    console.print(build_view(report, plain=True), soft_wrap=True)
     return console.file.getvalue()
 
 

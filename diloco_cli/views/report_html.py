@@ -11,10 +11,14 @@ import io
 import re
 from collections.abc import Iterable, Sequence
 from html import escape
+from typing import TYPE_CHECKING
 
 from diloco_cli.bandwidth.report import TrafficReport
 from diloco_cli.store.metering import KINDS
 from diloco_cli.views.format import human_bytes, human_count, human_duration
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOTS_MISSING = 'plots need matplotlib: pip install "diloco-cli[plots]"'
 
@@ -251,9 +255,9 @@ LINE_STYLES = ("-", "--", ":", "-.")
 
 
 def _plots(report: TrafficReport) -> str:
-    """The three plots as inline SVG, or the line saying what they need."""
+    """The four plots as inline SVG, or the line saying what they need."""
     try:
-        from matplotlib import colormaps, rc_context
+        from matplotlib import rc_context
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import FuncFormatter
@@ -296,39 +300,6 @@ def _plots(report: TrafficReport) -> str:
             axes.legend(fontsize="small")
         return svg(fig, plot_id, title)
 
-    def rates() -> str:
-        """Bytes per second across each WAN link (and all of them), stacked by kind, with
-        what data-parallel would need for the same tokens in the same time."""
-        title = "Bytes per second across links, by kind"
-        fig = Figure(figsize=(6.4, 3.6), layout="constrained")
-        FigureCanvasAgg(fig)
-        axes = fig.add_subplot()
-        axes.set(title=title, xlabel="bytes per second over the run (log scale)")
-        bars = wan_rates(report)
-        if not bars:
-            axes.text(0.5, 0.5, "no bytes crossed a link yet", transform=axes.transAxes, ha="center", va="center")
-            axes.set_yticks([])
-            return svg(fig, "plot-rates", title)
-        axes.set_xscale("log")
-        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_bytes(value) + "/s"))
-        kinds = [kind for kind in KINDS if any(kind in by_kind for _, by_kind in bars)]
-        smallest = min(rate for _, by_kind in bars for rate in by_kind.values())
-        colors = colormaps["tab20"]
-        for index, kind in enumerate(kinds):
-            lefts, widths = [], []
-            for _, by_kind in bars:
-                before = sum(by_kind.get(k, 0.0) for k in kinds[:index])
-                lefts.append(max(before, smallest / 10))  # a log axis has no 0: the first kind starts below all
-                widths.append(before + by_kind.get(kind, 0.0) - lefts[-1] if kind in by_kind else 0.0)
-            axes.barh(range(len(bars)), widths, left=lefts, label=kind, color=colors(index % 20))
-        axes.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize="small")
-        axes.invert_yaxis()
-        for (label, rate), style in zip(data_parallel_rates(report), ("--", ":")):
-            axes.axvline(rate, color="#cf222e", linestyle=style, label=label)
-        axes.grid(True, axis="x", alpha=0.3)
-        axes.legend(fontsize="x-small", loc="lower right", ncols=2)
-        return svg(fig, "plot-rates", title)
-
     start = report.started_at
     unit, per = _time_unit(
         max([report.elapsed_seconds] + [when - start for link in report.links for when, _, _ in link.history])
@@ -347,7 +318,7 @@ def _plots(report: TrafficReport) -> str:
     since = f"{unit} since start"
     figures = [
         figure("plot-bytes", "Bytes moved per link", since, "cumulative MB", traffic, "no traffic history yet"),
-        rates(),
+        svg(rates_figure(report), "plot-rates", RATES_TITLE),
         figure(
             "plot-loss-tokens",
             "Held-out loss against tokens",
@@ -360,6 +331,48 @@ def _plots(report: TrafficReport) -> str:
         figure("plot-loss-time", "Held-out loss against time", since, "held-out loss", by_time, "no evaluation yet"),
     ]
     return '<div class="plots">' + "\n".join(figures) + "</div>"
+
+
+RATES_TITLE = "Bytes per second across links, by kind"
+
+
+def rates_figure(report: TrafficReport) -> Figure:
+    """Bytes per second across each WAN link (and all of them), stacked by kind, with
+    what data-parallel would need for the same tokens in the same time; the legend below
+    the axes, where it covers no bar."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    bars = wan_rates(report)
+    fig = Figure(figsize=(6.4, 3.6 if not bars else 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.add_subplot()
+    axes.set(title=RATES_TITLE, xlabel="bytes per second over the run (log scale)")
+    if not bars:
+        axes.text(0.5, 0.5, "no bytes crossed a link yet", transform=axes.transAxes, ha="center", va="center")
+        axes.set_yticks([])
+        return fig
+    axes.set_xscale("log")
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: human_bytes(value) + "/s"))
+    kinds = [kind for kind in KINDS if any(kind in by_kind for _, by_kind in bars)]
+    smallest = min(rate for _, by_kind in bars for rate in by_kind.values())
+    colors = colormaps["tab20"]
+    for index, kind in enumerate(kinds):
+        lefts, widths = [], []
+        for _, by_kind in bars:
+            before = sum(by_kind.get(k, 0.0) for k in kinds[:index])
+            lefts.append(max(before, smallest / 10))  # a log axis has no 0: the first kind starts below all
+            widths.append(before + by_kind.get(kind, 0.0) - lefts[-1] if kind in by_kind else 0.0)
+        axes.barh(range(len(bars)), widths, left=lefts, label=kind, color=colors(index % 20))
+    axes.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize="small")
+    axes.invert_yaxis()
+    for (label, rate), style in zip(data_parallel_rates(report), ("--", ":")):
+        axes.axvline(rate, color="#cf222e", linestyle=style, label=label)
+    axes.grid(True, axis="x", alpha=0.3)
+    fig.legend(fontsize="x-small", loc="outside lower center", ncols=3)
+    return fig
 
 
 def wan_rates(report: TrafficReport) -> list[tuple[str, dict[str, float]]]:

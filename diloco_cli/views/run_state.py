@@ -385,12 +385,8 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
             )
         elif down.get(name) == "gone":
             found.append(f"{name} is down (its supervisor is gone); `diloco resume {run}` restarts it")
-        elif process.get("crashes") and process["supervisor"] in ("running", "restarting"):
-            crashes = process["crashes"]
-            found.append(
-                f"{name} is crash-looping: {crashes} crash{'es' if crashes != 1 else ''} in a row, "
-                f"restarted {plural(process['restarts'], 'time')}{error} (see `diloco logs {run} {name}`)"
-            )
+        elif process["supervisor"] in ("running", "restarting") and (line := restart_line(process, run)):
+            found.append(line)
     for syncer in status.syncer_shards or [status.syncer]:
         if syncer.state == "not reporting" and syncer.name not in down:
             ago = syncer.last_report_seconds or 0
@@ -410,6 +406,30 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
     return found
 
 
+CRASH_LOOP = 2
+"""Crashes in a row, each within a minute of its start, that make a crash loop: one
+crash (a single kill) is a restart, not a loop."""
+
+
+def restart_line(process: dict, run: str) -> str | None:
+    """What a supervisor that still runs says of its process, with one count: a crash
+    loop by its crashes in a row, else a process that crashed and came back by its
+    restarts; None for one never restarted."""
+    name, crashes, restarts = process["process"], process.get("crashes", 0), process.get("restarts", 0)
+    error = f"; last error: {process['last_error']}" if process.get("last_error") else ""
+    logs = f"`diloco logs {run} {name}`"
+    if crashes >= CRASH_LOOP:
+        return (
+            f"{name} is crash-looping: it crashed {crashes} times in a row, each within a minute of its start"
+            f"{error}; see {logs}: its supervisor gives up after 10 in a row, and "
+            f"`diloco resume {run}` starts it again once the cause is fixed"
+        )
+    if restarts:
+        times = "once after a crash" if restarts == 1 else f"{restarts} times after crashes"
+        return f"{name} was restarted {times}{error} (see {logs})"
+    return None
+
+
 def chaos_line(log: ChaosLog | None, now: float) -> str:
     """``chaos: 7 faults injected; latest: kill west-0 12 s ago, stop east-1 40 s ago``."""
     if log is None or not log.count:
@@ -419,4 +439,4 @@ def chaos_line(log: ChaosLog | None, now: float) -> str:
         + ("" if event.outcome == "done" else f" ({event.outcome})")
         for event in reversed(log.events[-3:])
     )
-    return f"chaos: {log.count} process faults injected; latest: {latest}"
+    return f"chaos: {plural(log.count, 'process fault')} injected; latest: {latest}"

@@ -8,6 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from diloco_cli.views.format import plural
+
 if TYPE_CHECKING:
     from diloco_cli.launch.runs import RunSummary
     from diloco_cli.store.run_spec import RunSpec
@@ -47,12 +49,12 @@ def render_stopped(run: str, outcome: dict[str, tuple[str, str]], state: str) ->
 
 def render_started(spec: RunSpec) -> str:
     """What ``up`` says once a run is started: its name and the commands to follow it."""
-    reducers = f", {len(spec.reducers)} reducers" if spec.reducers else ""
+    reducers = f", {plural(len(spec.reducers), 'reducer')}" if spec.reducers else ""
     shards = len(spec.syncer_shards)
     syncer = "syncer" if shards == 1 else f"{shards} syncer shards"
     return "\n".join(
         [
-            f"started run {spec.run}: {syncer}{reducers} and {len(spec.learners)} learners",
+            f"started run {spec.run}: {syncer}{reducers} and {plural(len(spec.learners), 'learner')}",
             f"  watch it:   diloco status {spec.run} --watch",
             f"  its logs:   diloco logs {spec.run} [LEARNER] --follow",
             f"  stop it:    diloco down {spec.run}",

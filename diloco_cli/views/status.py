@@ -122,14 +122,16 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         else syncer.state
     )
     who = "syncer" if not status.syncer_shards else f"{len(status.syncer_shards)} syncer shards"
+    rate = "" if status.state in FINAL_STATES else f", {syncer.merges_per_minute} in the last minute"
     lines = [
-        f"{who}: {state}; last merge {merged}; {syncer.merges} merges, {syncer.merges_per_minute}/min; "
+        f"{who}: {state}; last merge {merged}; {plural(syncer.merges, 'merge')}{rate}; "
         f"quorum {quorum}; grace {grace}; live {len(syncer.live_learners)}",
     ]
     lines += [shard_line(shard) for shard in status.syncer_shards]
     if syncer.repairs or syncer.leftovers_removed:
         lines.append(
-            f"  rewrote {syncer.repairs} damaged published objects; removed {syncer.leftovers_removed} leftovers"
+            f"  rewrote {plural(syncer.repairs, 'damaged published object')}; "
+            f"removed {plural(syncer.leftovers_removed, 'leftover')}"
         )
     if status.state not in FINAL_STATES:
         lines += [f"  fragment {fragment}: {reason}" for fragment, reason in sorted(syncer.reasons.items())]
@@ -190,8 +192,10 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
 
 
 def render_plain(status: RunStatus, width: int = 140, probe: list[dict] | None = None) -> str:
+    """The view as plain text: tables fit ``width``, and each line of prose stays one line
+    (soft wrap: what reads the pipe wraps it, never mid-phrase)."""
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False, highlight=False)
-    console.print(build_view(status, plain=True, probe=probe))
+    console.print(build_view(status, plain=True, probe=probe), soft_wrap=True)
     return console.file.getvalue()
 
 

@@ -84,22 +84,29 @@ def browser_missing() -> str | None:
     return None
 
 
-def open_page(path: Path, element_ids: tuple[str, ...] | list[str] = ()) -> PageResult:
-    """Open ``path`` in a fresh headless chromium, wait for it to load, and report."""
+def start_browser(logs: bool = False):
+    """A fresh headless chromium driven by selenium (``logs``: keeping the console and
+    the network log); the caller quits it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     missing = browser_missing()
     if missing:
-        raise RuntimeError(f"the browser tests need {missing}")
+        raise RuntimeError(f"the browser needs {missing}")
     options = webdriver.ChromeOptions()
     options.binary_location = next(shutil.which(name) for name in CHROMIUM if shutil.which(name))
     for flag in FLAGS:
         options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    url = Path(path).resolve().as_uri()
+    if logs:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     # An explicit chromedriver: selenium must not go looking for one to download.
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+
+
+def open_page(path: Path, element_ids: tuple[str, ...] | list[str] = ()) -> PageResult:
+    """Open ``path`` in a fresh headless chromium, wait for it to load, and report."""
+    url = Path(path).resolve().as_uri()
+    driver = start_browser(logs=True)
     try:
         driver.set_page_load_timeout(30)
         driver.get(url)

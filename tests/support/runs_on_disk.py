@@ -48,7 +48,7 @@ def beat(spec, learner, step, state="training", loss=2.5, secret=None):
             epoch=1,
             storage=StorageCounters(
                 kinds={
-                    "payload": Traffic(bytes_up=1_500_000, bytes_down=300_000),
+                    "payload": Traffic(bytes_up=1_500_000, bytes_down=300_000, raw_bytes=12_000_000),
                     "checkpoint": Traffic(bytes_up=9_000_000),
                 },
                 retries=2,
@@ -86,12 +86,21 @@ def syncer_status(spec, state="running", reason="grace window: 1.8 s left for 2 
             Evaluation(version=0, loss=5.5, tokens=0, time=now),
             Evaluation(version=6, loss=2.71, tokens=400000, time=now),
         ],
+        parameters=842_496,
+        place=spec.syncer_shards[0].place,  # where a run's syncer says it is (the default job: local-a)
         storage={
             "local-a": StorageCounters(
-                kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=900_000)}
+                kinds={
+                    "update": Traffic(bytes_up=2_000_000, raw_bytes=8_000_000),
+                    "payload": Traffic(bytes_down=900_000),
+                }
             ),
             "local-b": StorageCounters(
-                kinds={"update": Traffic(bytes_up=2_000_000), "payload": Traffic(bytes_down=800_000)}, retries=5
+                kinds={
+                    "update": Traffic(bytes_up=2_000_000, raw_bytes=8_000_000),
+                    "payload": Traffic(bytes_down=800_000),
+                },
+                retries=5,
             ),
         },
         started_at=now - 100,

@@ -20,6 +20,25 @@ def test_shipped_default_files_spell_out_the_built_in_defaults():
     assert load_model(RegionsFile, ROOT / "regions" / "local.yaml") == RegionsFile()
 
 
+def test_the_default_recipe_spells_out_every_field_of_the_recipe_model():
+    """recipes/default.yaml "spells out every key": each field of the recipe model, at
+    every depth, whatever the fields become (issue 32, 3)."""
+    import yaml
+    from pydantic import BaseModel
+
+    def missing(model: type[BaseModel], written: dict, where: str) -> list[str]:
+        found = []
+        for name, field in model.model_fields.items():
+            if name not in written:
+                found.append(f"{where}{name}")
+            elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                found += missing(field.annotation, written[name], f"{where}{name}.")
+        return found
+
+    written = yaml.safe_load((ROOT / "recipes" / "default.yaml").read_text())
+    assert missing(Recipe, written, "") == []
+
+
 def test_every_shipped_recipe_and_region_file_is_valid():
     for path in (ROOT / "recipes").glob("*.yaml"):
         load_model(Recipe, path)

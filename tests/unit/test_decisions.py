@@ -137,7 +137,7 @@ def test_quorum_is_lowered_when_fewer_learners_live_but_not_while_learners_start
     assert [a.learner for a in merge.arrivals] == ["a", "b"] and "the grace window ended" in merge.reason
     state, _ = step(state, [MergeFinished(P0, Version(1), Version(0), 0.1)], now=6.6)
     state, actions = step(state, [], now=6.7)
-    assert only(actions, Wait).reason == "no arrivals yet"
+    assert only(actions, Wait).reason == "no arrivals since its merge at version 1"  # not "yet" (issue 32, 8)
 
 
 def test_the_lowered_quorum_is_explained():

@@ -79,3 +79,21 @@ def test_the_rates_plot_stacks_each_links_kinds_beside_data_parallels_rates():
     assert "data-parallel, flat ring" in rates and "heartbeat" in rates and "all links" in rates
     local_only = realistic(links=[link for link in report.links if not link.wan])
     assert wan_rates(local_only) == [] and "no bytes crossed a link yet" in render_html(local_only)
+
+
+def test_the_rates_plots_legend_covers_no_bar():
+    """Issue 32, 8: the legend of "bytes per second across links, by kind" sat on the
+    bars; it goes below the axes."""
+    pytest.importorskip("matplotlib")
+    from diloco_cli.views.report_html import rates_figure
+
+    fig = rates_figure(realistic())
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (axes,) = fig.axes
+    legends = fig.legends + ([axes.get_legend()] if axes.get_legend() else [])
+    assert len(legends) == 1 and {text.get_text() for text in legends[0].get_texts()} >= {"payload", "heartbeat"}
+    legend = legends[0].get_window_extent(renderer)
+    bars = [patch.get_window_extent(renderer) for patch in axes.patches]
+    assert bars and not any(legend.overlaps(bar) for bar in bars)
+    assert not legend.overlaps(axes.get_window_extent(renderer))

@@ -106,7 +106,10 @@ def test_a_syncer_whose_supervisor_is_gone_is_down_once_and_restarts_are_the_sup
     ]
     status = collect_status(spec, run_secret(spec), supervisors)
     assert status.state == "syncer down" and status.syncer.state == "down"
-    assert status.problems == ["syncer is down (its supervisor is gone); `diloco resume viewed` restarts it"]
+    assert status.problems == [
+        "syncer is down (its supervisor is gone); `diloco resume viewed` restarts it",
+        "local-a-0 was restarted 2 times after crashes (see `diloco logs viewed local-a-0`)",
+    ]
     assert {row.learner: row.restarts for row in status.learners if row.learner in ("local-a-0", "local-b-1")} == {
         "local-a-0": 2,
         "local-b-1": 1,
@@ -125,3 +128,72 @@ def test_the_scaling_line_says_drained_once_the_drain_ended(tmp_path):
     spec = plan_scale(spec, "local-a", -1, now=time.time() - 60)
     assert scaling_line(spec, {"local-a-1": "draining"}, time.time()).endswith("(draining local-a-1)")
     assert scaling_line(spec, {"local-a-1": "drained"}, time.time()).endswith("(drained local-a-1)")
+
+
+def supervisor_row(process, state="running", restarts=0, crashes=0, last_error=None):
+    return {
+        "process": process,
+        "host": "local",
+        "ssh": "-",
+        "supervisor": state,
+        "supervisor_alive": True,
+        "restarts": restarts,
+        "crashes": crashes,
+        "last_error": last_error,
+    }
+
+
+def test_a_single_kill_is_a_restart_not_a_crash_loop(tmp_path):
+    """Issue 31, 7(a): a learner killed once and restarted is not crash-looping."""
+    runs_dir, spec = make_run(tmp_path)
+    syncer_status(spec)
+    rows = [supervisor_row("local-a-0", "restarting", restarts=1, crashes=1, last_error="killed by SIGKILL")]
+    status = collect_status(spec, run_secret(spec), rows)
+    assert status.problems == [
+        "local-a-0 was restarted once after a crash; last error: killed by SIGKILL (see `diloco logs viewed local-a-0`)"
+    ]
+
+
+def test_status_gives_one_restart_count_for_every_process_that_restarts(tmp_path):
+    """Issue 32, 8: not "1 crash in a row, restarted 5 times" for one process while every
+    supervisor restarts its own: each restarting process once, with the count that
+    fits (crashes in a row for a loop, restarts for crashes after a minute's run)."""
+    runs_dir, spec = make_run(tmp_path)
+    syncer_status(spec)
+    rows = [
+        supervisor_row("syncer", "running", restarts=5, crashes=0),  # each crash after a minute's run
+        supervisor_row("local-a-0", "restarting", restarts=5, crashes=1, last_error="ValueError: no dataset index"),
+        supervisor_row("local-a-1", "running", restarts=4, crashes=4, last_error="ValueError: no dataset index"),
+        supervisor_row("local-b-0", "running"),
+    ]
+    problems = collect_status(spec, run_secret(spec), rows).problems
+    assert problems == [
+        "syncer was restarted 5 times after crashes (see `diloco logs viewed syncer`)",
+        "local-a-0 was restarted 5 times after crashes; last error: ValueError: no dataset index "
+        "(see `diloco logs viewed local-a-0`)",
+        "local-a-1 is crash-looping: it crashed 4 times in a row, each within a minute of its start; last error: "
+        "ValueError: no dataset index; see `diloco logs viewed local-a-1`: its supervisor gives up after 10 in a "
+        "row, and `diloco resume viewed` starts it again once the cause is fixed",
+    ]
+    assert not any("in a row, restarted" in problem for problem in problems)
+
+
+def test_counts_read_as_words_and_piped_lines_never_wrap_mid_phrase(tmp_path):
+    """Issue 32, 8: "1 merge", not "1 merges"; the rate says its window, and a finished
+    run has none; piped, each line of prose is one line ("grace\\n1.8 s" was two)."""
+    from diloco_cli.views.status import render_plain
+
+    runs_dir, spec = make_run(tmp_path)
+    beat(spec, "local-a-0", 120)
+    syncer_status(spec)
+    status = collect_status(spec, run_secret(spec))
+    status.syncer.merges, status.syncer.merges_per_minute = 1, 1
+    status.syncer.repairs, status.syncer.leftovers_removed = 1, 1
+    text = render_plain(status)
+    assert "; 1 merge, 1 in the last minute; " in text and "1 merges" not in text
+    assert "rewrote 1 damaged published object; removed 1 leftover\n" in text
+    syncer_line = next(line for line in text.splitlines() if line.startswith("syncer: running"))
+    assert syncer_line.endswith("grace 1.8 s; live 3")  # one line, however long
+    assert next(line for line in text.splitlines() if line.startswith("st/s: ")).endswith("rst: restarts")
+    status.state = "finished"
+    assert "; 1 merge; quorum" in render_plain(status)
