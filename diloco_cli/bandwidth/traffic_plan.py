@@ -50,7 +50,7 @@ from diloco_cli.store.aggregates import SendRecord
 from diloco_cli.store.filesystem import protocol_of
 from diloco_cli.store.region import SEQUENCE_PER_EPOCH, payload_key
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 CODECS = ("fp32", "bf16", "int8", "int4")
 """The codecs a plan weighs, heaviest first."""
