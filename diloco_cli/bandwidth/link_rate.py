@@ -45,7 +45,7 @@ LOWEST_MBIT, HIGHEST_MBIT = 1e-6, 1e7
 class LinkRates(BaseModel):
     """The WAN link rate (each direction, every WAN link alike) each method needs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     target_compute_share: float
     """The share of wall time computing that the rates keep."""

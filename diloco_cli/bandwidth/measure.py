@@ -8,7 +8,7 @@ the compute share of the run it describes:
 * the inner step's compute time (:func:`measure_step_seconds`): the recipe's model and
   batch through the learners' own inner step (AdamW, the recipe's loss, precision,
   micro-batches, backward and clipping), a few warm steps then a few timed ones on the
-  recipe's device;
+  recipe's device, each timed on its own so that the plan can say how much they varied;
 * every payload's real size (:class:`Sizer`), by encoding seeded sample tensors of each
   fragment's shapes (:func:`model_fragments`, or :func:`even_fragments` for a bare
   parameter count) with the real encoder: frame, header, packed values, scales,
@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from diloco_cli.codec import CodecSpec, RunSecret
@@ -34,14 +37,20 @@ from diloco_cli.store.region import MARKER_SPEC, SNAPSHOT_SPEC
 if TYPE_CHECKING:
     import torch
 
-EXACT_VALUES = 1 << 23
+EXACT_VALUES = 1 << 16
 """Fragments of up to this many values are encoded whole to size them."""
 
-SAMPLE_VALUES = 1 << 20
-"""Values of the sample that sizes and times a larger fragment (scaled by its size)."""
+SAMPLE_VALUES = 1 << 16
+"""Values of the sample that sizes and times a larger fragment (scaled by its size): the
+compression of 64k values is that of the whole fragment within about 0.3% (842k-value
+fragments of the default model), and a plan given its step time answers in well under a
+second instead of encoding every fragment whole with every codec."""
 
-WARM_STEPS = 5
+WARM_STEPS = 2
 TIMED_STEPS = 5
+NOISY_SPREAD = 0.25
+"""Timed steps whose fastest and slowest differ by more than this share of their median
+make a noisy measurement: something else was using the device."""
 
 CHECKPOINT_VALUES_PER_PARAMETER = 5
 """A checkpoint holds, per parameter, fp32 values of: the parameter, AdamW's two
@@ -56,14 +65,48 @@ def _device(recipe: Recipe) -> str:
     return recipe.training.device
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """The timed inner steps of :func:`measure_step_seconds`."""
+
+    steps: tuple[float, ...]
+    """Seconds of each timed step, after the warm-up."""
+    device: str
+    threads: int
+    """torch's CPU threads while it measured."""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.steps)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median."""
+        return (max(self.steps) - min(self.steps)) / self.median
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY_SPREAD
+
+    def summary(self) -> str:
+        """The median and the range, e.g. ``median 2.031 s of 5 timed steps (1.987-2.120 s)``."""
+        return (
+            f"median {self.median:.3f} s of {len(self.steps)} timed steps "
+            f"({min(self.steps):.3f}-{max(self.steps):.3f} s)"
+        )
+
+
 def measure_step_seconds(
-    recipe: Recipe, warm_steps: int = WARM_STEPS, timed_steps: int = TIMED_STEPS
-) -> tuple[float, str]:
+    recipe: Recipe,
+    warm_steps: int = WARM_STEPS,
+    timed_steps: int = TIMED_STEPS,
+    say: Callable[[str], None] = lambda line: None,
+) -> StepTiming:
     """The compute time of one inner step of the recipe's model on its batch (random
     bytes), on the recipe's device: the step learners run
     (:func:`~diloco_cli.training.inner.inner_step`), with the recipe's AdamW and
     schedule, ``training.loss``, precision, micro-batches and gradient clipping.
-    Returns (seconds, device)."""
+    ``say`` is told what is measured before it starts, and the result."""
     import torch
 
     from diloco_cli.training.inner import InnerSchedule, inner_step, make_inner_optimizer, resolve_loss
@@ -80,6 +123,13 @@ def measure_step_seconds(
     try:
         torch.manual_seed(training.seed)
         model = recipe.model.build().to(device)
+        parameters = sum(parameter.numel() for parameter in model.parameters())
+        say(
+            f"measuring the inner step of {recipe.model.factory} ({parameters:,} parameters, batch "
+            f"{training.batch_size} x {recipe.data.sequence_length}) on {device}"
+            + (f" with {torch.get_num_threads()} threads" if device == "cpu" else "")
+            + f": {warm_steps} warm-up and {timed_steps} timed steps (--step-seconds S skips this)"
+        )
         optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
         schedule = InnerSchedule(
             training.learning_rate, training.warmup_steps, training.inner_steps, training.final_learning_rate_fraction
@@ -92,7 +142,8 @@ def measure_step_seconds(
         )
         inputs, targets = windows[:, :-1].to(device), windows[:, 1:].to(device)
 
-        def step(number: int) -> None:
+        def step(number: int) -> float:
+            started = time.perf_counter()
             inner_step(
                 model,
                 optimizer,
@@ -104,21 +155,27 @@ def measure_step_seconds(
                 precision=training.precision,
                 loss_fn=loss_fn,
             )
-
-        def synchronize() -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
+            return time.perf_counter() - started
 
         for number in range(warm_steps):
             step(number)
-        synchronize()
-        started = time.perf_counter()
-        for number in range(warm_steps, warm_steps + timed_steps):
-            step(number)
-        synchronize()
-        return (time.perf_counter() - started) / timed_steps, device
+        timing = StepTiming(
+            steps=tuple(step(number) for number in range(warm_steps, warm_steps + timed_steps)),
+            device=device,
+            threads=torch.get_num_threads(),
+        )
     finally:
         torch.set_num_threads(threads)
+    say(f"inner step: {timing.summary()}")
+    if timing.noisy:
+        say(
+            f"warning: the timed steps differ by {timing.spread:.0%} of their median: something else is using "
+            f"the {device}; plan again when it is idle, or give --step-seconds S (1 over the steps/s a running "
+            "learner logs)"
+        )
+    return timing
 
 
 TensorShapes = list[tuple[str, tuple[int, ...]]]
@@ -126,7 +183,9 @@ TensorShapes = list[tuple[str, tuple[int, ...]]]
 
 
 def model_fragments(recipe: Recipe, num_fragments: int) -> list[TensorShapes]:
-    """The recipe's model split as learners split it (shapes only)."""
+    """The recipe's model split as learners split it (shapes only).  It is built on the
+    CPU: building it on the meta device would import torch's reference kernels, a second
+    of CPU, more than the default model takes to build."""
     import torch
 
     from diloco_cli.core.fragments import fragments_of_model
@@ -169,6 +228,21 @@ def _best_of(repeats: int, function) -> tuple[float, Any]:
         result = function()
         best = min(best, time.perf_counter() - started)
     return best, result
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread while samples are made and encoded: their tensors are small,
+    and on a busy machine torch's worker threads wait on each other for tens of seconds
+    (a plan given its step time took 36 s instead of 4 beside other processes)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _frame_parts(frame: bytes) -> tuple[int, int]:
@@ -253,9 +327,11 @@ class Sizer:
 
         numel = sum(_numel(shape) for _, shape in tensors)
         if numel <= EXACT_VALUES:
-            seconds, frame = measure(tensors, spec, meta)
+            with _one_thread():
+                seconds, frame = measure(tensors, spec, meta)
             return len(frame), seconds
-        seconds, sample = measure([("sample", (SAMPLE_VALUES,))], spec, meta)
+        with _one_thread():
+            seconds, sample = measure([("sample", (SAMPLE_VALUES,))], spec, meta)
         sample_raw = spec.layout(SAMPLE_VALUES).total_bytes
         ratio = _frame_parts(sample)[1] / sample_raw
         raw = sum(spec.layout(_numel(shape)).total_bytes for _, shape in tensors)
@@ -273,7 +349,8 @@ class Sizer:
         """A snapshot of every parameter (fp32, zstandard), trained-looking values."""
         tensors = [t for fragment in fragments for t in fragment]
         numel = sum(_numel(shape) for _, shape in tensors)
-        return self._whole(tensors, numel, SNAPSHOT_SPEC, meta)
+        with _one_thread():
+            return self._whole(tensors, numel, SNAPSHOT_SPEC, meta)
 
     def _whole(self, tensors: TensorShapes, numel: int, spec: CodecSpec, meta: Mapping[str, Any]) -> int:
         from diloco_cli.codec import encode_payload
@@ -295,8 +372,9 @@ class Sizer:
 
         numel = CHECKPOINT_VALUES_PER_PARAMETER * parameters
         sample = min(numel, SAMPLE_VALUES)
-        values = _random((sample,), self._generator(), 0.02)
-        seconds, _ = _best_of(2, lambda: encode_payload([("sample", values)], SNAPSHOT_SPEC, self.secret, {}))
+        with _one_thread():
+            values = _random((sample,), self._generator(), 0.02)
+            seconds, _ = _best_of(2, lambda: encode_payload([("sample", values)], SNAPSHOT_SPEC, self.secret, {}))
         return seconds * numel / sample
 
     def marker_bytes(self, meta: Mapping[str, Any]) -> int:

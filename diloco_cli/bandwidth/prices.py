@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.loading import deep_merged, describe_validation_error, read_yaml
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 GB = 2**30
 """The unit providers bill transfer in (their pages say GB; their bills count 2^30 bytes)."""

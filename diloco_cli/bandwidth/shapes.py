@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diloco_cli.config.recipe import SyncConfig, TrainingConfig
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 # ---------------------------------------------------------------------------- inputs
 

@@ -25,7 +25,7 @@ cloud, what the traffic costs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,7 +50,7 @@ from diloco_cli.store.aggregates import SendRecord
 from diloco_cli.store.filesystem import protocol_of
 from diloco_cli.store.region import SEQUENCE_PER_EPOCH, payload_key
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 CODECS = ("fp32", "bf16", "int8", "int4")
 """The codecs a plan weighs, heaviest first."""
@@ -176,6 +176,10 @@ class TrafficPlan(BaseModel):
     """t: compute time of one inner step."""
     step_measured_on: str | None
     """Where t was measured (cpu, cuda), or None when given."""
+    step_range_seconds: tuple[float, float] | None
+    """The fastest and slowest timed step when t was measured (t is their median), or None."""
+    step_measurement_noisy: bool
+    """The timed steps differed by more than a quarter of their median."""
     tokens_per_step: int
     """Tokens one learner trains per inner step."""
     tokens_budget: int
@@ -357,6 +361,7 @@ def build_traffic_plan(
     tokens: int | None = None,
     bytes_per_value: int = 2,
     prices: PriceTable | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> TrafficPlan:
     """Plan a run of ``recipe`` on links of ``link_mbit`` Mbit/s and ``latency_ms``
     one-way latency between each region's bucket and the syncer (per region with the
@@ -365,7 +370,8 @@ def build_traffic_plan(
     ``num_regions`` regions (default: the default region file's).  ``parameters`` plans
     an N-parameter model without building it (then ``step_seconds`` is needed);
     ``startup_seconds`` pass before the learners' first step.  The token budget defaults
-    to the recipe's: M x inner_steps x batch x sequence length.
+    to the recipe's: M x inner_steps x batch x sequence length.  Without ``step_seconds``
+    the step is measured here, and ``say`` is told what is measured and how it went.
     """
     if parameters is not None and step_seconds is None:
         raise ConfigError("--parameters plans without building the model: give --step-seconds too")
@@ -394,9 +400,10 @@ def build_traffic_plan(
         fragments, model_name = model_fragments(recipe, P), recipe.model.factory
     sizes = [sum(_numel(shape) for _, shape in fragment) for fragment in fragments]
     total = sum(sizes)
-    measured_on = None
+    timing = None
     if step_seconds is None:
-        step_seconds, measured_on = measure_step_seconds(recipe)
+        timing = measure_step_seconds(recipe, say=say)
+        step_seconds = timing.median
     if not 0 < step_seconds < math.inf:
         raise ConfigError(f"the step time must be positive and finite, got {step_seconds}")
     tokens_per_step = training.batch_size * recipe.data.sequence_length
@@ -515,7 +522,9 @@ def build_traffic_plan(
         parameters=total,
         fragment_parameters=tuple(sizes),
         step_seconds=step_seconds,
-        step_measured_on=measured_on,
+        step_measured_on=timing.device if timing else None,
+        step_range_seconds=(min(timing.steps), max(timing.steps)) if timing else None,
+        step_measurement_noisy=timing.noisy if timing else False,
         tokens_per_step=tokens_per_step,
         tokens_budget=budget,
         link_mbit={link.region: link.rate_mbit for link in links},

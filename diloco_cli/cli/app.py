@@ -17,6 +17,7 @@ from diloco_cli.cli import (
     runs_commands,
     simulate_command,
 )
+from diloco_cli.cli.entry import EXIT_INTERRUPTED, STARTING
 from diloco_cli.cli.errors import OneLineErrors, silence_stdout
 
 app = typer.Typer(
@@ -65,6 +66,9 @@ internal.register(app)
 def main() -> None:
     try:
         app(prog_name="diloco")
+    except KeyboardInterrupt:  # while typer builds the commands, before any began
+        typer.echo(STARTING, err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         try:  # what is still buffered, while a closed pipe can still be told from a failure
             sys.stdout.flush()

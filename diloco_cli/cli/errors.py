@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import typer
 from typer.core import TyperGroup
 
+from diloco_cli.cli.entry import EXIT_INTERRUPTED, STARTING
+
 Function = TypeVar("Function", bound=Callable)
 EXIT_USER_ERROR = 2
 ClickException = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "ClickException")
@@ -93,6 +95,15 @@ class OneLineErrors(TyperGroup):
             return code
         sys.exit(code if isinstance(code, int) else 0)
 
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        """Parse the command line; Ctrl-C while it parses (typer converts each parameter,
+        some with lazy imports) is one line and exit code 130 (typer's own is silence)."""
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo(STARTING, err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
     def invoke(self, context: Any) -> Any:
         """Run the command; Ctrl-C where the command does not handle it itself is one
         line and exit code 130 (typer's own is silence)."""
@@ -100,4 +111,4 @@ class OneLineErrors(TyperGroup):
             return super().invoke(context)
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -21,7 +21,8 @@ DEFAULT_STARTUP_SECONDS = 10.0
 from ``diloco up`` to the first step on this machine's 2 cores (bench.wan)."""
 """A day per inner step."""
 
-PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds, tokens_budget,
+PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds (step_range_seconds:
+the fastest and slowest timed step when measured), tokens_budget,
 shape (every input: links, codecs' payload sizes, markers, snapshot, reducers), placement
 (syncer_region: the region the syncer runs in, null for a place of its own; reducers;
 wan_bytes_per_token as planned, no_reducers_wan_bytes_per_token: the syncer where it is
@@ -146,6 +147,7 @@ def plan(
         target_compute_share=target,
         tokens=tokens,
         prices=load_prices(prices) if prices is not None else None,
+        say=lambda line: typer.echo(line, err=True),
     )
     typer.echo(result.to_json() if output is Output.JSON else render_traffic_plan(result))
 

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -49,12 +48,13 @@ from diloco_cli.codec.secret import RunSecret
 from diloco_cli.codec.spec import CodecSpec
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from diloco_cli.codec.parallel import KernelPool
 
-# torch and the quantization kernels are imported where tensors are encoded or decoded,
-# so that what only verifies frames and reads headers (the CLI, status) starts fast.
+# numpy, torch and the quantization kernels are imported where tensors are encoded or
+# decoded, so that what only verifies frames and reads headers (the CLI, status) starts fast.
 
 MAGIC = b"DLCO"
 FORMAT_VERSION = 1
@@ -201,6 +201,7 @@ def quantize_body(
 ) -> PayloadBody:
     """The first half of :func:`encode_payload`: quantize ``tensors`` into a body, to be
     sealed by :func:`seal`."""
+    import numpy as np
     import torch
 
     from diloco_cli.codec.quantize import quantize_into
@@ -226,6 +227,8 @@ def quantize_body(
 def empty_body(spec: CodecSpec, numels: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     """A body for tensors of ``numels`` values: one buffer, and its section per tensor
     (the alignment padding zeroed, the rest to be written by quantizing)."""
+    import numpy as np
+
     layouts = [spec.layout(numel) for numel in numels]
     raw = np.empty(sum(layout.total_bytes for layout in layouts), np.uint8)
     sections = list(_split_body(raw, [layout.total_bytes for layout in layouts]))
@@ -412,6 +415,8 @@ def _decompressed_body(
     header: PayloadHeader, body: memoryview, buffer: Callable[[int], np.ndarray] | None = None
 ) -> np.ndarray:
     """The raw body, read-only: sections are only ever read from it."""
+    import numpy as np
+
     if not header.codec.zstd_level:
         if len(body) != header.raw_body_bytes:
             raise CorruptPayload("uncompressed body size differs from the header")

@@ -10,7 +10,7 @@ from diloco_cli.codec.layout import MAX_INT4_BLOCK, MAX_TOPK_BLOCK, Codec, Secti
 class CodecSpec(BaseModel):
     """The compression of one kind of payload (learner deltas or published updates)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     codec: Codec = Codec.INT4
     """Value format: fp32 (passthrough), bf16, int8 or int4 with a per-block absmax scale,

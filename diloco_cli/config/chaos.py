@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diloco_cli.config.errors import ConfigError
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 HORIZON_SECONDS = 2 * 24 * 3600.0
 """How far ahead random events are drawn (two days: longer than any chaos experiment)."""
 

@@ -8,12 +8,14 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from diloco_cli.config.errors import ConfigError
+
+if TYPE_CHECKING:  # yaml is imported where a file or a --set value is read: `diloco status` reads none
+    import yaml
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -92,6 +94,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, separator, raw = text.partition("=")
     if not separator or not key.strip():
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set training.inner_steps=200")
+    import yaml
+
     return key.strip().split("."), yaml.safe_load(raw)
 
 
@@ -145,6 +149,8 @@ def look_alike(data: dict[str, Any], model: type[BaseModel], look_alikes: Mappin
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         with path.open() as handle:  # a named stream: YAML errors then name the file
             data = yaml.safe_load(handle)

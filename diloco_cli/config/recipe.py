@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from diloco_cli.codec import Codec, CodecSpec
 from diloco_cli.config.credentials import refuse_inline_credentials
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every section: read-only once loaded, no unknown key, no nan or infinity in a number."""
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from diloco_cli.config.credentials import refuse_inline_credentials
 from diloco_cli.core.types import LearnerId, RegionName
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every section: read-only once loaded, no unknown key, no nan or infinity in a number."""
 
 LOCAL_HOST = "local"

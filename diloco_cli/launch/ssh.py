@@ -8,6 +8,7 @@ always refused.  Connections time out, and the error names the host.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import stat
 import time
@@ -17,6 +18,11 @@ from pathlib import Path, PurePosixPath
 import paramiko
 
 from diloco_cli.config.errors import ConfigError
+
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+"""paramiko's transport thread logs a failed handshake (a port that answers no SSH) with
+two tracebacks, which Python prints on stderr when nothing else takes them; the error
+:func:`connect` raises says it in one line."""
 
 
 class SSHError(ConfigError):
@@ -96,8 +102,14 @@ def connect(target: SSHTarget, accept_new_host_keys: bool = False) -> paramiko.S
         client.close()
         if isinstance(error, SSHError):
             raise
+        reason = str(error)
+        if isinstance(error, paramiko.ssh_exception.NoValidConnectionsError):  # "[Errno None] Unable to connect"
+            reason = "; ".join(sorted({str(cause) for cause in error.errors.values()}))
+        elif reason.startswith("Error reading SSH protocol banner"):  # paramiko appends the cause without a space
+            reason = "it took the connection but answered no SSH protocol banner"
         raise SSHError(
-            f"host {target.name} ({target.where}) is unreachable within {target.connect_timeout:g} s: {error}"
+            f"host {target.name} ({target.where}) is unreachable within {target.connect_timeout:g} s: {reason}; "
+            "check its address and port, and that sshd runs there"
         ) from None
     return client
 

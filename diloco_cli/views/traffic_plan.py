@@ -81,11 +81,35 @@ def _link_rates(plan: TrafficPlan) -> list[str]:
     ]
 
 
+def _codec_change(plan: TrafficPlan) -> list[str]:
+    """A line when the suggestion's codecs are not the recipe's: what to set to follow it."""
+    s, d = plan.suggestion, plan.diloco
+    changes = [
+        f"sync.{key}.codec={suggested}"
+        for key, suggested, recipe in (
+            ("learner_codec", s.upload_codec, d.upload_codec),
+            ("update_codec", s.update_codec, d.update_codec),
+        )
+        if suggested != recipe
+    ]
+    if not changes:
+        return []
+    return [
+        f"                   this changes the recipe's codecs (uploads {d.upload_codec}, updates {d.update_codec}): "
+        + " ".join(f"--set {change}" for change in changes)
+    ]
+
+
 def render_traffic_plan(plan: TrafficPlan) -> str:
     """The plan as a few lines and a table per link."""
     shape, d, dp, s = plan.shape, plan.diloco, plan.data_parallel, plan.suggestion
     fragments = " + ".join(f"{n:,}" for n in plan.fragment_parameters)
-    step = f"measured on {plan.step_measured_on}" if plan.step_measured_on else "given"
+    step = "given"
+    if plan.step_range_seconds is not None:
+        fastest, slowest = plan.step_range_seconds
+        step = f"measured on {plan.step_measured_on}: the median, {fastest:.3f}-{slowest:.3f} s" + (
+            "; noisy: plan again on an idle machine or give --step-seconds" if plan.step_measurement_noisy else ""
+        )
     lines = [
         f"plan for {plan.recipe}: {plan.parameters:,} parameters in {d.num_fragments} fragments ({fragments}), "
         f"model {plan.model}",
@@ -144,6 +168,7 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
             f"  smallest H       H={s.sync_interval} keeps {_share(s.compute_share)} useful (the target: "
             f"{_share(s.target_compute_share)}) with uploads {s.upload_codec}, updates {s.update_codec}{half}"
         )
+        lines += _codec_change(plan)
         recipe = f"the recipe's H={d.sync_interval}: {_share(d.compute_share)}"
         lines.append(
             f"                   the smallest H these links carry; any larger one does too ({recipe}): "
@@ -157,6 +182,7 @@ def render_traffic_plan(plan: TrafficPlan) -> str:
             f"  smallest H       none reaches {_share(s.target_compute_share)} with H up to {s.sync_interval}; "
             f"best: H={s.sync_interval}, uploads {s.upload_codec}, updates {s.update_codec}: {_share(s.compute_share)}"
         )
+        lines += _codec_change(plan)
     lines.append(
         "  smallest H by codecs: "
         + ", ".join(

@@ -128,12 +128,18 @@ def test_ledger_benchmark_quick(tmp_path):
 
 def test_startup_benchmark_quick(tmp_path):
     from bench import startup
+    from bench.startup import TARGETS
 
     output = tmp_path / "startup.json"
     startup.main(["--quick", "--output", str(output)])
-    rows = {row["command"]: row for row in json.loads(output.read_text())["results"]["rows"]}
+    results = json.loads(output.read_text())["results"]
+    rows = {row["command"]: row for row in results["rows"]}
     assert set(rows) >= {"python -c pass", "diloco --help", "diloco status", "diloco runs", "diloco logs"}
-    assert rows["python -c pass"]["ratio"] == 1.0
+    assert rows["python -c pass"]["ratio"] == rows["python -c pass"]["cpu_ratio"] == 1.0
     for command in ("diloco --help", "diloco status", "diloco runs", "diloco logs"):
         assert rows[command]["heavy_imports"] == "", f"{command} imports {rows[command]['heavy_imports']}"
-        assert rows[command]["median_seconds"] > rows["python -c pass"]["median_seconds"]
+        assert rows[command]["median_ms"] > rows["python -c pass"]["median_ms"]
+        assert rows[command]["cpu_ms"] > rows["python -c pass"]["cpu_ms"]
+    # the plan imports torch to size payloads with the real encoder, and trains nothing
+    assert rows["diloco plan --step-seconds 1"]["heavy_imports"] == "torch"
+    assert set(results["targets"]) == {*TARGETS, "diloco plan --step-seconds 1"}

@@ -37,6 +37,35 @@ def test_commands_that_only_read_buckets_do_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_the_executable_loads_nothing_before_it_can_answer_a_ctrl_c():
+    """The entry point pip's ``diloco`` script imports is a module of a few lines: typer and
+    the commands load inside its ``try``, so a Ctrl-C while they load is its one line."""
+    import subprocess
+    import sys
+
+    entry = "import sys, diloco_cli.cli.entry; print(sorted(m for m in ('typer', 'pydantic') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", entry], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_status_of_a_run_reads_it_without_numpy_or_yaml(tmp_path):
+    """``status`` verifies a run's documents without numpy (frames import it where tensors are
+    encoded or decoded) and reads no YAML: numpy alone was twice a bare interpreter's start."""
+    import subprocess
+    import sys
+
+    run = made_run(tmp_path)[1].name
+    probe = (
+        "import sys; sys.argv = ['diloco', 'status', sys.argv[1]]\n"
+        "from diloco_cli.cli.app import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('numpy', 'yaml', 'torch') if m in sys.modules))\n"
+    )
+    command = [sys.executable, "-c", probe, run]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert f"run {run}" in result.stdout and result.stdout.strip().endswith("LOADED []"), result.stdout + result.stderr
+
+
 def test_errors_are_one_line_and_a_nonzero_exit(tmp_path):
     import subprocess
     import sys

@@ -487,6 +487,44 @@ def test_unreachable_hosts_and_hosts_without_torch_fail_preflight_by_name(tmp_pa
         assert not (tmp_path / "runs").exists()
 
 
+def test_hosts_that_answer_no_ssh_fail_preflight_in_one_line_each_and_no_traceback(tmp_path):
+    """A port that takes the connection and closes it (no SSH banner) and one where nothing
+    listens: paramiko's transport thread logs the first with two tracebacks per host; the
+    dry run prints only its table, each failure on its host's line (2 learners: the recipe's)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def hang_up() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            connection.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    hosts = [
+        {"name": "mute", "address": "127.0.0.1", "port": listener.getsockname()[1], "user": "root"},
+        {"name": "gone", "address": "127.0.0.1", "port": 1, "user": "root"},  # nothing listens on port 1
+    ]
+    regions = regions_file(
+        tmp_path, [{"name": "east", "bucket": f"file://{tmp_path}/b", "hosts": hosts}], tmp_path / "known_hosts", 3
+    )
+    try:
+        result = dry_run(tmp_path, regions)
+    finally:
+        listener.close()
+    said = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 2, said
+    assert result.stderr == "error: preflight failed on 2 host(s); nothing was started\n", said
+    problems = result.stdout.split("problems:\n")[1].strip().splitlines()
+    assert [line.split(":")[0].strip() for line in problems] == ["mute", "gone"], said
+    assert "unreachable within 3 s: it took the connection but answered no SSH protocol banner;" in problems[0], said
+    assert "unreachable within 3 s: [Errno 111] Connection refused; check its address and port" in problems[1], said
+
+
 def test_a_wrong_bucket_is_caught_by_preflight_from_the_host_before_anything_starts(tmp_path, host_venv, monkeypatch):
     with moto_s3_server() as store, sshd(tmp_path, "sshd") as server:
         credentials = tmp_path / "aws-credentials"

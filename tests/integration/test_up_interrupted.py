@@ -30,6 +30,38 @@ MOMENTS = [  # (before about 0.1 s Python itself is starting, and dies of any SI
 ]
 
 
+PYTHON_M = (sys.executable, "-m", "diloco_cli")
+
+
+def console_script(folder: Path) -> tuple[str, ...]:
+    """The ``diloco`` executable that pip writes for pyproject.toml's entry point (its
+    template, as a user's install has it), in ``folder``."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    module, function = pyproject["project"]["scripts"]["diloco"].split(":")
+    script = folder / "diloco"
+    script.write_text(
+        f"#!{sys.executable}\nimport re\nimport sys\nfrom {module} import {function}\n"
+        "if __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        f"    sys.exit({function}())\n"
+    )
+    script.chmod(0o755)
+    return (str(script),)
+
+
+def python_start_seconds() -> float:
+    """How long Python itself takes to start here now (``python -c pass``, the median of 3):
+    a SIGINT before its ``site`` is imported ends it with Python's own traceback."""
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.monotonic() - started)
+    return sorted(times)[1]
+
+
 def supervisors_under(folder: Path) -> list[int]:
     """Live supervisors of runs under ``folder`` (by their command lines)."""
     found = []
@@ -43,11 +75,13 @@ def supervisors_under(folder: Path) -> list[int]:
     return found
 
 
-def interrupt_up(files: list[str], runs_dir: Path, moment: tuple[str, object]) -> subprocess.CompletedProcess:
+def interrupt_up(
+    files: list[str], runs_dir: Path, moment: tuple[str, object], command: tuple[str, ...] = PYTHON_M
+) -> subprocess.CompletedProcess:
     """``diloco up``, and SIGINT (Ctrl-C) at ``moment``: after some seconds, or as soon as
     a path matching a pattern appears under ``runs_dir``."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "diloco_cli", "up", *files, "--runs-dir", str(runs_dir)],
+        [*command, "up", *files, "--runs-dir", str(runs_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -99,3 +133,30 @@ def test_ctrl_c_during_up_leaves_nothing_unnamed(tmp_path, moment):
         for record in list_runs(runs_dir) if runs_dir.exists() else []:
             stop_local(record, timeout=10)
         assert supervisors_under(runs_dir) == []
+
+
+def test_ctrl_c_in_the_first_seconds_of_the_diloco_executable_is_one_line_and_exit_130(tmp_path):
+    """The ``diloco`` a user's shell runs, interrupted while it loads typer and the commands
+    (0.1 s, or twice Python's own start on a busy machine), while ``up`` parses and checks
+    (0.5 s), and while it prepares the run (1.8 s): one line on stderr, exit code 130,
+    never a traceback, nothing left."""
+    recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(TINY_RECIPE, {"training": {"inner_steps": 2000}}))
+    regions = [
+        {"name": name, "bucket": f"file://{tmp_path}/buckets/{name}", "hosts": [{"name": "local", "learners": 1}]}
+        for name in ("east", "west")
+    ]
+    files = [str(recipe), "--regions", str(write_yaml(tmp_path / "regions.yaml", {"regions": regions}))]
+    command = console_script(tmp_path)
+    for seconds in (max(0.1, 2 * python_start_seconds()), 0.5, 1.8):
+        runs_dir = tmp_path / f"runs-{seconds}"
+        try:
+            result = interrupt_up(files, runs_dir, ("seconds", seconds), command)
+            said = f"at {seconds} s: exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            assert "Traceback" not in result.stderr and result.returncode == 130, said
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("interrupted"), said
+            if "started run" not in result.stdout:  # (on a fast machine, 1.8 s may be after the start)
+                assert not runs_dir.exists() or not any(runs_dir.iterdir()), said
+        finally:
+            for record in list_runs(runs_dir) if runs_dir.exists() else []:
+                stop_local(record, timeout=10)

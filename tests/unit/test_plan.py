@@ -480,9 +480,62 @@ def test_the_timed_step_is_the_learners_step_with_the_recipes_loss_precision_and
         }
     )
     LOSS_CALLS.clear()
-    seconds, device = measure_step_seconds(recipe, warm_steps=1, timed_steps=2)
-    assert seconds > 0 and device == "cpu"
+    timing = measure_step_seconds(recipe, warm_steps=1, timed_steps=2)
+    assert len(timing.steps) == 2 and timing.median > 0 and timing.device == "cpu"
     assert LOSS_CALLS == [(2, True)] * 6  # 3 steps of 2 micro-batches of 2 sequences, under bf16 autocast
+
+
+TINY_MODEL = {"model": {"kwargs": {"num_layers": 1, "width": 32, "num_heads": 2, "context": 16}}}
+
+
+def test_a_measured_step_is_said_on_stderr_with_its_device_and_spread():
+    """Without --step-seconds the plan says what it times and on which device before it
+    starts, then the median and range of the timed steps; the plan shows the range."""
+    from diloco_cli.bandwidth.traffic_plan import build_traffic_plan
+    from diloco_cli.config.recipe import Recipe
+
+    recipe = Recipe.model_validate({**TINY_MODEL, "data": {"sequence_length": 16}, "training": {"batch_size": 4}})
+    said: list[str] = []
+    plan = build_traffic_plan(recipe, say=said.append)
+    assert said[0].startswith("measuring the inner step of diloco_cli.models.gpt:byte_gpt (")
+    assert " on cpu with " in said[0] and "warm-up and 5 timed steps (--step-seconds S skips this)" in said[0]
+    fastest, slowest = plan.step_range_seconds
+    assert said[1] == f"inner step: median {plan.step_seconds:.3f} s of 5 timed steps ({fastest:.3f}-{slowest:.3f} s)"
+    assert fastest <= plan.step_seconds <= slowest and plan.step_measured_on == "cpu"
+    assert len(said) == 2 + plan.step_measurement_noisy
+    assert f"measured on cpu: the median, {fastest:.3f}-{slowest:.3f} s" in render_traffic_plan(plan)
+
+
+def test_timed_steps_that_differ_by_more_than_a_quarter_are_noisy():
+    from diloco_cli.bandwidth.measure import StepTiming
+
+    steady = StepTiming(steps=(2.0, 2.1, 2.05, 1.98, 2.2), device="cpu", threads=2)
+    busy = StepTiming(steps=(2.0, 18.8, 2.1, 2.0, 3.7), device="cpu", threads=2)
+    assert steady.median == 2.05 and not steady.noisy
+    assert busy.median == 2.1 and busy.noisy and busy.summary() == "median 2.100 s of 5 timed steps (2.000-18.800 s)"
+
+
+def test_given_a_step_time_the_plan_times_no_step():
+    LOSS_CALLS.clear()
+    result = runner.invoke(app, [*ARGS, "--set", f"training.loss={__name__}:counting_loss"])
+    assert result.exit_code == 0, result.output
+    assert LOSS_CALLS == [] and "inner step 1.000 s (given)" in result.output
+
+
+def test_the_suggestion_says_when_it_changes_the_recipes_codecs():
+    """fp32 payloads on a 1 Mbit/s link: the suggestion's codecs are lighter, and it says
+    which settings follow it; with the recipe's own codecs it says nothing of them."""
+    fp32 = ["--set", "sync.learner_codec.codec=fp32", "--set", "sync.update_codec.codec=fp32"]
+    plan, text = plan_of([*ARGS, "--link-mbit", "1", *fp32])
+    s = plan["suggestion"]
+    assert (s["upload_codec"], s["update_codec"]) != ("fp32", "fp32")
+    assert (
+        "this changes the recipe's codecs (uploads fp32, updates fp32): "
+        f"--set sync.learner_codec.codec={s['upload_codec']} --set sync.update_codec.codec={s['update_codec']}"
+    ) in text
+    plan, text = plan_of([*ARGS, "--link-mbit", "10000"])  # every codec reaches the target at H=1: the recipe's
+    assert (plan["suggestion"]["upload_codec"], plan["suggestion"]["update_codec"]) == ("int4", "int8")
+    assert "changes the recipe's codecs" not in text
 
 
 # ------------------------------------------------------------------------- prices

@@ -8,11 +8,18 @@ def test_readme_shows_the_install_and_test_commands_that_ci_runs():
     blocks = "\n".join(code_blocks("bash"))
     ci = (README.parent / ".ci" / "run").read_text()
     assert (
-        'pip install "torch==2.13.*" -e ".[test]"' in blocks
+        'pip install "torch==2.13.*" -e ".[test]"\npython -m pytest' in blocks
         and 'pip install --quiet "torch==2.13.*" -e ".[test]"' in ci
     )
     assert "python -m pytest" in blocks and "\npython -m pytest\n" in ci
     assert diloco_commands()[0] == "diloco up"
+
+
+def test_a_user_installs_the_tool_without_the_test_extras():
+    """The quick start's install is the tool alone (pytest, moto, selenium and the rest are for
+    running the tests); the test extras come with the test command."""
+    first = next(line for line in "\n".join(code_blocks("bash")).splitlines() if line.startswith("pip install"))
+    assert first == 'pip install "torch==2.13.*" -e .'
 
 
 def test_the_readme_is_a_front_door_that_links_to_the_docs():

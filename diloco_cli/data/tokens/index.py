@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from diloco_cli.config.errors import ConfigError
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 FORMAT = "diloco-tokens/1"
 """The index's format tag; a reader refuses any other."""
