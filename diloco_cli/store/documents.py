@@ -365,5 +365,8 @@ class SyncerStatus(Document):
     """Regions that went unreachable since this syncer started."""
     given_up: dict[LearnerId, str] = Field(default_factory=dict)
     """Learners the syncer no longer waits for, and why."""
+    ending: str | None = None
+    """Why the run has not ended though every learner is done (a region's reducer still
+    holds sends), and when it ends anyway."""
     started_at: float
     time: float

@@ -11,7 +11,7 @@ wait for a quorum instead of delaying the merge (they are verified when merged).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from diloco_cli.codec import PayloadError
@@ -66,6 +66,9 @@ class RegionScan:
     """Why the bucket could not be listed (the scan stopped there), or None."""
     whole: bool = True
     """Whether the scan saw everything it looked for (no storage call failed)."""
+    published_missing: list[str] = field(default_factory=list)
+    """Of the keys the syncer's publication left (looked for with the heartbeats),
+    those gone: the bucket was wiped and recreated, or they were deleted."""
 
 
 def scan_region(
@@ -77,13 +80,15 @@ def scan_region(
     delete_consumed: bool,
     reducer: bool = False,
     owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
+    published: Sequence[str] = (),
 ) -> RegionScan:
     """List a region's arrivals (payloads, or with ``reducer`` its aggregates) of the
     fragments this syncer ``owns`` (a syncer shard's), delete those the ledger says are
     consumed, read the markers and bytes of those not ``known`` yet, the heartbeats of
-    ``learners`` and (with ``reducer`` and learners asked for) the reducer's status.  A
-    storage failure ends the look at the arrivals (what was seen before it is kept, the
-    rest comes on a later turn); one of the listing ends the scan (``unreachable``)."""
+    ``learners`` and, with them, which of the ``published`` keys are gone and (with
+    ``reducer``) the reducer's status.  A storage failure ends the look at the arrivals
+    (what was seen before it is kept, the rest comes on a later turn); one of the
+    listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
         keys = aggregates.aggregate_keys(bucket) if reducer else bucket.payload_keys()
@@ -119,6 +124,13 @@ def scan_region(
             scan.heartbeats.append((learner, error))
         except StorageError as error:
             log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
+            scan.whole = False
+    for key in published if learners else ():
+        try:
+            if not bucket.store.exists(key):
+                scan.published_missing.append(key)
+        except StorageError as error:
+            log.warning("region %s: %s cannot be looked for now: %s", region, key, error)
             scan.whole = False
     if reducer and learners:
         try:

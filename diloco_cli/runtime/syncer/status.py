@@ -86,6 +86,7 @@ class StatusBoard:
         spec: RunSpec,
         decided: decisions.DecisionState,
         given_up: dict[LearnerId, str],
+        ending: str | None = None,
     ) -> SyncerStatus:
         recent = [t for t in self.merge_times if t > time.time() - 60]
         state, reachability = self.state, self.observer.reachability
@@ -118,6 +119,7 @@ class StatusBoard:
             unreachable={name: outage.reason for name, outage in reachability.down.items()},
             outages=reachability.outages_seen,
             given_up=given_up,
+            ending=ending,
             started_at=self.started_at,
             time=time.time(),
         )
