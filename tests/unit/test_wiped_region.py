@@ -161,3 +161,25 @@ def test_a_reducer_restarted_in_a_wiped_region_numbers_its_aggregates_above_thos
         assert merged == {"east-0", "east-1"}
     finally:
         harness.close()
+
+
+def test_a_syncer_restarted_after_its_region_was_wiped_restores_it_rather_than_catch_it_up(tmp_path, secret):
+    """A start's catch-up writes the head and its recent updates only: a wiped region
+    would look whole without its snapshot and window, so it is restored at the first look."""
+    from diloco_cli.runtime.syncer.loop import Syncer
+
+    harness = Harness(tmp_path, secret, reducers=True)
+    try:
+        writer, reader = harness.learners
+        for _ in range(2):
+            harness.train(writer, 10)
+            harness.train(reader, 10)
+            harness.merge()
+        wipe(harness)
+        restarted = Syncer(harness.spec, secret)
+        restarted.start()
+        restarted.turn(read_heartbeats=True)
+        restarted.fanout.close()
+        assert restarted.state.version in harness.bucket.snapshot_versions()
+    finally:
+        harness.close()

@@ -48,7 +48,7 @@ from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.merging import Merger
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
-from diloco_cli.runtime.syncer.region_scan import payload_id
+from diloco_cli.runtime.syncer.region_scan import missing, payload_id
 from diloco_cli.runtime.syncer.state import SyncerState, restore_state
 from diloco_cli.runtime.syncer.status import StatusBoard
 from diloco_cli.store.documents import Head, SyncerPhase, SyncerStatus
@@ -178,7 +178,21 @@ class Syncer:
         self.board.continue_counts()
         if self.speaks_for_membership:
             self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
-        self.publication.catch_up(set(self.buckets))
+        self.publication.catch_up(set(self.buckets) - self._wiped())  # those are restored at the first look
+
+    def _wiped(self) -> set[str]:
+        """Regions that lost what the syncer published (their bucket wiped, perhaps while
+        this syncer was down); none before the first merge (a head is all there is)."""
+        wiped: set[str] = set()
+        if self.state.version == 0:
+            return wiped
+        for name, bucket in self.buckets.items():
+            try:
+                if missing(bucket, self._published_keys()):
+                    wiped.add(name)
+            except StorageError as error:
+                log.warning("region %s cannot be checked now (caught up later): %s", name, error)
+        return wiped
 
     @property
     def speaks_for_membership(self) -> bool:
@@ -346,6 +360,9 @@ class Syncer:
         gets back what its learners and reducer need to go on: the present, and the
         updates after the oldest base any of them is known to hold (from their last
         heartbeats and status)."""
+        if self.state.version == 0:  # the region builds version 0 itself: the head is all it lost
+            self.publication.catch_up({region})
+            return
         bases: dict[FragmentIndex, list[Version]] = {}
         for beat in self.observer.heartbeats.values():
             if beat.region == region:

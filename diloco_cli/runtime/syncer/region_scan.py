@@ -125,12 +125,11 @@ def scan_region(
         except StorageError as error:
             log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
             scan.whole = False
-    for key in published if learners else ():
+    if learners:
         try:
-            if not bucket.store.exists(key):
-                scan.published_missing.append(key)
+            scan.published_missing = missing(bucket, published)
         except StorageError as error:
-            log.warning("region %s: %s cannot be looked for now: %s", region, key, error)
+            log.warning("region %s: what the syncer published cannot be looked for now: %s", region, error)
             scan.whole = False
     if reducer and learners:
         try:
@@ -141,3 +140,8 @@ def scan_region(
             log.warning("region %s: its reducer's status cannot be read now: %s", region, error)
             scan.whole = False
     return scan
+
+
+def missing(bucket: RegionBucket, keys: Sequence[str]) -> list[str]:
+    """The ``keys`` the region's bucket does not hold (StorageError when it cannot say)."""
+    return [key for key in keys if not bucket.store.exists(key)]
