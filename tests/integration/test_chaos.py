@@ -1,7 +1,10 @@
 """Chaos: learners, reducers and the syncer (or its shards) killed and paused at random,
 payloads, markers, aggregates, updates, snapshots and checkpoints damaged at rest, litter
-dropped, for the first part of a run; then the run must finish and its ledger audit
-clean (every shard's: nothing merged twice, nothing lost, every base the syncer's).
+dropped, for the first part of a run; then a region's bucket wiped, and a finished
+learner's heartbeat replayed with one kept from before the strikes; then the run must
+finish and its ledger audit clean (every shard's: nothing merged twice, nothing lost,
+every base the syncer's), merges must have resumed within 30 s of the wipe, and the
+replayed learner must never show as training again.
 
 The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
 test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py
@@ -64,6 +67,34 @@ def audit(runs_dir, name, damaged):
     return history
 
 
+WIPE_RESUME_SECONDS = 30.0
+"""Merges resume within this long of a region's wipe (issue 31)."""
+
+
+def replay_over_the_first_finished(runs_dir, name, chaos) -> str:
+    """Once a learner has finished, its heartbeat kept before the strikes (``training``)
+    copied back over its final one; until the run ends it must never be shown training
+    again (and the run must end on time: a replayed heartbeat is refused, not news)."""
+    spec = load_run(runs_dir, name).spec
+    status = wait_for(
+        runs_dir,
+        name,
+        lambda s: s.state == "finished" or any(row.state == "finished" for row in s.learners),
+        600,
+        "a learner finishing",
+    )
+    if status.state == "finished":
+        return "no replay: the run ended first"
+    learner = next(row.learner for row in status.learners if row.state == "finished")
+    detail = chaos.replay_heartbeat(learner)
+    deadline = time.monotonic() + 300  # past it, the wait for the run's end says what held it
+    while (status := collect_status(spec)).state != "finished" and time.monotonic() < deadline:
+        row = next(row for row in status.learners if row.learner == learner)
+        assert row.state != "training", f"{learner} is shown training again after a replayed heartbeat"
+        time.sleep(0.5)
+    return detail
+
+
 @pytest.mark.parametrize("shards", [1, 2], ids=["one-syncer", "two-syncer-shards"])
 def test_chaos_then_a_clean_audit(tmp_path, request, shards):
     seconds = request.config.getoption("--chaos-seconds")
@@ -100,6 +131,7 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards):
     diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
+    chaos.keep_heartbeats()  # authentic, and soon old: one is replayed over a finished learner's
     deadline = time.monotonic() + seconds
     forced = ("kill syncer", "kill reducer") if shards > 1 else ()  # with shards, every third strike kills one
     strikes = 0
@@ -108,10 +140,17 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards):
         strikes += 1
         time.sleep(1.0)
     chaos.calm()
+    wiped_at = chaos.wipe("east")  # the last strike: a learner killed after it would start over from nothing
+    replayed = replay_over_the_first_finished(runs_dir, name, chaos)
     try:
         status = wait_finished(runs_dir, name, timeout=300 + 2 * seconds)
     except AssertionError as error:
         raise AssertionError(f"chaos events: {chaos.events}") from error
+    record = load_run(runs_dir, name)
+    commits = sorted(c.time for shard in histories(record.spec, record.secret()) for c in shard)
+    resumed = next((t - wiped_at for t in commits if t > wiped_at), None)
+    print(f"merges resumed {resumed} s after the wipe; {replayed}")
+    assert resumed is not None and resumed <= WIPE_RESUME_SECONDS, (resumed, chaos.events)
     assert all(row.state == "finished" for row in status.learners), status.learners
     audit(runs_dir, name, chaos.damaged)
     assert_bases_are_the_syncers(runs_dir, name)
