@@ -510,3 +510,25 @@ def run_end(state: DecisionState, learners: Iterable[LearnerId], now: float) -> 
         else:
             over = False
     return RunEnd(over=over, given_up=given_up)
+
+
+# ----------------------------------------------------------------- a region wiped
+
+
+def updates_to_restore(
+    windows: Mapping[FragmentIndex, Iterable[Version]],
+    listed: Iterable[tuple[Version, FragmentIndex]],
+    bases: Mapping[FragmentIndex, Iterable[Version]],
+) -> list[tuple[Version, FragmentIndex]]:
+    """The updates a region whose bucket was wiped (its head and updates gone) needs
+    again, in version order: those the head lists (``listed``), and of each fragment's
+    window (its last W updates, ``windows``), every one after the oldest base the
+    region's holders are known to have (``bases``: its learners' base versions and its
+    reducer's copy), so that their next sends can be anchored and their copies catch
+    up.  A fragment whose holders are not known gets its whole window back."""
+    wanted = set(listed)
+    for fragment, versions in windows.items():
+        known = list(bases.get(fragment, ()))
+        oldest = min(known) if known else None
+        wanted |= {(version, fragment) for version in versions if oldest is None or version > oldest}
+    return sorted(wanted)

@@ -397,5 +397,8 @@ class SyncerStatus(Document):
     """Each learner's newest heartbeat the syncer took in: ``diloco status`` and the
     syncer's next start refuse an older one they read (a replay); status shows the
     learner as the syncer heard it."""
+    ending: str | None = None
+    """Why the run has not ended though every learner is done (a region's reducer still
+    holds sends), and when it ends anyway."""
     started_at: float
     time: float

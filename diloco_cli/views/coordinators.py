@@ -37,6 +37,8 @@ class SyncerSummary:
     """The process: ``syncer``, or a shard's ``syncer-<s>`` (the run's sum is ``syncers``)."""
     version: int = 0
     """Versions it published (its head's)."""
+    ending: str | None = None
+    """Why the run has not ended though every learner is done."""
 
 
 @dataclass
@@ -98,6 +100,7 @@ def syncer_summary(syncer: SyncerStatus | None, silent: bool, now: float, down: 
         given_up=dict(syncer.given_up),
         unreachable=dict(syncer.unreachable),
         outages=syncer.outages,
+        ending=syncer.ending,
     )
 
 
@@ -129,6 +132,7 @@ def shards_as_one(shards: list[SyncerSummary]) -> SyncerSummary:
         unreachable={region: why for shard in shards for region, why in shard.unreachable.items()},
         outages=sum(shard.outages for shard in shards),
         name="syncers",
+        ending="; ".join(shard.ending for shard in shards if shard.ending) or None,
         version=sum(shard.version for shard in shards),
     )
 

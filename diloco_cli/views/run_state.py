@@ -388,13 +388,15 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
         elif process["supervisor"] in ("running", "restarting") and (line := restart_line(process, run)):
             found.append(line)
     for syncer in status.syncer_shards or [status.syncer]:
+        who = "the syncer" if syncer.name == "syncer" else syncer.name
         if syncer.state == "not reporting" and syncer.name not in down:
             ago = syncer.last_report_seconds or 0
             hint = "" if processes else f" (`diloco status {run} --probe` asks its host)"
-            who = "the syncer" if syncer.name == "syncer" else syncer.name
             found.append(
                 f"{who} has not reported for {ago:.0f} s; if it is down, `diloco resume {run}` restarts it{hint}"
             )
+        if syncer.ending and syncer.state == "running":
+            found.append(f"{who} cannot end the run yet: {syncer.ending}")
     for region, why in sorted(status.syncer.unreachable.items()):
         found.append(
             f"region {region} is unreachable from the syncer ({why}); "

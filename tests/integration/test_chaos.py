@@ -1,7 +1,10 @@
 """Chaos: learners, reducers and the syncer (or its shards) killed and paused at random,
 payloads, markers, aggregates, updates, snapshots and checkpoints damaged at rest, litter
-dropped, for the first part of a run; then the run must finish and its ledger audit
-clean (every shard's: nothing merged twice, nothing lost, every base the syncer's).
+dropped, for the first part of a run; then a region's bucket wiped, and a finished
+learner's heartbeat replayed with one kept from before the strikes; then the run must
+finish and its ledger audit clean (every shard's: nothing merged twice, nothing lost,
+every base the syncer's), merges must have resumed within 30 s of the wipe, and the
+replayed learner must never show as training again.
 
 The short form runs in CI (``--chaos-seconds``, default 12); a longer one is the same
 test with a larger value, e.g. ``python -m pytest tests/integration/test_chaos.py
@@ -64,12 +67,41 @@ def audit(runs_dir, name, damaged):
     return history
 
 
+WIPE_RESUME_SECONDS = 30.0
+"""Merges resume within this long of a region's wipe (issue 31)."""
+
+
+def replay_over_the_first_finished(runs_dir, name, chaos) -> tuple[str, bool]:
+    """Once a learner has finished, its heartbeat kept before the strikes (``training``)
+    copied back over its final one; returns what was done, and whether the learner was
+    shown training again before the run ended (it must not be, and the run must end on
+    time: a replayed heartbeat is refused, not news)."""
+    spec = load_run(runs_dir, name).spec
+    status = wait_for(
+        runs_dir,
+        name,
+        lambda s: s.state == "finished" or any(row.state == "finished" for row in s.learners),
+        600,
+        "a learner finishing",
+    )
+    if status.state == "finished":
+        return "no replay: the run ended first", False
+    learner = next(row.learner for row in status.learners if row.state == "finished")
+    detail, training_again = chaos.replay_heartbeat(learner), False
+    deadline = time.monotonic() + 300  # past it, the wait for the run's end says what held it
+    while (status := collect_status(spec)).state != "finished" and time.monotonic() < deadline:
+        row = next(row for row in status.learners if row.learner == learner)
+        training_again |= row.state == "training"
+        time.sleep(0.5)
+    return detail, training_again
+
+
 @pytest.mark.parametrize("shards", [1, 2], ids=["one-syncer", "two-syncer-shards"])
 def test_chaos_then_a_clean_audit(tmp_path, request, shards):
     seconds = request.config.getoption("--chaos-seconds")
     runs_dir, name = tmp_path / "runs", "chaos"
     changes = {
-        "training": {"num_learners": 3, "inner_steps": 400 + 40 * seconds, "checkpoint_every_steps": 30},
+        "training": {"num_learners": 3, "inner_steps": 800 + 40 * seconds, "checkpoint_every_steps": 30},
         "sync": {
             "shards": shards,
             "num_fragments": 2 * shards,
@@ -100,6 +132,7 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards):
     diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
+    chaos.keep_heartbeats()  # authentic, and soon old: one is replayed over a finished learner's
     deadline = time.monotonic() + seconds
     forced = ("kill syncer", "kill reducer") if shards > 1 else ()  # with shards, every third strike kills one
     strikes = 0
@@ -108,10 +141,19 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards):
         strikes += 1
         time.sleep(1.0)
     chaos.calm()
+    rows = collect_status(load_run(runs_dir, name).spec).learners
+    training = [row.learner for row in rows if row.state != "finished"]
+    wiped_at = chaos.wipe("east")  # the last strike: a learner killed after it would start over from nothing
+    replayed, training_again = replay_over_the_first_finished(runs_dir, name, chaos)
     try:
         status = wait_finished(runs_dir, name, timeout=300 + 2 * seconds)
     except AssertionError as error:
         raise AssertionError(f"chaos events: {chaos.events}") from error
+    record = load_run(runs_dir, name)
+    commits = sorted(c.time for shard in histories(record.spec, record.secret()) for c in shard)
+    resumed = next((t - wiped_at for t in commits if t > wiped_at), None)
+    print(f"chaos: merges resumed {resumed} s after the wipe (learners training then: {training}); {replayed}")
+    assert not training or (resumed is not None and resumed <= WIPE_RESUME_SECONDS), (resumed, chaos.events)
     assert all(row.state == "finished" for row in status.learners), status.learners
     audit(runs_dir, name, chaos.damaged)
     assert_bases_are_the_syncers(runs_dir, name)
@@ -125,3 +167,4 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards):
         )
     if shards > 1:
         assert any(re.fullmatch(r"kill syncer syncer-\d", event) for event in chaos.events), chaos.events
+    assert not training_again, f"{replayed}: the learner was shown training again"

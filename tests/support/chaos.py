@@ -11,12 +11,17 @@ tests that must hold whatever happens::
     chaos.calm()                # every paused process continues
 
 Damaged objects are remembered (``chaos.damaged``), so an audit can tell refused work
-from lost work; litter is remembered too (``chaos.litter``), to check it is swept."""
+from lost work; litter is remembered too (``chaos.litter``), to check it is swept.
+
+Two events are the test's to place: a region's bucket wiped and recreated
+(:meth:`Chaos.wipe`), and an authentic heartbeat kept early and copied back later over a
+learner's newer one (:meth:`Chaos.keep_heartbeats`, :meth:`Chaos.replay_heartbeat`)."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -61,6 +66,8 @@ class Chaos:
     (wall clock)."""
     litter: list[Path] = field(default_factory=list)
     paused: dict[int, float] = field(default_factory=dict)
+    kept: dict[str, bytes] = field(default_factory=dict)
+    """Heartbeats as they were when kept, by learner (to be replayed)."""
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
@@ -87,6 +94,35 @@ class Chaos:
             detail = f"{event} {self._damage(target)}"
         else:
             detail = f"litter {self._litter()}"
+        self.events.append(detail)
+        return detail
+
+    def wipe(self, region: str) -> float:
+        """Everything of the run in ``region``'s bucket gone at once, the folder made
+        again empty (a bucket deleted and recreated); returns when (wall clock)."""
+        root = self.roots[region]
+        gone = root.with_name(f"{root.name}.wiped")
+        root.rename(gone)
+        root.mkdir()
+        wiped_at = time.time()
+        shutil.rmtree(gone, ignore_errors=True)
+        self.events.append(f"wipe region {region}")
+        return wiped_at
+
+    def keep_heartbeats(self) -> None:
+        """Keep each learner's heartbeat as it is now, to replay it later."""
+        for learner in self.spec.learners:
+            path = self.roots[learner.region] / "heartbeats" / f"{learner.id}.json"
+            if path.exists():
+                self.kept[learner.id] = path.read_bytes()
+
+    def replay_heartbeat(self, learner: str) -> str:
+        """The learner's kept heartbeat (authentic, and older) copied over its current one."""
+        region = next(spec.region for spec in self.spec.learners if spec.id == learner)
+        path = self.roots[region] / "heartbeats" / f"{learner}.json"
+        path.with_suffix(".replayed").write_bytes(self.kept[learner])
+        path.with_suffix(".replayed").replace(path)  # whole, as its writer writes it
+        detail = f"replay heartbeat of {learner}"
         self.events.append(detail)
         return detail
 

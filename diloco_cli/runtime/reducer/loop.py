@@ -53,7 +53,7 @@ from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_
 from diloco_cli.store.documents import Head, Heartbeat, HeartbeatHeard, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, heartbeat_key
+from diloco_cli.store.region import PAYLOAD_KEY, SEQUENCE_PER_EPOCH, PayloadRecord, heartbeat_key
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
@@ -201,6 +201,7 @@ class Reducer:
         if read_heartbeats:
             self._follow_manifest()
             self.report_soon |= self._read_heartbeats()
+            self._check_own_objects()
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
@@ -230,7 +231,7 @@ class Reducer:
 
     def _follow(self, head: Head) -> bool:
         """Bring the region's copy up to the head; False while it cannot be (no copy)."""
-        if self.replica is None and not self._build_replica(head):
+        if self.replica is None and not (self._number_after(head) and self._build_replica(head)):
             return False
         try:
             if head.version > self.replica.version:
@@ -285,6 +286,28 @@ class Reducer:
                 log.info("the region's copy starts again from the snapshot of version %d", version)
                 self.replica, self.gap_since = newer, None
                 return
+
+    def _number_after(self, head: Head) -> bool:
+        """Number this start's aggregates above every one the syncer merged from the
+        region (the head's marks): with the bucket wiped, the epoch record this start
+        counted from is gone, and a serial used again would be taken for one consumed.
+        False while the epoch record cannot be written."""
+        marks = head.merged.get(reducer_of(self.region), {})
+        merged_epoch = max(marks.values(), default=0) // SEQUENCE_PER_EPOCH
+        if merged_epoch < self.aggregation.epoch:
+            return True
+        try:
+            self.bucket.write_epoch(self.bucket.layout.reducer_name, merged_epoch + 1)
+        except StorageError as error:
+            log.warning("the reducer's epoch record cannot be written now: %s", error)
+            return False
+        log.warning(
+            "the region's bucket lost this reducer's epoch record (was it wiped?): epoch %d, above the serials "
+            "the syncer merged",
+            merged_epoch + 1,
+        )
+        self.aggregation.epoch = merged_epoch + 1
+        return True
 
     def _build_replica(self, head: Head) -> bool:
         """The region's copy: from the newest snapshot this region holds that verifies, else
@@ -360,6 +383,31 @@ class Reducer:
             if version < head.recent_from:
                 self.bucket.delete_snapshot(version)
 
+    def _check_own_objects(self) -> None:
+        """What the reducer wrote in the region's bucket and counts on, gone from it (the
+        bucket wiped and recreated, or objects deleted): its epoch record is written
+        again, so that a restart never repeats an aggregate's serial, and an aggregate in
+        flight that vanished never reaches the syncer: it is void (its error feedback goes
+        back, and those of its sends still in the region wait again)."""
+        name = self.bucket.layout.reducer_name
+        try:
+            if self.bucket.read_epoch(name) < self.aggregation.epoch:
+                self.bucket.write_epoch(name, self.aggregation.epoch)
+                log.warning("the region's bucket lost this reducer's epoch record (was it wiped?): wrote it again")
+        except (PayloadError, StorageError) as error:
+            log.warning("the reducer's epoch record cannot be checked now: %s", error)
+        try:
+            present = set(store.aggregate_keys(self.bucket))
+        except StorageError as error:
+            log.warning("the reducer's aggregates cannot be listed now: %s", error)
+            return
+        for key, record in sorted(self.in_flight.items(), key=lambda item: item[1].serial):
+            if key not in present:
+                del self.in_flight[key]
+                self.aggregation.resolved(record.fragment, record.serial, merged=False)
+                self.counts["voided"] += 1
+                log.warning("aggregate %s vanished from the region's bucket before it was resolved: void", key)
+
     # -------------------------------------------------------------------- resolving
 
     def _resolve(self, head: Head) -> None:
@@ -369,7 +417,8 @@ class Reducer:
         sends wait again, its error feedback goes back)."""
         replica = self.replica
         for key, record in sorted(self.in_flight.items(), key=lambda item: item[1].serial):
-            moved_on = record.anchor < replica.versions[record.fragment]
+            # one that holds only sends to resync was taken in at sight: it waits for nothing
+            moved_on = record.anchor < replica.versions[record.fragment] or (head.finished and not record.sends)
             covered = [s for s in record.sends if s.sequence <= head.merged_sequence(s.learner, record.fragment)]
             if not moved_on and not covered:
                 continue
@@ -558,7 +607,8 @@ class Reducer:
         replica = self.replica
         in_flight: dict[FragmentIndex, list[LearnerId]] = {}
         for record in self.in_flight.values():
-            in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
+            if record.sends:  # one without sends holds nothing the syncer waits for
+                in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
         waiting: dict[FragmentIndex, list[LearnerId]] = {}
         for item in self.waiting.values():
             waiting.setdefault(item.fragment, []).append(item.send.learner)

@@ -39,7 +39,7 @@ from diloco_cli.core import decisions
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
-from diloco_cli.core.types import LearnerId
+from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
 from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.syncer.evaluation import Evaluator
@@ -48,7 +48,7 @@ from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.merging import Merger
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
-from diloco_cli.runtime.syncer.region_scan import payload_id
+from diloco_cli.runtime.syncer.region_scan import missing, payload_id
 from diloco_cli.runtime.syncer.state import SyncerState, restore_state
 from diloco_cli.runtime.syncer.status import StatusBoard
 from diloco_cli.store.documents import Head, SyncerPhase, SyncerStatus
@@ -95,6 +95,10 @@ class Syncer:
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
         self.given_up: dict[LearnerId, str] = {}
+        self.ending: str | None = None
+        """Why the run has not ended though every learner is done (for ``diloco status``)."""
+        self._held_since: float | None = None
+        """Since when only a reducer's report holds up the end (syncer clock)."""
         self.cadences = Cadences("beats", "ending", "status", "sweep")
         """When each periodic task of the loop last ran (syncer clock)."""
 
@@ -174,7 +178,21 @@ class Syncer:
         self.board.continue_counts()
         if self.speaks_for_membership:
             self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
-        self.publication.catch_up(set(self.buckets))
+        self.publication.catch_up(set(self.buckets) - self._wiped())  # those are restored at the first look
+
+    def _wiped(self) -> set[str]:
+        """Regions that lost what the syncer published (their bucket wiped, perhaps while
+        this syncer was down); none before the first merge (a head is all there is)."""
+        wiped: set[str] = set()
+        if self.state.version == 0:
+            return wiped
+        for name, bucket in self.buckets.items():
+            try:
+                if missing(bucket, self._published_keys()):
+                    wiped.add(name)
+            except StorageError as error:
+                log.warning("region %s cannot be checked now (caught up later): %s", name, error)
+        return wiped
 
     @property
     def speaks_for_membership(self) -> bool:
@@ -263,11 +281,13 @@ class Syncer:
                 due_to_finish(self.observer.heartbeats.values(), time.time())
                 and self.cadences.due("ending", now, END_READ_SECONDS)
             )
-        look = self.observer.look(self.spec, read_heartbeats)
+        look = self.observer.look(self.spec, read_heartbeats, self._published_keys() if read_heartbeats else ())
         for region in look.lost:
             self.publication.mark_behind(region)
         if look.regained:
             self.publication.catch_up_soon()
+        for region in look.wiped:
+            self._restore(region)
         observations, self.outcomes = self.outcomes + look.observations, []
         self.decisions, actions = decisions.step(self.decisions, observations, now)
         wake = self._act(actions, now)
@@ -326,6 +346,33 @@ class Syncer:
         for region, status in reducers.items():
             if status.needs_snapshot and not self.observer.is_down(region):
                 self.publication.give_snapshot(region, self.clock())
+
+    def _published_keys(self) -> list[str]:
+        """What every region that is not behind holds while the syncer's publications
+        stand: its head, and the oldest update the head lists (a publication after a wipe
+        writes the head again, never the updates before it)."""
+        layout, head = next(iter(self.buckets.values())).layout, self.head()
+        oldest = [layout.update_key(*head.recent[0])] if head.recent else []
+        return [layout.head_key, *oldest]
+
+    def _restore(self, region: str) -> None:
+        """A region that lost what the syncer published (its bucket wiped and recreated)
+        gets back what its learners and reducer need to go on: the present, and the
+        updates after the oldest base any of them is known to hold (from their last
+        heartbeats and status)."""
+        if self.state.version == 0:  # the region builds version 0 itself: the head is all it lost
+            self.publication.catch_up({region})
+            return
+        bases: dict[FragmentIndex, list[Version]] = {}
+        for beat in self.observer.heartbeats.values():
+            if beat.region == region:
+                for fragment, version in beat.base_versions.items():
+                    bases.setdefault(fragment, []).append(version)
+        if reducer := self.observer.reducer_status.get(region):
+            for fragment, version in reducer.fragment_versions.items():
+                bases.setdefault(fragment, []).append(version)
+        windows = {fragment: window.versions for fragment, window in self.state.windows.items()}
+        self.publication.restore(region, decisions.updates_to_restore(windows, self.head().recent, bases))
 
     def _fresh_snapshot(self) -> None:
         """A snapshot of the present to every region (repairing a damaged one)."""
@@ -386,7 +433,7 @@ class Syncer:
 
     def status(self, phase: SyncerPhase) -> SyncerStatus:
         """The syncer's status document as of now."""
-        return self.board.status(phase, self.clock(), self.spec, self.decisions, self.given_up)
+        return self.board.status(phase, self.clock(), self.spec, self.decisions, self.given_up, self.ending)
 
     def write_status(self, phase: SyncerPhase) -> None:
         """The status to every region that can be reached now."""
@@ -404,8 +451,25 @@ class Syncer:
         idle = self.observer.idle and not self.outcomes and not any(r.pending or r.merging for r in rounds)
         waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
         seen_whole = all(self.observer.whole[region] for region in waited_on)
-        reduced = not self.recipe.sync.reducers or all(self._reducer_done(region) for region in waited_on)
-        return end.over and idle and seen_whole and reduced and self.evaluator.others_finished()
+        ended = end.over and idle and seen_whole and self.evaluator.others_finished()
+        held = sorted(r for r in waited_on if self.recipe.sync.reducers and not self._reducer_done(r))
+        self.ending = None
+        if not ended or not held:
+            self._held_since = None
+            return ended
+        # every input is in; a reducer that still reports holding something (dead, wiped,
+        # or holding what can no longer be merged) is waited for as a learner would be
+        self._held_since = now if self._held_since is None else self._held_since
+        waited, limit, regions = now - self._held_since, self.recipe.sync.give_up_seconds, ", ".join(held)
+        if waited < limit:
+            self.ending = (
+                f"every learner is done and nothing is left to merge, but the reducer of region {regions} has "
+                f"reported sends or aggregates it holds for {waited:.0f} s; the run ends without them after "
+                f"sync.give_up_seconds ({limit:.0f} s) (see `diloco logs {self.spec.run} reducer-{held[0]}`)"
+            )
+            return False
+        log.warning("ending without what the reducer of region %s holds: it waited %.0f s for it", regions, waited)
+        return True
 
     def _reducer_done(self, region: str) -> bool:
         """The region's reducer holds nothing (no send waiting, no aggregate in flight)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from diloco_cli.codec import PayloadError
@@ -43,6 +43,8 @@ class Look:
     """Regions that could not be reached this turn (they miss what is published)."""
     regained: list[str] = field(default_factory=list)
     """Regions reached again after an outage (to be caught up)."""
+    wiped: list[str] = field(default_factory=list)
+    """Regions that lost what the syncer published (their bucket wiped): to be given it back."""
 
 
 class Observer:
@@ -84,9 +86,10 @@ class Observer:
 
     # ------------------------------------------------------------------- looking
 
-    def look(self, spec: RunSpec, read_heartbeats: bool) -> Look:
+    def look(self, spec: RunSpec, read_heartbeats: bool, published: Sequence[str] = ()) -> Look:
         """Scan every reachable region (and those due for a probe), all at once; take in
-        what each scan found, region by region."""
+        what each scan found, region by region.  With the heartbeats, each region is
+        checked for the ``published`` keys (what the syncer's last publication left)."""
         look = Look()
         now = self.clock()
         regions = [
@@ -104,6 +107,7 @@ class Observer:
                 delete_consumed=self.delete_consumed and not self.reducers,
                 reducer=self.reducers,
                 owns=self.owns,
+                published=published,
             )
 
         for found in self.fanout.each(scan, regions):
@@ -117,6 +121,8 @@ class Observer:
                     "region %s is reachable again after %.0f s; catching it up", found.region, self.clock() - since
                 )
                 look.regained.append(found.region)
+            if found.published_missing:
+                look.wiped.append(found.region)
             look.observations += self._arrivals(found)
             look.observations += self._heartbeats_seen(found)
             if isinstance(found.reducer, PayloadError):

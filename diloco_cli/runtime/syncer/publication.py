@@ -123,6 +123,31 @@ class Publication:
                 self.behind.add(name)
                 log.warning("region %s is still behind (%s)", name, error)
 
+    def restore(self, region: str, updates: list[tuple[Version, FragmentIndex]]) -> None:
+        """Give a region whose head vanished (its bucket wiped and recreated) what it
+        lost: a snapshot of the present (with reducers too: the region's copy cannot be
+        rebuilt from updates no one holds there any more), ``updates`` (those its learners
+        and reducer need to anchor their next sends and catch up:
+        :func:`~diloco_cli.core.decisions.updates_to_restore`), then the head.  Tried again
+        at the next look while the head is still missing."""
+        head, bucket = self.head(), self.buckets[region]
+        try:
+            bucket.write_snapshot(head.version, self.snapshot(), replace=True)
+            for version, fragment in updates:  # over any marker a write cut by the wipe left
+                bucket.publish_update(version, fragment, self.home.read_update(version), replace=True)
+            bucket.write_head(head)
+        except StorageError as error:
+            log.warning("region %s lost its head and could not be restored yet (tried again): %s", region, error)
+            return
+        self.behind.discard(region)
+        log.warning(
+            "region %s lost its head and updates (was its bucket wiped?): gave it a snapshot of version %d, "
+            "%d updates and the head",
+            region,
+            head.version,
+            len(updates),
+        )
+
     def give_snapshot(self, region: str, now: float) -> None:
         """A snapshot of the present to a region whose copy of the global weights cannot
         catch up from the updates it holds (it missed some that no one keeps any more):

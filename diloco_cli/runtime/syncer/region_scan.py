@@ -11,7 +11,7 @@ wait for a quorum instead of delaying the merge (they are verified when merged).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from diloco_cli.codec import PayloadError
@@ -66,6 +66,9 @@ class RegionScan:
     """Why the bucket could not be listed (the scan stopped there), or None."""
     whole: bool = True
     """Whether the scan saw everything it looked for (no storage call failed)."""
+    published_missing: list[str] = field(default_factory=list)
+    """Of the keys the syncer's publication left (looked for with the heartbeats),
+    those gone: the bucket was wiped and recreated, or they were deleted."""
 
 
 def scan_region(
@@ -77,13 +80,15 @@ def scan_region(
     delete_consumed: bool,
     reducer: bool = False,
     owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
+    published: Sequence[str] = (),
 ) -> RegionScan:
     """List a region's arrivals (payloads, or with ``reducer`` its aggregates) of the
     fragments this syncer ``owns`` (a syncer shard's), delete those the ledger says are
     consumed, read the markers and bytes of those not ``known`` yet, the heartbeats of
-    ``learners`` and (with ``reducer`` and learners asked for) the reducer's status.  A
-    storage failure ends the look at the arrivals (what was seen before it is kept, the
-    rest comes on a later turn); one of the listing ends the scan (``unreachable``)."""
+    ``learners`` and, with them, which of the ``published`` keys are gone and (with
+    ``reducer``) the reducer's status.  A storage failure ends the look at the arrivals
+    (what was seen before it is kept, the rest comes on a later turn); one of the
+    listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
         keys = aggregates.aggregate_keys(bucket) if reducer else bucket.payload_keys()
@@ -120,6 +125,12 @@ def scan_region(
         except StorageError as error:
             log.warning("region %s: heartbeat of %s cannot be read now: %s", region, learner, error)
             scan.whole = False
+    if learners:
+        try:
+            scan.published_missing = missing(bucket, published)
+        except StorageError as error:
+            log.warning("region %s: what the syncer published cannot be looked for now: %s", region, error)
+            scan.whole = False
     if reducer and learners:
         try:
             scan.reducer = aggregates.read_reducer_status(bucket)
@@ -129,3 +140,8 @@ def scan_region(
             log.warning("region %s: its reducer's status cannot be read now: %s", region, error)
             scan.whole = False
     return scan
+
+
+def missing(bucket: RegionBucket, keys: Sequence[str]) -> list[str]:
+    """The ``keys`` the region's bucket does not hold (StorageError when it cannot say)."""
+    return [key for key in keys if not bucket.store.exists(key)]

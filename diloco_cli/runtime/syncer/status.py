@@ -94,6 +94,7 @@ class StatusBoard:
         spec: RunSpec,
         decided: decisions.DecisionState,
         given_up: dict[LearnerId, str],
+        ending: str | None = None,
     ) -> SyncerStatus:
         recent = [t for t in self.merge_times if t > time.time() - 60]
         state, reachability = self.state, self.observer.reachability
@@ -130,6 +131,7 @@ class StatusBoard:
             outages=reachability.outages_seen,
             given_up=given_up,
             heartbeats=HeartbeatHeard.of(self.observer.heartbeats),
+            ending=ending,
             started_at=self.started_at,
             time=time.time(),
         )
