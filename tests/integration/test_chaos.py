@@ -18,7 +18,7 @@ import pytest
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.store.region import PAYLOAD_KEY
-from diloco_cli.views.run_state import collect_status
+from diloco_cli.views.run_state import collect_status, read_buckets
 from tests.support.chaos import Chaos
 from tests.support.runs import (
     TINY_RECIPE,
@@ -71,6 +71,23 @@ WIPE_RESUME_SECONDS = 30.0
 """Merges resume within this long of a region's wipe (issue 31)."""
 
 
+def _every_syncer_heard_finished(record, learner: str) -> bool:
+    syncers = read_buckets(record.spec, record.secret(), time.time()).syncers
+    heard = [status.heartbeats.get(learner) for status in syncers.values()]
+    return len(syncers) == record.spec.recipe.sync.shards and all(
+        h is not None and h.state == "finished" for h in heard
+    )
+
+
+def wait_until(condition, timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def replay_over_the_first_finished(runs_dir, name, chaos) -> tuple[str, bool]:
     """Once a learner has finished, its heartbeat kept before the strikes (``training``)
     copied back over its final one; returns what was done, and whether the learner was
@@ -87,6 +104,14 @@ def replay_over_the_first_finished(runs_dir, name, chaos) -> tuple[str, bool]:
     if status.state == "finished":
         return "no replay: the run ended first", False
     learner = next(row.learner for row in status.learners if row.state == "finished")
+    record = load_run(runs_dir, name)
+    if not wait_until(
+        lambda: _every_syncer_heard_finished(record, learner) or collect_status(spec).state == "finished"
+    ):
+        raise AssertionError(f"no syncer shard took in {learner}'s finished heartbeat within 120 s")
+    if collect_status(spec).state == "finished":
+        return "no replay: the run ended first", False
+    # only now: a replay over a final heartbeat nobody had read yet leaves nothing to say it finished
     detail, training_again = chaos.replay_heartbeat(learner), False
     deadline = time.monotonic() + 300  # past it, the wait for the run's end says what held it
     while (status := collect_status(spec)).state != "finished" and time.monotonic() < deadline:
