@@ -20,6 +20,15 @@ def wipe(harness: Harness) -> None:
     root.mkdir()
 
 
+def merge_two_rounds(harness: Harness) -> None:
+    """Both learners train 10 steps and merge, twice."""
+    writer, reader = harness.learners
+    for _ in range(2):
+        harness.train(writer, 10)
+        harness.train(reader, 10)
+        harness.merge()
+
+
 def test_a_wiped_region_needs_the_updates_after_its_oldest_holder_and_those_its_head_lists():
     windows = {FragmentIndex(0): [Version(2), Version(4), Version(6)], FragmentIndex(1): [Version(3), Version(5)]}
     listed = [(Version(6), FragmentIndex(0))]
@@ -142,20 +151,13 @@ def test_a_reducer_restarted_in_a_wiped_region_numbers_its_aggregates_above_thos
 
     harness = Harness(tmp_path, secret, reducers=True)
     try:
-        writer, reader = harness.learners
-        for _ in range(2):
-            harness.train(writer, 10)
-            harness.train(reader, 10)
-            harness.merge()
+        merge_two_rounds(harness)
         wipe(harness)
         harness.syncer.turn(read_heartbeats=True)
         harness.reducer = Reducer(harness.spec, "east", secret)
         harness.reducer.start()
         before = harness.syncer.state.version
-        for _ in range(2):
-            harness.train(writer, 10)
-            harness.train(reader, 10)
-            harness.merge()
+        merge_two_rounds(harness)
         assert harness.reducer.aggregation.epoch == 2
         merged = {m.learner for c in harness.syncer.home.history() if c.version > before for m in c.merged}
         assert merged == {"east-0", "east-1"}
@@ -170,11 +172,7 @@ def test_a_syncer_restarted_after_its_region_was_wiped_restores_it_rather_than_c
 
     harness = Harness(tmp_path, secret, reducers=True)
     try:
-        writer, reader = harness.learners
-        for _ in range(2):
-            harness.train(writer, 10)
-            harness.train(reader, 10)
-            harness.merge()
+        merge_two_rounds(harness)
         wipe(harness)
         restarted = Syncer(harness.spec, secret)
         restarted.start()
