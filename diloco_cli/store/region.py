@@ -46,6 +46,9 @@ SEQUENCE_PER_EPOCH = 1_000_000
 """A learner numbers its sends ``epoch * SEQUENCE_PER_EPOCH + n``, its epoch counting its
 starts, so that a restarted learner's sequence numbers never repeat an earlier start's."""
 PAYLOAD_KEY = re.compile(r"^payloads/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
+RELAY_KEY = re.compile(r"^relays/(?P<learner>[^/]+)/(?P<fragment>\d{3})-(?P<sequence>\d{12})\.dlc$")
+"""A learner's payload as its region's reducer relays it to the syncer unanchored (the
+payload and its marker, copied): under K < M, where the syncer anchors each send itself."""
 CHECKPOINT_KEY = re.compile(r"^checkpoints/(?P<learner>[^/]+)/(?P<step>\d{10})\.dlc$")
 CHAOS_KEY = "chaos.json"
 SHARD_ROOT = re.compile(r"^global/shard-\d+/")
@@ -129,7 +132,7 @@ AGGREGATE_KEY = re.compile(r"^aggregates/(?P<fragment>\d{3})-(?P<serial>\d{12})\
 """A region's reducer's aggregate (:mod:`diloco_cli.store.aggregates`)."""
 RESIDUAL_KEY = re.compile(r"^reducer/residuals/(?P<fragment>\d{3})-(?P<serial>\d{12})\.dlc$")
 """A region's reducer's error feedback after one of its aggregates."""
-MARKED_KEYS = (PAYLOAD_KEY, CHECKPOINT_KEY, ANY_UPDATE_KEY, ANY_SNAPSHOT_KEY, AGGREGATE_KEY, RESIDUAL_KEY)
+MARKED_KEYS = (PAYLOAD_KEY, RELAY_KEY, CHECKPOINT_KEY, ANY_UPDATE_KEY, ANY_SNAPSHOT_KEY, AGGREGATE_KEY, RESIDUAL_KEY)
 """Every kind of object written with a marker (``put_marked``): a reader uses one only
 once its marker is there, and the leftover sweeper keeps both while both are there and
 removes either without the other.  A new marked kind is added here."""
@@ -138,6 +141,7 @@ removes either without the other.  A new marked kind is added here."""
 KIND_BY_PREFIX = (
     ("payloads/", "payload"),
     ("aggregates/", "aggregate"),
+    ("relays/", "aggregate"),
     ("reducer/", "reducer"),
     ("global/updates/", "update"),
     ("global/snapshots/", "snapshot"),
@@ -162,6 +166,16 @@ def kind_of_key(key: str) -> str:
 
 def payload_key(learner: LearnerId, fragment: FragmentIndex, sequence: int) -> str:
     return f"payloads/{learner}/{fragment:03d}-{sequence:012d}.dlc"
+
+
+def relay_key(payload: str) -> str:
+    """Where a reducer relays the payload at ``payload`` (the same learner, fragment and sequence)."""
+    return "relays/" + payload.removeprefix("payloads/")
+
+
+def relayed_payload_key(relay: str) -> str:
+    """The payload a relay at ``relay`` copies."""
+    return "payloads/" + relay.removeprefix("relays/")
 
 
 def checkpoint_key(learner: LearnerId, step: int) -> str:
@@ -266,10 +280,23 @@ class RegionBucket:
         """Keys of every marked payload (fresh listing)."""
         return [key for key in self.store.list_marked("payloads") if PAYLOAD_KEY.match(key)]
 
+    def relay_keys(self) -> list[str]:
+        """Keys of every marked relayed payload (fresh listing)."""
+        return [key for key in self.store.list_marked("relays") if RELAY_KEY.match(key)]
+
+    def relay(self, key: str, payload: bytes) -> str:
+        """Copy the payload at ``key`` (its bytes, as read and verified) and its marker to
+        its relay key; the marker names the same learner, fragment and sequence, so it
+        verifies there as it did here."""
+        relayed = relay_key(key)
+        self.store.put_marked(relayed, payload, self.store.get_marker(key), 4 * declared_values(payload))
+        return relayed
+
     def payload_record(self, key: str) -> PayloadRecord:
-        """A payload's verified marker.  Raises PayloadError when the marker is not
-        authentic or describes another payload, FileNotFoundError when it is gone."""
-        match = PAYLOAD_KEY.match(key)
+        """A payload's (or a relayed payload's) verified marker.  Raises PayloadError when
+        the marker is not authentic or describes another payload, FileNotFoundError when
+        it is gone."""
+        match = PAYLOAD_KEY.match(key) or RELAY_KEY.match(key)
         if not match:
             raise PayloadError(f"{key} is not a payload key")
         meta = self.marker_meta(key)

@@ -73,24 +73,29 @@ def test_the_marker_of_a_live_aggregate_or_residual_is_no_leftover():
 
 
 def test_every_kind_a_run_writes_with_a_marker_is_known_to_the_sweeper(tmp_path, secret):
-    """Whatever a run with reducers, syncer shards and checkpoints writes marked (payloads,
-    checkpoints, updates, snapshots, aggregates in flight, residuals), the sweeper keeps."""
-    harness = Harness(tmp_path, secret, reducers=True, shards=2, num_fragments=4, checkpoint_every=5)
-    try:
-        writer, reader = harness.learners
-        for learner in (writer, reader):
-            harness.train(learner, 10)
-        harness.merge()
-        for learner in (writer, reader):
-            harness.train(learner, 10)
-        for reducer in harness.reducers:
-            reducer.turn(read_heartbeats=True)  # forwards aggregates the syncers have not merged yet
-        keys = harness.bucket.store.list("", include_partial=True)
-    finally:
-        harness.close()
+    """Whatever runs with reducers, syncer shards and checkpoints write marked (payloads,
+    checkpoints, updates, snapshots, aggregates in flight and residuals under K=M, relays
+    under K<M), the sweeper keeps."""
+    keys = []
+    for quorum in (2, 1):
+        harness = Harness(
+            tmp_path / f"k{quorum}", secret, reducers=True, shards=2, num_fragments=4, checkpoint_every=5, quorum=quorum
+        )
+        try:
+            writer, reader = harness.learners
+            for learner in (writer, reader):
+                harness.train(learner, 10)
+            harness.merge()
+            for learner in (writer, reader):
+                harness.train(learner, 10)
+            for reducer in harness.reducers:
+                reducer.turn(read_heartbeats=True)  # forwards what the syncers have not merged yet
+            keys += harness.bucket.store.list("", include_partial=True)
+        finally:
+            harness.close()
     marked = [key[: -len(MARKER_SUFFIX)] for key in keys if key.endswith(MARKER_SUFFIX)]
     kinds = {pattern.pattern for key in marked for pattern in MARKED_KEYS if pattern.match(key)}
-    assert kinds == {pattern.pattern for pattern in MARKED_KEYS}  # the run wrote every kind
+    assert kinds == {pattern.pattern for pattern in MARKED_KEYS}  # the runs wrote every kind
     assert all(any(pattern.match(key) for pattern in MARKED_KEYS) for key in marked)
     assert leftovers(keys) == []
 

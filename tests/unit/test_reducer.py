@@ -9,7 +9,7 @@ import torch
 
 from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
 from diloco_cli.codec.aggregate import decode_aggregate, encode_aggregate
-from diloco_cli.codec.exact import ExactPublisher
+from diloco_cli.codec.exact import ExactPublisher, apply_update
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
 from diloco_cli.core.anchor import UpdateWindow
@@ -31,7 +31,16 @@ from tests.support.runs import TINY_RECIPE, deep_update
 
 @pytest.fixture
 def reduced(tmp_path, secret):
+    """K=1 of 2: the region's reducer relays each send for the syncer to anchor."""
     made = Harness(tmp_path, secret, reducers=True)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def aggregating(tmp_path, secret):
+    """K=M=2: the region's reducer forwards one aggregate per fragment and round."""
+    made = Harness(tmp_path, secret, reducers=True, quorum=2)
     yield made
     made.close()
 
@@ -64,7 +73,8 @@ def assert_every_token_merged_once(harness):
             )
 
 
-def test_one_aggregate_per_fragment_crosses_and_the_learners_bases_are_the_syncers(reduced):
+def test_one_aggregate_per_fragment_crosses_and_the_learners_bases_are_the_syncers(aggregating):
+    reduced = aggregating
     writer, reader = reduced.learners
     for _ in range(3):
         reduced.train(writer, 10)
@@ -139,13 +149,12 @@ def test_the_regions_snapshot_equals_the_syncers_weights_and_a_late_learner_inst
         late.close()
 
 
-def test_an_aggregate_a_region_sent_before_seeing_a_merge_is_discarded_and_its_sends_forwarded_again(
-    reduced, monkeypatch
-):
-    """The region misses a publication (its bucket refuses the update), so its reducer
-    anchors the next aggregate at the version before: the syncer, whose fragment moved on,
-    discards it; once the region is caught up the reducer forwards the same sends again,
-    anchored anew, and each is merged once."""
+def test_a_region_that_missed_a_publication_holds_its_next_aggregate_until_caught_up(aggregating, monkeypatch):
+    """Under K=M the region misses a publication (its bucket refuses the update): its
+    reducer cannot tell the aggregate it sent merged, so the next sends wait at it rather
+    than go out anchored at a version the syncer left; once the region is caught up they
+    are forwarded anchored anew, and each is merged once: nothing is discarded."""
+    reduced = aggregating
     writer, reader = reduced.learners
     syncer_bucket = reduced.syncer.buckets["east"]
     publish = syncer_bucket.publish_update
@@ -153,39 +162,44 @@ def test_an_aggregate_a_region_sent_before_seeing_a_merge_is_discarded_and_its_s
     def refused(*args, **kwargs):
         raise StorageError("writing global/updates/... failed after 3 tries: Service Unavailable")
 
-    reduced.train(writer, 10)  # fragment 0 of east-0, at step 10
+    reduced.train(writer, 10)  # fragment 0 of both, at step 10
+    reduced.train(reader, 10)
     reduced.reducer.turn(read_heartbeats=True)
     monkeypatch.setattr(syncer_bucket, "publish_update", refused)
     versions = reduced.syncer.state.fragment_versions
     syncer_turns_until(reduced, lambda: versions[FragmentIndex(0)] > 0)  # merged, but the region misses it
     merged_as = versions[FragmentIndex(0)]
     assert "east" in reduced.syncer.publication.behind
+    reduced.train(writer, 10)
     reduced.train(reader, 10)
-    reduced.reducer.turn(read_heartbeats=True)  # east-1's send, anchored at version 0
-    stale = [r for r in reduced.reducer.in_flight.values() if r.fragment == 0 and r.sends[0].learner == "east-1"]
-    assert [r.anchor for r in stale] == [0]
+    reduced.reducer.turn(read_heartbeats=True)
+    assert [r.anchor for r in reduced.reducer.in_flight.values() if r.fragment == 0] == [0]  # only the first
+    assert {item.fragment for item in reduced.reducer.waiting.values()} >= {0}  # the next sends wait
     syncer_turns_until(reduced, lambda: not reduced.syncer.observer.observed)
-    assert versions[FragmentIndex(0)] == merged_as  # discarded, not merged
+    assert versions[FragmentIndex(0)] == merged_as
     monkeypatch.setattr(syncer_bucket, "publish_update", publish)
     reduced.syncer.publication.catch_up_soon()
     reduced.merge()
-    assert reduced.reducer.counts["voided"] == 2  # east-1's aggregates of both fragments, anchored at 0
+    assert reduced.reducer.counts["voided"] == 0
     history = reduced.syncer.home.history()
     merged = [(m.learner, m.sequence) for commit in history if commit.fragment == 0 for m in commit.merged]
-    assert sorted(merged) == sorted(set(merged)) and ("east-1" in {learner for learner, _ in merged})
+    assert sorted(merged) == sorted(set(merged)) and len(merged) == 4  # both learners' two sends, once each
+    assert [a.anchor for commit in history if commit.fragment == 0 for a in commit.aggregates] == [0, merged_as]
     for learner in reduced.learners:
         reduced.poll(learner)
         reduced.assert_bases_equal_the_syncers(learner)
 
 
-def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a_resync(reduced, monkeypatch):
-    """A reducer behind its region (the newest update cannot be read yet) while a learner
-    already trains from it: the learner's sends wait at the reducer until its copy has
+def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a_resync(aggregating, monkeypatch):
+    """A reducer behind its region (the newest update cannot be read yet) while its
+    learners already train from it: their sends wait at the reducer until its copy has
     their base, then are merged; none is retired and nobody is told to resync."""
-    writer, _ = reduced.learners
-    reduced.train(writer, 20)
+    reduced = aggregating
+    for learner in reduced.learners:
+        reduced.train(learner, 20)
     reduced.merge()
-    reduced.train(writer, 20)
+    for learner in reduced.learners:
+        reduced.train(learner, 20)
     reduced.reducer.turn(read_heartbeats=True)  # forwarded from bases the reducer has
 
     def unreadable(version, fragment):
@@ -194,8 +208,9 @@ def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a
     monkeypatch.setattr(reduced.reducer.replica, "add", unreadable)
     behind = reduced.reducer.replica.version
     syncer_turns_until(reduced, lambda: reduced.syncer.state.version > behind)
-    assert sorted(reduced.poll(writer)) and max(writer.fragments.base_version.values()) > behind
-    reduced.train(writer, 20)  # sends from bases the reducer has not reached
+    for learner in reduced.learners:
+        assert sorted(reduced.poll(learner)) and max(learner.fragments.base_version.values()) > behind
+        reduced.train(learner, 20)  # sends from bases the reducer has not reached
     for _ in range(3):
         reduced.reducer.turn(read_heartbeats=True)
         reduced.syncer.turn()
@@ -207,44 +222,56 @@ def test_a_send_from_a_base_its_reducer_has_not_reached_waits_there_instead_of_a
     history = reduced.syncer.home.history()
     assert not [r.key for commit in history for r in commit.retired]
     merged = {(m.learner, commit.fragment, m.sequence) for commit in history for m in commit.merged}
-    for fragment in {item.fragment for item in newer}:  # the newest send of each fragment (it supersedes the older)
-        newest = max(item.send.sequence for item in newer if item.fragment == fragment)
-        assert ("east-0", fragment, newest) in merged
-    reduced.poll(writer)
-    reduced.assert_bases_equal_the_syncers(writer)
+    for learner, fragment in {
+        (item.send.learner, item.fragment) for item in newer
+    }:  # the newest of each (it supersedes)
+        newest = max(i.send.sequence for i in newer if (i.send.learner, i.fragment) == (learner, fragment))
+        assert (learner, fragment, newest) in merged
+    for learner in reduced.learners:
+        reduced.poll(learner)
+        reduced.assert_bases_equal_the_syncers(learner)
     assert_every_token_merged_once(reduced)
 
 
-def test_a_damaged_update_its_window_needs_is_reported_rewritten_and_the_stale_send_merged(reduced):
+def test_a_damaged_update_its_window_needs_is_reported_rewritten_and_the_stale_send_merged(aggregating):
     """An update older than the head lists but still in the reducer's window, damaged at
     rest after the region's copy took it in: the reducer reports it rather than fail, the
-    syncer rewrites it from its commits, and the stale send that needed it is merged."""
+    syncer rewrites it from its commits, and the stale send that needed it is merged.
+    The reader never installs, so its sends stay from base 0 while the writer's move on."""
+    reduced = aggregating
     writer, reader = reduced.learners
     store = reduced.bucket.store
-    reduced.train(reader, 10)  # sends from base 0, held back (a slow upload) while the writer moves on
-    slow = {key: store.get(key) for key in store.list("payloads/east-1")}
-    for key in slow:
-        store.delete(key)
     while reduced.syncer.state.version < 8:
         reduced.train(writer, 10)
+        reduced.train(reader, 10)
         reduced.merge()
+        reduced.poll(writer)
+    assert set(reader.fragments.base_version.values()) == {0}
     key = reduced.bucket.layout.update_key(Version(1), FragmentIndex(0))
     assert (1, 0) not in reduced.bucket.read_head().recent  # the head no longer lists it, the window has it
     good = store.get(key)
     damaged = bytearray(good)
     damaged[-40] ^= 0x10
     store.put(key, bytes(damaged))
-    for name, data in slow.items():  # the slow sends arrive: anchoring them needs update 1
-        store.put(name, data)
+    reduced.train(writer, 10)
+    reduced.train(reader, 10)  # anchoring its sends needs update 1
     for _ in range(3):  # met every turn, reported once (until REPEAT_SECONDS pass)
         reduced.reducer.turn(read_heartbeats=True)
     latest = reduced.reducer.refusals.latest
     assert (latest.kind, latest.key) == ("update", key) and reduced.reducer.refusals.counts["update"] == 1
-    assert not [r for r in reduced.reducer.in_flight.values() if r.fragment == 0 and r.sends[0].learner == "east-1"]
+    assert not [
+        r
+        for r in reduced.reducer.in_flight.values()
+        if r.fragment == 0
+        and r.serial > 0
+        and r.sends
+        and r.anchor == reduced.syncer.state.fragment_versions[FragmentIndex(0)]
+    ]
     reduced.merge()
     assert reduced.bucket.store.get(key) == good
     history = reduced.syncer.home.history()
-    assert {0, 1} <= {commit.fragment for commit in history for m in commit.merged if m.learner == "east-1"}
+    late = [m for commit in history[-2:] for m in commit.merged if m.learner == "east-1"]
+    assert late and {m.base_version for m in late} == {0}
     assert_every_token_merged_once(reduced)
 
 
@@ -295,6 +322,94 @@ def test_a_region_past_its_damaged_snapshots_writes_a_snapshot_of_its_present(re
         reduced.assert_bases_equal_the_syncers(late)
     finally:
         late.close()
+
+
+# ------------------------------------------------------------ relays under K < M
+
+
+def test_under_k_below_m_each_send_is_relayed_and_the_syncer_anchors_it(reduced):
+    """K=1 of 2: no aggregate is anchored in the region (one anchored at a version a
+    merge without it left would be worth nothing); each send is relayed as it is, merged
+    once, and once merged its relay (by the syncer) and its payload (by the reducer) go."""
+    writer, reader = reduced.learners
+    for _ in range(3):
+        reduced.train(writer, 10)
+        reduced.merge()
+        reduced.train(reader, 10)
+        reduced.merge()
+    history = reduced.syncer.home.history()
+    merged = [m for commit in history for m in commit.merged]
+    assert merged and not [a for commit in history for a in commit.aggregates]
+    assert all(m.key.startswith("east:relays/") and m.aggregate is None for m in merged)
+    assert {m.learner for m in merged} == {"east-0", "east-1"}
+    for _ in range(2):  # the syncer's next scan, then the reducer's next turn
+        reduced.syncer.turn()
+        reduced.reducer.turn(read_heartbeats=True)
+    assert not reduced.bucket.relay_keys() and not reduced.bucket.payload_keys()
+    assert not reduced.reducer.relayed and reduced.reducer.counts["sends"] == len(merged)
+    for learner in reduced.learners:
+        reduced.poll(learner)
+        reduced.assert_bases_equal_the_syncers(learner)
+    assert_every_token_merged_once(reduced)
+
+
+def test_a_merge_of_relayed_sends_is_the_merge_of_the_learners_payloads_bit_for_bit(reduced, secret):
+    """Golden: both learners' sends relayed, from different bases (the reader's older),
+    merged in one round; the syncer's new weights are, bit for bit, those of a merge
+    round over the learners' own payloads (as a syncer reading them directly computes it)."""
+    writer, reader = reduced.learners
+    store = reduced.bucket.store
+    reduced.train(reader, 10)  # from base 0, held back (a slow upload) while the writer moves on
+    slow = {key: store.get(key) for key in store.list("payloads/east-1")}
+    for key in slow:
+        store.delete(key)
+    reduced.train(writer, 10)
+    reduced.merge()
+    reduced.poll(writer)
+    reduced.train(writer, 10)  # from the newer bases
+    for key, data in slow.items():
+        store.put(key, data)
+    reduced.reducer.turn(read_heartbeats=True)
+    payloads = {key: reduced.bucket.read_payload(key) for key in reduced.bucket.payload_keys()}
+    records = {key: reduced.bucket.payload_record(key) for key in payloads}
+    assert {relay.removeprefix("relays/") for relay in reduced.bucket.relay_keys()} == {
+        key.removeprefix("payloads/") for key in payloads
+    }
+    syncer = reduced.syncer
+    fragment = FragmentIndex(0)
+    expected = {name: t.clone() for name, t in syncer.state.fragment_theta(fragment).items()}
+    window = UpdateWindow(syncer.recipe.sync.window_versions)
+    for version, _ in [(v, p) for v, p in syncer.state.index if p == fragment]:
+        blob = reduced.bucket.store.get(reduced.bucket.layout.update_key(version, fragment))
+        window.record(version, lambda drift, b=blob: apply_update(drift, b, secret))
+    arrivals = [
+        RoundInput(r.learner, r.base_version, r.c_steps, r.c_tokens, lambda b=payloads[k]: b)
+        for k, r in sorted(records.items())
+        if r.fragment == fragment
+    ]
+    assert min(a.base_version for a in arrivals) < syncer.state.fragment_versions[fragment]  # one is anchored
+    recipe = syncer.recipe
+    optimizer = NesterovOuterOptimizer(recipe.outer_learning_rate, recipe.sync.outer_momentum)
+    optimizer.load_state_tensors(syncer.state.optimizer.state_tensors())
+    publisher = ExactPublisher(recipe.sync.update_codec, secret)
+    publisher.load_carry_tensors(syncer.state.publisher.carry_tensors())  # the publication error carried
+    merge_round(
+        fragment,
+        Version(syncer.state.version + 1),
+        arrivals,
+        expected,
+        window,
+        optimizer,
+        publisher,
+        secret,
+        mean_names=syncer.fragments[fragment].embedding_names,
+    )
+    before = syncer.state.fragment_versions[fragment]
+    syncer_turns_until(reduced, lambda: syncer.state.fragment_versions[fragment] > before)
+    merged = [m for m in syncer.home.history()[-1].merged]
+    assert sorted(m.learner for m in merged) == ["east-0", "east-1"]
+    for name, value in syncer.state.fragment_theta(fragment).items():
+        assert torch.equal(value, expected[name]), name
 
 
 # ------------------------------------------------- the same mathematics as the syncer's

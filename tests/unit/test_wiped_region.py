@@ -37,7 +37,7 @@ def test_a_wiped_region_needs_the_updates_after_its_oldest_holder_and_those_its_
 
 
 def test_a_wiped_region_is_given_back_what_it_lost_and_its_sends_merge_again(tmp_path, secret):
-    harness = Harness(tmp_path, secret, reducers=True)
+    harness = Harness(tmp_path, secret, reducers=True, quorum=2)
     try:
         writer, reader = harness.learners
         for _ in range(3):
@@ -77,9 +77,40 @@ def test_a_wiped_region_is_given_back_what_it_lost_and_its_sends_merge_again(tmp
 
 
 def test_an_aggregate_of_sends_to_resync_alone_does_not_hold_up_the_end(tmp_path, secret):
-    """A send from a base the reducer's window no longer holds makes an aggregate with no
-    send to merge: the syncer tells its learner at sight, so the reducer's status does
-    not count it in flight, and a finished head resolves it."""
+    """K=M, the reader gone a while: a send of it from a base the reducer's window no
+    longer holds makes an aggregate with no send to merge: the syncer tells its learner at
+    sight, so the reducer's status does not count it in flight, and a finished head
+    resolves it."""
+    harness = Harness(tmp_path, secret, reducers=True, quorum=2, window_versions=1)
+    try:
+        writer, reader = harness.learners
+        store = harness.bucket.store
+        harness.train(reader, 10)  # from base 0, held back while the writer moves on
+        slow = {key: store.get(key) for key in store.list("payloads/east-1")}
+        for key in slow:
+            store.delete(key)
+        reader.heartbeats.beat(LearnerState.STOPPED, wait=10)  # the quorum is lowered to the writer
+        while min(harness.syncer.state.fragment_versions.values()) < 3:
+            harness.train(writer, 10)
+            harness.merge()
+        for key, data in slow.items():
+            store.put(key, data)
+        writer.heartbeats.beat(LearnerState.FINISHED, wait=10)  # nobody left to wait for: it goes alone
+        reducer = harness.reducer
+        reducer.turn(read_heartbeats=True)
+        alone = [r for r in reducer.in_flight.values() if not r.sends]
+        assert alone and all(s.learner == "east-1" for r in alone for s in r.resync)
+        assert reducer.status().in_flight == {}
+        finish_both(harness)
+        assert aggregates.aggregate_keys(harness.bucket) == []
+    finally:
+        harness.close()
+
+
+def test_a_relayed_send_to_resync_goes_at_once_and_does_not_hold_up_the_end(tmp_path, secret):
+    """K=1: a send relayed from a base the syncer's window no longer holds: its learner is
+    told to resync and the relay is deleted at once (not at a later commit, which may never
+    come), so its reducer lets the send go and the run ends."""
     harness = Harness(tmp_path, secret, reducers=True, window_versions=1)
     try:
         writer, reader = harness.learners
@@ -93,24 +124,32 @@ def test_an_aggregate_of_sends_to_resync_alone_does_not_hold_up_the_end(tmp_path
             harness.merge()
         for key, data in slow.items():
             store.put(key, data)
-        reducer = harness.reducer
+        reducer, syncer = harness.reducer, harness.syncer
         reducer.turn(read_heartbeats=True)
-        alone = [r for r in reducer.in_flight.values() if not r.sends]
-        assert alone and all(s.learner == "east-1" for r in alone for s in r.resync)
-        assert reducer.status().in_flight == {}
-        for learner in harness.learners:
-            learner.heartbeats.beat(LearnerState.FINISHED, wait=10)
-        for _ in range(40):
-            reducer.turn(read_heartbeats=True)
-            if not harness.syncer.finished:
-                harness.syncer.turn(read_heartbeats=True)
-            if harness.syncer.finished and reducer.finished:
-                break
-            time.sleep(0.1)
-        assert harness.syncer.finished and reducer.finished
-        assert aggregates.aggregate_keys(harness.bucket) == []
+        assert {r.learner for r in reducer.relayed.values()} == {"east-1"}
+        syncer.turn(read_heartbeats=True)
+        assert not harness.bucket.relay_keys()  # retired and deleted before any commit lists it
+        assert harness.bucket.read_control("east-1").resync_serial >= 1  # told to resync
+        reducer.turn(read_heartbeats=True)
+        assert not reducer.relayed and not harness.bucket.payload_keys()
+        finish_both(harness)
     finally:
         harness.close()
+
+
+def finish_both(harness: Harness) -> None:
+    """Both learners finish; the syncer and the reducer turn until both are done."""
+    reducer = harness.reducer
+    for learner in harness.learners:
+        learner.heartbeats.beat(LearnerState.FINISHED, wait=10)
+    for _ in range(40):
+        reducer.turn(read_heartbeats=True)
+        if not harness.syncer.finished:
+            harness.syncer.turn(read_heartbeats=True)
+        if harness.syncer.finished and reducer.finished:
+            break
+        time.sleep(0.1)
+    assert harness.syncer.finished and reducer.finished
 
 
 def test_a_reducer_that_still_reports_sends_is_waited_for_give_up_seconds_and_shown_meanwhile(tmp_path, secret):
@@ -120,7 +159,7 @@ def test_a_reducer_that_still_reports_sends_is_waited_for_give_up_seconds_and_sh
     from diloco_cli.store.documents import SyncerPhase
     from diloco_cli.views.run_state import collect_status
 
-    harness = Harness(tmp_path, secret, reducers=True, give_up_seconds=3.0)
+    harness = Harness(tmp_path, secret, reducers=True, quorum=2, give_up_seconds=3.0)
     try:
         writer, reader = harness.learners
         harness.train(writer, 10)
@@ -149,7 +188,7 @@ def test_a_reducer_restarted_in_a_wiped_region_numbers_its_aggregates_above_thos
     the first start did (the syncer would take them for ones it consumed, and wait)."""
     from diloco_cli.runtime.reducer.loop import Reducer
 
-    harness = Harness(tmp_path, secret, reducers=True)
+    harness = Harness(tmp_path, secret, reducers=True, quorum=2)
     try:
         merge_two_rounds(harness)
         wipe(harness)

@@ -52,6 +52,15 @@ class ForwardPolicy:
     longest_wait_seconds: float
 
     @property
+    def relays(self) -> bool:
+        """Under K < M each send is relayed as it is, for the syncer to anchor itself at
+        whatever version the fragment has when it arrives: an aggregate anchored here
+        would be useful only while that version lasts, and under K < M a merge without
+        it may land first (another region's sends; docs/algorithm.md, "Reducers", 5).
+        Under K = M every send of a round meets the same version: one aggregate."""
+        return self.quorum < self.num_learners
+
+    @property
     def region_share(self) -> int:
         """The region's share of the quorum, ``ceil(K * M_r / M)``, at least 1."""
         if self.num_learners <= 0:
@@ -67,6 +76,15 @@ def newest_per_base(waiting: Iterable[Waiting]) -> list[Waiting]:
         if slot not in newest or item.send.sequence > newest[slot].send.sequence:
             newest[slot] = item
     return sorted(newest.values(), key=lambda item: (item.send.learner, item.send.sequence))
+
+
+def to_relay(waiting: Iterable[Waiting]) -> list[Waiting]:
+    """The sends to relay now, of every fragment: each one not superseded by a newer send
+    of its fragment from the same base (a relay waits for nothing: it is never combined)."""
+    by_fragment: dict[FragmentIndex, list[Waiting]] = {}
+    for item in waiting:
+        by_fragment.setdefault(item.fragment, []).append(item)
+    return [item for fragment in sorted(by_fragment) for item in newest_per_base(by_fragment[fragment])]
 
 
 def to_forward(

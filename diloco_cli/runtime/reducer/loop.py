@@ -44,8 +44,9 @@ from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
+from diloco_cli.runtime.outer_gradients import check_announced
 from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
-from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward
+from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward, to_relay
 from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplica, ReplicaGap
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
@@ -53,7 +54,14 @@ from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_
 from diloco_cli.store.documents import Head, Heartbeat, HeartbeatHeard, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import PAYLOAD_KEY, SEQUENCE_PER_EPOCH, PayloadRecord, heartbeat_key
+from diloco_cli.store.region import (
+    PAYLOAD_KEY,
+    RELAY_KEY,
+    SEQUENCE_PER_EPOCH,
+    PayloadRecord,
+    heartbeat_key,
+    relayed_payload_key,
+)
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
@@ -96,6 +104,9 @@ class Reducer:
         """Payloads known merged or retired (kept when consumed payloads are kept)."""
         self.in_flight: dict[str, AggregateRecord] = {}
         """Aggregates forwarded and not resolved yet, by key."""
+        self.relayed: dict[str, PayloadRecord] = {}
+        """Sends relayed (under K < M) that the syncer has not let go yet, by relay key:
+        it deletes a relay once it merged or retired it, and the payload then goes."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
@@ -151,11 +162,16 @@ class Reducer:
                 store.delete_aggregate(self.bucket, key)
             except FileNotFoundError:
                 continue
+        for key in filter(self._owns, self.bucket.relay_keys()):
+            try:
+                self.relayed[key] = self.bucket.payload_record(key)
+            except (PayloadError, FileNotFoundError):
+                continue  # the syncer refuses (and deletes) a relay whose marker is not authentic
 
     def _owns(self, key: str) -> bool:
-        """Whether a payload or aggregate key is of this reducer's fragments (with syncer
-        shards, the region's reducer of each shard takes its own)."""
-        match = PAYLOAD_KEY.match(key) or AGGREGATE_KEY.match(key)
+        """Whether a payload, relay or aggregate key is of this reducer's fragments (with
+        syncer shards, the region's reducer of each shard takes its own)."""
+        match = PAYLOAD_KEY.match(key) or RELAY_KEY.match(key) or AGGREGATE_KEY.match(key)
         return match is not None and self.shard.owns(int(match["fragment"]))
 
     def _previous_counts(self) -> StorageCounters:
@@ -210,7 +226,7 @@ class Reducer:
         self._forward(now)
         # a finished head is not the end while a learner of the region may still send: after
         # `diloco resume` brings one back, this reducer may read the head before the syncer rewrites it
-        if head.finished and not self.waiting and not self.in_flight and not self._live():
+        if head.finished and not self.waiting and not self.in_flight and not self.relayed and not self._live():
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
@@ -510,7 +526,9 @@ class Reducer:
         except StorageError as error:
             log.warning("the region's payloads cannot be listed now: %s", error)
             return
+        self._let_go_of_relays()
         held = {send.key for record in self.in_flight.values() for send in record.sends + record.resync}
+        held |= {relayed_payload_key(key) for key in self.relayed}
         present = set(keys)
         self.waiting = {key: item for key, item in self.waiting.items() if key in present}
         self.consumed &= present
@@ -542,8 +560,30 @@ class Reducer:
 
     # ---------------------------------------------------------------------- forwarding
 
+    def _let_go_of_relays(self) -> None:
+        """Relays the syncer deleted: it merged or retired their sends (a retired send's
+        learner is told to resync, or its payload was refused), so their payloads go."""
+        if not self.relayed:
+            return
+        try:
+            present = set(self.bucket.relay_keys())
+        except StorageError as error:
+            log.warning("the region's relays cannot be listed now: %s", error)
+            return
+        for key in [key for key in self.relayed if key not in present]:
+            record = self.relayed.pop(key)
+            try:
+                self._consumed(relayed_payload_key(key))
+            except StorageError as error:
+                log.warning("could not delete the payload of relay %s (tried again later): %s", key, error)
+                self.relayed[key] = record
+
     def _forward(self, now: float) -> None:
         policy, live = self._policy(), self._live()
+        if policy.relays:
+            for item in to_relay(self.waiting.values()):
+                self._relay(self.records[item.send.key])
+            return
         for fragment in (f.index for f in self.owned):
             reached = self.replica.versions[fragment]  # a send from a newer base waits until the replica has it
             waiting = [i for i in self.waiting.values() if i.fragment == fragment and i.send.base_version <= reached]
@@ -551,6 +591,31 @@ class Reducer:
             chosen = to_forward(waiting, in_flight, live, policy, now)
             if chosen:
                 self._send(fragment, [self.records[item.send.key] for item in chosen])
+
+    def _relay(self, record: PayloadRecord) -> None:
+        """Copy a verified send to its relay key, for the syncer to anchor itself."""
+        try:
+            blob = self.bucket.read_payload(record.key)
+            check_announced(record, blob, self.secret)
+            key = self.bucket.relay(record.key, blob)
+        except (PayloadError, FileNotFoundError) as error:
+            self._refused("payload", record.key, error)
+            self.waiting.pop(record.key, None)
+            self._remove_refused([record.key])
+            return
+        except StorageError as error:
+            log.warning("%s not relayed (tried again later): %s", record.key, error)
+            return
+        self.waiting.pop(record.key, None)
+        self.relayed[key] = record
+        self.counts["sends"] += 1
+        log.info(
+            "relayed %s: fragment %d from %s, base version %d",
+            key,
+            record.fragment,
+            record.learner,
+            record.base_version,
+        )
 
     def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> None:
         try:
@@ -609,6 +674,8 @@ class Reducer:
         for record in self.in_flight.values():
             if record.sends:  # one without sends holds nothing the syncer waits for
                 in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
+        for relayed in self.relayed.values():
+            in_flight.setdefault(relayed.fragment, []).append(relayed.learner)
         waiting: dict[FragmentIndex, list[LearnerId]] = {}
         for item in self.waiting.values():
             waiting.setdefault(item.fragment, []).append(item.send.learner)

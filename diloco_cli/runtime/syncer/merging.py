@@ -32,6 +32,7 @@ from diloco_cli.runtime.syncer.state import SyncerState, commit_merge
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store.documents import LastMerge
 from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload, SyncerHome
+from diloco_cli.store.region import RELAY_KEY
 
 log = logging.getLogger("diloco.syncer")
 
@@ -161,6 +162,8 @@ class Merger:
         observer.forget(consumed)
         if self.sync.delete_consumed_payloads and not self.sync.reducers:
             observer.delete(consumed)
+        else:  # relayed copies are the syncer's to delete (their reducer then lets the payload go)
+            observer.delete([name for name in consumed if RELAY_KEY.match(name.split(":", 1)[1])])
         seconds = self.clock() - started - evaluation_seconds
         learners = sorted({a.learner for a in merged})
         log.info(

@@ -28,7 +28,7 @@ from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualif
 from diloco_cli.store.aggregates import AggregateRecord
 from diloco_cli.store.documents import Heartbeat, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import PayloadRecord, RegionBucket, heartbeat_key
+from diloco_cli.store.region import RELAY_KEY, PayloadRecord, RegionBucket, heartbeat_key
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.syncer")
@@ -247,6 +247,10 @@ class Observer:
             return
         self.retiring[payload.key] = payload
         self.forget([payload.key])
+        if RELAY_KEY.match(payload.key.split(":", 1)[1]):
+            # deleted at once: its reducer then lets the send go (and holds nothing for
+            # it), whether or not a later commit lists it; nothing is merged from a relay gone
+            self.delete([payload.key])
 
     def forget(self, names: list[str]) -> None:
         """Payloads consumed (merged, or retired and committed)."""

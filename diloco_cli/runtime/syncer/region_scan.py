@@ -21,7 +21,7 @@ from diloco_cli.store import aggregates
 from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Heartbeat, ReducerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import PAYLOAD_KEY, PayloadRecord, RegionBucket
+from diloco_cli.store.region import PAYLOAD_KEY, RELAY_KEY, PayloadRecord, RegionBucket
 
 log = logging.getLogger("diloco.syncer")
 
@@ -33,9 +33,10 @@ def qualified(region: str, key: str) -> str:
 
 def payload_id(name: str) -> PayloadId | None:
     """The ledger's identity of a qualified payload or aggregate key (None: neither).  A
-    region's aggregates count under its reducer's name, their serials as sequences."""
+    region's aggregates count under its reducer's name, their serials as sequences; a
+    relayed payload is the learner's send it copies."""
     region, key = name.split(":", 1)
-    if match := PAYLOAD_KEY.match(key):
+    if match := PAYLOAD_KEY.match(key) or RELAY_KEY.match(key):
         return PayloadId(
             name, LearnerId(match["learner"]), FragmentIndex(int(match["fragment"])), int(match["sequence"])
         )
@@ -82,7 +83,8 @@ def scan_region(
     owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
     published: Sequence[str] = (),
 ) -> RegionScan:
-    """List a region's arrivals (payloads, or with ``reducer`` its aggregates) of the
+    """List a region's arrivals (payloads, or with ``reducer`` its aggregates and the
+    payloads its reducer relays) of the
     fragments this syncer ``owns`` (a syncer shard's), delete those the ledger says are
     consumed, read the markers and bytes of those not ``known`` yet, the heartbeats of
     ``learners`` and, with them, which of the ``published`` keys are gone and (with
@@ -91,7 +93,7 @@ def scan_region(
     listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
-        keys = aggregates.aggregate_keys(bucket) if reducer else bucket.payload_keys()
+        keys = aggregates.aggregate_keys(bucket) + bucket.relay_keys() if reducer else bucket.payload_keys()
     except StorageError as error:
         log.warning("region %s cannot be listed now: %s", region, error)
         scan.unreachable, scan.whole = str(error), False
@@ -101,13 +103,17 @@ def scan_region(
         if not owns(payload_id(name).fragment):
             continue
         try:
+            relayed = RELAY_KEY.match(key) is not None
             if consumed(name):
-                if delete_consumed:
+                if delete_consumed or relayed:  # a relayed copy is the syncer's to delete
                     bucket.delete_payload(key)
                 continue
             if known(name):
                 continue
-            scan.records.append(aggregates.aggregate_record(bucket, key) if reducer else bucket.payload_record(key))
+            is_aggregate = reducer and not relayed
+            scan.records.append(
+                aggregates.aggregate_record(bucket, key) if is_aggregate else bucket.payload_record(key)
+            )
             scan.payloads[key] = bucket.read_payload(key)
         except FileNotFoundError:
             continue
