@@ -18,9 +18,6 @@ from diloco_cli.codec.errors import NonFiniteValues
 MAX_ABSMAX = 3.0e38
 """Beyond this a block's scale, rounded up to a bfloat16, would overflow (as in the kernels)."""
 
-KERNEL_CONSTANTS = {"MAX_ABSMAX": MAX_ABSMAX}
-"""The constants of ``_kernels.c`` stated here (checked against it by a test)."""
-
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """A torch view of a numpy array that may be read-only (decoding only reads it)."""

@@ -19,12 +19,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diloco_cli.codec.blocks import MAX_ABSMAX
 from diloco_cli.codec.errors import NonFiniteValues
 from diloco_cli.codec.parallel import SERIAL, KernelPool
 from diloco_cli.codec.registry import Codec, ValueCodec, codec_named
-from diloco_cli.codec.spec import CodecSpec
+from diloco_cli.codec.spec import MAX_BLOCK_SIZE, CodecSpec
 
 # ----------------------------------------------------------------------------- kernels
+
+KERNEL_CONSTANTS = {"MAX_ABSMAX": MAX_ABSMAX, "MAX_TILE": MAX_BLOCK_SIZE}
+"""The constants of ``_kernels.c`` that every codec shares, by their C names (each codec
+states its own in its ``kernel_constants``; ``tests/unit/test_kernel_constants.py``
+checks both against the C source)."""
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 
