@@ -12,6 +12,7 @@ sections can be viewed as fp32 in place.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.machinery
 import warnings
 from pathlib import Path
@@ -97,8 +98,9 @@ def _declare(library: ctypes.CDLL) -> None:
     library.diloco_fold_sums.restype = ctypes.c_int
 
 
+@functools.cache
 def _codec_kernel(library: ctypes.CDLL, operation: str, kernel: str):
-    """``diloco_<operation>_<kernel>`` of ``library``, declared."""
+    """``diloco_<operation>_<kernel>`` of ``library``, declared (once)."""
     function = getattr(library, f"diloco_{operation}_{kernel}")
     function.argtypes, function.restype = _CODEC_KERNELS[operation]
     return function

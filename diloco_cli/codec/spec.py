@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -51,7 +52,7 @@ class CodecSpec(BaseModel):
     def unchecked(cls, codec: str, block_size: int, keep_per_block: int) -> CodecSpec:
         """A spec of these parameters, not validated: for the functions that take them one
         by one (:func:`~diloco_cli.codec.layout.section_layout`, the quantizers)."""
-        return cls.model_construct(codec=Codec(codec), block_size=block_size, keep_per_block=keep_per_block)
+        return _unchecked(cls, str(codec), block_size, keep_per_block)
 
     @property
     def implementation(self) -> ValueCodec:
@@ -81,3 +82,9 @@ class CodecSpec(BaseModel):
     def density(self) -> float:
         """The share of a payload's values sent other than 0 (below 1 for top-k)."""
         return self.implementation.density(self)
+
+
+@functools.cache
+def _unchecked(cls: type[CodecSpec], codec: str, block_size: int, keep_per_block: int) -> CodecSpec:
+    """Made once per parameters (a spec is frozen): the quantizers ask for one per tensor."""
+    return cls.model_construct(codec=Codec(codec), block_size=block_size, keep_per_block=keep_per_block)
