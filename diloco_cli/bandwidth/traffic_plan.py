@@ -8,10 +8,10 @@ regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need (
   model and batch, a few warm steps then a few timed ones, on the recipe's device),
   unless ``step_seconds`` is given;
 * every payload's real size, by encoding sample tensors of each fragment's shapes with
-  the real encoder for every codec (fp32, bf16, int8, int4): frame, header, packed
-  values, scales, zstandard.  A fragment of more than
-  :data:`~diloco_cli.bandwidth.measure.EXACT_VALUES` values is sized from its exact
-  layout and the compression measured on a sample;
+  the real encoder for every codec it weighs (:func:`weighed_codecs`: fp32, bf16, int8,
+  int4) and the recipe's: frame, header, packed values, scales, zstandard.  A fragment
+  of more than :data:`~diloco_cli.bandwidth.measure.EXACT_VALUES` values is sized from
+  its exact layout and the compression measured on a sample;
 * the training thread's time to encode a fragment's delta, to add an update and check
   its digest, and to encode a checkpoint, timed on the same samples.
 
@@ -41,7 +41,8 @@ from diloco_cli.bandwidth.measure import (
 from diloco_cli.bandwidth.model import predict, predict_data_parallel, smallest_sync_interval
 from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, load_prices, provider_of, request_dollars
 from diloco_cli.bandwidth.shapes import CodecCost, DataParallelPrediction, DiLoCoPrediction, Link, RunShape
-from diloco_cli.codec.layout import Codec
+from diloco_cli.codec import Codec, CodecSpec
+from diloco_cli.codec.registry import codec_named
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
@@ -52,22 +53,27 @@ from diloco_cli.store.region import SEQUENCE_PER_EPOCH, payload_key
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
-CODECS = ("fp32", "bf16", "int8", "int4")
-"""The codecs a plan weighs, heaviest first."""
-
 NOT_BUILT = "not built (--parameters)"
 
 
+def weighed_codecs() -> tuple[str, ...]:
+    """The codecs a plan weighs for uploads and updates alike, heaviest first: every
+    registered codec offered to plans (fp32, bf16, int8, int4 of the built-in ones), by
+    the size of a section of 2^16 values with its default parameters."""
+    offered = [codec.value for codec in Codec if codec_named(codec).offered_by_plan]
+    return tuple(sorted(offered, key=lambda codec: -CodecSpec(codec=codec).layout(1 << 16).total_bytes))
+
+
 def update_density(recipe: Recipe, regions: int, learners: int) -> float:
-    """The share of a published update's values that are not 0: where uploads are top-k
-    and the outer step has no momentum, a merge of S sends keeps at most S x
-    keep_per_block of each block (S: the regions' aggregates with reducers, else the
-    learners' payloads); else every value moves."""
+    """The share of a published update's values that are not 0: where uploads are sparse
+    (top-k: ``keep_per_block`` of each block) and the outer step has no momentum, a merge
+    of S sends keeps at most S times the share of each (S: the regions' aggregates with
+    reducers, else the learners' payloads); else every value moves."""
     codec, sync = recipe.sync.learner_codec, recipe.sync
-    if codec.codec is not Codec.TOPK or sync.outer_momentum > 0:
+    if codec.density >= 1 or sync.outer_momentum > 0:
         return 1.0
     senders = regions if sync.reducers else learners
-    return min(1.0, senders * codec.keep_per_block / codec.block_size)
+    return min(1.0, senders * codec.density)
 
 
 """The plan's ``model`` when it was made from a parameter count alone."""
@@ -433,7 +439,7 @@ def build_traffic_plan(
         "previous_version": version - P,
     }
     uploads, updates = {}, {}
-    for codec in dict.fromkeys((*CODECS, sync.learner_codec.codec.value, sync.update_codec.codec.value)):
+    for codec in dict.fromkeys((*weighed_codecs(), sync.learner_codec.codec.value, sync.update_codec.codec.value)):
         for kind, spec, meta, found in (
             ("upload", sync.learner_codec, upload_meta, uploads),
             ("update", sync.update_codec, update_meta, updates),
@@ -550,7 +556,8 @@ def _suggest(
     """The smallest H reaching ``target`` with any codecs weighed; at that H the recipe's
     codecs when they reach it too, else the lightest that do."""
     recipe_pair = (shape.uploads.codec, shape.updates.codec)
-    pairs = list(dict.fromkeys([*((c, c) for c in CODECS), recipe_pair]))
+    weighed = weighed_codecs()
+    pairs = list(dict.fromkeys([*((c, c) for c in weighed), recipe_pair]))
     largest = shape.inner_steps
     options, found = [], {}
     for upload, update in pairs:
@@ -572,7 +579,7 @@ def _suggest(
             )
             found[(upload, update)] = (best.sync_interval, candidate)
     if not found:
-        lightest = (CODECS[-1], CODECS[-1])
+        lightest = (weighed[-1], weighed[-1])
         option = next(o for o in options if (o.upload_codec, o.update_codec) == lightest)
         return Suggestion(
             target_compute_share=target,

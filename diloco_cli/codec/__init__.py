@@ -1,7 +1,8 @@
 """The payload codec: block-wise quantization, zstandard, and an authenticated frame.
 
 Everything that crosses a bucket as tensors goes through :func:`encode_payload` and
-:func:`decode_payload`.  Nothing is ever unpickled.
+:func:`decode_payload`.  Nothing is ever unpickled.  The codecs (how values are stored)
+are registered by name (:mod:`diloco_cli.codec.registry`, :func:`register_codec`).
 """
 
 from diloco_cli.codec.errors import (
@@ -13,7 +14,7 @@ from diloco_cli.codec.errors import (
     UnsupportedFormat,
     WrongRun,
 )
-from diloco_cli.codec.layout import Codec
+from diloco_cli.codec.registry import Codec, register_codec
 from diloco_cli.codec.secret import RunSecret
 
 _LAZY = {
@@ -52,4 +53,5 @@ __all__ = [
     "encode_payload",
     "read_header",
     "declared_values",
+    "register_codec",
 ]

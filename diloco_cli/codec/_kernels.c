@@ -36,6 +36,11 @@ static const float ROUNDING_MAGIC = 12582912.0f;
 /* Beyond this, absmax / levels rounded up to a bfloat16 would overflow. */
 static const float MAX_ABSMAX = 3.0e38f;
 
+/* Each codec's constants, which its Python module states too (by these names, in its
+ * kernel_constants; tests/unit/test_kernel_constants.py checks that they agree). */
+enum { INT8_LEVELS = 127, INT4_LEVELS = 7, INT4_MAX_BLOCK = 256, INT2_LEVELS = 3 };
+static const double INT2_SCALE_OF_MEAN = 2.0 / 3.0;
+
 /* Absolute maximum of n values.  Clearing the sign bit makes an IEEE float's bit pattern
  * order like its value, so an integer max (which vectorises) finds it; NaN and infinity
  * have the largest patterns, so a non-finite block shows up as a non-finite maximum. */
@@ -79,7 +84,7 @@ ALWAYS_INLINE float bf16_scale_up(float absmax, float levels, uint16_t *stored) 
 
 /* The level (-3, -1, 1 or 3) of value j of an int2 block's packed codes. */
 ALWAYS_INLINE float int2_level(const uint8_t *pb, int64_t j) {
-    return (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - 3);
+    return (float)(((pb[j / 4] >> (2 * (j % 4))) & 3) * 2 - INT2_LEVELS);
 }
 
 ALWAYS_INLINE float bf16_to_float(uint16_t stored) {
@@ -122,7 +127,7 @@ static int64_t quantize_levels(const float *x, int64_t n, int64_t block, int lev
 
 int64_t diloco_quantize_int8(const float *x, int64_t n, int64_t block, uint16_t *scales,
                              int8_t *codes, float *residual) {
-    return quantize_levels(x, n, block, 127, scales, codes, residual);
+    return quantize_levels(x, n, block, INT8_LEVELS, scales, codes, residual);
 }
 
 /* int4: codes q+8 in 1..15, two per byte, the even element in the low nibble.  Works in
@@ -131,14 +136,14 @@ MULTIVERSION
 int64_t diloco_quantize_int4(const float *x, int64_t n, int64_t block, uint16_t *scales,
                              uint8_t *packed, float *residual) {
     enum { CHUNK_BLOCKS = 64 };
-    int8_t codes[CHUNK_BLOCKS * 256];
-    if (block > 256 || block % 2) return -1;
+    int8_t codes[CHUNK_BLOCKS * INT4_MAX_BLOCK];
+    if (block > INT4_MAX_BLOCK || block % 2) return -1;
     int64_t num_blocks = (n + block - 1) / block;
     for (int64_t b0 = 0; b0 < num_blocks; b0 += CHUNK_BLOCKS) {
         int64_t start = b0 * block;
         int64_t len = n - start;
         if (len > CHUNK_BLOCKS * block) len = CHUNK_BLOCKS * block;
-        int64_t status = quantize_levels(x + start, len, block, 7, scales + b0, codes,
+        int64_t status = quantize_levels(x + start, len, block, INT4_LEVELS, scales + b0, codes,
                                          residual ? residual + start : NULL);
         if (status) return b0 + status;
         uint8_t *pb = packed + start / 2;
@@ -167,7 +172,7 @@ int64_t diloco_quantize_int2(const float *x, int64_t n, int64_t block, uint16_t 
         if (!(absmax <= MAX_ABSMAX)) return b + 1;
         double sum = 0.0;
         for (int64_t j = 0; j < len; ++j) sum += (double)fabsf(xb[j]);
-        float scale = bf16_round_up((float)(sum / (double)len * (2.0 / 3.0)), &scales[b]);
+        float scale = bf16_round_up((float)(sum / (double)len * INT2_SCALE_OF_MEAN), &scales[b]);
         float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         uint8_t *pb = packed + start / 4;
         for (int64_t j = 0; j < len; j += 4) {
@@ -177,8 +182,8 @@ int64_t diloco_quantize_int2(const float *x, int64_t n, int64_t block, uint16_t 
                 float half = (v - 1.0f) / 2.0f;
                 float r = (half + ROUNDING_MAGIC) - ROUNDING_MAGIC;
                 float q = r * 2.0f + 1.0f;
-                q = q > 3.0f ? 3.0f : (q < -3.0f ? -3.0f : q);
-                byte |= (uint8_t)(((int)q + 3) / 2) << (2 * k);
+                q = q > INT2_LEVELS ? INT2_LEVELS : (q < -INT2_LEVELS ? -INT2_LEVELS : q);
+                byte |= (uint8_t)(((int)q + INT2_LEVELS) / 2) << (2 * k);
                 if (residual) residual[start + j + k] = xb[j + k] - q * scale;
             }
             pb[j / 4] = byte;
@@ -234,7 +239,7 @@ void diloco_dequantize_int4(const uint8_t *packed, const uint16_t *scales, int64
         const uint8_t *pb = packed + start / 2;
         float *ob = out + start;
         int64_t pairs = len / 2;
-        float values[256];
+        float values[INT4_MAX_BLOCK];
         for (int64_t j = 0; j < pairs; ++j) {
             values[2 * j] = (float)((int)(pb[j] & 15) - 8) * scale;
             values[2 * j + 1] = (float)((int)(pb[j] >> 4) - 8) * scale;

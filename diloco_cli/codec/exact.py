@@ -96,7 +96,8 @@ class UpdateEncoder:
 
     def __init__(self, spec: CodecSpec, carries: Mapping[str, torch.Tensor], fresh: frozenset[str]) -> None:
         self.spec = spec
-        self.block_size = spec.block_size if spec.codec.levels else 1
+        self.block_size = spec.alignment
+        """Chunks start at multiples of this many values (the codec's block, or 1)."""
         self._carries = {name: carry.view(-1) for name, carry in carries.items()}
         self._fresh = fresh
         """Tensors without a carry yet: their first chunk is written, not added."""

@@ -23,14 +23,9 @@ from collections.abc import Mapping
 import torch
 
 from diloco_cli.codec.frame import PayloadBody, TensorEntry
-from diloco_cli.codec.layout import Codec
 from diloco_cli.codec.parallel import SERIAL, KernelPool
 from diloco_cli.codec.quantize import KERNELS, dequantize_into
-
-_KINDS = {Codec.FP32: 0, Codec.BF16: 1, Codec.INT8: 2, Codec.INT4: 3, Codec.INT2: 4}
-"""The codec numbers of ``_kernels.c``."""
-
-_CODE_BYTES = {Codec.FP32: 4.0, Codec.BF16: 2.0, Codec.INT8: 1.0, Codec.INT4: 0.5, Codec.INT2: 0.25}
+from diloco_cli.codec.registry import Codec, codec_named
 
 
 class AnchoredPayload:
@@ -51,7 +46,9 @@ class AnchoredPayload:
     ) -> None:
         self.body, self.drift, self.pool = body, drift, pool
         self.names = [entry.name for entry in body.header.tensors]
-        self._use_kernels = use_kernels and KERNELS is not None and body.header.codec.codec in _KINDS
+        self._kind = body.header.codec.implementation.fold_kind
+        """The codec's number among the merge kernels' formats (None: the torch path)."""
+        self._use_kernels = use_kernels and KERNELS is not None and self._kind is not None
         self._anchored: tuple[str, torch.Tensor] | None = None
         """The torch path's last anchored tensor, so that norm and fold decode it once."""
 
@@ -61,13 +58,14 @@ class AnchoredPayload:
             return float(torch.linalg.vector_norm(self._anchored_tensor(name), dtype=torch.float64))
         entry, codes, scales, block = self._section(name)
         drift = self._drift_address(name)
-        kind, code_bytes = _KINDS[self.body.header.codec.codec], _CODE_BYTES[self.body.header.codec.codec]
+        spec, kind = self.body.header.codec, self._kind
 
         def sum_of_squares(start: int, length: int) -> float:
+            offsets = spec.layout(start)
             return KERNELS.diloco_fold_sumsq(
                 kind,
-                codes + int(start * code_bytes),
-                scales + 2 * (start // block),
+                codes + offsets.code_bytes,
+                scales + offsets.scale_bytes,
                 length,
                 block,
                 None if drift is None else drift + 4 * start,
@@ -110,16 +108,17 @@ class AnchoredPayload:
             return
         entry, codes, scales, block = self._section(name)
         drift = self._drift_address(name)
-        kind, code_bytes = _KINDS[self.body.header.codec.codec], _CODE_BYTES[self.body.header.codec.codec]
+        spec, kind = self.body.header.codec, self._kind
         weighted = None if weighted_sum is None else _address_of(weighted_sum, entry)
         unit = None if unit_sum is None else _address_of(unit_sum, entry)
         overwrite = int(overwrite_weighted) | 2 * int(overwrite_unit)
 
         def fold_chunk(start: int, length: int) -> int:
+            offsets = spec.layout(start)
             return KERNELS.diloco_fold_sums(
                 kind,
-                codes + int(start * code_bytes),
-                scales + 2 * (start // block),
+                codes + offsets.code_bytes,
+                scales + offsets.scale_bytes,
                 length,
                 block,
                 None if drift is None else drift + 4 * start,
@@ -136,13 +135,13 @@ class AnchoredPayload:
     # ---------------------------------------------------------------------- helpers
 
     def _section(self, name: str) -> tuple[TensorEntry, int, int, int]:
-        """The entry, the addresses of the codes and the scales, and the block size."""
+        """The entry, the addresses of the codes and the scales, and the block size (1 for
+        a format without blocks: its chunks may start anywhere)."""
         entry, section = self.body.section(name)
         spec = self.body.header.codec
         layout = spec.layout(entry.numel)
         address = section.ctypes.data
-        block = spec.block_size if spec.codec.levels else 1
-        return entry, address + layout.scale_bytes, address, block
+        return entry, address + layout.scale_bytes, address, spec.alignment
 
     def _drift_address(self, name: str) -> int | None:
         if self.drift is None:
@@ -180,7 +179,7 @@ def norm(tensor: torch.Tensor, pool: KernelPool = SERIAL, *, use_kernels: bool =
     if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("the kernels' norm needs a contiguous fp32 CPU tensor")
     address = tensor.data_ptr()
-    kind = _KINDS[Codec.FP32]
+    kind = codec_named(Codec.FP32).fold_kind
     partials = pool.map_chunks(
         lambda start, length: KERNELS.diloco_fold_sumsq(kind, address + 4 * start, None, length, 1, None),
         tensor.numel(),

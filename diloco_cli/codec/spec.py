@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from diloco_cli.codec.layout import MAX_INT4_BLOCK, MAX_TOPK_BLOCK, Codec, SectionLayout, section_layout
+from diloco_cli.codec.layout import SectionLayout
+from diloco_cli.codec.registry import Codec, codec_named
+
+if TYPE_CHECKING:
+    from diloco_cli.codec.registry import ValueCodec
+
+MAX_BLOCK_SIZE = 4096
+"""The merge kernels fold a block at a time through a buffer of this many values."""
+
+OPTIONAL_PARAMETERS = ("keep_per_block",)
+"""Fields a header names only for the codecs that read them (``extra_parameters``)."""
 
 
 class CodecSpec(BaseModel):
@@ -18,9 +31,9 @@ class CodecSpec(BaseModel):
     larger values clipped), or topk (each block's ``keep_per_block`` values of largest
     magnitude, as their signs times the block's mean kept magnitude, the rest sent as 0);
     int2 and topk are for payloads sent with error feedback, which carries what they drop
-    into the next send."""
+    into the next send.  Any codec registered in :mod:`diloco_cli.codec.registry`."""
 
-    block_size: int = Field(default=64, ge=2, le=4096)
+    block_size: int = Field(default=64, ge=2, le=MAX_BLOCK_SIZE)
     """Values per quantization block; each block stores one bfloat16 scale (int8, int4,
     int2 and topk only; topk at most 256, e.g. 256 keeping 8: 3%)."""
 
@@ -31,30 +44,47 @@ class CodecSpec(BaseModel):
     """zstandard level applied after quantization; 0 turns zstandard off."""
 
     @model_validator(mode="after")
-    def _block_fits_codec(self) -> CodecSpec:
-        if self.codec is Codec.INT4 and (self.block_size % 2 or self.block_size > MAX_INT4_BLOCK):
-            raise ValueError(f"int4 needs an even block_size of at most {MAX_INT4_BLOCK}, got {self.block_size}")
-        if self.codec is Codec.INT2 and self.block_size % 4:
-            raise ValueError(f"int2 packs four codes a byte: block_size must be a multiple of 4, got {self.block_size}")
-        if self.codec is Codec.TOPK and self.block_size > MAX_TOPK_BLOCK:
-            raise ValueError(
-                f"topk names a kept value by a byte: block_size must be at most {MAX_TOPK_BLOCK}, got {self.block_size}"
-            )
-        if self.codec is Codec.TOPK and self.keep_per_block >= self.block_size:
-            raise ValueError(
-                f"topk keeps fewer values than a block holds: keep_per_block {self.keep_per_block} must be below "
-                f"block_size {self.block_size}"
-            )
+    def _parameters_fit_codec(self) -> CodecSpec:
+        self.implementation.check(self)
         return self
 
+    @classmethod
+    def unchecked(cls, codec: str, block_size: int, keep_per_block: int) -> CodecSpec:
+        """A spec of these parameters, not validated: for the functions that take them one
+        by one (:func:`~diloco_cli.codec.layout.section_layout`, the quantizers)."""
+        return _unchecked(cls, str(codec), block_size, keep_per_block)
+
+    @property
+    def implementation(self) -> ValueCodec:
+        """The codec's implementation, from the registry."""
+        return codec_named(self.codec)
+
     def header_fields(self) -> dict[str, object]:
-        """This spec as a payload's header names it (``keep_per_block`` only for topk, so
-        that the other codecs' headers stay as they were)."""
+        """This spec as a payload's header names it: of :data:`OPTIONAL_PARAMETERS` only
+        those its codec reads (``keep_per_block`` for topk), so that the other codecs'
+        headers stay as they were."""
         fields = self.model_dump(mode="json")
-        if self.codec is not Codec.TOPK:
-            del fields["keep_per_block"]
+        for name in OPTIONAL_PARAMETERS:
+            if name not in self.implementation.extra_parameters:
+                del fields[name]
         return fields
 
     def layout(self, numel: int) -> SectionLayout:
         """The byte sizes of a tensor of ``numel`` values in this format."""
-        return section_layout(self.codec, numel, self.block_size, self.keep_per_block)
+        return self.implementation.layout(numel, self)
+
+    @property
+    def alignment(self) -> int:
+        """Chunks of a tensor start at multiples of this many values (a block, or 1)."""
+        return self.implementation.alignment(self)
+
+    @property
+    def density(self) -> float:
+        """The share of a payload's values sent other than 0 (below 1 for top-k)."""
+        return self.implementation.density(self)
+
+
+@functools.cache
+def _unchecked(cls: type[CodecSpec], codec: str, block_size: int, keep_per_block: int) -> CodecSpec:
+    """Made once per parameters (a spec is frozen): the quantizers ask for one per tensor."""
+    return cls.model_construct(codec=Codec(codec), block_size=block_size, keep_per_block=keep_per_block)

@@ -108,3 +108,22 @@ def test_topk_settings_that_cannot_work_are_refused():
     with pytest.raises(ValueError, match="keep_per_block 64 must be below block_size 64"):
         CodecSpec(codec=Codec.TOPK, block_size=64, keep_per_block=64)
     assert CodecSpec(codec=Codec.INT8, block_size=1000, keep_per_block=1000).block_size == 1000  # topk's alone
+
+
+def test_a_topk_update_encoded_chunk_by_chunk_is_the_update_encoded_at_once(secret, monkeypatch):
+    """The syncer's round encodes an update in chunks that start at multiples of the
+    encoder's alignment: for top-k its block (here 100 values, which divides no chunk of
+    the kernels' power-of-two sizes), so no chunk starts inside a block."""
+    from diloco_cli.codec import parallel
+    from diloco_cli.core.types import FragmentIndex
+
+    monkeypatch.setattr(parallel, "CHUNK_VALUES", 256)
+    spec = CodecSpec(codec=Codec.TOPK, block_size=100, keep_per_block=3)
+    update = torch.randn(2000, generator=torch.Generator().manual_seed(5))
+    chunked = ExactPublisher(spec, secret).update_encoder(FragmentIndex(0), {"w": (2000,)})
+    assert chunked.block_size == 100
+    for start, length in parallel.chunk_bounds(2000, chunked.block_size):
+        chunked.encode("w", start, update[start : start + length])
+    whole = ExactPublisher(spec, secret).update_encoder(FragmentIndex(0), {"w": (2000,)})
+    whole.encode("w", 0, update)
+    assert np.array_equal(chunked.body().raw, whole.body().raw)
