@@ -1,6 +1,6 @@
-"""The flows on each link of a Decoupled DiLoCo run: what the syncer, the reducers and
-the learners read and write per second on every region's link (the notation and the
-list of flows are in :mod:`diloco_cli.bandwidth.model`), each request's HTTP heads, and
+"""The flows on each link of a Decoupled DiLoCo run: what the syncer reads of every
+region (its reducer's aggregates or relays, the heartbeats) and writes there per second
+(the notation and the list of flows are in :mod:`diloco_cli.bandwidth.model`), each request's HTTP heads, and
 the syncer's I/O time on the link.  Pure formulas over a :class:`RunShape`."""
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ def link_flows(
     shape: RunShape, link: Link, period: float, head: float, status: float, beat: float, samples: float
 ) -> tuple[Flow, ...]:
     """Every kind of object crossing ``link``, per second (see the module docstring):
-    what arrives and its listings (:func:`_payload_flows`, or :func:`_aggregate_flows`
-    with reducers), the heartbeats, then what the syncer publishes."""
+    what arrives and its listings (:func:`_arrival_flows`: the region's aggregates under
+    K = M, the sends its reducer relays under K < M), the heartbeats, then what the syncer
+    publishes (each region's reducer writes the region's snapshots)."""
     s = shape
     P, learners = s.num_fragments, link.learners
     sends = learners * P / (s.sync_interval * period)
@@ -99,25 +100,14 @@ def link_flows(
     beat_every = _turn_interval(min(s.status_seconds, s.heartbeat_seconds), s.poll_seconds)
     status_every = _turn_interval(s.status_seconds, s.poll_seconds)
     beats = learners / beat_every
-    if s.reducers:
-        arrivals, listings = _aggregate_flows(s, link, sends, merges, beat_every, samples)
-        snapshots = 0.0  # each region's reducer writes its own
-    else:
-        arrivals, listings = _payload_flows(s, link, sends, merges)
-        snapshots = merges / s.snapshot_every
-    snapshot = (
-        () if s.reducers else (_flow("snapshot", "up", snapshots * s.snapshot_bytes, put=snapshots, get=snapshots),)
-    )
+    arrivals, listings = _arrival_flows(s, link, sends, merges, beat_every, samples)
     return (
         *arrivals,
         _flow("heartbeat", "down", beats * beat, get=beats),
         *listings,
-        # publish_update and write_snapshot first check that the marker is not there (a HEAD)
+        # publish_update first checks that the marker is not there (a HEAD)
         _flow("update", "up", merges * update, put=merges, get=merges),
-        _flow(
-            "marker", "up", merges * s.update_marker_bytes + snapshots * s.snapshot_marker_bytes, put=merges + snapshots
-        ),
-        *snapshot,
+        _flow("marker", "up", merges * s.update_marker_bytes, put=merges),
         _flow("head", "up", merges * head, put=merges),
         _flow("status", "up", status / status_every, put=1 / status_every),
     )
@@ -126,85 +116,68 @@ def link_flows(
 def _sweep(shape: RunShape, learners: int) -> tuple[float, float]:
     """Bytes and LIST requests per second of listing one region's whole run for
     leftovers, every ``leftover_seconds / 4``.  Its keys: manifest, head, status, per
-    learner its heartbeat, epoch, checkpoints and waiting payloads, the updates (1.5 S
-    on average) and snapshots; with reducers also the aggregates waiting, the reducer's
-    error feedback, its status and its epoch."""
+    learner its heartbeat, epoch, checkpoints and waiting payloads (and under K < M their
+    relays), the updates (1.5 S on average) and snapshots, the aggregates waiting, the
+    reducer's error feedback, its status and its epoch."""
+    waiting = PAYLOADS_WAITING_PER_LEARNER * (2 if shape.relays else 1)
     keys = (
         3
-        + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * PAYLOADS_WAITING_PER_LEARNER)
+        + learners * (2 + 2 * CHECKPOINTS_KEPT + 2 * waiting)
         + 2 * 1.5 * shape.snapshot_every
         + 2 * SNAPSHOTS_KEPT
+        + 2 * shape.num_fragments * (AGGREGATES_WAITING_PER_FRAGMENT + RESIDUALS_KEPT_PER_FRAGMENT)
+        + 2
     )
-    if shape.reducers:
-        keys += 2 * shape.num_fragments * (AGGREGATES_WAITING_PER_FRAGMENT + RESIDUALS_KEPT_PER_FRAGMENT) + 2
     every = max(1.0, shape.leftover_seconds / SWEEP_FRACTION)
     return listing_bytes(keys, shape.key_prefix_bytes + 40) / every, listing_requests(keys) / every
 
 
-def _payload_flows(shape: RunShape, link: Link, sends: float, merges: float) -> Flows:
-    """Without reducers: the learners' payloads and markers (deleted once merged); the
-    listing of ``payloads/`` per poll, the listing for leftovers and the garbage
-    collection's after each snapshot."""
-    s = shape
-    P, S, learners = s.num_fragments, s.snapshot_every, link.learners
-    payload = sum(s.uploads.bytes) / P
-    deletes = 2 * sends if s.delete_consumed_payloads else 0.0
-    prefix = s.key_prefix_bytes
-    payload_key = prefix + len("payloads//000-000001000001.dlc.ready") + s.learner_id_bytes
-    waiting = 2 * learners * PAYLOADS_WAITING_PER_LEARNER
-    poll = listing_bytes(waiting, payload_key)
-    sweep, sweep_requests = _sweep(s, learners)
-    # garbage collection after each snapshot: list global/updates (up to 2S with markers)
-    # and global/snapshots, delete S updates and a snapshot (with their markers)
-    snapshots = merges / S
-    gc_list = listing_bytes(4 * S, prefix + 39) + listing_bytes(2 * (SNAPSHOTS_KEPT + 1), prefix + 36)
-    gc_requests = listing_requests(4 * S) + listing_requests(2 * (SNAPSHOTS_KEPT + 1))
-    return (
-        _flow("payload", "down", sends * payload, get=sends, delete=deletes),
-        _flow("marker", "down", sends * s.payload_marker_bytes, get=sends),
-    ), (
-        _flow("listing", "down", poll / s.poll_seconds, put=listing_requests(waiting) / s.poll_seconds, polling=True),
-        _flow(
-            "listing",
-            "down",
-            sweep + snapshots * gc_list,
-            put=sweep_requests + snapshots * gc_requests,
-            delete=snapshots * (2 * S + 2),
-        ),
-    )
-
-
-def _aggregate_flows(
+def _arrival_flows(
     shape: RunShape, link: Link, sends: float, merges: float, beat_every: float, samples: float
 ) -> Flows:
-    """With reducers: the region's aggregates, about ``min(sends_r, merges)`` per second
-    (:mod:`diloco_cli.runtime.reducer.forwarding`: under K = M one per fragment round,
-    under K < M one once the region's share of the quorum arrived), each the size of one
-    learner payload of its fragment (the learner codec's), and their markers (one send
-    listed per learner send); the listing of ``aggregates/`` per poll; the reducer's
-    status each time the heartbeats are read; the listing for leftovers.  The reducer
-    deletes what was merged and collects the garbage, in the region."""
+    """What the syncer reads of a region (:mod:`diloco_cli.runtime.reducer.forwarding`):
+    under K = M the region's aggregates, about ``min(sends_r, merges)`` per second (one
+    per fragment round), each the size of one learner payload of its fragment (the
+    learner codec's), and their markers (one send listed per learner send); under K < M
+    every send its reducer relays, a payload and its marker, which the syncer deletes
+    once merged.  Then a listing of ``aggregates/`` and one of ``relays/`` per poll; the
+    reducer's status each time the heartbeats are read; the listing for leftovers.  The
+    learners' payloads, the snapshots and the garbage collection stay in the region."""
     s = shape
     P, learners = s.num_fragments, link.learners
-    aggregates = min(sends, merges)
     payload = sum(s.uploads.bytes) / P
+    if s.relays:
+        arrivals = (
+            _flow("aggregate", "down", sends * payload, get=sends, delete=2 * sends),
+            _flow("marker", "down", sends * s.payload_marker_bytes, get=sends),
+        )
+        relay_key = s.key_prefix_bytes + len("relays//000-000001000001.dlc.ready") + s.learner_id_bytes
+        aggregates_waiting, relays_waiting = 0.0, 2 * learners * PAYLOADS_WAITING_PER_LEARNER
+    else:
+        aggregates = min(sends, merges)
+        arrivals = (
+            _flow("aggregate", "down", aggregates * payload, get=aggregates),
+            _flow(
+                "marker",
+                "down",
+                aggregates * s.aggregate_marker_bytes + sends * s.aggregate_marker_bytes_per_send,
+                get=aggregates,
+            ),
+        )
+        relay_key = 0.0
+        aggregates_waiting = 2 * P * AGGREGATES_WAITING_PER_FRAGMENT if learners else 0.0
+        relays_waiting = 0.0
     aggregate_key = s.key_prefix_bytes + len("aggregates/000-000001000001.dlc.ready")
-    waiting = 2 * P * AGGREGATES_WAITING_PER_FRAGMENT if learners else 0.0
-    poll = listing_bytes(waiting, aggregate_key)
+    poll = listing_bytes(aggregates_waiting, aggregate_key) + listing_bytes(relays_waiting, relay_key)
+    poll_requests = listing_requests(aggregates_waiting) + listing_requests(relays_waiting)
     reads = 1 / beat_every if learners else 0.0
     reducer_status = reducer_status_bytes(P, learners, samples, s.learner_id_bytes)
     sweep, sweep_requests = _sweep(s, learners)
     return (
-        _flow("aggregate", "down", aggregates * payload, get=aggregates),
-        _flow(
-            "marker",
-            "down",
-            aggregates * s.aggregate_marker_bytes + sends * s.aggregate_marker_bytes_per_send,
-            get=aggregates,
-        ),
+        *arrivals,
         _flow("reducer", "down", reads * reducer_status, get=reads),
     ), (
-        _flow("listing", "down", poll / s.poll_seconds, put=listing_requests(waiting) / s.poll_seconds, polling=True),
+        _flow("listing", "down", poll / s.poll_seconds, put=poll_requests / s.poll_seconds, polling=True),
         _flow("listing", "down", sweep, put=sweep_requests),
     )
 

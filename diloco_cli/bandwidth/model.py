@@ -17,19 +17,17 @@ learner only talks to its own region's bucket (region-local, not WAN).  Directio
 seen from the syncer: *down* is what it reads from a bucket, *up* what it writes there.
 Per second, on the link of region r (docs/bandwidth.md has the tables):
 
-* down, with reducers (``sync.reducers``, the default): the region's aggregates, about
-  min(M_r P/(H T), merges) of them (one per fragment round under K = M), each the size
-  of one learner payload of its fragment, and their markers (which list the sends they
-  hold); a listing of ``aggregates/`` per poll; the heartbeats, and the reducer's status
-  as often; a listing of the whole run now and then (leftovers).  The learners' payloads,
-  the snapshots and the garbage collection stay in the region.
-* down, without reducers: each of the M_r learners' payloads, P every H steps, and their
-  markers; its heartbeats (one each every ``status_seconds``, 2 s); a listing of
-  ``payloads/`` per poll; a listing of the whole run now and then (leftovers) and of
-  ``global/`` per snapshot (garbage).
+* down: what the region's reducer passes on (:mod:`diloco_cli.runtime.reducer.forwarding`).
+  Under K = M its aggregates, about min(M_r P/(H T), merges) of them (one per fragment
+  round), each the size of one learner payload of its fragment, and their markers (which
+  list the sends they hold); under K < M every send as the learner made it (a relay: a
+  payload and its marker, P every H steps per learner, deleted by the syncer once
+  merged).  A listing of ``aggregates/`` and one of ``relays/`` per poll; the heartbeats
+  (one per learner every ``status_seconds``, 2 s), and the reducer's status as often; a
+  listing of the whole run now and then (leftovers).  The learners' payloads, the
+  snapshots and the garbage collection stay in the region.
 * up: per merge (K = M: P/(H T) merges per second; K < M: up to M/K times as many) the
-  update and its marker, the head; without reducers a snapshot and its marker every S
-  merges; the syncer's status every ``status_seconds`` (2 s).
+  update and its marker, the head; the syncer's status every ``status_seconds`` (2 s).
 
 The syncer decides on one thread but calls every region's bucket at once, each region's
 calls in order; so besides each link's utilization (its busier direction over its
@@ -117,8 +115,8 @@ def predict(shape: RunShape) -> DiLoCoPrediction:
     """Traffic per link, compute share and token rates of a Decoupled DiLoCo run.
 
     ``T = t + o``; per second M P/(H T) payloads are sent and (M/K) P/(H T) versions
-    published (with reducers, about min(M_r P/(H T), merges) aggregates cross from each
-    region instead of its M_r P/(H T) payloads); each link carries the flows of
+    published (under K = M about min(M_r P/(H T), merges) aggregates cross from each
+    region, under K < M its M_r P/(H T) relayed sends); each link carries the flows of
     :func:`link_flows`, a link local to the syncer no WAN bytes.  Learners never wait
     for the network (uploads run in the background and the outbox folds unsent payloads
     into newer ones), so the network shows as a factor on useful work::

@@ -106,10 +106,6 @@ class RunShape(BaseModel):
     """How often the syncer writes its status to every region and reads the heartbeats
     (``sync.status_seconds``; heartbeats at most as often as learners write them)."""
     leftover_seconds: float = recipe_default(SyncConfig, "leftover_seconds")
-    delete_consumed_payloads: bool = recipe_default(SyncConfig, "delete_consumed_payloads")
-    reducers: bool = recipe_default(SyncConfig, "reducers")
-    """A reducer in every region (``sync.reducers``): the syncer reads the regions'
-    aggregates instead of the learners' payloads, and writes no snapshot."""
     key_prefix_bytes: int = 40
     """Length of the run's root inside a bucket (``runs/<run>/``): listed keys carry it."""
     learner_id_bytes: float = 10.0
@@ -118,6 +114,12 @@ class RunShape(BaseModel):
     @property
     def num_learners(self) -> int:
         return sum(link.learners for link in self.links)
+
+    @property
+    def relays(self) -> bool:
+        """Under K < M each region's reducer relays every send to the syncer as it is;
+        under K = M it forwards one aggregate per fragment round."""
+        return self.quorum < self.num_learners
 
 
 # --------------------------------------------------------------------------- results
@@ -169,8 +171,8 @@ class LinkTraffic(BaseModel):
     syncer_seconds_per_second: float
     """The syncer's I/O time on this link per second, polling listings left out."""
     poll_seconds: float
-    """The syncer's time for one listing of this region's arrivals (payloads, or with
-    reducers aggregates)."""
+    """The syncer's time for one listing of this region's arrivals (its reducer's
+    aggregates and relays)."""
 
 
 class DiLoCoPrediction(BaseModel):

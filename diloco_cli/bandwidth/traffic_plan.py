@@ -17,9 +17,8 @@ regions), measures what the formulas of :mod:`diloco_cli.bandwidth.model` need (
 
 Then the plan predicts the run on the given links, synchronous data-parallel training
 beside it, the smallest H (and codecs) that reach a target compute share, what its
-placement (the syncer in a region, a reducer in each) saves against the same run without
-reducers and with the syncer in a place of its own, and, where the buckets are in a
-cloud, what the traffic costs.
+placement (the syncer in a region) saves against the same run with the syncer in a place
+of its own, and, where the buckets are in a cloud, what the traffic costs.
 """
 
 from __future__ import annotations
@@ -67,12 +66,13 @@ def weighed_codecs() -> tuple[str, ...]:
 def update_density(recipe: Recipe, regions: int, learners: int) -> float:
     """The share of a published update's values that are not 0: where uploads are sparse
     (top-k: ``keep_per_block`` of each block) and the outer step has no momentum, a merge
-    of S sends keeps at most S times the share of each (S: the regions' aggregates with
-    reducers, else the learners' payloads); else every value moves."""
+    of S sends keeps at most S times the share of each (S: the regions' aggregates under
+    K = M, else the learners' sends their reducers relay); else every value moves."""
     codec, sync = recipe.sync.learner_codec, recipe.sync
     if codec.density >= 1 or sync.outer_momentum > 0:
         return 1.0
-    senders = regions if sync.reducers else learners
+    relays = (sync.quorum or learners) < learners
+    senders = learners if relays else regions
     return min(1.0, senders * codec.density)
 
 
@@ -144,28 +144,22 @@ class Costs(BaseModel):
 
 
 class Placement(BaseModel):
-    """Where the syncer runs, whether each region has a reducer, and what that placement
-    saves: the run's WAN bytes per token beside the same run placed otherwise."""
+    """Where the syncer runs, and what that placement saves: the run's WAN bytes per token
+    beside the same run with the syncer in a place of its own."""
 
     model_config = FROZEN
 
     syncer_region: str | None
     """The region whose network the syncer is in (its link is local), or None: a place of
     its own, every region's link crossing the WAN."""
-    reducers: bool
-    """A reducer beside every region's bucket (``sync.reducers``)."""
     syncer_shards: int = 1
     """Syncer processes sharing the fragments (``sync.shards``); their bytes are the one
     syncer's, planned where ``syncer.host`` puts it (the merge work and the requests in
     flight are shared out)."""
     wan_bytes_per_token: float
     """As planned (``diloco.wan_bytes_per_token``)."""
-    no_reducers_wan_bytes_per_token: float
-    """The syncer where it is, without reducers: every learner payload and the snapshots
-    cross the WAN."""
-    apart_no_reducers_wan_bytes_per_token: float
-    """The syncer in a place of its own and no reducers: every region's link crosses the
-    WAN with every payload and snapshot."""
+    apart_wan_bytes_per_token: float
+    """The syncer in a place of its own: every region's link crosses the WAN."""
 
 
 class TrafficPlan(BaseModel):
@@ -305,16 +299,13 @@ def _links(
 def _placement(
     shape: RunShape, diloco: DiLoCoPrediction, apart: tuple[Link, ...], syncer_region: str | None, shards: int
 ) -> Placement:
-    """The planned placement's WAN bytes per token beside the same run without reducers,
-    and with the syncer on ``apart`` links (every one over the WAN) without reducers."""
-    alone = shape.model_copy(update={"reducers": False})
+    """The planned placement's WAN bytes per token beside the same run with the syncer
+    on ``apart`` links (every one over the WAN)."""
     return Placement(
         syncer_region=syncer_region,
-        reducers=shape.reducers,
         syncer_shards=shards,
         wan_bytes_per_token=diloco.wan_bytes_per_token,
-        no_reducers_wan_bytes_per_token=predict(alone).wan_bytes_per_token,
-        apart_no_reducers_wan_bytes_per_token=predict(alone.model_copy(update={"links": apart})).wan_bytes_per_token,
+        apart_wan_bytes_per_token=predict(shape.model_copy(update={"links": apart})).wan_bytes_per_token,
     )
 
 
@@ -510,8 +501,6 @@ def build_traffic_plan(
         heartbeat_seconds=training.heartbeat_seconds,
         status_seconds=sync.status_seconds,
         leftover_seconds=sync.leftover_seconds,
-        delete_consumed_payloads=sync.delete_consumed_payloads,
-        reducers=sync.reducers,
         key_prefix_bytes=max((r.key_prefix_bytes for r in layout), default=0),
         learner_id_bytes=sum(len(i) for r in layout for i in r.learner_ids) / max(1, M),
         region_name_bytes=sum(len(n) for n in names) / len(names),

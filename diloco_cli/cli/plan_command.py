@@ -23,11 +23,10 @@ from ``diloco up`` to the first step on this machine's 2 cores (bench.wan)."""
 
 PLAN_JSON_HELP = """JSON has: recipe, model, parameters, step_seconds (step_range_seconds:
 the fastest and slowest timed step when measured), tokens_budget,
-shape (every input: links, codecs' payload sizes, markers, snapshot, reducers), placement
-(syncer_region: the region the syncer runs in, null for a place of its own; reducers;
-wan_bytes_per_token as planned, no_reducers_wan_bytes_per_token: the syncer where it is
-without reducers, apart_no_reducers_wan_bytes_per_token: the syncer in its own place
-without reducers), diloco (per link its flows by kind and direction, bytes/s up and down,
+shape (every input: links, codecs' payload sizes, markers, snapshot), placement
+(syncer_region: the region the syncer runs in, null for a place of its own;
+wan_bytes_per_token as planned, apart_wan_bytes_per_token: the syncer in its own
+place), diloco (per link its flows by kind and direction, bytes/s up and down,
 requests/s, utilization; syncer_busy, compute_share, bottleneck, wan_bytes_per_token),
 time_to_budget_seconds, data_parallel, bytes_ratio, suggestion, costs."""
 

@@ -29,7 +29,7 @@ def _per_token(count: float) -> str:
 
 
 def _placement(plan: TrafficPlan) -> str:
-    """Where the syncer runs, and whether the regions have reducers."""
+    """Where the syncer runs (a reducer is beside every region's bucket)."""
     p = plan.placement
     who = "the syncer" if p.syncer_shards == 1 else f"the syncer ({p.syncer_shards} shards)"
     syncer = (
@@ -37,23 +37,17 @@ def _placement(plan: TrafficPlan) -> str:
         if p.syncer_region is not None
         else f"{who} in a place of its own (every region's link crosses the WAN)"
     )
-    reducers = "a reducer beside each region's bucket" if p.reducers else "no reducers (sync.reducers: false)"
-    return f"placement: {syncer}, {reducers}"
+    return f"placement: {syncer}, a reducer beside each region's bucket"
 
 
 def _other_placements(plan: TrafficPlan) -> list[str]:
-    """The same run's WAN bytes per token placed otherwise: what this placement saves."""
+    """The same run's WAN bytes per token with the syncer in a place of its own: what
+    this placement saves."""
     p = plan.placement
-    others = []
-    if p.reducers:
-        others.append((p.no_reducers_wan_bytes_per_token, "without reducers"))
-    if p.syncer_region is not None:
-        apart = "with the syncer in its own place" + (" and no reducers" if p.reducers else "")
-        others.append((p.apart_no_reducers_wan_bytes_per_token, apart))
-    if not others:
+    if p.syncer_region is None:
         return []
-    ratio = lambda value: f" ({value / p.wan_bytes_per_token:.1f}x)" if p.wan_bytes_per_token else ""  # noqa: E731
-    return ["  placed otherwise " + ", ".join(f"{_per_token(v)} {label}{ratio(v)}" for v, label in others)]
+    ratio = f" ({p.apart_wan_bytes_per_token / p.wan_bytes_per_token:.1f}x)" if p.wan_bytes_per_token else ""
+    return [f"  placed otherwise {_per_token(p.apart_wan_bytes_per_token)} with the syncer in its own place{ratio}"]
 
 
 def _rate(rate: float | None) -> str:

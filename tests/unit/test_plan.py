@@ -36,12 +36,11 @@ APART = "syncer:\n  host: local\n"
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """``diloco plan`` on the default recipe placed the way runs were before reducers and
-    the syncer in a region: the syncer in a place of its own (every link over the WAN),
-    no reducers (every payload and snapshot crosses)."""
+    """``diloco plan`` on the default recipe with the syncer in a place of its own (every
+    link over the WAN)."""
     regions = tmp_path_factory.mktemp("regions") / "apart.yaml"
     regions.write_text(APART)
-    return plan_of([*ARGS, "--regions", str(regions), "--set", "sync.reducers=false"])
+    return plan_of([*ARGS, "--regions", str(regions)])
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +51,10 @@ def planned_default():
 
 
 def test_the_default_recipe_matches_a_hand_calculation(planned):
-    """The syncer apart and no reducers: every link carries its learners' payloads."""
+    """The syncer apart: every link carries its region's aggregates and what the syncer publishes."""
     plan, _ = planned
     shape, d = plan["shape"], plan["diloco"]
-    assert plan["placement"]["syncer_region"] is None and not shape["reducers"]
+    assert plan["placement"]["syncer_region"] is None
     assert all(link["wan"] for link in d["links"])
     assert plan["parameters"] == PARAMETERS and sum(plan["fragment_parameters"]) == PARAMETERS
     assert plan["tokens_budget"] == BUDGET and plan["tokens_per_step"] == TOKENS_PER_STEP
@@ -77,17 +76,16 @@ def test_the_default_recipe_matches_a_hand_calculation(planned):
     assert d["overhead_seconds"] == pytest.approx(overhead)
     assert d["period_seconds"] == pytest.approx(period)
 
-    # Each link carries its 2 learners' payloads: 2 x (sum of both fragments) every H steps.
-    payload_per_second = 2 * sum(shape["uploads"]["bytes"]) / (H * period)
+    # Each link carries its region's aggregate of each fragment every H steps (one payload's size).
+    aggregate_per_second = sum(shape["uploads"]["bytes"]) / (H * period)
     merges_per_second = M / K * P / (H * period)
     update_per_second = merges_per_second * sum(shape["updates"]["bytes"]) / P
-    snapshot_per_second = merges_per_second / 20 * shape["snapshot_bytes"]
     for link in d["links"]:
         flows = {(f["kind"], f["direction"]): f for f in link["flows"]}
-        assert flows["payload", "down"]["bytes_per_second"] == pytest.approx(payload_per_second)
-        assert flows["payload", "down"]["get_per_second"] == pytest.approx(2 * P / (H * period))
+        assert flows["aggregate", "down"]["bytes_per_second"] == pytest.approx(aggregate_per_second)
+        assert flows["aggregate", "down"]["get_per_second"] == pytest.approx(P / (H * period))
         assert flows["update", "up"]["bytes_per_second"] == pytest.approx(update_per_second)
-        assert flows["snapshot", "up"]["bytes_per_second"] == pytest.approx(snapshot_per_second)
+        assert ("payload", "down") not in flows and ("snapshot", "up") not in flows  # they stay in the region
         assert flows["status", "up"]["put_per_second"] == pytest.approx(1 / 2.0)  # every sync.status_seconds
         assert flows["heartbeat", "down"]["get_per_second"] == pytest.approx(2 / 2.0)  # each learner's, as often
         assert link["utilization"] == pytest.approx(
@@ -127,7 +125,7 @@ def test_the_default_placement_matches_a_hand_calculation(planned_default):
     head per merge up, and no snapshot; local-a's link is local."""
     plan, _ = planned_default
     shape, d = plan["shape"], plan["diloco"]
-    assert shape["reducers"] and plan["placement"]["syncer_region"] == "local-a"
+    assert plan["placement"]["syncer_region"] == "local-a"
     period = d["period_seconds"]
     round_every = H * period  # each fragment is sent, and merged, once per H steps (K = M)
     samples = document_sizes.history_samples(300 * period)  # 15: one per 20 s of the run
@@ -145,8 +143,8 @@ def test_the_default_placement_matches_a_hand_calculation(planned_default):
     # every 2 s (sync.status_seconds) the 2 heartbeats and the reducer's status
     heartbeats = 2 * document_sizes.heartbeat_bytes(P, samples) / 2
     reducer = document_sizes.reducer_status_bytes(P, 2, samples, learner_id) / 2
-    # aggregates/ every poll (0.5 s): one aggregate and marker per fragment in flight
-    poll = listing(2 * P, prefix + len("aggregates/000-000001000001.dlc.ready")) / 0.5
+    # aggregates/ every poll (0.5 s): one aggregate and marker per fragment in flight; relays/ (empty under K = M)
+    poll = (listing(2 * P, prefix + len("aggregates/000-000001000001.dlc.ready")) + listing(0, 0)) / 0.5
     # the whole run every 900/4 s: 3 documents, 8 keys per learner, 1.5 S updates and 2
     # snapshots with markers, 2 keys per fragment in flight, 4 of error feedback, 2 reducer documents
     run_keys = 3 + 2 * 8 + 2 * 1.5 * 20 + 2 * 2 + 2 * P * 3 + 2
@@ -177,27 +175,55 @@ def test_the_default_placement_matches_a_hand_calculation(planned_default):
     assert d["wan_bytes_per_token"] == pytest.approx((up + down) / (M * TOKENS_PER_STEP / period))
 
 
+def test_under_k_below_m_every_send_crosses_as_a_relay_by_hand():
+    """K = 1: local-b's reducer relays each of its two learners' sends as it is (a payload
+    and its marker, deleted by the syncer once merged); nothing is combined, so the
+    link's down bytes are the sends', and M/K times as many versions go up."""
+    plan, _ = plan_of([*ARGS, "--set", "sync.quorum=1"])
+    shape, d = plan["shape"], plan["diloco"]
+    period = d["period_seconds"]
+    samples = document_sizes.history_samples(300 * period)
+    learner_id, prefix = len("local-a-0"), shape["key_prefix_bytes"]
+
+    def listing(keys: float, key_bytes: float) -> float:
+        return 300 + keys * (210 + key_bytes)
+
+    sends = 2 * P / (H * period)
+    relay_key = prefix + len("relays//000-000001000001.dlc.ready") + learner_id
+    down = (
+        sends * sum(shape["uploads"]["bytes"]) / P
+        + sends * shape["payload_marker_bytes"]
+        + 2 * document_sizes.heartbeat_bytes(P, samples) / 2
+        + document_sizes.reducer_status_bytes(P, 2, samples, learner_id) / 2
+        # aggregates/ (none) and relays/ (a send and its marker per learner) every poll
+        + (listing(0, 0) + listing(2 * 2, relay_key)) / 0.5
+        # the whole run every 900/4 s: 8 keys and 2 relay keys per learner besides the rest
+        + listing(3 + 2 * 10 + 2 * 1.5 * 20 + 2 * 2 + 2 * P * 3 + 2, prefix + 40) / 225
+    )
+    link = next(link for link in d["links"] if link["region"] == "local-b")
+    flows = {(f["kind"], f["direction"]): f for f in link["flows"]}
+    assert flows["aggregate", "down"]["get_per_second"] == pytest.approx(sends)
+    assert flows["aggregate", "down"]["delete_per_second"] == pytest.approx(2 * sends)  # the relay and its marker
+    assert ("payload", "down") not in flows
+    assert link["down_bytes_per_second"] == pytest.approx(down)
+    assert d["merges_per_second"] == pytest.approx(M * P / (H * period))
+    assert flows["update", "up"]["put_per_second"] == pytest.approx(M * P / (H * period))
+
+
 def test_the_plan_names_its_placement_and_what_it_saves(planned_default):
     plan, text = planned_default
     placement, shape = plan["placement"], RunShape.model_validate(plan["shape"])
     assert placement["wan_bytes_per_token"] == plan["diloco"]["wan_bytes_per_token"]
-    # the same shape without reducers, then with local-a's link over the WAN too
-    alone = shape.model_copy(update={"reducers": False})
-    assert placement["no_reducers_wan_bytes_per_token"] == pytest.approx(predict(alone).wan_bytes_per_token)
+    # the same shape with local-a's link over the WAN too
     apart = tuple(link.model_copy(update={"rate_mbit": 10.0, "latency_ms": 40.0}) for link in shape.links)
-    assert placement["apart_no_reducers_wan_bytes_per_token"] == pytest.approx(
-        predict(alone.model_copy(update={"links": apart})).wan_bytes_per_token
+    assert placement["apart_wan_bytes_per_token"] == pytest.approx(
+        predict(shape.model_copy(update={"links": apart})).wan_bytes_per_token
     )
-    # a local link saves half (two regions alike); reducers more than a quarter of the rest
-    assert placement["apart_no_reducers_wan_bytes_per_token"] == pytest.approx(
-        2 * placement["no_reducers_wan_bytes_per_token"]
-    )
-    assert placement["wan_bytes_per_token"] < 0.75 * placement["no_reducers_wan_bytes_per_token"]
+    # a local link saves half (two regions alike)
+    assert placement["apart_wan_bytes_per_token"] == pytest.approx(2 * placement["wan_bytes_per_token"])
     assert "placement: the syncer in region local-a (its link is local), a reducer beside each region's bucket" in text
-    no_reducers = placement["no_reducers_wan_bytes_per_token"]
-    apart_ratio = placement["apart_no_reducers_wan_bytes_per_token"] / placement["wan_bytes_per_token"]
-    assert f"placed otherwise {no_reducers:.1f} B without reducers" in text
-    assert f"with the syncer in its own place and no reducers ({apart_ratio:.1f}x)" in text
+    apart_bytes = placement["apart_wan_bytes_per_token"]
+    assert f"placed otherwise {apart_bytes:.1f} B with the syncer in its own place (2.0x)" in text
     assert "local-a                   2   local     0" in text
 
 
@@ -225,9 +251,20 @@ def test_with_reducers_more_learners_per_region_send_no_more_over_the_wan():
     assert aggregates(two) == pytest.approx(aggregates(four), rel=0.02)
     assert four.diloco.trained_tokens_per_second == pytest.approx(2 * two.diloco.trained_tokens_per_second, rel=0.02)
     assert four.diloco.wan_bytes_per_token < 0.75 * two.diloco.wan_bytes_per_token
-    # without reducers each learner's payloads cross: what reducers save grows with M_r
-    saved = lambda each: each.placement.no_reducers_wan_bytes_per_token / each.placement.wan_bytes_per_token  # noqa: E731
-    assert saved(four) > saved(two) > 1
+    # under K = 1 the reducers relay every send: the WAN bytes grow with M_r
+    relayed = [
+        build_traffic_plan(
+            Recipe.model_validate({"sync": {"quorum": 1}}),
+            num_learners=learners,
+            num_regions=2,
+            parameters=1_000_000,
+            step_seconds=1.0,
+            link_mbit=10,
+        )
+        for learners in (4, 8)
+    ]
+    assert aggregates(relayed[1]) == pytest.approx(2 * aggregates(relayed[0]), rel=0.02)
+    assert aggregates(relayed[0]) == pytest.approx(2 * aggregates(two), rel=0.02)  # each of 2 sends, not one aggregate
 
 
 def test_text_shows_the_same_numbers_as_json(planned):
@@ -236,7 +273,7 @@ def test_text_shows_the_same_numbers_as_json(planned):
     text = render_traffic_plan(TrafficPlan.model_validate(plan))
     d, dp = plan["diloco"], plan["data_parallel"]
     assert "local-a" in text and "local-b" in text
-    assert "placement: the syncer in a place of its own" in text and "no reducers (sync.reducers: false)" in text
+    assert "placement: the syncer in a place of its own" in text and "a reducer beside each region's bucket" in text
     assert "placed otherwise" not in text  # the placement all others are measured against
     assert (
         f"useful share     {100 * d['compute_share']:.1f}%" in text
@@ -311,7 +348,6 @@ def test_a_saturated_run_keeps_only_what_the_network_carries():
         update_marker_bytes=0,
         snapshot_bytes=0,
         snapshot_marker_bytes=0,
-        reducers=False,
     )
     d = predict(shape)
     # 2 MB/s of payloads down and 2 MB/s of updates up, one after another: busy about 4
@@ -551,8 +587,7 @@ def test_a_two_cloud_plan_prices_its_links():
 
     regions = load_model(RegionsFile, Path(__file__).resolve().parents[2] / "regions" / "two-cloud.yaml")
     regions = regions.model_copy(update={"syncer": SyncerPlacement(host="local")})  # outside any cloud
-    recipe = Recipe.model_validate({"sync": {"reducers": False}})
-    plan = build_traffic_plan(recipe, regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
+    plan = build_traffic_plan(Recipe(), regions, parameters=1_000_000, step_seconds=1.0, link_mbit=100, latency_ms=20)
     costs = plan.costs
     assert costs is not None and costs.syncer_provider is None  # the syncer runs here, outside any cloud
     by_region = {link.region: link for link in costs.links}

@@ -125,6 +125,6 @@ def test_updates_merged_from_top_k_sends_are_sized_as_sparse_as_they_are():
     assert sizes["sparse"] < 0.7 * sizes["dense"] and sizes["momentum"] == pytest.approx(sizes["dense"], rel=0.02)
     recipe = Recipe.model_validate({"sync": {"learner_codec": {"codec": "topk", "block_size": 256}}})
     assert update_density(recipe, regions=2, learners=4) == 2 * 8 / 256
-    no_reducers = recipe.model_copy(update={"sync": recipe.sync.model_copy(update={"reducers": False})})
-    assert update_density(no_reducers, regions=2, learners=4) == 4 * 8 / 256
+    relayed = recipe.model_copy(update={"sync": recipe.sync.model_copy(update={"quorum": 1})})
+    assert update_density(relayed, regions=2, learners=4) == 4 * 8 / 256  # K < M: each send relayed
     assert update_density(Recipe(), regions=2, learners=4) == 1.0
