@@ -22,9 +22,9 @@ DiLoCo setting gets rows of its own beside them ("tuned"), unless it is the defa
     python -m bench.quality --quick         # a tiny model and budget, 2 learners (the test suite)
     python -m bench.quality --resume        # run only the rows the result file lacks
 
-Merging in the regions (``sync.reducers``, on by default: the learners here are in two
-local regions) is checked by two rows that turn it off, run only when named, beside the
-same rows with it (``docs/benchmarks.md`` has the command and the measurement).
+The learners are in two local regions, each with its reducer (aggregates under K = M,
+relays under K < M).  Relays against the syncer reading the payloads itself, measured
+before that mode was removed: bench/results/quality-k1-relays.json (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -59,9 +59,6 @@ DATA_PARALLEL = "data-parallel (batch M*b)"
 TUNED_SYNC = "DiLoCo K=M int4 tuned"
 TUNED_ASYNC = "Decoupled K=1 grace int4 tuned"
 TOKENS_ROW = "DiLoCo K=M int4 on BPE tokens"
-NO_REDUCERS_SYNC = "DiLoCo K=M int4 without reducers"
-NO_REDUCERS_ASYNC = "Decoupled K=1 grace int4 without reducers"
-TARGET_REDUCERS = 0.01
 """Merging in the regions (each region's sends summed into one aggregate and re-quantized)
 changes the held-out loss by at most this fraction, either way."""
 TOKENS_VOCABULARY = 512
@@ -214,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--rows",
         default="",
-        help="comma-separated row labels to run (default: every row); the rows without reducers run only when named",
+        help="comma-separated row labels to run (default: every row)",
     )
     parser.add_argument(
         "--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest"
@@ -276,8 +273,6 @@ def main(argv: list[str] | None = None) -> dict:
         "DiLoCo K=M fp32": ({"sync": {"learner_codec": fp32, "update_codec": fp32}}, 2 if args.quick else 10),
         "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
         "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
-        NO_REDUCERS_SYNC: ({"sync": {"reducers": False}}, 2 if args.quick else 10),
-        NO_REDUCERS_ASYNC: ({"sync": {"quorum": 1, "reducers": False}}, 4 if args.quick else 40),
     }
     default = recipe_for(args, 0, {})
     if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (
@@ -301,13 +296,11 @@ def main(argv: list[str] | None = None) -> dict:
         [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
     )
     plan += [(TOKENS_ROW, other_seeds[0])]
-    plan += [(NO_REDUCERS_SYNC, seed) for seed in other_seeds] + [(NO_REDUCERS_ASYNC, seed) for seed in seeds]
     chosen = [label.strip() for label in args.rows.split(",") if label.strip()]
     unknown = sorted(set(chosen) - {DATA_PARALLEL, *diloco_rows, TOKENS_ROW})
     if unknown:
         raise SystemExit(f"--rows: no row named {', '.join(map(repr, unknown))}")
-    opt_in = {NO_REDUCERS_SYNC, NO_REDUCERS_ASYNC}
-    plan = [step for step in plan if (step[0] in chosen if chosen else step[0] not in opt_in)]
+    plan = [step for step in plan if not chosen or step[0] in chosen]
     tuned = {
         "dp_tuning": tuning,
         "dp_learning_rate": best,
@@ -428,18 +421,6 @@ def summarize(rows: list[dict]) -> dict:
             }
             measured = gaps[f"{name}_1.0"]
             targets[name] = {"target": f"<= {target}", "measured": measured, "met": measured <= target}
-    for name, with_reducers, without in (
-        ("reducers_sync", "DiLoCo K=M int4", NO_REDUCERS_SYNC),
-        ("reducers_async", "Decoupled K=1 grace int4", NO_REDUCERS_ASYNC),
-    ):
-        if with_reducers in summary and without in summary:
-            gaps |= {
-                f"{name}_{f}": summary[with_reducers][f"loss_{f}"] / summary[without][f"loss_{f}"] - 1
-                for f in FRACTIONS
-            }
-            measured = gaps[f"{name}_1.0"]
-            met = abs(measured) <= TARGET_REDUCERS
-            targets[name] = {"target": f"|gap| <= {TARGET_REDUCERS}", "measured": measured, "met": met}
     return {"rows": rows, "summary": summary, "gaps": gaps, "targets": targets}
 
 

@@ -1,21 +1,22 @@
-"""Benchmark: what the topology sends across the WAN, per token, and what it costs in loss.
+"""Benchmark: what the topology sends across the WAN, per token.
 
 The same run (the default recipe, K = M) on ``tests.support.wan.emulated_wan`` (two
 regions, each its own namespace and moto S3, shaped links, a delaying proxy that counts
-every byte crossing into the region), in three topologies, each a whole run:
+every byte crossing into the region), in three settings of the one topology (a reducer in
+every region, the region builds its own version 0 and snapshots, the syncer in the first
+region), each a whole run:
 
-* **landed**: no reducers, the syncer in a place of its own: every payload, snapshot and
-  published update crosses the WAN (the topology before reducers);
-* **default**: a reducer in every region (one aggregate per fragment round crosses, the
-  region builds its own version 0 and snapshots) and the syncer in the first region;
+* **relays, K=1**: under K < M each send is relayed as it is: one payload crosses per send;
+* **default**: K = M, one aggregate per region and fragment round crosses;
 * **default, 2 x 4**: the same with four learners per region.
 
 WAN bytes are what the regions' delaying proxies passed (requests and answers, both
-ways), over the tokens the learners trained.  Targets (issue "Topology for the WAN"):
-the default at least 2.5x fewer WAN bytes per token than the landed topology, its
-held-out loss within 1% of the landed one's at equal tokens, and 2 x 4 no more WAN bytes
-per token than 2 x 2.  One run per topology (a run is several minutes on 2 cores); the
-loss comparison is of one seed (seeds differ by about 2% at this scale: see bench.quality).
+ways), over the tokens the learners trained.  Targets: 2 x 4 no more WAN bytes per token
+than 2 x 2, and K = M's aggregates fewer WAN bytes per token than K = 1's relays.  (The
+topology before reducers, every payload and snapshot across the WAN with the syncer in a
+place of its own, moved 3.19x the default's bytes per token: bench/results/topology.json
+of commit 827fcad; it can no longer be run.)  One run per setting (a run is several
+minutes on 2 cores).
 
     python -m bench.topology            # the default recipe (~20 min on 2 cores; needs root, iproute2)
     python -m bench.topology --quick    # a tiny model and budget (the test suite)
@@ -33,11 +34,10 @@ from bench.wan_diloco import MEASURE, QUICK_RUN, REGIONS, SYNCER, diloco_on_wan
 
 QUICK = [*QUICK_RUN, "training.inner_steps=40"]
 TOPOLOGIES = (
-    ("landed", 2, SYNCER, ["sync.reducers=false"]),
+    ("relays K=1", 2, REGIONS[0], ["sync.quorum=1"]),
     ("default", 2, REGIONS[0], []),
     ("default 2x4", 4, REGIONS[0], []),
 )
-TARGETS = {"fewer_wan_bytes_than_landed": 2.5, "loss_within": 0.01}
 
 
 def run_topology(wan, label: str, per_region: int, syncer_place: str, extra: list[str], args, workdir: Path) -> dict:
@@ -71,16 +71,10 @@ def run_topology(wan, label: str, per_region: int, syncer_place: str, extra: lis
 
 
 def verdicts(rows: dict[str, dict]) -> dict:
-    landed, default, wide = rows["landed"], rows["default"], rows["default 2x4"]
-    ratio = landed["wan_bytes_per_token"] / default["wan_bytes_per_token"]
-    loss_gap = default["final_loss"] / landed["final_loss"] - 1
+    relays, default, wide = rows["relays K=1"], rows["default"], rows["default 2x4"]
+    ratio = relays["wan_bytes_per_token"] / default["wan_bytes_per_token"]
     return {
-        "fewer_wan_bytes_than_landed": {
-            "measured": ratio,
-            "target": TARGETS["fewer_wan_bytes_than_landed"],
-            "met": ratio >= TARGETS["fewer_wan_bytes_than_landed"],
-        },
-        "loss_vs_landed": {"measured": loss_gap, "target": TARGETS["loss_within"], "met": abs(loss_gap) <= 0.01},
+        "aggregates_fewer_than_relays": {"measured": ratio, "target": 1.0, "met": ratio > 1.0},
         "2x4_not_above_2x2": {
             "measured": wide["wan_bytes_per_token"] / default["wan_bytes_per_token"],
             "target": 1.0,

@@ -59,6 +59,13 @@ def _union_branch(model: type[BaseModel], location: Sequence[Any]) -> bool:
     return typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
 
 
+RETIRED_KEYS = {
+    "sync.reducers": "every region has a reducer now (under K < M it relays each send for the syncer "
+    "to anchor, with no loss against reading the payloads directly): remove the key",
+}
+"""Keys a recipe may still carry from an older version: what became of them."""
+
+
 def describe_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
     """One line per problem: ``source: key.path: what is wrong``.  A value that fits
     none of a key's kinds (``auto`` or a number) is one problem: ``... or ...``."""
@@ -73,7 +80,9 @@ def describe_validation_error(error: ValidationError, model: type[BaseModel], so
             other = problem["msg"].removeprefix("Input should be ")
             lines[alternatives[key]] = lines[alternatives[key]].replace(" (got", f" or {other} (got", 1)
             continue
-        if problem["type"] == "extra_forbidden":
+        if problem["type"] == "extra_forbidden" and key in RETIRED_KEYS:
+            lines.append(f"{source}: '{key}' is no longer a setting: {RETIRED_KEYS[key]}")
+        elif problem["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, location)
             close = difflib.get_close_matches(str(location[-1]), allowed, n=1)
             hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""

@@ -265,22 +265,15 @@ class SyncConfig(BaseModel):
 
     learner_codec: CodecSpec = CodecSpec(codec=Codec.INT4)
     """Compression of the learners' deltas (with error feedback), and of the regions'
-    aggregates (with their reducers' error feedback)."""
-
-    reducers: bool = True
-    """A reducer in every region: its learners' sends of a fragment are merged in the
-    region and cross the WAN as one aggregate, and the region builds its own copy of the
-    global weights (version 0 from the seed, its snapshots from the published updates),
-    so that no payload and no snapshot crosses the WAN.  Off: the syncer reads every
-    payload across the WAN and writes the snapshots to every region.  Under K < M,
-    reducers measured 5% worse held-out loss than without (docs/benchmarks.md): where
-    the links carry the payloads, turn them off."""
+    aggregates (with their reducers' error feedback).  Every region has a reducer: under
+    K = M its learners' sends of a fragment cross the WAN as one aggregate per round;
+    under K < M each send is relayed as it is, for the syncer to anchor (docs/algorithm.md,
+    "Reducers")."""
 
     forward_window_seconds: float = Field(default=1.0, ge=0)
-    """Once a region's share of the quorum (ceil(K * M_r / M) of its M_r learners) has
-    sent a fragment, its reducer waits at most this long for the region's other live
-    learners before forwarding what arrived (with every live learner arrived it forwards
-    at once; under K = M the share is all of them)."""
+    """Under K = M, once a region's share of the quorum (ceil(K * M_r / M) of its M_r
+    learners: all of its live ones) has sent a fragment, its reducer waits at most this
+    long for the others before forwarding what arrived."""
 
     update_codec: CodecSpec = CodecSpec(codec=Codec.INT8)
     """Compression of the published global updates (made exact for everyone)."""

@@ -97,11 +97,7 @@ def resolve_run(
         region=syncer_region,
         shards=_syncer_shards(recipe, regions, run, runs_dir, sources),
     )
-    reducers = (
-        tuple(ReducerSpec(region=RegionName(region.name), host=region.reducer) for region in regions.regions)
-        if recipe.sync.reducers
-        else ()
-    )
+    reducers = tuple(ReducerSpec(region=RegionName(region.name), host=region.reducer) for region in regions.regions)
     return RunSpec(
         run=run,
         created=time.time(),

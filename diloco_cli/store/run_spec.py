@@ -143,7 +143,7 @@ class RunSpec(BaseModel):
     regions: tuple[RegionSpec, ...]
     syncer: SyncerSpec
     reducers: tuple[ReducerSpec, ...] = ()
-    """One per region when the recipe's ``sync.reducers`` is on."""
+    """One per region (a region of one learner too)."""
     chaos: ChaosPlan | None = None
     """Faults to inject (``diloco up --chaos``); None in a normal run."""
     scaling: tuple[ScaleChange, ...] = ()

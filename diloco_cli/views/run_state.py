@@ -111,7 +111,7 @@ class RunStatus:
     scaling: str | None = None
     """One line once the run was scaled: M now, and the changes (``diloco scale``)."""
     reducers: list[ReducerSummary] = field(default_factory=list)
-    """The regions' reducers (runs with ``sync.reducers``; one per region and syncer shard)."""
+    """The regions' reducers (one per region and syncer shard)."""
     syncer_shards: list[SyncerSummary] = field(default_factory=list)
     """Each syncer shard (runs with ``sync.shards`` > 1; ``syncer`` is then their sum)."""
 
@@ -230,6 +230,7 @@ def collect_status(
             if syncer is not None and name in syncer.storage:
                 _add_storage(regions[name], syncer.storage[name], learner=False)
         refused = [syncer.refusals.get(name) for syncer in syncers if syncer is not None] + [read.refused.get(name)]
+        refused += [reducer.refusals for (region, _), reducer in read.reducers.items() if region == name]
         for refusals in refused:
             if refusals is not None:
                 region_refusals[name] = region_refusals[name].plus(refusals)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from diloco_cli.launch.runs import load_run
-from diloco_cli.store.region import PAYLOAD_KEY
+from diloco_cli.store.region import PAYLOAD_KEY, RELAY_KEY, relayed_payload_key
 from diloco_cli.views.run_state import collect_status, read_buckets
 from tests.support.chaos import Chaos
 from tests.support.runs import (
@@ -55,16 +55,28 @@ def audit(runs_dir, name, damaged):
             assert damaged_at is None or damaged_at > read - 2.0, f"damaged {payload.key} was merged"
     newest: dict[tuple[str, int], int] = {}
     for key in merged:
-        match = PAYLOAD_KEY.match(key.split(":", 1)[1])
-        slot = (match["learner"], int(match["fragment"]))
-        newest[slot] = max(newest.get(slot, -1), int(match["sequence"]))
+        slot, sequence = send_of(key)
+        newest[slot] = max(newest.get(slot, -1), sequence)
+    consumed = {as_payload(key) for key in [*merged, *retired]}  # a relay stands for the send it copies
     for bucket in record.spec.buckets(secret):
         for key in bucket.payload_keys():  # delete_consumed_payloads is off: all are here
             name_ = f"{bucket.name}:{key}"
-            match = PAYLOAD_KEY.match(key)
-            slot, sequence = (match["learner"], int(match["fragment"])), int(match["sequence"])
-            assert name_ in merged or name_ in retired or sequence <= newest.get(slot, -1), f"{name_} was lost"
+            slot, sequence = send_of(name_)
+            assert name_ in consumed or sequence <= newest.get(slot, -1), f"{name_} was lost"
     return history
+
+
+def as_payload(name: str) -> str:
+    """The payload a qualified payload or relay key stands for."""
+    region, key = name.split(":", 1)
+    return f"{region}:{relayed_payload_key(key)}" if RELAY_KEY.match(key) else name
+
+
+def send_of(name: str) -> tuple[tuple[str, int], int]:
+    """(learner, fragment) and sequence of a qualified payload or relay key."""
+    key = name.split(":", 1)[1]
+    match = PAYLOAD_KEY.match(key) or RELAY_KEY.match(key)
+    return (match["learner"], int(match["fragment"])), int(match["sequence"])
 
 
 WIPE_RESUME_SECONDS = 30.0
@@ -121,14 +133,17 @@ def replay_over_the_first_finished(runs_dir, name, chaos) -> tuple[str, bool]:
     return detail, training_again
 
 
-@pytest.mark.parametrize("shards", [1, 2], ids=["one-syncer", "two-syncer-shards"])
-def test_chaos_then_a_clean_audit(tmp_path, request, shards):
+@pytest.mark.parametrize(("shards", "quorum"), [(1, None), (2, 1)], ids=["one-syncer", "two-syncer-shards-relays-k1"])
+def test_chaos_then_a_clean_audit(tmp_path, request, shards, quorum):
+    """One syncer at K = M (the reducers forward aggregates), two syncer shards at K = 1
+    (the reducers relay each send): the same strikes, the same audits."""
     seconds = request.config.getoption("--chaos-seconds")
     runs_dir, name = tmp_path / "runs", "chaos"
     changes = {
         "training": {"num_learners": 3, "inner_steps": 800 + 40 * seconds, "checkpoint_every_steps": 30},
         "sync": {
             "shards": shards,
+            "quorum": quorum,
             "num_fragments": 2 * shards,
             "delete_consumed_payloads": False,
             "leftover_seconds": 3,

@@ -139,8 +139,8 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
     passed within 1% (and, in the killed learner's region, what it moved after its last
     heartbeat: a checkpoint and a payload at most)."""
     runs_dir, name = tmp_path / "runs", "metered"
-    changes = {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}, "sync": {"reducers": False}}
-    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))  # the syncer reads payloads
+    changes = {"training": {"inner_steps": 90, "checkpoint_every_steps": 30}}
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))
     with ExitStack() as stack:
         proxies = [stack.enter_context(counting_proxy(s3)) for _ in range(2)]
         regions = []
@@ -202,9 +202,16 @@ def test_a_runs_report_matches_what_the_servers_saw_and_a_restarted_learner_cont
     assert (
         kinds["checkpoint"]["wan_bytes"] == 0 and kinds["checkpoint"]["bytes_up"] > 0
     )  # checkpoints stay in their region
-    payloads = kinds["payload"]
-    # the syncer reads every payload across a link: their bytes down, and its requests' heads
-    assert 0 < payloads["bytes_down"] < payloads["wan_bytes"] <= payloads["bytes_down"] + payloads["overhead_bytes"]
+    payloads, aggregates = kinds["payload"], kinds["aggregate"]
+    # payloads stay in their region (each region's reducer reads them); the syncer reads the
+    # regions' aggregates across their links: their bytes down, and its requests' heads
+    assert payloads["bytes_down"] > 0 and payloads["wan_bytes"] == 0
+    assert (
+        0
+        < aggregates["bytes_down"]
+        < aggregates["wan_bytes"]
+        <= aggregates["bytes_down"] + aggregates["overhead_bytes"]
+    )
     payload = next(c for c in report["compression"] if c["kind"] == "payload")
     assert 6 < payload["ratio"] < 8.5  # int4 with a scale per block: a bit under 8x
     dp = report["data_parallel"]

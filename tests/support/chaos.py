@@ -29,11 +29,12 @@ from pathlib import Path
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.store.aggregates import AGGREGATE_KEY
-from diloco_cli.store.region import ANY_SNAPSHOT_KEY, ANY_UPDATE_KEY, CHECKPOINT_KEY, PAYLOAD_KEY
+from diloco_cli.store.region import ANY_SNAPSHOT_KEY, ANY_UPDATE_KEY, CHECKPOINT_KEY, PAYLOAD_KEY, RELAY_KEY
 
 KINDS = {
     "payload": PAYLOAD_KEY,
     "aggregate": AGGREGATE_KEY,
+    "relay": RELAY_KEY,
     "update": ANY_UPDATE_KEY,
     "snapshot": ANY_SNAPSHOT_KEY,
     "checkpoint": CHECKPOINT_KEY,
@@ -50,8 +51,9 @@ EVENTS = (
     "damage checkpoint",
     "litter",
 )
-REDUCER_EVENTS = ("kill reducer", "pause reducer", "damage aggregate")
-"""Events of runs with reducers (drawn among the others)."""
+REDUCER_EVENTS = ("kill reducer", "pause reducer", "damage aggregate", "damage relay")
+"""Events of the regions' reducers (drawn among the others; "damage" finds nothing to
+damage where the reducer forwards no object of that kind: relays under K = M)."""
 
 
 @dataclass

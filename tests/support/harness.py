@@ -1,8 +1,8 @@
 """A real syncer and real learners in the test's own process over a file:// bucket,
 advanced step by step, so a test can tamper with the bucket (or the storage calls)
-between their steps.  Tests get one through the ``harness`` fixture (tests/conftest.py):
-the syncer reads the payloads itself; ``Harness(..., reducers=True)`` puts the region's
-reducer between them (``harness.reducer``), as runs do by default.  With
+between their steps.  Tests get one through the ``harness`` fixture (tests/conftest.py).
+The region's reducer stands between them (``harness.reducer``), as in every run: under
+the harness's K=1 of 2 it relays each send, under ``quorum=2`` it forwards aggregates.  With
 ``shards=N`` the run has N syncer shards (``harness.syncers``, and the region's reducer of
 each, ``harness.reducers``); ``harness.syncer`` is shard 0.
 """
@@ -30,7 +30,6 @@ class Harness:
         checkpoint_every=1000,
         bucket=None,
         storage_options=None,
-        reducers=False,
         shards=1,
         **sync,
     ):
@@ -43,7 +42,6 @@ class Harness:
                 "snapshot_every": 3,
                 "window_versions": 8,
                 "evaluate_every": 2,
-                "reducers": reducers,
                 "shards": shards,
                 "forward_window_seconds": 0.0,
                 **sync,
@@ -61,7 +59,7 @@ class Harness:
         self.syncers = [Syncer(self.spec, secret, syncer_shard=shard) for shard in range(shards)]
         for syncer in self.syncers:
             syncer.start()
-        self.reducers = [Reducer(self.spec, "east", secret, syncer_shard=shard) for shard in range(shards) if reducers]
+        self.reducers = [Reducer(self.spec, "east", secret, syncer_shard=shard) for shard in range(shards)]
         for reducer in self.reducers:
             reducer.start()
             reducer.turn()  # version 0 of the region, built from the seed
@@ -92,8 +90,8 @@ class Harness:
 
     @property
     def reducer(self):
-        """The region's reducer (of shard 0), None without reducers."""
-        return self.reducers[0] if self.reducers else None
+        """The region's reducer (of shard 0)."""
+        return self.reducers[0]
 
     @reducer.setter
     def reducer(self, reducer):

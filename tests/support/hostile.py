@@ -12,8 +12,8 @@ import torch
 from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
 from diloco_cli.codec.frame import PREFIX
 from diloco_cli.core.types import FragmentIndex
-from diloco_cli.store.documents import SyncerPhase
-from diloco_cli.store.region import MARKER_SPEC
+from diloco_cli.store.documents import Refusals, SyncerPhase
+from diloco_cli.store.region import MARKER_SPEC, relayed_payload_key
 from diloco_cli.views.run_state import collect_status
 from diloco_cli.views.status import render_json, render_plain
 
@@ -81,7 +81,15 @@ def fresh_sends(harness, learner, steps=10) -> dict[FragmentIndex, str]:
 
 
 def merged_keys(syncer) -> list[str]:
-    return [payload.key for record in syncer.home.history() for payload in record.merged]
+    """The payloads merged (a relay stands for the payload it copies), qualified."""
+    keys = [payload.key for record in syncer.home.history() for payload in record.merged]
+    return [f"{name.split(':', 1)[0]}:{relayed_payload_key(name.split(':', 1)[1])}" for name in keys]
+
+
+def region_refusals(harness) -> Refusals:
+    """What the region's readers refused: the syncer (aggregates, relays, heartbeats) and
+    the region's reducer (its learners' payloads and markers), as ``diloco status`` adds them."""
+    return harness.syncer.observer.refusals["east"].plus(harness.reducer.refusals)
 
 
 def shown(harness) -> tuple[dict, str]:

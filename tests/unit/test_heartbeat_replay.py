@@ -66,6 +66,7 @@ def test_the_syncer_refuses_a_replayed_training_heartbeat_and_ends_the_run_with_
     assert done.finish() == 0
     syncer = harness.syncer
     syncer.turn(read_heartbeats=True)
+    harness.reducer.turn(read_heartbeats=True)  # the replay comes once both took in the final heartbeat
     assert syncer.observer.heartbeats[done.me.id].state is LearnerState.FINISHED
     replay(harness.bucket, done.me.id, training)
     for _ in range(3):
@@ -81,6 +82,7 @@ def test_the_syncer_refuses_a_replayed_training_heartbeat_and_ends_the_run_with_
     assert "replayed heartbeat" in status.regions[0].latest_refusal["reason"]
     assert other.finish() == 0
     for _ in range(20):
+        harness.reducer.turn(read_heartbeats=True)  # relays the last sends
         syncer.turn(read_heartbeats=True)
         if syncer.finished:
             break
@@ -89,7 +91,7 @@ def test_the_syncer_refuses_a_replayed_training_heartbeat_and_ends_the_run_with_
 
 @pytest.fixture
 def reduced(tmp_path, secret):
-    made = Harness(tmp_path, secret, reducers=True)
+    made = Harness(tmp_path, secret)
     yield made
     made.close()
 

@@ -1,7 +1,8 @@
-"""Hostile objects planted in a region's bucket while the syncer runs (driven by hand, as in
-tests/support/harness.py): each is refused before any of it reaches the global weights,
-counted by kind in the syncer's refusals, shown by ``diloco status``, and the syncer
-goes on merging the real payloads after it.
+"""Hostile objects planted in a region's bucket while the syncer and the region's reducer
+run (driven by hand, as in tests/support/harness.py): each is refused before any of it
+reaches the global weights, counted by kind in the refusals of whoever read it (the
+reducer reads the learners' payloads, the syncer what the reducer forwards), shown by
+``diloco status``, and the real payloads go on merging after it.
 
 What an attacker who can write to a bucket but does not hold the run's secret can plant:
 frames tagged with another key or written by another run, authentic bytes moved to
@@ -35,6 +36,7 @@ from tests.support.hostile import (
     marker_meta,
     merged_keys,
     plant,
+    region_refusals,
     removed,
     shown,
     weights,
@@ -79,7 +81,7 @@ def test_frames_tagged_with_another_key_or_by_another_run_are_refused_as_markers
     )
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.observer.refusals["east"]
+    refusals = region_refusals(harness)
     assert refusals.counts == {"marker": 2}
     reasons = {note.key: note.reason for note in refusals.recent}
     assert "tag mismatch" in reasons[forged_key] and "another run's secret" in reasons[foreign_key]
@@ -133,7 +135,7 @@ def test_a_body_that_is_not_what_its_authentic_marker_describes_is_refused_and_m
     BODIES[body](harness, second[fragment], old)
     other = FragmentIndex(1)
     harness.merge()
-    refusals = harness.syncer.observer.refusals["east"]
+    refusals = region_refusals(harness)
     assert refusals.counts == {"payload": 1} and refusals.latest.key == second[fragment]
     assert harness.syncer.state.fragment_versions[other] > versions[other]  # the real one merged
     assert harness.syncer.state.fragment_versions[fragment] == versions[fragment]
@@ -163,7 +165,7 @@ def test_a_merged_payload_copied_to_a_new_key_or_back_to_its_own_is_never_merged
     plant(harness.bucket, key, payload, marker)
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.observer.refusals["east"]
+    refusals = region_refusals(harness)
     assert refusals.counts == {"marker": 2} and all(
         "describes another payload" in note.reason for note in refusals.recent
     )
@@ -174,7 +176,7 @@ def test_a_merged_payload_copied_to_a_new_key_or_back_to_its_own_is_never_merged
 
 def test_frames_with_absurd_or_unparsable_headers_are_refused_as_markers(harness):
     before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
-    keys = [payload_key("east-0", FragmentIndex(0), 1_000_001 + n) for n in range(5)]
+    keys = [payload_key("east-0", FragmentIndex(0), 1_000_901 + n) for n in range(5)]  # beyond the real sends
     valid = marker(harness.secret, {})
     markers = [
         with_declared_sizes(valid, header_bytes=0xFFFF_FFFF),  # 4 GiB of header declared
@@ -187,7 +189,7 @@ def test_frames_with_absurd_or_unparsable_headers_are_refused_as_markers(harness
         plant(harness.bucket, key, b"x", bad)
     harness.merge()
     assert_weights_unchanged(harness.syncer, before, versions)
-    refusals = harness.syncer.observer.refusals["east"]
+    refusals = region_refusals(harness)
     assert refusals.counts == {"marker": 5}
     reasons = " | ".join(note.reason for note in refusals.recent)
     assert "beyond the limits" in reasons and "shorter than its 28-byte prefix" in reasons
@@ -196,7 +198,9 @@ def test_frames_with_absurd_or_unparsable_headers_are_refused_as_markers(harness
     assert region["refusals"] == {"marker": 5}
 
 
-def test_a_truncated_snapshot_is_refused_by_a_newcomer_and_rewritten_by_the_syncer(harness):
+def test_a_truncated_snapshot_is_refused_by_a_newcomer_and_rewritten_by_its_reducer(harness):
+    """The region's snapshots are its reducer's (it writes them from its copy of the
+    global weights): a newcomer's refusal, reported in its heartbeat, has it write one again."""
     writer = harness.learners[0]
     for _ in range(3):
         harness.train(writer, 10)
@@ -211,8 +215,8 @@ def test_a_truncated_snapshot_is_refused_by_a_newcomer_and_rewritten_by_the_sync
         newcomer.heartbeats.beat(wait=10)
         region, text = shown(harness)
         assert region["refusals"]["snapshot"] >= 1 and "snapshot" in text
-        harness.syncer.turn(read_heartbeats=True)
-        assert harness.syncer.publication.repairs >= 1
+        harness.reducer.turn(read_heartbeats=True)
+        assert harness.reducer.refusals.counts.get("snapshot", 0) == 0  # it reads its own copy, not the snapshot
         assert len(harness.poll(newcomer)) == 2
         harness.assert_bases_equal_the_syncers(newcomer)
     finally:
@@ -221,8 +225,9 @@ def test_a_truncated_snapshot_is_refused_by_a_newcomer_and_rewritten_by_the_sync
 
 def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
     """20,000 junk keys under payloads/: 19,000 that are no payload's (read by nobody,
-    removed by the leftover sweeper) and 1,000 shaped like payloads with forged markers
-    (each read once and refused).  The real sends merge in the same turns."""
+    removed by the syncer's leftover sweeper) and 1,000 shaped like payloads with forged
+    markers (each read once by the region's reducer and refused).  The real sends merge
+    in the same turns."""
     root = Path(harness.bucket.store.root.removeprefix("file://")) / "payloads"
     for n in range(19_000):
         path = root / f"junk-{n % 50}" / (f"{n:05d}.bin" if n % 2 else f"{n:03d}-x.dlc.ready")
@@ -237,11 +242,12 @@ def test_a_flood_of_junk_keys_does_not_stall_the_syncer_and_is_swept(harness):
         Path(f"{path}.ready").write_bytes(forged)
     before, versions = weights(harness.syncer), dict(harness.syncer.state.fragment_versions)
     started = time.monotonic()
+    harness.reducer.turn()
     harness.syncer.turn()
     flooded = time.monotonic() - started
     assert flooded < 20, f"one turn over the flood took {flooded:.1f} s"
     assert_weights_unchanged(harness.syncer, before, versions)
-    assert harness.syncer.observer.refusals["east"].counts == {"marker": 1_000}
+    assert region_refusals(harness).counts == {"marker": 1_000}
     started = time.monotonic()
     assert_merges_go_on(harness, shaped)
     assert time.monotonic() - started < 30
@@ -273,7 +279,7 @@ def test_heartbeats_that_break_the_json_reader_are_refused_not_a_crash(harness):
     for planted in (b'{"document": ' + b"[" * 100_000, '{"document": {}, "tag": "\u00e9"}'.encode()):
         harness.bucket.store.put("heartbeats/east-1.json", planted)
         harness.syncer.turn(read_heartbeats=True)
-    refusals = harness.syncer.observer.refusals["east"]
+    refusals = region_refusals(harness)
     assert refusals.counts == {"heartbeat": 2}
     assert (
         "is not a sealed diloco document (RecursionError" in refusals.recent[0].reason

@@ -78,9 +78,7 @@ def test_every_kind_a_run_writes_with_a_marker_is_known_to_the_sweeper(tmp_path,
     under K<M), the sweeper keeps."""
     keys = []
     for quorum in (2, 1):
-        harness = Harness(
-            tmp_path / f"k{quorum}", secret, reducers=True, shards=2, num_fragments=4, checkpoint_every=5, quorum=quorum
-        )
+        harness = Harness(tmp_path / f"k{quorum}", secret, shards=2, num_fragments=4, checkpoint_every=5, quorum=quorum)
         try:
             writer, reader = harness.learners
             for learner in (writer, reader):

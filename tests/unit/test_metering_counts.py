@@ -15,6 +15,8 @@ from diloco_cli.store.region import kind_of_key
 def test_kinds_of_keys():
     assert kind_of_key("payloads/r0-0/000-000000000001.dlc") == "payload"
     assert kind_of_key("payloads/r0-0/000-000000000001.dlc.ready") == "marker"
+    assert kind_of_key("relays/r0-0/000-000000000001.dlc") == "aggregate"  # what crosses from a region's reducer
+    assert kind_of_key("aggregates/000-000001000001.dlc") == "aggregate"
     assert kind_of_key("global/updates/0000000003-001.dlc") == "update"
     assert kind_of_key("global/snapshots/0000000000.dlc") == "snapshot"
     assert kind_of_key("checkpoints/r0-0/0000000015.dlc") == "checkpoint"
@@ -57,7 +59,7 @@ def test_a_restarted_syncer_continues_its_counts_from_its_last_status(tmp_path):
     harness.merge()
     harness.syncer.write_status(SyncerPhase.RUNNING)
     before = harness.bucket.read_syncer_status().storage["east"]
-    assert before.kinds["payload"].bytes_down > 0 and before.kinds["update"].bytes_up > 0
+    assert before.kinds["aggregate"].bytes_down > 0 and before.kinds["update"].bytes_up > 0  # relays read
     restarted = Syncer(harness.spec, harness.secret)
     restarted.start()
     restarted.write_status(SyncerPhase.RUNNING)

@@ -1,5 +1,5 @@
 """A region's reducer, driven step by step beside a real syncer and real learners over
-file:// buckets (tests/support/harness.py with ``reducers=True``): what crosses the WAN
+file:// buckets (tests/support/harness.py): what crosses the WAN
 is one aggregate per fragment, the region builds its own version 0 and snapshots, and
 every send is merged exactly once, also when a region misses a publication or its
 reducer is killed."""
@@ -32,7 +32,7 @@ from tests.support.runs import TINY_RECIPE, deep_update
 @pytest.fixture
 def reduced(tmp_path, secret):
     """K=1 of 2: the region's reducer relays each send for the syncer to anchor."""
-    made = Harness(tmp_path, secret, reducers=True)
+    made = Harness(tmp_path, secret)
     yield made
     made.close()
 
@@ -40,7 +40,7 @@ def reduced(tmp_path, secret):
 @pytest.fixture
 def aggregating(tmp_path, secret):
     """K=M=2: the region's reducer forwards one aggregate per fragment and round."""
-    made = Harness(tmp_path, secret, reducers=True, quorum=2)
+    made = Harness(tmp_path, secret, quorum=2)
     yield made
     made.close()
 
@@ -487,15 +487,31 @@ def test_an_aggregate_decodes_to_the_sums_it_was_made_of_and_carries_its_quantiz
     assert torch.allclose(residuals["unit/w"], lost, atol=1e-6) and residuals["unit/w"].abs().max() > 0
 
 
-def test_runs_default_to_reducers():
-    assert Recipe.model_validate(TINY_RECIPE).sync.reducers
+def test_every_region_has_a_reducer_and_the_recipe_has_no_switch_for_it():
+    """One topology: the recipe model has no ``reducers`` field (a recipe that still sets
+    it is told what became of it), and every region of a run, a region of one learner
+    too, has its reducer."""
+    from pydantic import ValidationError
+
+    from diloco_cli.config.loading import describe_validation_error
+    from diloco_cli.config.recipe import SyncConfig
+
+    assert "reducers" not in SyncConfig.model_fields
+    with pytest.raises(ValidationError) as raised:
+        Recipe.model_validate(deep_update(TINY_RECIPE, {"sync": {"reducers": False}}))
+    message = describe_validation_error(raised.value, Recipe, "recipe.yaml")
+    assert message.startswith("recipe.yaml: 'sync.reducers' is no longer a setting") and "remove the key" in message
     regions = RegionsFile.model_validate(
-        {"regions": [{"name": "r", "bucket": "file:///tmp/x", "hosts": [{"learners": 2}]}]}
+        {
+            "regions": [
+                {"name": "a", "bucket": "file:///tmp/a", "hosts": [{"learners": 2}]},
+                {"name": "b", "bucket": "file:///tmp/b", "hosts": [{"learners": 1}]},
+            ]
+        }
     )
-    spec = resolve_run(
-        Recipe.model_validate(deep_update(TINY_RECIPE, {})), regions, "r", __import__("pathlib").Path("/tmp")
-    )
-    assert spec.recipe.sync.reducers
+    recipe = Recipe.model_validate(deep_update(TINY_RECIPE, {"training": {"num_learners": 3}}))
+    spec = resolve_run(recipe, regions, "r", __import__("pathlib").Path("/tmp"))
+    assert [reducer.region for reducer in spec.reducers] == ["a", "b"]
 
 
 def test_a_damaged_snapshot_of_the_regions_present_version_is_rewritten_by_its_reducer(reduced):

@@ -29,9 +29,10 @@ from tests.support.runs import TINY_RECIPE, deep_update
 FRAGMENTS = 4
 
 
-@pytest.fixture(params=[True, False], ids=["reducers", "no-reducers"])
+@pytest.fixture(params=[2, 1], ids=["aggregates", "relays"])
 def sharded(request, tmp_path, secret):
-    made = Harness(tmp_path, secret, reducers=request.param, shards=2, num_fragments=FRAGMENTS)
+    """K=M: the region's reducer forwards aggregates; K=1 of 2: it relays each send."""
+    made = Harness(tmp_path, secret, quorum=request.param, shards=2, num_fragments=FRAGMENTS)
     yield made
     made.close()
 
@@ -84,7 +85,7 @@ def test_two_shards_give_every_learner_the_syncers_bases_bit_for_bit_and_merge_e
 
 
 def run_once(tmp_path, secret, shards):
-    harness = Harness(tmp_path, secret, reducers=True, shards=shards, num_fragments=FRAGMENTS)
+    harness = Harness(tmp_path, secret, shards=shards, num_fragments=FRAGMENTS)
     try:
         train_and_merge(harness)
         theta = {}
@@ -113,7 +114,7 @@ def test_the_sharded_merge_gives_the_unsharded_weights_for_the_same_arrivals(tmp
 
 
 def test_a_killed_shard_restarts_from_its_home_and_merges_nothing_twice(tmp_path, secret):
-    harness = Harness(tmp_path, secret, reducers=True, shards=2, num_fragments=FRAGMENTS)
+    harness = Harness(tmp_path, secret, shards=2, num_fragments=FRAGMENTS)
     try:
         train_and_merge(harness, rounds=2)
         before = harness.syncers[1].state

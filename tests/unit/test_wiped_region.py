@@ -37,7 +37,7 @@ def test_a_wiped_region_needs_the_updates_after_its_oldest_holder_and_those_its_
 
 
 def test_a_wiped_region_is_given_back_what_it_lost_and_its_sends_merge_again(tmp_path, secret):
-    harness = Harness(tmp_path, secret, reducers=True, quorum=2)
+    harness = Harness(tmp_path, secret, quorum=2)
     try:
         writer, reader = harness.learners
         for _ in range(3):
@@ -81,7 +81,7 @@ def test_an_aggregate_of_sends_to_resync_alone_does_not_hold_up_the_end(tmp_path
     longer holds makes an aggregate with no send to merge: the syncer tells its learner at
     sight, so the reducer's status does not count it in flight, and a finished head
     resolves it."""
-    harness = Harness(tmp_path, secret, reducers=True, quorum=2, window_versions=1)
+    harness = Harness(tmp_path, secret, quorum=2, window_versions=1)
     try:
         writer, reader = harness.learners
         store = harness.bucket.store
@@ -111,7 +111,7 @@ def test_a_relayed_send_to_resync_goes_at_once_and_does_not_hold_up_the_end(tmp_
     """K=1: a send relayed from a base the syncer's window no longer holds: its learner is
     told to resync and the relay is deleted at once (not at a later commit, which may never
     come), so its reducer lets the send go and the run ends."""
-    harness = Harness(tmp_path, secret, reducers=True, window_versions=1)
+    harness = Harness(tmp_path, secret, window_versions=1)
     try:
         writer, reader = harness.learners
         store = harness.bucket.store
@@ -159,7 +159,7 @@ def test_a_reducer_that_still_reports_sends_is_waited_for_give_up_seconds_and_sh
     from diloco_cli.store.documents import SyncerPhase
     from diloco_cli.views.run_state import collect_status
 
-    harness = Harness(tmp_path, secret, reducers=True, quorum=2, give_up_seconds=3.0)
+    harness = Harness(tmp_path, secret, quorum=2, give_up_seconds=3.0)
     try:
         writer, reader = harness.learners
         harness.train(writer, 10)
@@ -188,7 +188,7 @@ def test_a_reducer_restarted_in_a_wiped_region_numbers_its_aggregates_above_thos
     the first start did (the syncer would take them for ones it consumed, and wait)."""
     from diloco_cli.runtime.reducer.loop import Reducer
 
-    harness = Harness(tmp_path, secret, reducers=True, quorum=2)
+    harness = Harness(tmp_path, secret, quorum=2)
     try:
         merge_two_rounds(harness)
         wipe(harness)
@@ -209,7 +209,7 @@ def test_a_syncer_restarted_after_its_region_was_wiped_restores_it_rather_than_c
     would look whole without its snapshot and window, so it is restored at the first look."""
     from diloco_cli.runtime.syncer.loop import Syncer
 
-    harness = Harness(tmp_path, secret, reducers=True)
+    harness = Harness(tmp_path, secret)
     try:
         merge_two_rounds(harness)
         wipe(harness)

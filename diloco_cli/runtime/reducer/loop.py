@@ -113,7 +113,10 @@ class Reducer:
         """Per learner of the region: its newest heartbeat (its progress: when it is due to
         finish); replayed older ones are refused."""
         self.report_soon = False
-        """A learner stopped going on since the last status: write it at the next turn that can."""
+        """A learner stopped going on, or the reducer let go of the last thing it held, since
+        the last status: write it at the next turn that can."""
+        self.holding = False
+        """Whether the reducer held sends (waiting, in an aggregate, relayed) after its last turn."""
         self.refusals = Refusals()
         self.refused_payloads: set[str] = set()
         """Payloads refused and removed, listed in the status until a merge of the same
@@ -224,6 +227,9 @@ class Reducer:
         self._resolve(head)
         self._look(head, now)
         self._forward(now)
+        holding = bool(self.waiting or self.in_flight or self.relayed)
+        self.report_soon |= self.holding and not holding  # the end of the run waits for a status holding nothing
+        self.holding = holding
         # a finished head is not the end while a learner of the region may still send: after
         # `diloco resume` brings one back, this reducer may read the head before the syncer rewrites it
         if head.finished and not self.waiting and not self.in_flight and not self.relayed and not self._live():

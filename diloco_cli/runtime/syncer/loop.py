@@ -137,15 +137,11 @@ class Syncer:
             probes,
             self.fanout,
             self.state.ledger.consumed,
-            sync.delete_consumed_payloads,
             self.clock,
-            reducers=sync.reducers,
             owns=self.shard.owns,
         )
         self.notes = ControlNotes(self.buckets, self.observer.refused)
-        self.publication = Publication(
-            self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot, snapshots=not sync.reducers
-        )
+        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
         self.merger = Merger(
             sync,
             self.fragments,
@@ -342,7 +338,7 @@ class Syncer:
             for note in refusals.recent:
                 recent = note.time >= self.board.started_at - REPORTED_REFUSALS_SECONDS
                 if note.kind in ("update", "snapshot", "head") and recent:
-                    self.publication.repair(region, note, reporter, self._fresh_snapshot)
+                    self.publication.repair(region, note, reporter)
         for region, status in reducers.items():
             if status.needs_snapshot and not self.observer.is_down(region):
                 self.publication.give_snapshot(region, self.clock())
@@ -373,11 +369,6 @@ class Syncer:
                 bases.setdefault(fragment, []).append(version)
         windows = {fragment: window.versions for fragment, window in self.state.windows.items()}
         self.publication.restore(region, decisions.updates_to_restore(windows, self.head().recent, bases))
-
-    def _fresh_snapshot(self) -> None:
-        """A snapshot of the present to every region (repairing a damaged one)."""
-        self.state.note_snapshot(self.state.version)
-        self.publication.republish_snapshot()
 
     def _follow_manifest(self) -> None:
         """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
@@ -452,7 +443,7 @@ class Syncer:
         waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
         seen_whole = all(self.observer.whole[region] for region in waited_on)
         ended = end.over and idle and seen_whole and self.evaluator.others_finished()
-        held = sorted(r for r in waited_on if self.recipe.sync.reducers and not self._reducer_done(r))
+        held = sorted(r for r in waited_on if not self._reducer_done(r))
         self.ending = None
         if not ended or not held:
             self._held_since = None

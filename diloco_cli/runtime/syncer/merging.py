@@ -156,14 +156,11 @@ class Merger:
         )
         keep_after = Version(max(0, state.snapshot_version - self.sync.snapshot_every))
         commit_merge(self.home, state, self.secret, record, result.payload, keep_after)
-        with_snapshot = state.snapshot_version == version and not self.sync.reducers
-        self.publication.publish(version, fragment, result.payload, with_snapshot=with_snapshot)
+        self.publication.publish(version, fragment, result.payload)
         consumed = [a.key for a in merged if a.group is None] + merged_groups + list(retired)
         observer.forget(consumed)
-        if self.sync.delete_consumed_payloads and not self.sync.reducers:
-            observer.delete(consumed)
-        else:  # relayed copies are the syncer's to delete (their reducer then lets the payload go)
-            observer.delete([name for name in consumed if RELAY_KEY.match(name.split(":", 1)[1])])
+        # relayed copies are the syncer's to delete (their reducer then lets the payload go)
+        observer.delete([name for name in consumed if RELAY_KEY.match(name.split(":", 1)[1])])
         seconds = self.clock() - started - evaluation_seconds
         learners = sorted({a.learner for a in merged})
         log.info(

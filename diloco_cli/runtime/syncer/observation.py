@@ -56,16 +56,12 @@ class Observer:
         probes: dict[str, RegionBucket],
         fanout: FanOut,
         consumed: Callable[[PayloadId], bool],
-        delete_consumed: bool,
         clock: Callable[[], float],
-        reducers: bool = False,
         owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
     ) -> None:
         self.buckets, self.probes, self.fanout = buckets, probes, fanout
         """Each region's bucket, and the same with a single try per call (a probe)."""
-        self.consumed, self.delete_consumed, self.clock = consumed, delete_consumed, clock
-        self.reducers = reducers
-        """Whether arrivals come as the regions' aggregates (reducers delete them)."""
+        self.consumed, self.clock = consumed, clock
         self.owns = owns
         """Whether a fragment is this syncer's (a syncer shard takes only its own)."""
         self.reducer_status: dict[str, ReducerStatus] = {}
@@ -104,8 +100,6 @@ class Observer:
                 learners,
                 known=lambda name: name in self.observed or name in self.retiring,
                 consumed=lambda name: self.consumed(payload_id(name)),
-                delete_consumed=self.delete_consumed and not self.reducers,
-                reducer=self.reducers,
                 owns=self.owns,
                 published=published,
             )

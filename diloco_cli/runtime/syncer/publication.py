@@ -1,13 +1,14 @@
 """Publishing the global weights to every region, and keeping what was published whole.
 
-One upload per region and merge (the WAN cost), a full snapshot every S versions, then
-the head; every region at once (:mod:`diloco_cli.runtime.syncer.fanout`).  A region whose
-bucket cannot be written is *behind*: the merge is already committed, so nothing is
-lost, and the region is caught up (missing updates, the
-snapshot, the head) on a later turn of the syncer's loop.  When a learner reports a
-published object it refused (a damaged update or snapshot, a head that does not
-verify), the syncer checks the object and rewrites it from its own commits; published
-objects are never trusted just because their marker exists.
+One upload per region and merge (the WAN cost), then the head; every region at once
+(:mod:`diloco_cli.runtime.syncer.fanout`).  Each region's reducer writes the region's
+snapshots from the updates; the syncer gives a region a snapshot only when it lost its
+copy (a wiped bucket, updates missed that no one keeps any more).  A region whose bucket
+cannot be written is *behind*: the merge is already committed, so nothing is lost, and
+the region is caught up (missing updates, the head) on a later turn of the syncer's
+loop.  When a learner reports a published object it refused (a damaged update, a head
+that does not verify), the syncer checks the object and rewrites it from its own
+commits; published objects are never trusted just because their marker exists.
 """
 
 from __future__ import annotations
@@ -46,16 +47,12 @@ class Publication:
         fanout: FanOut,
         head: Callable[[], Head],
         snapshot: Callable[[], bytes],
-        snapshots: bool = True,
     ) -> None:
         self.buckets = buckets
         self.home = home
         self.secret = secret
         self.fanout = fanout
         self.head, self.snapshot = head, snapshot
-        self.snapshots = snapshots
-        """Whether the syncer writes the snapshots (without reducers); with them, each
-        region's reducer writes its own, and the syncer only names their versions."""
         self.behind: set[str] = set()
         """Regions that missed a publication and must be caught up."""
         self.repairs = 0
@@ -71,21 +68,16 @@ class Publication:
         """Try the regions that are behind at the next :meth:`catch_up_if_due`."""
         self._last_catch_up = float("-inf")
 
-    def publish(self, version: Version, fragment: FragmentIndex, payload: bytes, with_snapshot: bool) -> None:
-        """The update (and a snapshot of the present) to every region that is not
-        behind, then the head."""
+    def publish(self, version: Version, fragment: FragmentIndex, payload: bytes) -> None:
+        """The update to every region that is not behind, then the head (each region's
+        reducer writes the region's snapshots: the syncer only names their versions)."""
         head = self.head()
-        snapshot = self.snapshot() if with_snapshot else None
 
         def publish_to(name: str) -> StorageError | None:
             bucket = self.buckets[name]
             try:
                 bucket.publish_update(version, fragment, payload)
-                if snapshot is not None:
-                    bucket.write_snapshot(head.snapshot_version, snapshot)
                 bucket.write_head(head)
-                if snapshot is not None:
-                    collect_garbage(bucket, head)
             except StorageError as error:
                 return error
             return None
@@ -104,19 +96,15 @@ class Publication:
             self._last_catch_up = now
 
     def catch_up(self, names: set[str]) -> None:
-        """Give each region in ``names`` the head's snapshot and every update it lists,
-        then the head (writing an immutable object that is already there is skipped)."""
+        """Give each region in ``names`` every update the head lists, then the head
+        (writing an immutable object that is already there is skipped)."""
         head = self.head()
         for name in sorted(names):
             bucket = self.buckets[name]
             try:
-                if self.snapshots and head.snapshot_version not in bucket.snapshot_versions():
-                    bucket.write_snapshot(head.snapshot_version, self.snapshot())
                 for version, fragment in head.recent:
                     bucket.publish_update(version, fragment, self.home.read_update(version))
                 bucket.write_head(head)
-                if self.snapshots:
-                    collect_garbage(bucket, head)
                 self.behind.discard(name)
                 log.info("region %s is caught up at version %d", name, head.version)
             except StorageError as error:
@@ -125,8 +113,8 @@ class Publication:
 
     def restore(self, region: str, updates: list[tuple[Version, FragmentIndex]]) -> None:
         """Give a region whose head vanished (its bucket wiped and recreated) what it
-        lost: a snapshot of the present (with reducers too: the region's copy cannot be
-        rebuilt from updates no one holds there any more), ``updates`` (those its learners
+        lost: a snapshot of the present (the region's copy cannot be rebuilt from updates
+        no one holds there any more), ``updates`` (those its learners
         and reducer need to anchor their next sends and catch up:
         :func:`~diloco_cli.core.decisions.updates_to_restore`), then the head.  Tried again
         at the next look while the head is still missing."""
@@ -151,7 +139,7 @@ class Publication:
     def give_snapshot(self, region: str, now: float) -> None:
         """A snapshot of the present to a region whose copy of the global weights cannot
         catch up from the updates it holds (it missed some that no one keeps any more):
-        with reducers the only snapshot that crosses the WAN, once per
+        with :meth:`restore`, the only snapshot that crosses the WAN, once per
         :data:`GIVE_SNAPSHOT_SECONDS` at most."""
         if now - self._given.get(region, float("-inf")) < GIVE_SNAPSHOT_SECONDS:
             return
@@ -168,17 +156,6 @@ class Publication:
             head.version,
         )
 
-    def republish_snapshot(self) -> None:
-        """The head's snapshot (of the present: the caller has just made it the head's)
-        to every region, over a damaged one, then the head (without reducers)."""
-        payload, head = self.snapshot(), self.head()
-        for name, bucket in self.buckets.items():
-            try:
-                bucket.write_snapshot(head.snapshot_version, payload, replace=True)
-                bucket.write_head(head)
-            except StorageError:
-                self.behind.add(name)
-
     def _kept_update(self, version: Version, fragment: FragmentIndex) -> bytes | None:
         """The update of ``fragment`` published as ``version``, while the home keeps it (the
         head lists it, or it is in the fragment's window, which a reducer anchors with)."""
@@ -188,10 +165,10 @@ class Publication:
             return None
         return good if read_header(good, self.secret).meta.get("fragment") == fragment else None
 
-    def repair(self, region: str, note: RefusalNote, learner: str, fresh_snapshot: Callable[[], None]) -> None:
-        """Check a published object a learner of ``region`` refused; rewrite it if it is
-        damaged or missing.  A damaged snapshot cannot be rebuilt at its own version,
-        so ``fresh_snapshot`` publishes one of the present to every region instead."""
+    def repair(self, region: str, note: RefusalNote, learner: str) -> None:
+        """Check a published object a learner of ``region`` refused (its head or an
+        update); rewrite it if it is damaged or missing.  Snapshots are the region's
+        reducer's to write again."""
         if (learner, note.key, note.time) in self._handled or region in self.behind:
             return
         self._handled.add((learner, note.key, note.time))
@@ -210,33 +187,13 @@ class Publication:
                 if _read_or_none(lambda: bucket.read_update(version, fragment)) != good:
                     bucket.publish_update(version, fragment, good, replace=True)
                     self._repaired(region, note.key)
-            elif layout.snapshot_pattern.match(note.key) and not self.snapshots:
-                return  # the region's reducer writes its snapshots, and writes them again
-            elif match := layout.snapshot_pattern.match(note.key):
-                version = Version(int(match["version"]))
-                data = _read_or_none(lambda: bucket.read_snapshot(version))
-                if version == head.snapshot_version and (
-                    data is None or _refused(lambda: read_header(data, self.secret))
-                ):
-                    fresh_snapshot()
-                    self._repaired(region, note.key)
+            # a snapshot: the region's reducer writes its snapshots, and writes them again
         except (StorageError, FileNotFoundError) as error:
             log.warning("could not check %s in region %s: %s", note.key, region, error)
 
     def _repaired(self, region: str, key: str) -> None:
         self.repairs += 1
         log.warning("rewrote %s in region %s: a learner refused it and it was damaged or missing", key, region)
-
-
-def collect_garbage(bucket: RegionBucket, head: Head) -> None:
-    """Drop updates and snapshots no reader can need any more: those at or before the
-    head's ``recent_from`` (the previous snapshot stays, as a fallback)."""
-    for version, fragment in bucket.update_versions():
-        if version <= head.recent_from:
-            bucket.delete_update(version, fragment)
-    for version in bucket.snapshot_versions():
-        if version < head.recent_from:
-            bucket.delete_snapshot(version)
 
 
 def _read_or_none(read: Callable[[], bytes]) -> bytes | None:

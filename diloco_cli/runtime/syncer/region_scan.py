@@ -1,7 +1,7 @@
 """One turn's look at one region's bucket: what arrived (marker and bytes) and heartbeats.
 
-What arrives is the learners' payloads, or, where the run has reducers, the region's
-aggregates (``store.aggregates``).  The syncer scans every region at once
+What arrives is the region's reducer's aggregates (``store.aggregates``, under K = M) and
+the learners' payloads it relays (under K < M).  The syncer scans every region at once
 (:mod:`diloco_cli.runtime.syncer.fanout`): a scan only reads and deletes objects and
 returns what it found; the syncer takes the findings in on its own thread.  An arrival's
 bytes are read as soon as its marker is seen, so over a WAN the download overlaps the
@@ -78,22 +78,19 @@ def scan_region(
     *,
     known: Callable[[str], bool],
     consumed: Callable[[str], bool],
-    delete_consumed: bool,
-    reducer: bool = False,
     owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
     published: Sequence[str] = (),
 ) -> RegionScan:
-    """List a region's arrivals (payloads, or with ``reducer`` its aggregates and the
-    payloads its reducer relays) of the
-    fragments this syncer ``owns`` (a syncer shard's), delete those the ledger says are
-    consumed, read the markers and bytes of those not ``known`` yet, the heartbeats of
-    ``learners`` and, with them, which of the ``published`` keys are gone and (with
-    ``reducer``) the reducer's status.  A storage failure ends the look at the arrivals
+    """List a region's arrivals (its reducer's aggregates and the payloads it relays) of
+    the fragments this syncer ``owns`` (a syncer shard's), delete the relays the ledger
+    says are consumed, read the markers and bytes of those not ``known`` yet, the
+    heartbeats of ``learners`` and, with them, which of the ``published`` keys are gone
+    and the reducer's status.  A storage failure ends the look at the arrivals
     (what was seen before it is kept, the rest comes on a later turn); one of the
     listing ends the scan (``unreachable``)."""
     region, scan = bucket.name, RegionScan(bucket.name)
     try:
-        keys = aggregates.aggregate_keys(bucket) + bucket.relay_keys() if reducer else bucket.payload_keys()
+        keys = aggregates.aggregate_keys(bucket) + bucket.relay_keys()
     except StorageError as error:
         log.warning("region %s cannot be listed now: %s", region, error)
         scan.unreachable, scan.whole = str(error), False
@@ -105,15 +102,12 @@ def scan_region(
         try:
             relayed = RELAY_KEY.match(key) is not None
             if consumed(name):
-                if delete_consumed or relayed:  # a relayed copy is the syncer's to delete
+                if relayed:  # a relayed copy is the syncer's to delete (an aggregate, its reducer's)
                     bucket.delete_payload(key)
                 continue
             if known(name):
                 continue
-            is_aggregate = reducer and not relayed
-            scan.records.append(
-                aggregates.aggregate_record(bucket, key) if is_aggregate else bucket.payload_record(key)
-            )
+            scan.records.append(bucket.payload_record(key) if relayed else aggregates.aggregate_record(bucket, key))
             scan.payloads[key] = bucket.read_payload(key)
         except FileNotFoundError:
             continue
@@ -137,7 +131,7 @@ def scan_region(
         except StorageError as error:
             log.warning("region %s: what the syncer published cannot be looked for now: %s", region, error)
             scan.whole = False
-    if reducer and learners:
+    if learners:
         try:
             scan.reducer = aggregates.read_reducer_status(bucket)
         except PayloadError as error:
