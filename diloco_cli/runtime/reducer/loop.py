@@ -8,11 +8,16 @@ bottom:
    add the updates the region's copy lacks (:mod:`.replica`), writing the region's
    snapshot when the copy reaches the head's snapshot version, and removing updates and
    snapshots no reader needs any more;
+
+Steps 2 to 4 are decided by the pure :func:`diloco_cli.core.reducer_step.step` on what
+the turn read; this module reads, and carries out its actions:
+
 2. **resolve**: an aggregate whose fragment moved on was merged (the head's ``merged``
    marks cover its sends: its payloads are deleted) or discarded (its sends wait again,
    its error feedback goes back); payloads the syncer merged are deleted;
 3. **look**: new payloads of the region's learners (markers verified);
-4. **forward**: for each fragment, the sends the forwarding decides on (:mod:`.forwarding`)
+4. **forward**: for each fragment, the sends the forwarding decides on
+   (:mod:`diloco_cli.core.forwarding`)
    are anchored, merged into a partial merge, quantized with error feedback and written
    as one aggregate (:mod:`.aggregation`); the syncer reads it across the WAN;
 5. **report**: the reducer's status in the region's bucket.
@@ -32,21 +37,24 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
+from diloco_cli.core import reducer_step
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
 from diloco_cli.core.decisions import GONE_STATES
+from diloco_cli.core.forwarding import ForwardPolicy
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.heartbeats import Heartbeats
+from diloco_cli.core.reducer_step import ReducerState
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.outer_gradients import check_announced
-from diloco_cli.runtime.reducer.aggregation import Aggregation, send_of
-from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, to_forward, to_relay
+from diloco_cli.runtime.reducer.aggregation import Aggregation
 from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplica, ReplicaGap
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
@@ -60,7 +68,6 @@ from diloco_cli.store.region import (
     SEQUENCE_PER_EPOCH,
     PayloadRecord,
     heartbeat_key,
-    relayed_payload_key,
 )
 from diloco_cli.store.run_spec import RunSpec
 
@@ -97,16 +104,8 @@ class Reducer:
         self.finished = False
         self.replica: GlobalReplica | None = None
         self.initial_weights = "unchecked"
-        self.waiting: dict[str, Waiting] = {}
-        """Sends not forwarded yet, by payload key."""
-        self.records: dict[str, PayloadRecord] = {}
-        self.consumed: set[str] = set()
-        """Payloads known merged or retired (kept when consumed payloads are kept)."""
-        self.in_flight: dict[str, AggregateRecord] = {}
-        """Aggregates forwarded and not resolved yet, by key."""
-        self.relayed: dict[str, PayloadRecord] = {}
-        """Sends relayed (under K < M) that the syncer has not let go yet, by relay key:
-        it deletes a relay once it merged or retired it, and the payload then goes."""
+        self.state = ReducerState()
+        """What it holds: sends waiting, aggregates in flight, relays (:mod:`diloco_cli.core.reducer_step`)."""
         self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
         """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
@@ -118,12 +117,8 @@ class Reducer:
         self.holding = False
         """Whether the reducer held sends (waiting, in an aggregate, relayed) after its last turn."""
         self.refusals = Refusals()
-        self.refused_payloads: set[str] = set()
-        """Payloads refused and removed, listed in the status until a merge of the same
-        learner and fragment passes them (the syncer's ledger retires them)."""
         self._last_refused: dict[tuple[str, str, str], float] = {}
         """When each (kind, key, reason) was last reported."""
-        self.counts = {"aggregates": 0, "sends": 0, "voided": 0}
         self.snapshot_version = Version(-1)
         self.damaged_snapshots: set[Version] = set()
         """Snapshot versions the region's learners reported refusing (damaged or missing)."""
@@ -157,19 +152,22 @@ class Reducer:
             self.owned,
         )
         self.storage_before = self._previous_counts()
+        in_flight: dict[str, AggregateRecord] = {}
         for key in filter(self._owns, store.aggregate_keys(self.bucket)):
             try:
-                self.in_flight[key] = store.aggregate_record(self.bucket, key)
+                in_flight[key] = store.aggregate_record(self.bucket, key)
             except PayloadError as error:
                 self._refused("aggregate", key, error)
                 store.delete_aggregate(self.bucket, key)
             except FileNotFoundError:
                 continue
+        relayed: dict[str, PayloadRecord] = {}
         for key in filter(self._owns, self.bucket.relay_keys()):
             try:
-                self.relayed[key] = self.bucket.payload_record(key)
+                relayed[key] = self.bucket.payload_record(key)
             except (PayloadError, FileNotFoundError):
                 continue  # the syncer refuses (and deletes) a relay whose marker is not authentic
+        self.state = replace(self.state, in_flight=in_flight, relayed=relayed)
 
     def _owns(self, key: str) -> bool:
         """Whether a payload, relay or aggregate key is of this reducer's fragments (with
@@ -184,9 +182,9 @@ class Reducer:
             return StorageCounters()
         if status is None:
             return StorageCounters()
-        self.counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
+        counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
+        self.state = replace(self.state, counts=counts, refused_payloads=frozenset(status.refused_payloads))
         self.snapshot_version = status.snapshot_version
-        self.refused_payloads = set(status.refused_payloads)
         self.refusals = status.refusals  # counted on from there, as the storage counts are
         self.heard.earlier = dict(status.heartbeats)  # older heartbeats read now are replays
         return status.storage
@@ -200,6 +198,29 @@ class Reducer:
             window_seconds=sync.forward_window_seconds,
             longest_wait_seconds=sync.liveness_timeout_seconds,
         )
+
+    @property
+    def waiting(self):
+        """Sends not forwarded yet, by payload key."""
+        return self.state.waiting
+
+    @property
+    def in_flight(self):
+        """Aggregates forwarded and not resolved yet, by key."""
+        return self.state.in_flight
+
+    @property
+    def relayed(self):
+        """Sends relayed (under K < M) that the syncer has not let go yet, by relay key."""
+        return self.state.relayed
+
+    @property
+    def counts(self):
+        return self.state.counts
+
+    @property
+    def refused_payloads(self):
+        return self.state.refused_payloads
 
     # ------------------------------------------------------------------------ loop
 
@@ -224,15 +245,16 @@ class Reducer:
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
-        self._resolve(head)
+        self._apply([reducer_step.HeadSeen(head, dict(self.replica.versions))], now)  # resolve
         self._look(head, now)
-        self._forward(now)
-        holding = bool(self.waiting or self.in_flight or self.relayed)
+        due = reducer_step.ForwardingDue(self._policy(), frozenset(self._live()), dict(self.replica.versions))
+        self._apply([due], now)
+        holding = self.state.holding
         self.report_soon |= self.holding and not holding  # the end of the run waits for a status holding nothing
         self.holding = holding
         # a finished head is not the end while a learner of the region may still send: after
         # `diloco resume` brings one back, this reducer may read the head before the syncer rewrites it
-        if head.finished and not self.waiting and not self.in_flight and not self.relayed and not self._live():
+        if head.finished and not holding and not self._live():
             self.finished = True
             self._write_status()
             log.info("finished: the run is over and nothing of this region waits")
@@ -419,51 +441,71 @@ class Reducer:
         except (PayloadError, StorageError) as error:
             log.warning("the reducer's epoch record cannot be checked now: %s", error)
         try:
-            present = set(store.aggregate_keys(self.bucket))
+            present = frozenset(store.aggregate_keys(self.bucket))
         except StorageError as error:
             log.warning("the reducer's aggregates cannot be listed now: %s", error)
             return
-        for key, record in sorted(self.in_flight.items(), key=lambda item: item[1].serial):
-            if key not in present:
-                del self.in_flight[key]
-                self.aggregation.resolved(record.fragment, record.serial, merged=False)
-                self.counts["voided"] += 1
-                log.warning("aggregate %s vanished from the region's bucket before it was resolved: void", key)
+        self._apply([reducer_step.AggregatesListed(present)], self.clock())
 
-    # -------------------------------------------------------------------- resolving
+    # -------------------------------------------------------------------- acting
 
-    def _resolve(self, head: Head) -> None:
-        """Aggregates the syncer is done with: merged (the fragment moved on and the
-        head's ``merged`` marks cover every send in it: its payloads go), or discarded
-        (the fragment moved on without it, or a send in it was merged already: its other
-        sends wait again, its error feedback goes back)."""
-        replica = self.replica
-        for key, record in sorted(self.in_flight.items(), key=lambda item: item[1].serial):
-            # one that holds only sends to resync was taken in at sight: it waits for nothing
-            moved_on = record.anchor < replica.versions[record.fragment] or (head.finished and not record.sends)
-            covered = [s for s in record.sends if s.sequence <= head.merged_sequence(s.learner, record.fragment)]
-            if not moved_on and not covered:
-                continue
-            merged = moved_on and len(covered) == len(record.sends)
+    def _apply(self, observations: list[reducer_step.Observation], now: float) -> None:
+        """Fold observations into the state and carry out the actions, each one's outcome
+        folded at once (a later action sees it)."""
+        self.state, actions = reducer_step.step(self.state, observations, now)
+        for action in actions:
+            outcomes = self._act(action)
+            if outcomes:
+                self.state, more = reducer_step.step(self.state, outcomes, now)
+                for removal in more:  # what an outcome calls for: refused payloads to remove
+                    self._act(removal)
+
+    def _act(self, action: reducer_step.Action) -> list[reducer_step.Observation]:
+        """One action's I/O; what it came to."""
+        if isinstance(action, reducer_step.VoidAggregate):
+            record = action.record
+            self.aggregation.resolved(record.fragment, record.serial, merged=False)
+            log.warning("aggregate %s vanished from the region's bucket before it was resolved: void", record.key)
+        elif isinstance(action, reducer_step.ClearAggregate):
+            return self._clear(action)
+        elif isinstance(action, reducer_step.ReleaseRelay):
             try:
-                for send in record.sends + record.resync if merged else covered:
-                    self._consumed(send.key)
-                store.delete_aggregate(self.bucket, key)
+                self._consume(action.record.key)
             except StorageError as error:
-                log.warning("could not clear aggregate %s (tried again later): %s", key, error)
-                continue
-            self.aggregation.resolved(record.fragment, record.serial, merged)
-            del self.in_flight[key]
-            if not merged:
-                self.counts["voided"] += 1
-                log.info("aggregate %s was not merged: forwarding its sends again", key)
+                log.warning("could not delete the payload of relay %s (tried again later): %s", action.key, error)
+                return []
+            return [reducer_step.RelayReleased(action.key)]
+        elif isinstance(action, reducer_step.Consume):
+            self._consume(action.key)
+        elif isinstance(action, reducer_step.RemoveRefused):
+            self._remove_refused(action.keys)
+        elif isinstance(action, reducer_step.Relay):
+            return self._relay(action.record)
+        elif isinstance(action, reducer_step.Forward):
+            return self._send(action.fragment, list(action.records))
+        return []
 
-    def _consumed(self, key: str) -> None:
+    def _clear(self, action: reducer_step.ClearAggregate) -> list[reducer_step.Observation]:
+        """An aggregate the syncer is done with: its consumed payloads, then it, deleted;
+        discarded, its error feedback goes back and its other sends wait again."""
+        record = action.record
+        try:
+            for key in action.consumed:
+                self._consume(key)
+            store.delete_aggregate(self.bucket, record.key)
+        except StorageError as error:
+            log.warning("could not clear aggregate %s (tried again later): %s", record.key, error)
+            return []
+        self.aggregation.resolved(record.fragment, record.serial, action.merged)
+        if not action.merged:
+            log.info("aggregate %s was not merged: forwarding its sends again", record.key)
+        return [reducer_step.AggregateCleared(record.key, action.merged, action.consumed)]
+
+    def _consume(self, key: str) -> None:
         """A payload the syncer merged (or retired): deleted, or kept but never read
         again when the recipe keeps consumed payloads (``sync.delete_consumed_payloads``)."""
         if self.recipe.sync.delete_consumed_payloads:
             self.bucket.delete_payload(key)
-        self.consumed.add(key)
 
     # ----------------------------------------------------------------------- looking
 
@@ -526,79 +568,41 @@ class Reducer:
         return live
 
     def _look(self, head: Head, now: float) -> None:
-        """New payloads of the region's learners; those the syncer merged are deleted."""
+        """New payloads of the region's learners (markers verified); those the syncer
+        merged are deleted, and relays it let go of, their payloads."""
         try:
-            keys = self.bucket.payload_keys()
+            keys = [key for key in self.bucket.payload_keys() if self._owns(key)]
         except StorageError as error:
             log.warning("the region's payloads cannot be listed now: %s", error)
             return
-        self._let_go_of_relays()
-        held = {send.key for record in self.in_flight.values() for send in record.sends + record.resync}
-        held |= {relayed_payload_key(key) for key in self.relayed}
-        present = set(keys)
-        self.waiting = {key: item for key, item in self.waiting.items() if key in present}
-        self.consumed &= present
-        self.refused_payloads = {key for key in self.refused_payloads if not _merged_past(key, head)}
-        refused = []
-        for key in filter(self._owns, keys):
-            if key in held or key in self.consumed:
-                continue
+        observations: list[reducer_step.Observation] = []
+        if self.state.relayed:
             try:
-                record = self.records.get(key) or self.bucket.payload_record(key)
+                observations.append(reducer_step.RelaysListed(frozenset(self.bucket.relay_keys())))
+            except StorageError as error:
+                log.warning("the region's relays cannot be listed now: %s", error)
+        read: dict[str, PayloadRecord] = {}
+        refused: list[str] = []
+        cut_at = None
+        for key in self.state.to_read(keys):
+            try:
+                read[key] = self.bucket.payload_record(key)
             except FileNotFoundError:
                 continue
             except PayloadError as error:
                 self._refused("marker", key, error)
                 refused.append(key)
-                continue
             except StorageError as error:
                 log.warning("payloads after %s wait for a later turn: %s", key, error)
+                cut_at = key
                 break
-            if record.sequence <= head.merged_sequence(record.learner, record.fragment):
-                self._consumed(key)  # merged (or superseded by a merged send)
-                self.records.pop(key, None)
-                self.waiting.pop(key, None)
-                continue
-            self.records[key] = record
-            if key not in self.waiting:
-                self.waiting[key] = Waiting(record.fragment, send_of(record), now)
-        self._remove_refused(refused)
+        passed = frozenset(key for key in self.state.refused_payloads if _merged_past(key, head))
+        observations.append(reducer_step.PayloadsListed(head, tuple(keys), read, tuple(refused), passed, cut_at))
+        self._apply(observations, now)
 
     # ---------------------------------------------------------------------- forwarding
 
-    def _let_go_of_relays(self) -> None:
-        """Relays the syncer deleted: it merged or retired their sends (a retired send's
-        learner is told to resync, or its payload was refused), so their payloads go."""
-        if not self.relayed:
-            return
-        try:
-            present = set(self.bucket.relay_keys())
-        except StorageError as error:
-            log.warning("the region's relays cannot be listed now: %s", error)
-            return
-        for key in [key for key in self.relayed if key not in present]:
-            record = self.relayed.pop(key)
-            try:
-                self._consumed(relayed_payload_key(key))
-            except StorageError as error:
-                log.warning("could not delete the payload of relay %s (tried again later): %s", key, error)
-                self.relayed[key] = record
-
-    def _forward(self, now: float) -> None:
-        policy, live = self._policy(), self._live()
-        if policy.relays:
-            for item in to_relay(self.waiting.values()):
-                self._relay(self.records[item.send.key])
-            return
-        for fragment in (f.index for f in self.owned):
-            reached = self.replica.versions[fragment]  # a send from a newer base waits until the replica has it
-            waiting = [i for i in self.waiting.values() if i.fragment == fragment and i.send.base_version <= reached]
-            in_flight = {s.learner for r in self.in_flight.values() if r.fragment == fragment for s in r.sends}
-            chosen = to_forward(waiting, in_flight, live, policy, now)
-            if chosen:
-                self._send(fragment, [self.records[item.send.key] for item in chosen])
-
-    def _relay(self, record: PayloadRecord) -> None:
+    def _relay(self, record: PayloadRecord) -> list[reducer_step.Observation]:
         """Copy a verified send to its relay key, for the syncer to anchor itself."""
         try:
             blob = self.bucket.read_payload(record.key)
@@ -606,15 +610,10 @@ class Reducer:
             key = self.bucket.relay(record.key, blob)
         except (PayloadError, FileNotFoundError) as error:
             self._refused("payload", record.key, error)
-            self.waiting.pop(record.key, None)
-            self._remove_refused([record.key])
-            return
+            return [reducer_step.PayloadsRefused((record.key,))]
         except StorageError as error:
             log.warning("%s not relayed (tried again later): %s", record.key, error)
-            return
-        self.waiting.pop(record.key, None)
-        self.relayed[key] = record
-        self.counts["sends"] += 1
+            return []
         log.info(
             "relayed %s: fragment %d from %s, base version %d",
             key,
@@ -622,26 +621,24 @@ class Reducer:
             record.learner,
             record.base_version,
         )
+        return [reducer_step.Relayed(key, record)]
 
-    def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> None:
+    def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> list[reducer_step.Observation]:
+        """Merge the sends into one aggregate of the fragment and write it."""
         try:
             built = self.aggregation.build(fragment, records, self.replica, self._refused)
         except DamagedWindowUpdate as error:  # reported in the status: the syncer rewrites it, then the sends go
             self._refused("update", error.key, error)
-            return
+            return []
         except StorageError as error:
             log.warning("aggregate of fragment %d not written (tried again later): %s", fragment, error)
-            return
-        for send, _ in built.refused:
-            self.waiting.pop(send.key, None)
-        self._remove_refused([send.key for send, _ in built.refused])
+            return []
+        outcomes: list[reducer_step.Observation] = []
+        if built.refused:
+            outcomes.append(reducer_step.PayloadsRefused(tuple(send.key for send, _ in built.refused)))
         if built.key is None:
-            return
-        for send in built.merged + built.resync:
-            self.waiting.pop(send.key, None)
-        self.in_flight[built.key] = store.aggregate_record(self.bucket, built.key)
-        self.counts["aggregates"] += 1
-        self.counts["sends"] += len(built.merged)
+            return outcomes
+        outcomes.append(reducer_step.AggregateWritten(store.aggregate_record(self.bucket, built.key)))
         learners = ", ".join(sorted({send.learner for send in built.merged})) or "nobody"
         log.info(
             "aggregate %s: fragment %d from %s at version %d",
@@ -650,14 +647,12 @@ class Reducer:
             learners,
             self.replica.versions[fragment],
         )
+        return outcomes
 
-    def _remove_refused(self, keys: list[str]) -> None:
-        """Payloads refused (their marker or their body): listed in the status first, for
-        the syncer's ledger to retire them, then removed.  A status that cannot be written
-        now leaves them in place, refused again at a later turn."""
-        if not keys:
-            return
-        self.refused_payloads.update(keys)
+    def _remove_refused(self, keys: tuple[str, ...]) -> None:
+        """Payloads refused (their marker or their body), listed in the status (the state
+        holds them already), then removed.  A status that cannot be written now leaves
+        them in place, refused again at a later turn."""
         if not self._write_status():
             return
         for key in keys:
@@ -677,21 +672,22 @@ class Reducer:
     def status(self) -> ReducerStatus:
         replica = self.replica
         in_flight: dict[FragmentIndex, list[LearnerId]] = {}
-        for record in self.in_flight.values():
+        state = self.state
+        for record in state.in_flight.values():
             if record.sends:  # one without sends holds nothing the syncer waits for
                 in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
-        for relayed in self.relayed.values():
+        for relayed in state.relayed.values():
             in_flight.setdefault(relayed.fragment, []).append(relayed.learner)
         waiting: dict[FragmentIndex, list[LearnerId]] = {}
-        for item in self.waiting.values():
+        for item in state.waiting.values():
             waiting.setdefault(item.fragment, []).append(item.send.learner)
         return ReducerStatus(
             region=self.region,
             version=replica.version if replica else Version(0),
             fragment_versions=dict(replica.versions) if replica else {},
-            aggregates=self.counts["aggregates"],
-            sends=self.counts["sends"],
-            voided=self.counts["voided"],
+            aggregates=state.counts["aggregates"],
+            sends=state.counts["sends"],
+            voided=state.counts["voided"],
             in_flight={p: sorted(set(learners)) for p, learners in in_flight.items()},
             waiting={p: sorted(set(learners)) for p, learners in waiting.items()},
             snapshot_version=max(self.snapshot_version, Version(0)),
@@ -701,7 +697,7 @@ class Reducer:
             needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,
-            refused_payloads=sorted(self.refused_payloads),
+            refused_payloads=sorted(state.refused_payloads),
             finished=self.finished,
             started_at=self.started_at,
             time=time.time(),
