@@ -35,23 +35,31 @@ the bucket as that shard lays it out, is the region's reducer of that shard.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core import reducer_step
-from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
-from diloco_cli.core.decisions import GONE_STATES
+from diloco_cli.core.cadence import Cadences
 from diloco_cli.core.forwarding import ForwardPolicy
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.reducer_step import ReducerState
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.coordinator import (
+    EXIT_STOPPED,
+    REPEAT_SECONDS,
+    Liveness,
+    RefusalCount,
+    StopSignals,
+    heartbeats_due,
+    run_turns,
+    same_run,
+    take_in_heartbeat,
+)
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.outer_gradients import check_announced
 from diloco_cli.runtime.reducer.aggregation import Aggregation
@@ -67,19 +75,13 @@ from diloco_cli.store.region import (
     RELAY_KEY,
     SEQUENCE_PER_EPOCH,
     PayloadRecord,
-    heartbeat_key,
 )
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
 
-EXIT_FINISHED = 0
-EXIT_STOPPED = 143
 GAP_SECONDS = 10.0
 """How long the region's copy waits for a missing update before it asks for a snapshot."""
-REPEAT_SECONDS = 10.0
-"""The same refusal (object and reason) is logged and reported again at most this often:
-a damaged update is met every turn until the syncer rewrites it."""
 
 
 class Reducer:
@@ -106,8 +108,6 @@ class Reducer:
         self.initial_weights = "unchecked"
         self.state = ReducerState()
         """What it holds: sends waiting, aggregates in flight, relays (:mod:`diloco_cli.core.reducer_step`)."""
-        self.heartbeats: dict[LearnerId, tuple[float, str, float]] = {}
-        """Per learner of the region: its heartbeat's time and state, and when it changed (reducer clock)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
         """Per learner of the region: its newest heartbeat (its progress: when it is due to
         finish); replayed older ones are refused."""
@@ -116,9 +116,9 @@ class Reducer:
         the last status: write it at the next turn that can."""
         self.holding = False
         """Whether the reducer held sends (waiting, in an aggregate, relayed) after its last turn."""
-        self.refusals = Refusals()
-        self._last_refused: dict[tuple[str, str, str], float] = {}
-        """When each (kind, key, reason) was last reported."""
+        self.refusal_count = RefusalCount(log, repeat_seconds=REPEAT_SECONDS)
+        """What it refused, counted in its status (a damaged update is met every turn until
+        the syncer rewrites it: counted again at most every few seconds)."""
         self.snapshot_version = Version(-1)
         self.damaged_snapshots: set[Version] = set()
         """Snapshot versions the region's learners reported refusing (damaged or missing)."""
@@ -134,7 +134,7 @@ class Reducer:
     def start(self) -> None:
         """Build the model from the recipe's seed (version 0, checked once a head says
         what the syncer's is), count this start, and pick up what a killed reducer left."""
-        self._started_clock = self.clock()
+        self.liveness = Liveness(started_at=self.clock())
         torch.manual_seed(self.recipe.training.seed)
         model = self.recipe.model.build()
         self.fragments = fragments_of_model(model, self.recipe.sync.num_fragments)
@@ -157,7 +157,7 @@ class Reducer:
             try:
                 in_flight[key] = store.aggregate_record(self.bucket, key)
             except PayloadError as error:
-                self._refused("aggregate", key, error)
+                self.refusal_count.refused("aggregate", key, error)
                 store.delete_aggregate(self.bucket, key)
             except FileNotFoundError:
                 continue
@@ -185,7 +185,7 @@ class Reducer:
         counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.state = replace(self.state, counts=counts, refused_payloads=frozenset(status.refused_payloads))
         self.snapshot_version = status.snapshot_version
-        self.refusals = status.refusals  # counted on from there, as the storage counts are
+        self.refusal_count.refusals = status.refusals  # counted on from there, as the storage counts are
         self.heard.earlier = dict(status.heartbeats)  # older heartbeats read now are replays
         return status.storage
 
@@ -215,6 +215,10 @@ class Reducer:
         return self.state.relayed
 
     @property
+    def refusals(self) -> Refusals:
+        return self.refusal_count.refusals
+
+    @property
     def counts(self):
         return self.state.counts
 
@@ -234,10 +238,8 @@ class Reducer:
         sync = self.recipe.sync
         wake = now + sync.poll_seconds
         if read_heartbeats is None:
-            read_heartbeats = self.cadences.due("beats", now, self.recipe.training.heartbeat_seconds) or (
-                due_to_finish(self.heard.newest.values(), time.time())
-                and self.cadences.due("ending", now, END_READ_SECONDS)
-            )
+            every = self.recipe.training.heartbeat_seconds
+            read_heartbeats = heartbeats_due(self.cadences, now, every, self.heard.newest.values())
         if read_heartbeats:
             self._follow_manifest()
             self.report_soon |= self._read_heartbeats()
@@ -268,7 +270,7 @@ class Reducer:
         try:
             return self.bucket.read_head()
         except PayloadError as error:
-            self._refused("head", self.bucket.layout.head_key, error)
+            self.refusal_count.refused("head", self.bucket.layout.head_key, error)
         except StorageError as error:
             log.warning("the head cannot be read now: %s", error)
         return None
@@ -300,7 +302,7 @@ class Reducer:
         try:
             self.replica.add(version, fragment)
         except PayloadError as error:
-            self._refused("update", self.bucket.layout.update_key(version, fragment), error)
+            self.refusal_count.refused("update", self.bucket.layout.update_key(version, fragment), error)
             raise
 
     @property
@@ -324,7 +326,7 @@ class Reducer:
                     replica.window_versions,
                 )
             except (PayloadError, FileNotFoundError) as error:
-                self._refused("snapshot", self.bucket.layout.snapshot_key(version), error)
+                self.refusal_count.refused("snapshot", self.bucket.layout.snapshot_key(version), error)
                 continue
             if all(newer.versions.get(p, -1) >= v for p, v in replica.versions.items()):
                 log.info("the region's copy starts again from the snapshot of version %d", version)
@@ -368,7 +370,7 @@ class Reducer:
                 log.info("the region's copy starts from its snapshot of version %d", version)
                 return True
             except (PayloadError, FileNotFoundError) as error:
-                self._refused("snapshot", self.bucket.layout.snapshot_key(version), error)
+                self.refusal_count.refused("snapshot", self.bucket.layout.snapshot_key(version), error)
         try:
             self.replica = GlobalReplica.initial(
                 self.fragments, self.initial, head, self.bucket, self.secret, sync.window_versions, self.owned
@@ -516,56 +518,42 @@ class Reducer:
         stopped_going = False
         for learner in (spec.id for spec in self.spec.learners if spec.region == self.region):
             try:
-                beat: Heartbeat | None = self.bucket.read_heartbeat(learner)
+                beat: Heartbeat | PayloadError | None = self.bucket.read_heartbeat(learner)
             except PayloadError as error:
-                self._refused("heartbeat", heartbeat_key(learner), error)
-                continue
+                beat = error
             except StorageError as error:
                 log.warning("the heartbeat of %s cannot be read now: %s", learner, error)
                 continue
-            if beat is None:
+            heard = take_in_heartbeat(self.heard, learner, beat, self.refusal_count.refused)
+            if heard is None:
                 continue
-            heard = self.heard.hear(learner, beat)
-            if heard.replay is not None and not heard.counted_before:
-                self._refused("heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
             if heard.news:
-                newest, previous = self.heard.newest[learner], self.heartbeats.get(learner)
-                self.heartbeats[learner] = (newest.time, newest.state.value, now)
-                was_going = previous is None or previous[1] not in GONE_STATES
-                stopped_going |= was_going and newest.state.value in GONE_STATES
-            if heard.replay is not None:
-                continue
-            for note in beat.refusals.recent:
-                seen = (learner, note.key, note.time)
-                match = self.bucket.layout.snapshot_pattern.match(note.key)
-                if note.kind == "snapshot" and match and seen not in self.reported:
-                    self.reported.add(seen)
-                    self.damaged_snapshots.add(Version(int(match["version"])))
+                stopped_going |= self.liveness.heard(learner, self.heard.newest[learner].state.value, now)
+            if heard.replay is None:
+                self._take_in_notes(learner, beat)
         return stopped_going
+
+    def _take_in_notes(self, learner: LearnerId, beat: Heartbeat) -> None:
+        """The region's snapshots a learner reports refusing (its heartbeats repeat them)."""
+        for note in beat.refusals.recent:
+            seen = (learner, note.key, note.time)
+            match = self.bucket.layout.snapshot_pattern.match(note.key)
+            if note.kind == "snapshot" and match and seen not in self.reported:
+                self.reported.add(seen)
+                self.damaged_snapshots.add(Version(int(match["version"])))
 
     def _follow_manifest(self) -> None:
         """Learners added or drained (``diloco scale``): the region's share and who may
         still send follow."""
-        spec = self.manifest.changed() if self.manifest else None
-        if spec is not None and (spec.run, spec.created) == (self.spec.run, self.spec.created):
+        spec = same_run(self.manifest.changed() if self.manifest else None, self.spec)
+        if spec is not None:
             self.spec = spec
 
     def _live(self) -> set[LearnerId]:
         """The region's learners that may still send: not gone, heard from lately (or
         not yet heard from while the run is young)."""
-        timeout = self.recipe.sync.liveness_timeout_seconds
-        now = self.clock()
-        live = set()
-        for spec in self.spec.active_learners:
-            if spec.region != self.region:
-                continue
-            seen = self.heartbeats.get(spec.id)
-            if seen is None:
-                if now - self._started_clock < timeout:
-                    live.add(spec.id)
-            elif seen[1] not in GONE_STATES and now - seen[2] <= timeout:
-                live.add(spec.id)
-        return live
+        learners = [spec.id for spec in self.spec.active_learners if spec.region == self.region]
+        return self.liveness.live(learners, self.clock(), self.recipe.sync.liveness_timeout_seconds)
 
     def _look(self, head: Head, now: float) -> None:
         """New payloads of the region's learners (markers verified); those the syncer
@@ -590,7 +578,7 @@ class Reducer:
             except FileNotFoundError:
                 continue
             except PayloadError as error:
-                self._refused("marker", key, error)
+                self.refusal_count.refused("marker", key, error)
                 refused.append(key)
             except StorageError as error:
                 log.warning("payloads after %s wait for a later turn: %s", key, error)
@@ -609,7 +597,7 @@ class Reducer:
             check_announced(record, blob, self.secret)
             key = self.bucket.relay(record.key, blob)
         except (PayloadError, FileNotFoundError) as error:
-            self._refused("payload", record.key, error)
+            self.refusal_count.refused("payload", record.key, error)
             return [reducer_step.PayloadsRefused((record.key,))]
         except StorageError as error:
             log.warning("%s not relayed (tried again later): %s", record.key, error)
@@ -626,9 +614,9 @@ class Reducer:
     def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> list[reducer_step.Observation]:
         """Merge the sends into one aggregate of the fragment and write it."""
         try:
-            built = self.aggregation.build(fragment, records, self.replica, self._refused)
+            built = self.aggregation.build(fragment, records, self.replica, self.refusal_count.refused)
         except DamagedWindowUpdate as error:  # reported in the status: the syncer rewrites it, then the sends go
-            self._refused("update", error.key, error)
+            self.refusal_count.refused("update", error.key, error)
             return []
         except StorageError as error:
             log.warning("aggregate of fragment %d not written (tried again later): %s", fragment, error)
@@ -660,15 +648,6 @@ class Reducer:
 
     # ------------------------------------------------------------------------ report
 
-    def _refused(self, kind: str, key: str, error: Exception) -> None:
-        reason, now = str(error), time.time()
-        self._last_refused = {seen: at for seen, at in self._last_refused.items() if now - at < REPEAT_SECONDS}
-        if (kind, key, reason) in self._last_refused:
-            return
-        self._last_refused[(kind, key, reason)] = now
-        log.warning("refusing %s %s: %s", kind, key, reason)
-        self.refusals.record(kind, key, reason, now)
-
     def status(self) -> ReducerStatus:
         replica = self.replica
         in_flight: dict[FragmentIndex, list[LearnerId]] = {}
@@ -692,7 +671,7 @@ class Reducer:
             waiting={p: sorted(set(learners)) for p, learners in waiting.items()},
             snapshot_version=max(self.snapshot_version, Version(0)),
             initial_weights=self.initial_weights,
-            heartbeats_seen={learner: seen[0] for learner, seen in self.heartbeats.items()},
+            heartbeats_seen={learner: beat.time for learner, beat in self.heard.newest.items()},
             heartbeats=HeartbeatHeard.of(self.heard.newest),
             needs_snapshot=self.needs_snapshot,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
@@ -726,22 +705,11 @@ def _merged_past(key: str, head: Head) -> bool:
 def run_reducers(reducers: list[Reducer]) -> int:
     """Run a region's reducers (one per syncer shard) in this process, each turn in turn,
     until every one has finished or a signal (SIGTERM, SIGINT) stops them."""
-    stop = []
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping after this turn", signum)
-        stop.append(signum)
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = StopSignals("this turn", log)
     for reducer in reducers:
         reducer.start()
-    clock = reducers[0].clock
-    while not stop:
-        wake = min(reducer.turn() for reducer in reducers if not reducer.finished)
-        if all(reducer.finished for reducer in reducers):
-            return EXIT_FINISHED
-        time.sleep(max(0.0, wake - clock()))
-    for reducer in reducers:
-        reducer._write_status()
-    return EXIT_STOPPED
+    code = run_turns(reducers, reducers[0].clock, stop)
+    if code == EXIT_STOPPED:
+        for reducer in reducers:
+            reducer._write_status()
+    return code
