@@ -5,12 +5,11 @@ bottom:
 
 1. **follow the global weights**: every few seconds read the learners' heartbeats (who
    may still send, which of the region's snapshots they found damaged); read the head;
-   add the updates the region's copy lacks (:mod:`.replica`), writing the region's
-   snapshot when the copy reaches the head's snapshot version, and removing updates and
-   snapshots no reader needs any more;
+   bring the region's copy up to it (:mod:`.region_copy`);
 
 Steps 2 to 4 are decided by the pure :func:`diloco_cli.core.reducer_step.step` on what
-the turn read; this module reads, and carries out its actions:
+the turn read in the region's bucket; :mod:`.region_objects` reads it, and carries out
+the actions:
 
 2. **resolve**: an aggregate whose fragment moved on was merged (the head's ``merged``
    marks cover its sends: its payloads are deleted) or discarded (its sends wait again,
@@ -40,7 +39,7 @@ from dataclasses import replace
 
 import torch
 
-from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
+from diloco_cli.codec import PayloadError, RunSecret
 from diloco_cli.codec.parallel import resolve_threads
 from diloco_cli.core import reducer_step
 from diloco_cli.core.cadence import Cadences
@@ -61,27 +60,18 @@ from diloco_cli.runtime.coordinator import (
     take_in_heartbeat,
 )
 from diloco_cli.runtime.membership import ManifestWatch
-from diloco_cli.runtime.outer_gradients import check_announced
 from diloco_cli.runtime.reducer.aggregation import Aggregation
-from diloco_cli.runtime.reducer.replica import DamagedWindowUpdate, GlobalReplica, ReplicaGap
+from diloco_cli.runtime.reducer.region_copy import RegionCopy
+from diloco_cli.runtime.reducer.region_objects import RegionObjects
+from diloco_cli.runtime.reducer.replica import GlobalReplica
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store import aggregates as store
-from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Head, Heartbeat, HeartbeatHeard, ReducerStatus, Refusals
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageCounters
-from diloco_cli.store.region import (
-    PAYLOAD_KEY,
-    RELAY_KEY,
-    SEQUENCE_PER_EPOCH,
-    PayloadRecord,
-)
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.reducer")
-
-GAP_SECONDS = 10.0
-"""How long the region's copy waits for a missing update before it asks for a snapshot."""
 
 
 class Reducer:
@@ -104,10 +94,10 @@ class Reducer:
         self.shard: SyncerShard = spec.syncer_shard(syncer_shard)
         self.bucket = spec.bucket(region, secret).for_syncer_shard(self.shard)
         self.finished = False
-        self.replica: GlobalReplica | None = None
-        self.initial_weights = "unchecked"
         self.state = ReducerState()
         """What it holds: sends waiting, aggregates in flight, relays (:mod:`diloco_cli.core.reducer_step`)."""
+        self.copy: RegionCopy | None = None
+        """The region's copy of the global weights (from :meth:`start`)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
         """Per learner of the region: its newest heartbeat (its progress: when it is due to
         finish); replayed older ones are refused."""
@@ -119,13 +109,6 @@ class Reducer:
         self.refusal_count = RefusalCount(log, repeat_seconds=REPEAT_SECONDS)
         """What it refused, counted in its status (a damaged update is met every turn until
         the syncer rewrites it: counted again at most every few seconds)."""
-        self.snapshot_version = Version(-1)
-        self.damaged_snapshots: set[Version] = set()
-        """Snapshot versions the region's learners reported refusing (damaged or missing)."""
-        self.reported: set[tuple[LearnerId, str, float]] = set()
-        """Learners' refusal notes already taken in (their heartbeats repeat them)."""
-        self.gap_since: float | None = None
-        """Since when the region's copy cannot add the next update (one is missing)."""
         self.started_at = time.time()
         self.cadences = Cadences("beats", "ending", "status")
 
@@ -134,48 +117,36 @@ class Reducer:
     def start(self) -> None:
         """Build the model from the recipe's seed (version 0, checked once a head says
         what the syncer's is), count this start, and pick up what a killed reducer left."""
+        sync = self.recipe.sync
         self.liveness = Liveness(started_at=self.clock())
         torch.manual_seed(self.recipe.training.seed)
         model = self.recipe.model.build()
-        self.fragments = fragments_of_model(model, self.recipe.sync.num_fragments)
-        self.owned = self.shard.of(self.fragments)
-        self.initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
+        fragments = fragments_of_model(model, sync.num_fragments)
+        owned = self.shard.of(fragments)
+        initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
         epoch = self.bucket.read_epoch(self.bucket.layout.reducer_name) + 1
         self.bucket.write_epoch(self.bucket.layout.reducer_name, epoch)
-        self.aggregation = Aggregation(
+        workspace = MergeWorkspace(resolve_threads(sync.merge_threads))
+        self.aggregation = Aggregation(self.bucket, self.secret, fragments, sync.learner_codec, epoch, workspace, owned)
+        self.copy = RegionCopy(
+            self.bucket, self.secret, fragments, owned, initial, sync.window_versions, self.refusal_count, self.clock
+        )
+        self.objects = RegionObjects(
             self.bucket,
             self.secret,
-            self.fragments,
-            self.recipe.sync.learner_codec,
-            epoch,
-            MergeWorkspace(resolve_threads(self.recipe.sync.merge_threads)),
-            self.owned,
+            self.aggregation,
+            self.copy,
+            self.refusal_count,
+            self.shard.owns,
+            sync.delete_consumed_payloads,
+            self._write_status,
         )
         self.storage_before = self._previous_counts()
-        in_flight: dict[str, AggregateRecord] = {}
-        for key in filter(self._owns, store.aggregate_keys(self.bucket)):
-            try:
-                in_flight[key] = store.aggregate_record(self.bucket, key)
-            except PayloadError as error:
-                self.refusal_count.refused("aggregate", key, error)
-                store.delete_aggregate(self.bucket, key)
-            except FileNotFoundError:
-                continue
-        relayed: dict[str, PayloadRecord] = {}
-        for key in filter(self._owns, self.bucket.relay_keys()):
-            try:
-                relayed[key] = self.bucket.payload_record(key)
-            except (PayloadError, FileNotFoundError):
-                continue  # the syncer refuses (and deletes) a relay whose marker is not authentic
-        self.state = replace(self.state, in_flight=in_flight, relayed=relayed)
-
-    def _owns(self, key: str) -> bool:
-        """Whether a payload, relay or aggregate key is of this reducer's fragments (with
-        syncer shards, the region's reducer of each shard takes its own)."""
-        match = PAYLOAD_KEY.match(key) or RELAY_KEY.match(key) or AGGREGATE_KEY.match(key)
-        return match is not None and self.shard.owns(int(match["fragment"]))
+        left = self.objects.left_by_an_earlier_start()
+        self.state = replace(self.state, in_flight=left.in_flight, relayed=left.relayed)
 
     def _previous_counts(self) -> StorageCounters:
+        """What the reducer's earlier start counted (from its status), counted on."""
         try:
             status = store.read_reducer_status(self.bucket)
         except PayloadError:
@@ -184,7 +155,7 @@ class Reducer:
             return StorageCounters()
         counts = {"aggregates": status.aggregates, "sends": status.sends, "voided": status.voided}
         self.state = replace(self.state, counts=counts, refused_payloads=frozenset(status.refused_payloads))
-        self.snapshot_version = status.snapshot_version
+        self.copy.snapshot_version = status.snapshot_version
         self.refusal_count.refusals = status.refusals  # counted on from there, as the storage counts are
         self.heard.earlier = dict(status.heartbeats)  # older heartbeats read now are replays
         return status.storage
@@ -198,6 +169,16 @@ class Reducer:
             window_seconds=sync.forward_window_seconds,
             longest_wait_seconds=sync.liveness_timeout_seconds,
         )
+
+    # ------------------------------------------------------------- what it holds
+
+    @property
+    def replica(self) -> GlobalReplica | None:
+        return self.copy.replica if self.copy else None
+
+    @property
+    def initial_weights(self) -> str:
+        return self.copy.initial_weights if self.copy else "unchecked"
 
     @property
     def waiting(self):
@@ -215,16 +196,16 @@ class Reducer:
         return self.state.relayed
 
     @property
-    def refusals(self) -> Refusals:
-        return self.refusal_count.refusals
-
-    @property
     def counts(self):
         return self.state.counts
 
     @property
     def refused_payloads(self):
         return self.state.refused_payloads
+
+    @property
+    def refusals(self) -> Refusals:
+        return self.refusal_count.refusals
 
     # ------------------------------------------------------------------------ loop
 
@@ -243,14 +224,14 @@ class Reducer:
         if read_heartbeats:
             self._follow_manifest()
             self.report_soon |= self._read_heartbeats()
-            self._check_own_objects()
+            self._apply(self.objects.own_objects(), self.clock())
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
-        self._apply([reducer_step.HeadSeen(head, dict(self.replica.versions))], now)  # resolve
-        self._look(head, now)
-        due = reducer_step.ForwardingDue(self._policy(), frozenset(self._live()), dict(self.replica.versions))
-        self._apply([due], now)
+        self._apply([reducer_step.HeadSeen(head, dict(self.copy.versions))], now)  # resolve
+        self._apply(self.objects.payloads(self.state, head), now)  # look
+        due = reducer_step.ForwardingDue(self._policy(), frozenset(self._live()), dict(self.copy.versions))
+        self._apply([due], now)  # forward
         holding = self.state.holding
         self.report_soon |= self.holding and not holding  # the end of the run waits for a status holding nothing
         self.holding = holding
@@ -263,6 +244,17 @@ class Reducer:
         elif self.cadences.due("status", now, sync.status_seconds) or self.report_soon:
             self._write_status()  # and at once when a learner stopped going on: the syncer waits for it at the end
         return wake
+
+    def _apply(self, observations: list[reducer_step.Observation], now: float) -> None:
+        """Fold observations into the state and carry out the actions in the region's
+        bucket, each one's outcome folded at once (a later action sees it)."""
+        self.state, actions = reducer_step.step(self.state, observations, now)
+        for action in actions:
+            outcomes = self.objects.act(action)
+            if outcomes:
+                self.state, more = reducer_step.step(self.state, outcomes, now)
+                for removal in more:  # what an outcome calls for: refused payloads to remove
+                    self.objects.act(removal)
 
     # --------------------------------------------------- following the global weights
 
@@ -277,239 +269,17 @@ class Reducer:
 
     def _follow(self, head: Head) -> bool:
         """Bring the region's copy up to the head; False while it cannot be (no copy)."""
-        if self.replica is None and not (self._number_after(head) and self._build_replica(head)):
-            return False
-        try:
-            if head.version > self.replica.version:
-                for version, fragment in self.replica.pending(head):
-                    self._add(version, fragment)
-                    self._snapshot_if_due(head)
-            self.replica.check(head)
-            self.gap_since = None
-        except ReplicaGap as error:
-            if self.gap_since is None:
-                self.gap_since = self.clock()
-                log.info("the region's copy waits at version %d: %s", self.replica.version, error)
-            self._start_again_from_a_newer_snapshot()
-        except (PayloadError, StorageError) as error:
-            log.warning("the region's copy stays at version %d: %s", self.replica.version, error)
-        self._snapshot_if_due(head)
+        if self.copy.replica is None:
+            if not self.objects.number_after(head):
+                return False
+            if not self.copy.build(head):
+                self._write_status()  # it refuses to reduce: its status says why
+                return False
+            self.objects.restore_errors(head, self.state)
+        self.copy.follow(head)
         return True
 
-    def _add(self, version: Version, fragment: FragmentIndex) -> None:
-        """One update into the region's copy; a damaged one is reported (in the reducer's
-        status: the syncer rewrites it from its commits) and stops the copy there."""
-        try:
-            self.replica.add(version, fragment)
-        except PayloadError as error:
-            self.refusal_count.refused("update", self.bucket.layout.update_key(version, fragment), error)
-            raise
-
-    @property
-    def needs_snapshot(self) -> bool:
-        """Whether the region's copy has waited for a missing update long enough that the
-        syncer should give the region a snapshot (the region missed updates during an
-        outage that are no longer kept anywhere)."""
-        return self.gap_since is not None and self.clock() - self.gap_since >= GAP_SECONDS
-
-    def _start_again_from_a_newer_snapshot(self) -> None:
-        """A snapshot in the region newer than the copy (the syncer's, after a gap) that
-        holds every fragment at or past the copy's version: the copy starts again from it."""
-        replica = self.replica
-        for version in sorted((v for v in self.bucket.snapshot_versions() if v > replica.version), reverse=True):
-            try:
-                newer = GlobalReplica.from_snapshot(
-                    self.fragments,
-                    self.bucket.read_snapshot(version),
-                    self.bucket,
-                    self.secret,
-                    replica.window_versions,
-                )
-            except (PayloadError, FileNotFoundError) as error:
-                self.refusal_count.refused("snapshot", self.bucket.layout.snapshot_key(version), error)
-                continue
-            if all(newer.versions.get(p, -1) >= v for p, v in replica.versions.items()):
-                log.info("the region's copy starts again from the snapshot of version %d", version)
-                self.replica, self.gap_since = newer, None
-                return
-
-    def _number_after(self, head: Head) -> bool:
-        """Number this start's aggregates above every one the syncer merged from the
-        region (the head's marks): with the bucket wiped, the epoch record this start
-        counted from is gone, and a serial used again would be taken for one consumed.
-        False while the epoch record cannot be written."""
-        marks = head.merged.get(reducer_of(self.region), {})
-        merged_epoch = max(marks.values(), default=0) // SEQUENCE_PER_EPOCH
-        if merged_epoch < self.aggregation.epoch:
-            return True
-        try:
-            self.bucket.write_epoch(self.bucket.layout.reducer_name, merged_epoch + 1)
-        except StorageError as error:
-            log.warning("the reducer's epoch record cannot be written now: %s", error)
-            return False
-        log.warning(
-            "the region's bucket lost this reducer's epoch record (was it wiped?): epoch %d, above the serials "
-            "the syncer merged",
-            merged_epoch + 1,
-        )
-        self.aggregation.epoch = merged_epoch + 1
-        return True
-
-    def _build_replica(self, head: Head) -> bool:
-        """The region's copy: from the newest snapshot this region holds that verifies, else
-        version 0 built here (refused when it is not the syncer's)."""
-        sync = self.recipe.sync
-        for version in sorted(self.bucket.snapshot_versions(), reverse=True):
-            try:
-                payload = self.bucket.read_snapshot(version)
-                self.replica = GlobalReplica.from_snapshot(
-                    self.fragments, payload, self.bucket, self.secret, sync.window_versions
-                )
-                self.initial_weights = "match"
-                self._restore_errors(head)
-                log.info("the region's copy starts from its snapshot of version %d", version)
-                return True
-            except (PayloadError, FileNotFoundError) as error:
-                self.refusal_count.refused("snapshot", self.bucket.layout.snapshot_key(version), error)
-        try:
-            self.replica = GlobalReplica.initial(
-                self.fragments, self.initial, head, self.bucket, self.secret, sync.window_versions, self.owned
-            )
-        except CorruptPayload as error:
-            if self.initial_weights != "differ":
-                log.error("refusing to reduce: %s", error)
-            self.initial_weights = "differ"
-            self._write_status()
-            return False
-        self.initial_weights = "match"
-        self._restore_errors(head)
-        if not self.bucket.snapshot_versions():  # a learner that cannot build version 0 itself reads it here
-            self.bucket.write_snapshot(Version(0), self.replica.snapshot())
-            self.snapshot_version = Version(0)
-        log.info("the region's copy starts from version 0, built here from the recipe's seed")
-        return True
-
-    def _restore_errors(self, head: Head) -> None:
-        reducer = reducer_of(self.region)
-        marks = {FragmentIndex(int(p)): s for p, s in head.merged.get(reducer, {}).items()}
-        in_flight: dict[FragmentIndex, list[int]] = {}
-        for record in self.in_flight.values():
-            in_flight.setdefault(record.fragment, []).append(record.serial)
-        self.aggregation.restore(in_flight, marks)
-
-    def _snapshot_if_due(self, head: Head) -> None:
-        """The region's snapshot at the head's snapshot version, once the copy is there;
-        then the old ones go.  A snapshot the region's learners refused is written again
-        when the copy is at its version, else one of the copy's present is written (readers
-        take the newest snapshot the head's updates cover)."""
-        replica = self.replica
-        version = head.snapshot_version
-        if replica.version == version and version > self.snapshot_version:
-            self._write_snapshot(head, replace=False)
-        if self.damaged_snapshots and replica.version >= max(self.damaged_snapshots):
-            self._write_snapshot(head, replace=replica.version in self.damaged_snapshots)
-            self.damaged_snapshots.clear()
-
-    def _write_snapshot(self, head: Head, replace: bool) -> None:
-        version = self.replica.version
-        self.bucket.write_snapshot(version, self.replica.snapshot(), replace=replace)
-        self.snapshot_version = max(self.snapshot_version, version)
-        log.info("wrote the region's snapshot of version %d", version)
-        self._collect_garbage(head)
-
-    def _collect_garbage(self, head: Head) -> None:
-        """Drop what no reader needs: snapshots before the head's ``recent_from`` (the one
-        before the newest stays, as a fallback), and updates at or before it that are not
-        among the last W of their fragment (the window anchors with them)."""
-        window = {(v, p) for p, w in self.replica.windows.items() for v in w.versions}
-        for version, fragment in self.bucket.update_versions():
-            if version <= head.recent_from and (version, fragment) not in window:
-                self.bucket.delete_update(version, fragment)
-        for version in self.bucket.snapshot_versions():
-            if version < head.recent_from:
-                self.bucket.delete_snapshot(version)
-
-    def _check_own_objects(self) -> None:
-        """What the reducer wrote in the region's bucket and counts on, gone from it (the
-        bucket wiped and recreated, or objects deleted): its epoch record is written
-        again, so that a restart never repeats an aggregate's serial, and an aggregate in
-        flight that vanished never reaches the syncer: it is void (its error feedback goes
-        back, and those of its sends still in the region wait again)."""
-        name = self.bucket.layout.reducer_name
-        try:
-            if self.bucket.read_epoch(name) < self.aggregation.epoch:
-                self.bucket.write_epoch(name, self.aggregation.epoch)
-                log.warning("the region's bucket lost this reducer's epoch record (was it wiped?): wrote it again")
-        except (PayloadError, StorageError) as error:
-            log.warning("the reducer's epoch record cannot be checked now: %s", error)
-        try:
-            present = frozenset(store.aggregate_keys(self.bucket))
-        except StorageError as error:
-            log.warning("the reducer's aggregates cannot be listed now: %s", error)
-            return
-        self._apply([reducer_step.AggregatesListed(present)], self.clock())
-
-    # -------------------------------------------------------------------- acting
-
-    def _apply(self, observations: list[reducer_step.Observation], now: float) -> None:
-        """Fold observations into the state and carry out the actions, each one's outcome
-        folded at once (a later action sees it)."""
-        self.state, actions = reducer_step.step(self.state, observations, now)
-        for action in actions:
-            outcomes = self._act(action)
-            if outcomes:
-                self.state, more = reducer_step.step(self.state, outcomes, now)
-                for removal in more:  # what an outcome calls for: refused payloads to remove
-                    self._act(removal)
-
-    def _act(self, action: reducer_step.Action) -> list[reducer_step.Observation]:
-        """One action's I/O; what it came to."""
-        if isinstance(action, reducer_step.VoidAggregate):
-            record = action.record
-            self.aggregation.resolved(record.fragment, record.serial, merged=False)
-            log.warning("aggregate %s vanished from the region's bucket before it was resolved: void", record.key)
-        elif isinstance(action, reducer_step.ClearAggregate):
-            return self._clear(action)
-        elif isinstance(action, reducer_step.ReleaseRelay):
-            try:
-                self._consume(action.record.key)
-            except StorageError as error:
-                log.warning("could not delete the payload of relay %s (tried again later): %s", action.key, error)
-                return []
-            return [reducer_step.RelayReleased(action.key)]
-        elif isinstance(action, reducer_step.Consume):
-            self._consume(action.key)
-        elif isinstance(action, reducer_step.RemoveRefused):
-            self._remove_refused(action.keys)
-        elif isinstance(action, reducer_step.Relay):
-            return self._relay(action.record)
-        elif isinstance(action, reducer_step.Forward):
-            return self._send(action.fragment, list(action.records))
-        return []
-
-    def _clear(self, action: reducer_step.ClearAggregate) -> list[reducer_step.Observation]:
-        """An aggregate the syncer is done with: its consumed payloads, then it, deleted;
-        discarded, its error feedback goes back and its other sends wait again."""
-        record = action.record
-        try:
-            for key in action.consumed:
-                self._consume(key)
-            store.delete_aggregate(self.bucket, record.key)
-        except StorageError as error:
-            log.warning("could not clear aggregate %s (tried again later): %s", record.key, error)
-            return []
-        self.aggregation.resolved(record.fragment, record.serial, action.merged)
-        if not action.merged:
-            log.info("aggregate %s was not merged: forwarding its sends again", record.key)
-        return [reducer_step.AggregateCleared(record.key, action.merged, action.consumed)]
-
-    def _consume(self, key: str) -> None:
-        """A payload the syncer merged (or retired): deleted, or kept but never read
-        again when the recipe keeps consumed payloads (``sync.delete_consumed_payloads``)."""
-        if self.recipe.sync.delete_consumed_payloads:
-            self.bucket.delete_payload(key)
-
-    # ----------------------------------------------------------------------- looking
+    # ------------------------------------------------------------- its learners
 
     def _read_heartbeats(self) -> bool:
         """Take in the region's heartbeats; whether a learner stopped going on (finished,
@@ -530,17 +300,8 @@ class Reducer:
             if heard.news:
                 stopped_going |= self.liveness.heard(learner, self.heard.newest[learner].state.value, now)
             if heard.replay is None:
-                self._take_in_notes(learner, beat)
+                self.copy.take_in_notes(learner, beat)
         return stopped_going
-
-    def _take_in_notes(self, learner: LearnerId, beat: Heartbeat) -> None:
-        """The region's snapshots a learner reports refusing (its heartbeats repeat them)."""
-        for note in beat.refusals.recent:
-            seen = (learner, note.key, note.time)
-            match = self.bucket.layout.snapshot_pattern.match(note.key)
-            if note.kind == "snapshot" and match and seen not in self.reported:
-                self.reported.add(seen)
-                self.damaged_snapshots.add(Version(int(match["version"])))
 
     def _follow_manifest(self) -> None:
         """Learners added or drained (``diloco scale``): the region's share and who may
@@ -555,103 +316,12 @@ class Reducer:
         learners = [spec.id for spec in self.spec.active_learners if spec.region == self.region]
         return self.liveness.live(learners, self.clock(), self.recipe.sync.liveness_timeout_seconds)
 
-    def _look(self, head: Head, now: float) -> None:
-        """New payloads of the region's learners (markers verified); those the syncer
-        merged are deleted, and relays it let go of, their payloads."""
-        try:
-            keys = [key for key in self.bucket.payload_keys() if self._owns(key)]
-        except StorageError as error:
-            log.warning("the region's payloads cannot be listed now: %s", error)
-            return
-        observations: list[reducer_step.Observation] = []
-        if self.state.relayed:
-            try:
-                observations.append(reducer_step.RelaysListed(frozenset(self.bucket.relay_keys())))
-            except StorageError as error:
-                log.warning("the region's relays cannot be listed now: %s", error)
-        read: dict[str, PayloadRecord] = {}
-        refused: list[str] = []
-        cut_at = None
-        for key in self.state.to_read(keys):
-            try:
-                read[key] = self.bucket.payload_record(key)
-            except FileNotFoundError:
-                continue
-            except PayloadError as error:
-                self.refusal_count.refused("marker", key, error)
-                refused.append(key)
-            except StorageError as error:
-                log.warning("payloads after %s wait for a later turn: %s", key, error)
-                cut_at = key
-                break
-        passed = frozenset(key for key in self.state.refused_payloads if _merged_past(key, head))
-        observations.append(reducer_step.PayloadsListed(head, tuple(keys), read, tuple(refused), passed, cut_at))
-        self._apply(observations, now)
-
-    # ---------------------------------------------------------------------- forwarding
-
-    def _relay(self, record: PayloadRecord) -> list[reducer_step.Observation]:
-        """Copy a verified send to its relay key, for the syncer to anchor itself."""
-        try:
-            blob = self.bucket.read_payload(record.key)
-            check_announced(record, blob, self.secret)
-            key = self.bucket.relay(record.key, blob)
-        except (PayloadError, FileNotFoundError) as error:
-            self.refusal_count.refused("payload", record.key, error)
-            return [reducer_step.PayloadsRefused((record.key,))]
-        except StorageError as error:
-            log.warning("%s not relayed (tried again later): %s", record.key, error)
-            return []
-        log.info(
-            "relayed %s: fragment %d from %s, base version %d",
-            key,
-            record.fragment,
-            record.learner,
-            record.base_version,
-        )
-        return [reducer_step.Relayed(key, record)]
-
-    def _send(self, fragment: FragmentIndex, records: list[PayloadRecord]) -> list[reducer_step.Observation]:
-        """Merge the sends into one aggregate of the fragment and write it."""
-        try:
-            built = self.aggregation.build(fragment, records, self.replica, self.refusal_count.refused)
-        except DamagedWindowUpdate as error:  # reported in the status: the syncer rewrites it, then the sends go
-            self.refusal_count.refused("update", error.key, error)
-            return []
-        except StorageError as error:
-            log.warning("aggregate of fragment %d not written (tried again later): %s", fragment, error)
-            return []
-        outcomes: list[reducer_step.Observation] = []
-        if built.refused:
-            outcomes.append(reducer_step.PayloadsRefused(tuple(send.key for send, _ in built.refused)))
-        if built.key is None:
-            return outcomes
-        outcomes.append(reducer_step.AggregateWritten(store.aggregate_record(self.bucket, built.key)))
-        learners = ", ".join(sorted({send.learner for send in built.merged})) or "nobody"
-        log.info(
-            "aggregate %s: fragment %d from %s at version %d",
-            built.key,
-            fragment,
-            learners,
-            self.replica.versions[fragment],
-        )
-        return outcomes
-
-    def _remove_refused(self, keys: tuple[str, ...]) -> None:
-        """Payloads refused (their marker or their body), listed in the status (the state
-        holds them already), then removed.  A status that cannot be written now leaves
-        them in place, refused again at a later turn."""
-        if not self._write_status():
-            return
-        for key in keys:
-            self.bucket.delete_payload(key)
-
     # ------------------------------------------------------------------------ report
 
     def status(self) -> ReducerStatus:
-        replica = self.replica
+        """The reducer's status document as of now."""
+        state, copy, replica = self.state, self.copy, self.replica
         in_flight: dict[FragmentIndex, list[LearnerId]] = {}
-        state = self.state
         for record in state.in_flight.values():
             if record.sends:  # one without sends holds nothing the syncer waits for
                 in_flight.setdefault(record.fragment, []).extend(send.learner for send in record.sends)
@@ -669,11 +339,11 @@ class Reducer:
             voided=state.counts["voided"],
             in_flight={p: sorted(set(learners)) for p, learners in in_flight.items()},
             waiting={p: sorted(set(learners)) for p, learners in waiting.items()},
-            snapshot_version=max(self.snapshot_version, Version(0)),
+            snapshot_version=max(copy.snapshot_version if copy else Version(-1), Version(0)),
             initial_weights=self.initial_weights,
             heartbeats_seen={learner: beat.time for learner, beat in self.heard.newest.items()},
             heartbeats=HeartbeatHeard.of(self.heard.newest),
-            needs_snapshot=self.needs_snapshot,
+            needs_snapshot=copy.needs_snapshot if copy else False,
             storage=self.storage_before.plus(self.bucket.store.meter.snapshot()),
             refusals=self.refusals,
             refused_payloads=sorted(state.refused_payloads),
@@ -691,15 +361,6 @@ class Reducer:
         except StorageError as error:
             log.warning("could not write the reducer's status: %s", error)
             return False
-
-
-def _merged_past(key: str, head: Head) -> bool:
-    """Whether a merge of the payload's learner and fragment passed it (the ledger no
-    longer needs it retired)."""
-    match = PAYLOAD_KEY.match(key)
-    return match is None or int(match["sequence"]) <= head.merged_sequence(
-        LearnerId(match["learner"]), FragmentIndex(int(match["fragment"]))
-    )
 
 
 def run_reducers(reducers: list[Reducer]) -> int:
