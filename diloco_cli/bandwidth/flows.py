@@ -135,7 +135,7 @@ def _sweep(shape: RunShape, learners: int) -> tuple[float, float]:
 def _arrival_flows(
     shape: RunShape, link: Link, sends: float, merges: float, beat_every: float, samples: float
 ) -> Flows:
-    """What the syncer reads of a region (:mod:`diloco_cli.runtime.reducer.forwarding`):
+    """What the syncer reads of a region (:mod:`diloco_cli.core.forwarding`):
     under K = M the region's aggregates, about ``min(sends_r, merges)`` per second (one
     per fragment round), each the size of one learner payload of its fragment (the
     learner codec's), and their markers (one send listed per learner send); under K < M

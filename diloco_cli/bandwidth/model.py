@@ -17,7 +17,7 @@ learner only talks to its own region's bucket (region-local, not WAN).  Directio
 seen from the syncer: *down* is what it reads from a bucket, *up* what it writes there.
 Per second, on the link of region r (docs/bandwidth.md has the tables):
 
-* down: what the region's reducer passes on (:mod:`diloco_cli.runtime.reducer.forwarding`).
+* down: what the region's reducer passes on (:mod:`diloco_cli.core.forwarding`).
   Under K = M its aggregates, about min(M_r P/(H T), merges) of them (one per fragment
   round), each the size of one learner payload of its fragment, and their markers (which
   list the sends they hold); under K < M every send as the learner made it (a relay: a

@@ -94,6 +94,13 @@ GONE_STATES = frozenset({"finished", "stopped", "failed"})
 """Learner states in which it will send nothing more until it is started again."""
 
 
+def is_live(state: str, last_seen: float, now: float, timeout_seconds: float) -> bool:
+    """Whether a learner last seen in ``state`` at ``last_seen`` may still send at ``now``:
+    it has not said it stopped, and was heard from within the liveness timeout (the
+    syncer's decisions and the reducers judge liveness alike)."""
+    return state not in GONE_STATES and now - last_seen <= timeout_seconds
+
+
 @dataclass(frozen=True)
 class HeartbeatSeen:
     learner: LearnerId
@@ -223,7 +230,7 @@ class DecisionState:
         """Learners seen within the liveness timeout that have not said they stopped."""
         timeout = self.policy.liveness_timeout_seconds
         return frozenset(
-            learner for learner, view in self.learners.items() if not view.gone and now - view.last_seen <= timeout
+            learner for learner, view in self.learners.items() if is_live(view.state, view.last_seen, now, timeout)
         )
 
     def unseen_presumed_live(self, now: float) -> int:

@@ -1,7 +1,7 @@
 """When a region's reducer forwards an aggregate, and which sends it holds (pure, fake clock)."""
 
+from diloco_cli.core.forwarding import ForwardPolicy, Waiting, newest_per_base, to_forward
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.reducer.forwarding import ForwardPolicy, Waiting, newest_per_base, to_forward
 from diloco_cli.store.aggregates import SendRecord
 
 P0 = FragmentIndex(0)

@@ -1,6 +1,6 @@
 """Building a region's aggregates, and the error feedback of their quantization.
 
-An aggregate of fragment p holds the sends the forwarding decided on (:mod:`.forwarding`),
+An aggregate of fragment p holds the sends the forwarding decided on (:mod:`diloco_cli.core.forwarding`),
 each verified against its marker, anchored on its base with the region's copy of the
 global weights (the drift since the base, from the window of the last W updates:
 :func:`~diloco_cli.runtime.outer_gradients.accumulate_arrivals`) and folded into a

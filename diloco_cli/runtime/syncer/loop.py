@@ -26,20 +26,19 @@ leftovers and evaluates the whole model (:mod:`.evaluation`).
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
-from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
+from diloco_cli.core.cadence import Cadences
 from diloco_cli.core.fragments import SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.runtime.coordinator import EXIT_STOPPED, StopSignals, heartbeats_due, run_turns, same_run
 from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
 from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.syncer.evaluation import Evaluator
@@ -58,8 +57,6 @@ from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.syncer")
 
-EXIT_FINISHED = 0
-EXIT_STOPPED = 143
 HOME = "home"
 """The syncer's home among its sweepers (the others are keyed by region)."""
 REPORTED_REFUSALS_SECONDS = 60.0
@@ -88,7 +85,6 @@ class Syncer:
         self.recipe = spec.recipe
         self.secret = secret
         self.clock = clock
-        self.stop_requested = False
         self.finished = False
         self.buckets = {bucket.name: bucket.for_syncer_shard(self.shard) for bucket in spec.buckets(secret)}
         self.home = spec.home(secret, self.shard.index)
@@ -246,23 +242,15 @@ class Syncer:
     # ------------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
+        stop = StopSignals("the current merge", log)
         self.start()
         try:
-            while not self.stop_requested:
-                wake = self.turn()
-                if self.finished:
-                    return EXIT_FINISHED
-                time.sleep(max(0.0, wake - self.clock()))
-            self.write_status(SyncerPhase.STOPPED)
-            return EXIT_STOPPED
+            code = run_turns([self], self.clock, stop)
+            if code == EXIT_STOPPED:
+                self.write_status(SyncerPhase.STOPPED)
+            return code
         finally:
             self.fanout.close()
-
-    def _request_stop(self, signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping after the current merge", signum)
-        self.stop_requested = True
 
     def turn(self, read_heartbeats: bool | None = None) -> float:
         """One turn: observe, decide, act, upkeep; returns when to wake for the next.
@@ -271,12 +259,8 @@ class Syncer:
         now = self.clock()
         sync = self.recipe.sync
         if read_heartbeats is None:
-            read_heartbeats = self.cadences.due(
-                "beats", now, min(sync.status_seconds, self.recipe.training.heartbeat_seconds)
-            ) or (
-                due_to_finish(self.observer.heartbeats.values(), time.time())
-                and self.cadences.due("ending", now, END_READ_SECONDS)
-            )
+            every = min(sync.status_seconds, self.recipe.training.heartbeat_seconds)
+            read_heartbeats = heartbeats_due(self.cadences, now, every, self.observer.heartbeats.values())
         look = self.observer.look(self.spec, read_heartbeats, self._published_keys() if read_heartbeats else ())
         for region in look.lost:
             self.publication.mark_behind(region)
@@ -374,10 +358,7 @@ class Syncer:
         """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
         learners added or drained (M and K follow, and each learner gets its note: drain,
         its slice of the data) and a new chaos plan (the buckets' outage windows)."""
-        spec = self.manifest.changed() if self.manifest else None
-        if spec is not None and (spec.run, spec.created) != (self.spec.run, self.spec.created):
-            log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
-            spec = None
+        spec = same_run(self.manifest.changed() if self.manifest else None, self.spec)
         if spec is not None and spec.chaos != self.spec.chaos:
             for name in self.buckets:
                 faults = spec.faults_of(name)

@@ -13,7 +13,6 @@ which regions can be reached (:mod:`.reachability`).  It decides nothing.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,13 +21,14 @@ from diloco_cli.core import decisions
 from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.types import FragmentIndex, LearnerId
+from diloco_cli.runtime.coordinator import RefusalCount, take_in_heartbeat
 from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.runtime.syncer.reachability import Reachability
 from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualified, scan_region
 from diloco_cli.store.aggregates import AggregateRecord
-from diloco_cli.store.documents import Heartbeat, ReducerStatus, Refusals
+from diloco_cli.store.documents import Heartbeat, ReducerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import RELAY_KEY, PayloadRecord, RegionBucket, heartbeat_key
+from diloco_cli.store.region import RELAY_KEY, PayloadRecord, RegionBucket
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.syncer")
@@ -74,7 +74,9 @@ class Observer:
         """Payloads consumed unmerged since the last commit (its record will list them)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
         """Every learner's newest heartbeat; replayed older ones are refused."""
-        self.refusals = {name: Refusals() for name in buckets}
+        self.refusal_counts = {name: RefusalCount(log, where=f" in region {name}") for name in buckets}
+        """What was refused in each region (every time it is met)."""
+        self.refusals = {name: count.refusals for name, count in self.refusal_counts.items()}
         self.reachability = Reachability()
         self.whole: dict[str, bool] = dict.fromkeys(buckets, False)
         """Whether the region's last scan saw all of it (no listing or read failed):
@@ -199,15 +201,8 @@ class Observer:
     def _heartbeats_seen(self, scan: RegionScan) -> list[decisions.Observation]:
         found: list[decisions.Observation] = []
         for learner, beat in scan.heartbeats:
-            if isinstance(beat, PayloadError):
-                self.refused(scan.region, "heartbeat", heartbeat_key(learner), beat)
-                continue
-            if beat is None:
-                continue
-            heard = self.heard.hear(learner, beat)
-            if heard.replay is not None and not heard.counted_before:
-                self.refused(scan.region, "heartbeat", heartbeat_key(learner), PayloadError(heard.replay))
-            if heard.news:
+            heard = take_in_heartbeat(self.heard, learner, beat, self.refusal_counts[scan.region].refused)
+            if heard is not None and heard.news:
                 newest = self.heartbeats[learner]
                 found.append(decisions.HeartbeatSeen(learner, newest.step_seconds, newest.state.value))
         return found
@@ -231,8 +226,7 @@ class Observer:
         return not self.observed
 
     def refused(self, region: str, kind: str, key: str, error: Exception) -> None:
-        log.warning("refusing %s %s in region %s: %s", kind, key, region, error)
-        self.refusals[region].record(kind, key, str(error), time.time())
+        self.refusal_counts[region].refused(kind, key, error)
 
     def retire(self, payload: PayloadId | None) -> None:
         """A payload consumed without a merge: the next commit's record lists it, and it

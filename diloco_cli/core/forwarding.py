@@ -26,9 +26,25 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.store.aggregates import SendRecord
+
+
+class Send(Protocol):
+    """What the forwarding reads of a learner's send (a payload's marker)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def learner(self) -> LearnerId: ...
+
+    @property
+    def sequence(self) -> int: ...
+
+    @property
+    def base_version(self) -> Version: ...
 
 
 @dataclass(frozen=True)
@@ -36,7 +52,7 @@ class Waiting:
     """A learner's send of a fragment, waiting at the reducer since ``seen_at``."""
 
     fragment: FragmentIndex
-    send: SendRecord
+    send: Send
     seen_at: float
 
 
