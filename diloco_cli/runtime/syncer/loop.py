@@ -45,7 +45,7 @@ from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.syncer.evaluation import Evaluator
 from diloco_cli.runtime.syncer.fanout import FanOut
 from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
-from diloco_cli.runtime.syncer.merging import Merger
+from diloco_cli.runtime.syncer.merging import ComputedRound, MergeInputs, MergeOutcome, Merger, arrival_keys
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
 from diloco_cli.runtime.syncer.region_scan import missing, payload_id
@@ -142,17 +142,7 @@ class Syncer:
         )
         self.notes = ControlNotes(self.buckets, self.observer.refused)
         self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
-        self.merger = Merger(
-            sync,
-            self.fragments,
-            self.state,
-            self.home,
-            self.secret,
-            self.observer,
-            self.publication,
-            self.evaluator,
-            self.clock,
-        )
+        self.merger = Merger(sync, self.fragments, self.state, self.home, self.secret, self.clock)
         self.sweepers = {  # the regions' buckets are shard 0's to sweep
             name: LeftoverSweeper(bucket.store, sync.leftover_seconds)
             for name, bucket in self.buckets.items()
@@ -304,7 +294,7 @@ class Syncer:
         wake = now + self.recipe.sync.poll_seconds
         for action in actions:
             if isinstance(action, decisions.Merge):
-                outcome = self.merger.merge(action, self.decisions)
+                outcome = self._merge(action)
                 self.outcomes.append(outcome.observation)
                 if outcome.merged is not None:
                     self.board.merged(outcome.merged)
@@ -324,6 +314,41 @@ class Syncer:
                 if action.until is not None:
                     wake = min(wake, action.until)
         return wake
+
+    def _merge(self, action: decisions.Merge) -> MergeOutcome:
+        """One merge: its arrivals' bytes read (the read-ahead, else now), the round
+        computed, evaluated when due, committed; then its outcome applied."""
+        started = self.clock()
+        blobs = self.observer.payloads(arrival_keys(action))
+        if not isinstance(blobs, dict):
+            log.warning("merge of fragment %d postponed: %s", action.fragment, blobs)
+            return MergeOutcome(decisions.MergeAborted(action.fragment))
+        inputs = MergeInputs(blobs, self.observer.observed, dict(self.observer.retiring), started)
+        outcome = self.merger.compute(action, inputs)
+        if isinstance(outcome, ComputedRound):
+            evaluation = None
+            if self.evaluator.due(outcome.version):  # recorded with the commit
+                tokens = sum(beat.tokens for beat in self.observer.heartbeats.values())
+                evaluation = self.evaluator.evaluate(self.state.theta, outcome.version, tokens)
+            outcome = self.merger.commit(outcome, evaluation, self.decisions)
+        self._apply_merge(outcome)
+        return outcome
+
+    def _apply_merge(self, outcome: MergeOutcome) -> None:
+        """What a merge did, in the ledger's order: its refusals recorded and its
+        retired payloads let go; when it committed a version (listing them), the version
+        published, and only then its payloads forgotten and its relays deleted."""
+        for refusal in outcome.refused:
+            self.observer.refused(refusal.region, refusal.kind, refusal.key, refusal.error)
+        for payload in outcome.retired:
+            self.observer.retire(payload)
+        committed = outcome.committed
+        if committed is None:  # the retired wait for the next commit's record
+            return
+        self.observer.take_retiring()  # the commit listed them
+        self.publication.publish(committed.version, committed.fragment, committed.payload)
+        self.observer.forget(list(committed.consumed))
+        self.observer.delete(list(committed.relays))
 
     # ---------------------------------------------------------------------- upkeep
 
