@@ -3,6 +3,8 @@
 * :mod:`.loop`: :class:`~.loop.Syncer`, its turn (observe, decide, act, upkeep): the
   place to read what the syncer does and when.  Whether to merge is decided by the pure
   state machine :mod:`diloco_cli.core.decisions`.
+* :mod:`.build` and :mod:`.context`: the syncer's collaborators built in one function
+  from the run spec, around what they share (recipe, shard, secret, stores, clock).
 * :mod:`.observation` and :mod:`.region_scan`: what each region's bucket shows
   (payloads, heartbeats), :mod:`.reachability`: regions that cannot be reached now.
 * :mod:`.merging` and :mod:`.merge_round`: carrying out a merge (read, verify, merge,

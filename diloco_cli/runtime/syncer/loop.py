@@ -31,37 +31,23 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from diloco_cli.codec import RunSecret
-from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, due_to_finish
-from diloco_cli.core.fragments import SyncerShard, fragments_of_model
-from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
-from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
-from diloco_cli.runtime.syncer.evaluation import Evaluator
-from diloco_cli.runtime.syncer.fanout import FanOut
-from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
-from diloco_cli.runtime.syncer.merging import ComputedRound, MergeInputs, MergeOutcome, Merger, arrival_keys
-from diloco_cli.runtime.syncer.observation import Observer
-from diloco_cli.runtime.syncer.publication import Publication
+from diloco_cli.runtime.membership import ManifestWatch
+from diloco_cli.runtime.syncer.build import build_syncer, initial_decisions
+from diloco_cli.runtime.syncer.context import syncer_context
+from diloco_cli.runtime.syncer.merging import ComputedRound, MergeInputs, MergeOutcome, arrival_keys
 from diloco_cli.runtime.syncer.region_scan import missing, payload_id
-from diloco_cli.runtime.syncer.state import SyncerState, restore_state
-from diloco_cli.runtime.syncer.status import StatusBoard
 from diloco_cli.store.documents import Head, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.retry import RetryPolicy
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.syncer")
 
 EXIT_FINISHED = 0
 EXIT_STOPPED = 143
-HOME = "home"
-"""The syncer's home among its sweepers (the others are keyed by region)."""
 REPORTED_REFUSALS_SECONDS = 60.0
 """Refusals learners reported up to this long before the syncer started are checked too."""
 
@@ -79,19 +65,15 @@ class Syncer:
         manifest: ManifestWatch | None = None,
         syncer_shard: int = 0,
     ) -> None:
+        self.context = syncer_context(spec, secret, syncer_shard, clock)
         self.spec = spec
-        self.shard: SyncerShard = spec.syncer_shard(syncer_shard)
-        self.place = spec.syncer_shards[syncer_shard]
-        """Where this syncer (shard) runs and keeps its home."""
         self.manifest = manifest
         """The run's manifest, followed for learners added or drained (``diloco scale``)."""
-        self.recipe = spec.recipe
-        self.secret = secret
-        self.clock = clock
+        self.shard, self.buckets, self.home = self.context.shard, self.context.buckets, self.context.home
+        self.recipe, self.clock = spec.recipe, clock
+        """The recipe and clock the loop's own cadences follow (its collaborators' are the context's)."""
         self.stop_requested = False
         self.finished = False
-        self.buckets = {bucket.name: bucket.for_syncer_shard(self.shard) for bucket in spec.buckets(secret)}
-        self.home = spec.home(secret, self.shard.index)
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
         self.given_up: dict[LearnerId, str] = {}
@@ -105,62 +87,15 @@ class Syncer:
     # ----------------------------------------------------------------------- start
 
     def start(self) -> None:
-        """Restore the syncer's state from its home store and bring every region in line
-        with it (what a syncer killed before could not publish)."""
-        recipe, sync = self.recipe, self.recipe.sync
-        torch.manual_seed(recipe.training.seed)
-        model = recipe.model.build()
-        self.fragments = fragments_of_model(model, sync.num_fragments)
-        initial = {name: p.detach() for name, p in model.named_parameters()}
-        self.evaluator = self._evaluator(model)
-        self.state: SyncerState = restore_state(
-            self.home,
-            self.secret,
-            self.fragments,
-            initial,
-            NesterovOuterOptimizer(recipe.outer_learning_rate, sync.outer_momentum),
-            ExactPublisher(sync.update_codec, self.secret),
-            sync.window_versions,
-            lambda theta, version: (
-                self.evaluator.evaluate(theta, version, tokens=0, whole=True) if self.evaluator.enabled else None
-            ),
-            owned=self.shard.of(self.fragments),
-        )
-        self.decisions = self._initial_decisions()
-        self.fanout = FanOut(len(self.buckets))
-        probes = {
-            name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)).for_syncer_shard(self.shard)
-            for name in self.buckets
-        }
-        self.observer = Observer(
-            self.buckets,
-            probes,
-            self.fanout,
-            self.state.ledger.consumed,
-            self.clock,
-            owns=self.shard.owns,
-        )
-        self.notes = ControlNotes(self.buckets, self.observer.refused)
-        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
-        self.merger = Merger(sync, self.fragments, self.state, self.home, self.secret, self.clock)
-        self.sweepers = {  # the regions' buckets are shard 0's to sweep
-            name: LeftoverSweeper(bucket.store, sync.leftover_seconds)
-            for name, bucket in self.buckets.items()
-            if self.shard.index == 0
-        }
-        self.sweepers[HOME] = LeftoverSweeper(self.home.store, sync.leftover_seconds, only_partial=True)
-        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.board = StatusBoard(
-            self.buckets,
-            self.home,
-            self.fanout,
-            self.state,
-            self.observer,
-            self.publication,
-            self.sweepers,
-            parameters,
-            self.place.place,
-        )
+        """Restore the syncer's state from its home store (:func:`~.build.build_syncer`)
+        and bring every region in line with it (what a syncer killed before could not
+        publish)."""
+        parts = build_syncer(self.spec, self.context, self.head)
+        self.fragments, self.state, self.evaluator = parts.fragments, parts.state, parts.evaluator
+        self.observer, self.notes, self.publication = parts.observer, parts.notes, parts.publication
+        self.merger, self.board, self.sweepers = parts.merger, parts.board, parts.sweepers
+        self.fanout = self.context.fanout
+        self.decisions = initial_decisions(self.spec, self.state, len(self.fragments), self.clock())
         self.board.continue_counts()
         if self.speaks_for_membership:
             self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
@@ -187,51 +122,8 @@ class Syncer:
         every shard writes its own resync requests."""
         return self.shard.index == 0
 
-    def _evaluator(self, model) -> Evaluator:
-        """Shard 0 (or the only syncer) evaluates the whole model: with other shards, their
-        fragments as read from its region's bucket (the first region's, when it is in none)."""
-        if self.shard.index != 0:
-            return Evaluator(self.recipe, model, enabled=False)
-        if not self.shard.sharded:
-            return Evaluator(self.recipe, model)
-        region = self.place.region or self.spec.regions[0].name
-        others = [SyncerShard(index, self.shard.count) for index in range(1, self.shard.count)]
-        initial = {name: p.detach().clone() for name, p in model.named_parameters()}  # version 0, from the seed
-        copy = GlobalCopy(self.buckets[region], self.secret, self.fragments, others, initial)
-        return Evaluator(self.recipe, model, copy)
-
-    def _initial_decisions(self) -> decisions.DecisionState:
-        """A fresh decision state that continues the committed one (versions, windows,
-        what each learner had merged, the moving averages)."""
-        sync = self.recipe.sync
-        policy = decisions.DecisionPolicy(
-            num_learners=len(self.spec.active_learners),
-            quorum=self.recipe.quorum,
-            num_fragments=len(self.fragments),
-            grace_gamma=sync.grace_gamma,
-            overlap_steps=sync.overlap_steps,
-            max_grace_seconds=sync.max_grace_seconds,
-            liveness_timeout_seconds=sync.liveness_timeout_seconds,
-            give_up_seconds=sync.give_up_seconds,
-        )
-        state = self.state
-        versions = {p: (version, state.windows[p].oldest_anchorable) for p, version in state.fragment_versions.items()}
-        fresh = decisions.initial_state(policy, self.clock(), versions)
-        return replace(
-            fresh,
-            merged_sequence=dict(state.ledger.merged),
-            quorum_seconds=state.quorum_seconds,
-            sync_seconds=state.sync_seconds,
-        )
-
     def head(self) -> Head:
         return self.state.head(self.recipe.sync.snapshot_every, self.finished)
-
-    def _snapshot(self) -> bytes:
-        """A snapshot of the fragments this syncer syncs (every one, with one syncer)."""
-        owned = {name for fragment in self.shard.of(self.fragments) for name in fragment.parameter_names}
-        theta = {name: tensor for name, tensor in self.state.theta.items() if name in owned or not self.shard.sharded}
-        return encode_snapshot(theta, self.secret, self.state.version, self.state.fragment_versions)
 
     # ------------------------------------------------------------------------ loop
 

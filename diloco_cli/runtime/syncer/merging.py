@@ -22,21 +22,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret, read_header
+from diloco_cli.codec import CorruptPayload, PayloadError, read_header
 from diloco_cli.codec.parallel import resolve_threads
-from diloco_cli.config.recipe import SyncConfig
 from diloco_cli.core import decisions
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.types import FragmentIndex, Version
 from diloco_cli.runtime.outer_gradients import check_announced
+from diloco_cli.runtime.syncer.context import SyncerContext
 from diloco_cli.runtime.syncer.merge_round import AggregateInput, RoundInput, RoundResult, merge_round
 from diloco_cli.runtime.syncer.region_scan import payload_id
 from diloco_cli.runtime.syncer.state import SyncerState, commit_merge
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store.aggregates import AggregateRecord
 from diloco_cli.store.documents import Evaluation, LastMerge
-from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload, SyncerHome
+from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload
 from diloco_cli.store.region import RELAY_KEY, PayloadRecord
 
 log = logging.getLogger("diloco.syncer")
@@ -128,23 +128,9 @@ def arrival_keys(action: decisions.Merge) -> list[str]:
 class Merger:
     """The syncer's merges of fragments, from the arrivals to the committed version."""
 
-    def __init__(
-        self,
-        sync: SyncConfig,
-        fragments: tuple[Fragment, ...],
-        state: SyncerState,
-        home: SyncerHome,
-        secret: RunSecret,
-        clock: Callable[[], float],
-    ) -> None:
-        self.sync, self.fragments, self.state, self.home, self.secret, self.clock = (
-            sync,
-            fragments,
-            state,
-            home,
-            secret,
-            clock,
-        )
+    def __init__(self, context: SyncerContext, fragments: tuple[Fragment, ...], state: SyncerState) -> None:
+        self.sync, self.fragments, self.state = context.recipe.sync, fragments, state
+        self.home, self.secret, self.clock = context.home, context.secret, context.clock
         self.workspace = MergeWorkspace(resolve_threads(self.sync.merge_threads))
         """The rounds' threads and the buffers they reuse from one round to the next."""
 
