@@ -26,23 +26,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Protocol
 
 import torch
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.core.fragments import fragments_due, fragments_of_model, scheduled_sync_interval
+from diloco_cli.core.fragments import fragments_due, scheduled_sync_interval
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.distributed import (
-    ProcessGroup,
     full_parameters,
     install_parameters,
     load_full_optimizer_state,
 )
 from diloco_cli.runtime.global_weights import GlobalReader
 from diloco_cli.runtime.learner.checkpoints import Checkpoints, ResumePoint
+from diloco_cli.runtime.learner.context import DataPosition, TrainedModel, learner_context
 from diloco_cli.runtime.learner.control import FinalSends, Install, Instructions, StartPoint, StepControl, share
-from diloco_cli.runtime.learner.fragments import LearnerFragments
 from diloco_cli.runtime.learner.heartbeats import Heartbeats
 from diloco_cli.runtime.learner.poller import GlobalPoller, Poll
 from diloco_cli.runtime.learner.progress import Progress
@@ -63,17 +61,6 @@ DELIVERY_SECONDS_AT_FINISH = 600.0
 DELIVERY_SECONDS_AT_STOP = 20.0
 
 
-class DataPosition(Protocol):
-    """Where a training loop is in its data, saved with each checkpoint."""
-
-    def state(self) -> str:
-        """The position as text."""
-
-    def restore(self, state: str | None, step: int) -> None:
-        """Go back to a saved position; with ``None`` (no checkpoint, or not rank 0), to
-        a position computed from the step alone."""
-
-
 class LearnerSync:
     """A learner's membership in a run, around a model and its inner optimizer."""
 
@@ -82,18 +69,15 @@ class LearnerSync:
         spec: RunSpec,
         learner: LearnerId,
         secret: RunSecret,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        group: ProcessGroup,
-        tokens_per_step: int,
-        data_position: DataPosition | None = None,
+        trained: TrainedModel,
         manifest: ManifestWatch | None = None,
     ) -> None:
         self.spec, self.recipe, self.secret = spec, spec.recipe, secret
-        self.me = spec.learner(learner)
-        self.model, self.optimizer, self.group = model, optimizer, group
-        self.tokens_per_step = tokens_per_step
-        self.data_position = data_position
+        self.context = context = learner_context(spec, learner, secret, trained)
+        self.me = context.me
+        self.model, self.optimizer, self.group = trained.model, trained.optimizer, trained.group
+        self.tokens_per_step = trained.tokens_per_step
+        self.data_position = trained.data_position
         self.manifest = manifest
         """The run's manifest, followed for a new chaos plan (``diloco chaos``)."""
         self.instructions = Instructions(sync_interval=self.recipe.sync.sync_interval)
@@ -101,26 +85,11 @@ class LearnerSync:
         self.start_step = 0
         """The step this start resumed at (a stop checkpoints only if it trained since)."""
         self.progress = Progress()
-        self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
-        self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
-        training = self.recipe.training
-        storage = group.is_storage_rank
+        self.fragment_list, self.parameter_names = context.fragment_list, context.parameter_names
         # On the storage rank only: the bookkeeping and the duties that touch storage.
-        self.fragments = self._new_fragments() if storage else None
-        self.bucket = spec.bucket(self.me.region, secret) if storage else None
-        self.checkpoints = Checkpoints(
-            training.checkpoint_every_steps,
-            training.inner_steps,
-            model,
-            optimizer,
-            self.parameter_names,
-            group,
-            secret,
-            self.me.id,
-            self.bucket,
-            self.fragments,
-        )
-        if storage:
+        self.fragments, self.bucket = context.fragments, context.bucket
+        self.checkpoints = Checkpoints(context, trained)
+        if self.group.is_storage_rank:
             self.refusals = Refusals()
             epoch, previous = resume_epoch(self.bucket, self.me.id, self._refused)
             if previous is not None:
@@ -130,23 +99,9 @@ class LearnerSync:
                 GlobalReader(self.bucket, secret, self.fragment_list, shard=spec.syncer_shard(shard.index))
                 for shard in spec.syncer_shards
             ]
-            self.poller = GlobalPoller(readers, self.me.id, training.poll_seconds)
-            self.heartbeats = Heartbeats(
-                self.bucket,
-                self.me,
-                group.world_size,
-                training.inner_steps,
-                self.progress,
-                self.fragments,
-                self.sends,
-                self.refusals,
-                previous.storage if previous is not None else StorageCounters(),
-                training.heartbeat_seconds,
-            )
-
-    def _new_fragments(self) -> LearnerFragments:
-        shapes = {name: parameter.shape for name, parameter in self.model.named_parameters()}
-        return LearnerFragments(self.fragment_list, shapes, keep_unsent=self.recipe.keeps_unsent_work)
+            self.poller = GlobalPoller(readers, self.me.id, self.recipe.training.poll_seconds)
+            storage_before = previous.storage if previous is not None else StorageCounters()
+            self.heartbeats = Heartbeats(context, self.progress, self.sends, self.refusals, storage_before)
 
     # ------------------------------------------------------------- what a loop reads
 
