@@ -13,5 +13,7 @@
 * :mod:`.publication`: the global objects in every region's bucket, kept whole.
 * :mod:`.evaluation`, :mod:`.status`, :mod:`.leftovers`: held-out loss, the status
   document, and removing what killed writes leave.
+* :mod:`.following` and :mod:`.ending`: taking in ``diloco scale`` and ``diloco chaos``,
+  and when the run is over.
 * :mod:`.fanout`: calls to every region at once.
 """

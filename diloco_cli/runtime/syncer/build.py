@@ -5,8 +5,10 @@ collaborators of its loop around it: what it observes of the regions
 (:class:`~.observation.Observer`), what it publishes (:class:`~.publication.Publication`),
 how it merges (:class:`~.merging.Merger`), what it evaluates
 (:class:`~.evaluation.Evaluator`), reports (:class:`~.status.StatusBoard`) and sweeps
-(:class:`~.leftovers.LeftoverSweeper`).  :func:`initial_decisions` continues the
-committed decision state.  Nothing here reads a region: that is the loop's first turn.
+(:class:`~.leftovers.LeftoverSweeper`), how it follows the manifest
+(:class:`~.following.ManifestFollower`) and when it ends (:class:`~.ending.RunEnd`).
+:func:`initial_decisions` continues the committed decision state.  Nothing here reads a
+region: that is the loop's first turn.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from diloco_cli.core import decisions
 from diloco_cli.core.fragments import Fragment, SyncerShard, fragments_of_model
 from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
-from diloco_cli.runtime.membership import ControlNotes
+from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
 from diloco_cli.runtime.syncer.context import SyncerContext
+from diloco_cli.runtime.syncer.ending import RunEnd
 from diloco_cli.runtime.syncer.evaluation import Evaluator
+from diloco_cli.runtime.syncer.following import ManifestFollower
 from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.merging import Merger
 from diloco_cli.runtime.syncer.observation import Observer
@@ -53,12 +57,17 @@ class SyncerParts:
     board: StatusBoard
     sweepers: dict[str, LeftoverSweeper]
     """The leftovers sweepers: every region's (shard 0 only) and the home's (:data:`HOME`)."""
+    follower: ManifestFollower
+    run_end: RunEnd
 
 
-def build_syncer(spec: RunSpec, context: SyncerContext, head: Callable[[], Head]) -> SyncerParts:
+def build_syncer(
+    spec: RunSpec, context: SyncerContext, head: Callable[[], Head], manifest: ManifestWatch | None = None
+) -> SyncerParts:
     """Restore the state of the syncer ``context`` names from its home store (the model
     built from the recipe's seed is version 0) and build its collaborators; ``head``
-    gives the head of its weights as they are now (the loop knows whether it finished)."""
+    gives the head of its weights as they are now (the loop knows whether it finished);
+    ``manifest``, the run's manifest it follows (``diloco scale``, ``diloco chaos``)."""
     recipe, sync, shard = context.recipe, context.recipe.sync, context.shard
     torch.manual_seed(recipe.training.seed)
     model = recipe.model.build()
@@ -89,16 +98,19 @@ def build_syncer(spec: RunSpec, context: SyncerContext, head: Callable[[], Head]
     }
     sweepers[HOME] = LeftoverSweeper(context.home.store, sync.leftover_seconds, only_partial=True)
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    notes = ControlNotes(context.buckets, observer.refused)
     return SyncerParts(
         fragments=fragments,
         state=state,
         evaluator=evaluator,
         observer=observer,
-        notes=ControlNotes(context.buckets, observer.refused),
+        notes=notes,
         publication=publication,
         merger=Merger(context, fragments, state),
         board=StatusBoard(context, state, observer, publication, sweepers, parameters),
         sweepers=sweepers,
+        follower=ManifestFollower(manifest, context, observer, notes),
+        run_end=RunEnd(observer, evaluator, sync.give_up_seconds),
     )
 
 

@@ -6,15 +6,17 @@ Each turn (:meth:`Syncer.turn`) reads top to bottom:
    heartbeats) (:mod:`.observation`);
 2. **decide**: fold what was seen into the pure decision state machine
    (:func:`diloco_cli.core.decisions.step`: quorum, grace window, resync, supersede);
-3. **act**: carry out its merges (:mod:`.merging`: read, verify, merge, commit, then
-   publish), resyncs and discards;
+3. **act**: carry out its merges (:mod:`.merging`: read, verify, merge, commit; each
+   returns an outcome the loop applies: publish, let go), resyncs and discards;
 4. **upkeep**: repair published objects learners refused, follow the manifest
-   (``diloco scale``, ``diloco chaos``) and the control notes, catch up regions that
-   missed a publication, sweep leftovers (:mod:`.leftovers`), end the run when every
-   learner is done and nothing is left to merge, write the status (:mod:`.status`).
+   (``diloco scale``, ``diloco chaos``: :mod:`.following`) and the control notes, catch
+   up regions that missed a publication, sweep leftovers (:mod:`.leftovers`), end the
+   run when every learner is done and nothing is left to merge (:mod:`.ending`), write
+   the status (:mod:`.status`).
 
 Killed at any instant, the syncer restarts from its commits (:mod:`.state`) with no
-arrival lost and none merged twice.
+arrival lost and none merged twice; its collaborators are built in one function from
+the run spec (:mod:`.build`).
 
 With syncer shards (``sync.shards: N``) each shard is such a syncer over its own
 fragments (``p % N == s``), with its own home, ledger, version numbers and head: it
@@ -28,7 +30,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import replace
 from typing import Any
 
 from diloco_cli.codec import RunSecret
@@ -76,11 +77,6 @@ class Syncer:
         self.finished = False
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
-        self.given_up: dict[LearnerId, str] = {}
-        self.ending: str | None = None
-        """Why the run has not ended though every learner is done (for ``diloco status``)."""
-        self._held_since: float | None = None
-        """Since when only a reducer's report holds up the end (syncer clock)."""
         self.cadences = Cadences("beats", "ending", "status", "sweep")
         """When each periodic task of the loop last ran (syncer clock)."""
 
@@ -90,10 +86,11 @@ class Syncer:
         """Restore the syncer's state from its home store (:func:`~.build.build_syncer`)
         and bring every region in line with it (what a syncer killed before could not
         publish)."""
-        parts = build_syncer(self.spec, self.context, self.head)
+        parts = build_syncer(self.spec, self.context, self.head, self.manifest)
         self.fragments, self.state, self.evaluator = parts.fragments, parts.state, parts.evaluator
         self.observer, self.notes, self.publication = parts.observer, parts.notes, parts.publication
         self.merger, self.board, self.sweepers = parts.merger, parts.board, parts.sweepers
+        self.follower, self.run_end = parts.follower, parts.run_end
         self.fanout = self.context.fanout
         self.decisions = initial_decisions(self.spec, self.state, len(self.fragments), self.clock())
         self.board.continue_counts()
@@ -117,10 +114,19 @@ class Syncer:
 
     @property
     def speaks_for_membership(self) -> bool:
-        """Whether this syncer writes the notes of the run's membership (drain, data
-        slices, H under dynamic local updates): the only syncer, or shard 0 of several;
-        every shard writes its own resync requests."""
+        """Whether this syncer writes the notes of the run's membership (the only
+        syncer, or shard 0 of several: see :class:`~.following.ManifestFollower`)."""
         return self.shard.index == 0
+
+    @property
+    def given_up(self) -> dict[LearnerId, str]:
+        """The learners the run ends without, and why (:class:`~.ending.RunEnd`)."""
+        return self.run_end.given_up
+
+    @property
+    def ending(self) -> str | None:
+        """Why the run has not ended though every learner is done (:class:`~.ending.RunEnd`)."""
+        return self.run_end.ending
 
     def head(self) -> Head:
         return self.state.head(self.recipe.sync.snapshot_every, self.finished)
@@ -175,7 +181,7 @@ class Syncer:
         self.publication.catch_up_if_due(now, set(self.observer.reachability.down))
         if self.cadences.due("sweep", now, max(1.0, sync.leftover_seconds / 4)):
             self.sweep(now)
-        if read_heartbeats and self._over(self.clock()):
+        if read_heartbeats and self.run_end.over(self.spec, self.decisions, bool(self.outcomes), self.clock()):
             self._finish()
         elif self.cadences.due("status", self.clock(), sync.status_seconds):
             self.write_status(SyncerPhase.RUNNING)
@@ -288,46 +294,9 @@ class Syncer:
         self.publication.restore(region, decisions.updates_to_restore(windows, self.head().recent, bases))
 
     def _follow_manifest(self) -> None:
-        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
-        learners added or drained (M and K follow, and each learner gets its note: drain,
-        its slice of the data) and a new chaos plan (the buckets' outage windows)."""
-        spec = self.manifest.changed() if self.manifest else None
-        if spec is not None and (spec.run, spec.created) != (self.spec.run, self.spec.created):
-            log.warning("the manifest now describes another run (%s); ignoring it", spec.run)
-            spec = None
-        if spec is not None and spec.chaos != self.spec.chaos:
-            for name in self.buckets:
-                faults = spec.faults_of(name)
-                self.buckets[name].store.faults = self.observer.probes[name].store.faults = faults
-            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
-            log.info("the run's chaos plan changed: outages are injected as it says from now on")
-        if spec is not None and spec.learners != self.spec.learners:
-            self._follow_membership(spec)
-        down = set(self.observer.reachability.down)
-        if self.speaks_for_membership:
-            self.notes.follow(self.spec, skip=down)
-        if self.recipe.sync.dynamic_local_updates and self.speaks_for_membership:
-            live = self.decisions.live_learners(self.clock())
-            heartbeats = self.observer.heartbeats
-            times = {m: beat.step_seconds for m, beat in heartbeats.items() if m in live and beat.step_seconds}
-            self.notes.follow_speeds(self.spec, times, skip=down)
-        self.notes.deliver(skip=down)
-
-    def _follow_membership(self, spec: RunSpec) -> None:
-        """Learners added or drained: M and K follow."""
-        policy = replace(self.decisions.policy, num_learners=len(spec.active_learners), quorum=spec.recipe.quorum)
-        self.decisions = replace(self.decisions, policy=policy)
-        added = sorted({s.id for s in spec.learners} - {s.id for s in self.spec.learners})
-        drained_before = {s.id for s in self.spec.learners if s.drain}
-        draining = sorted(s.id for s in spec.learners if s.drain and s.id not in drained_before)
-        self.spec = spec
-        log.info(
-            "the run now has M=%d learners, K=%d%s%s",
-            policy.num_learners,
-            policy.quorum,
-            f"; added {', '.join(added)}" if added else "",
-            f"; draining {', '.join(draining)}" if draining else "",
-        )
+        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest
+        (:class:`~.following.ManifestFollower`): M and K follow, each learner gets its note."""
+        self.spec, self.decisions = self.follower.follow(self.spec, self.decisions, self.clock())
 
     def sweep(self, now: float, all_of_them: bool = False) -> None:
         """Remove leftovers seen long enough (with ``all_of_them``, every one now)."""
@@ -348,48 +317,6 @@ class Syncer:
         self.board.write(self.status(phase))
 
     # ---------------------------------------------------------------------- ending
-
-    def _over(self, now: float) -> bool:
-        """Every learner finished or was given up, and nothing is left to merge: nothing
-        observed or in flight, and the last scan of every region that holds a learner
-        not given up saw all of it (a scan cut short may have missed a last payload)."""
-        end = decisions.run_end(self.decisions, [spec.id for spec in self.spec.learners], now)
-        self.given_up = dict(end.given_up)
-        rounds = self.decisions.rounds.values()
-        idle = self.observer.idle and not self.outcomes and not any(r.pending or r.merging for r in rounds)
-        waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
-        seen_whole = all(self.observer.whole[region] for region in waited_on)
-        ended = end.over and idle and seen_whole and self.evaluator.others_finished()
-        held = sorted(r for r in waited_on if not self._reducer_done(r))
-        self.ending = None
-        if not ended or not held:
-            self._held_since = None
-            return ended
-        # every input is in; a reducer that still reports holding something (dead, wiped,
-        # or holding what can no longer be merged) is waited for as a learner would be
-        self._held_since = now if self._held_since is None else self._held_since
-        waited, limit, regions = now - self._held_since, self.recipe.sync.give_up_seconds, ", ".join(held)
-        if waited < limit:
-            self.ending = (
-                f"every learner is done and nothing is left to merge, but the reducer of region {regions} has "
-                f"reported sends or aggregates it holds for {waited:.0f} s; the run ends without them after "
-                f"sync.give_up_seconds ({limit:.0f} s) (see `diloco logs {self.spec.run} reducer-{held[0]}`)"
-            )
-            return False
-        log.warning("ending without what the reducer of region %s holds: it waited %.0f s for it", regions, waited)
-        return True
-
-    def _reducer_done(self, region: str) -> bool:
-        """The region's reducer holds nothing (no send waiting, no aggregate in flight)
-        and has seen the last heartbeat the syncer has of each of its learners."""
-        status = self.observer.reducer_status.get(region)
-        if status is None or status.waiting or status.in_flight:
-            return False
-        beats = self.observer.heartbeats
-        learners = [s.id for s in self.spec.learners if s.region == region and s.id not in self.given_up]
-        return all(
-            learner in beats and status.heartbeats_seen.get(learner) == beats[learner].time for learner in learners
-        )
 
     def _finish(self) -> None:
         state = self.state
