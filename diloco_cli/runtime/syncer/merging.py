@@ -323,5 +323,5 @@ def _payload_ids(names: list[str]) -> tuple[PayloadId, ...]:
     return tuple(payload for payload in map(payload_id, names) if payload is not None)
 
 
-def _loader(blob: bytes | None) -> Callable[[], bytes]:
+def _loader(blob: bytes) -> Callable[[], bytes]:
     return lambda: blob
