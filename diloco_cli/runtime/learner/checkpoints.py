@@ -23,11 +23,10 @@ from typing import Any
 import torch
 
 from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, decode_payload, encode_payload
-from diloco_cli.core.types import LearnerId
-from diloco_cli.runtime.distributed import ADAM_BUFFERS, ProcessGroup, full_optimizer_state, full_parameters
+from diloco_cli.runtime.distributed import ADAM_BUFFERS, full_optimizer_state, full_parameters
+from diloco_cli.runtime.learner.context import LearnerContext, TrainedModel
 from diloco_cli.runtime.learner.fragments import LearnerFragments
 from diloco_cli.runtime.learner.outbox import LatestUpload
-from diloco_cli.store.region import RegionBucket
 
 log = logging.getLogger("diloco.learner")
 
@@ -90,25 +89,20 @@ class ResumePoint:
 
 class Checkpoints:
     """A learner's checkpoints: every process takes part in :meth:`save` (the state is
-    gathered); the storage rank (``bucket`` given) writes them and finds the newest."""
+    gathered); the storage rank (the one with a bucket) writes them and finds the newest."""
 
-    def __init__(
-        self,
-        every_steps: int,
-        total_steps: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        parameter_names: list[str],
-        group: ProcessGroup,
-        secret: RunSecret,
-        learner: LearnerId,
-        bucket: RegionBucket | None,
-        fragments: LearnerFragments | None,
-    ) -> None:
-        self.every_steps, self.total_steps = every_steps, total_steps
-        self.model, self.optimizer, self.parameter_names, self.group = model, optimizer, parameter_names, group
-        self.secret, self.learner, self.bucket, self.fragments = secret, learner, bucket, fragments
-        self._uploads = LatestUpload("checkpoint") if bucket is not None else None
+    def __init__(self, context: LearnerContext, trained: TrainedModel) -> None:
+        training = context.recipe.training
+        self.every_steps, self.total_steps = training.checkpoint_every_steps, training.inner_steps
+        self.model, self.optimizer, self.group = trained.model, trained.optimizer, context.group
+        self.parameter_names = context.parameter_names
+        self.secret, self.learner, self.bucket, self.fragments = (
+            context.secret,
+            context.me.id,
+            context.bucket,
+            context.fragments,
+        )
+        self._uploads = LatestUpload("checkpoint") if self.bucket is not None else None
 
     def due(self, step: int) -> bool:
         """Every ``every_steps`` while training (the last step's is written by finish)."""

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from diloco_cli.runtime.learner.context import LearnerContext
 from diloco_cli.runtime.learner.fragments import LearnerFragments
 from diloco_cli.runtime.learner.outbox import LatestUpload
 from diloco_cli.runtime.learner.progress import Progress
@@ -26,26 +27,25 @@ from diloco_cli.store.run_spec import LearnerSpec
 
 
 class Heartbeats:
-    """The storage rank's heartbeats, every ``every_seconds``."""
+    """The storage rank's heartbeats, every ``training.heartbeat_seconds``."""
 
     def __init__(
         self,
-        bucket: RegionBucket,
-        learner: LearnerSpec,
-        processes: int,
-        total_steps: int,
+        context: LearnerContext,
         progress: Progress,
-        fragments: LearnerFragments,
         sends: Sends,
         refusals: Refusals,
         storage_before: StorageCounters,
-        every_seconds: float,
     ) -> None:
-        self.bucket, self.learner, self.processes, self.total_steps = bucket, learner, processes, total_steps
-        self.progress, self.fragments, self.sends, self.refusals = progress, fragments, sends, refusals
+        training = context.recipe.training
+        self.bucket: RegionBucket = context.bucket
+        self.learner: LearnerSpec = context.me
+        self.fragments: LearnerFragments = context.fragments
+        self.processes, self.total_steps = context.group.world_size, training.inner_steps
+        self.progress, self.sends, self.refusals = progress, sends, refusals
         self.storage_before = storage_before
         """What earlier starts of this learner moved (their last heartbeat said)."""
-        self.every_seconds = every_seconds
+        self.every_seconds = training.heartbeat_seconds
         self._uploads = LatestUpload("heartbeat")
         self._last = float("-inf")
 

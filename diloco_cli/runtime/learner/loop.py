@@ -22,6 +22,7 @@ from diloco_cli.codec import RunSecret
 from diloco_cli.core.types import LearnerId
 from diloco_cli.data.learner import LearnerData, open_learner_data
 from diloco_cli.runtime.distributed import build_model, choose_device, join_process_group, leave_process_group
+from diloco_cli.runtime.learner.context import TrainedModel
 from diloco_cli.runtime.learner.sync import EXIT_FINISHED, EXIT_STOPPED, EXIT_UNDELIVERED, LearnerSync
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.store.run_spec import RunSpec
@@ -77,17 +78,8 @@ class Learner:
             self.spec, self.me, self.group.rank, self.group.world_size, self.data_partition
         )
         self.tokens_per_step = training.batch_size * self.recipe.data.sequence_length
-        self.sync = LearnerSync(
-            self.spec,
-            self.me.id,
-            self.secret,
-            self.model,
-            self.optimizer,
-            self.group,
-            self.tokens_per_step,
-            self.data,
-            self.manifest,
-        )
+        trained = TrainedModel(self.model, self.optimizer, self.group, self.tokens_per_step, self.data)
+        self.sync = LearnerSync(self.spec, self.me.id, self.secret, trained, self.manifest)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._request_stop)

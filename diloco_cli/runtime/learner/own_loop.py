@@ -46,7 +46,8 @@ from diloco_cli.runtime.entry_point import (
     SECRET_FILE_VARIABLE,
     STORAGE_OPTIONS_VARIABLE,
 )
-from diloco_cli.runtime.learner.sync import EXIT_FINISHED, DataPosition, LearnerSync
+from diloco_cli.runtime.learner.context import DataPosition, TrainedModel
+from diloco_cli.runtime.learner.sync import EXIT_FINISHED, LearnerSync
 
 
 class NotInARun(RuntimeError):
@@ -190,15 +191,6 @@ def join(
     watch = ManifestWatch(os.environ[MANIFEST_VARIABLE], options)
     spec = read_run_spec(os.environ[MANIFEST_VARIABLE], options)
     secret = read_secret(os.environ[SECRET_FILE_VARIABLE])
-    sync = LearnerSync(
-        spec,
-        os.environ[LEARNER_VARIABLE],
-        secret,
-        _unwrapped(model),
-        optimizer,
-        _process_group(),
-        tokens_per_step,
-        data_position,
-        watch,
-    )
+    trained = TrainedModel(_unwrapped(model), optimizer, _process_group(), tokens_per_step, data_position)
+    sync = LearnerSync(spec, os.environ[LEARNER_VARIABLE], secret, trained, watch)
     return JoinedRun(sync, optimizer, step_hook, handle_signals)

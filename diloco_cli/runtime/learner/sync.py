@@ -8,7 +8,7 @@ as the list of the learner's duties (docs/algorithm.md, "A learner"):
 
 * send every fragment now due (:mod:`.sends`, delivered in order by :mod:`.outbox`);
 * install newer global weights a finished look found (:mod:`.poller`), and follow the
-  syncer's note (:mod:`.control`); then start the next look;
+  syncer's note (:mod:`.control`), both by :mod:`.installs`; then start the next look;
 * heartbeat (:mod:`.heartbeats`) and take in a new chaos plan, every few seconds;
 * checkpoint (:mod:`.checkpoints`) every ``training.checkpoint_every_steps``;
 * a log line every few steps (:mod:`.progress`).
@@ -26,24 +26,24 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Protocol
 
 import torch
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.core.fragments import fragments_due, fragments_of_model, scheduled_sync_interval
-from diloco_cli.core.types import FragmentIndex, LearnerId, Version
+from diloco_cli.core.fragments import fragments_due, scheduled_sync_interval
+from diloco_cli.core.types import FragmentIndex, LearnerId
+from diloco_cli.runtime.coordinator import EXIT_FINISHED, EXIT_STOPPED
 from diloco_cli.runtime.distributed import (
-    ProcessGroup,
     full_parameters,
     install_parameters,
     load_full_optimizer_state,
 )
 from diloco_cli.runtime.global_weights import GlobalReader
 from diloco_cli.runtime.learner.checkpoints import Checkpoints, ResumePoint
-from diloco_cli.runtime.learner.control import FinalSends, Install, Instructions, StartPoint, StepControl, share
-from diloco_cli.runtime.learner.fragments import LearnerFragments
+from diloco_cli.runtime.learner.context import DataPosition, TrainedModel, learner_context
+from diloco_cli.runtime.learner.control import FinalSends, Install, Instructions, StartPoint, share
 from diloco_cli.runtime.learner.heartbeats import Heartbeats
+from diloco_cli.runtime.learner.installs import Installs
 from diloco_cli.runtime.learner.poller import GlobalPoller, Poll
 from diloco_cli.runtime.learner.progress import Progress
 from diloco_cli.runtime.learner.sends import Sends, resume_epoch
@@ -55,23 +55,10 @@ from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.learner")
 
-EXIT_FINISHED = 0
 EXIT_UNDELIVERED = 75
-EXIT_STOPPED = 143
 DELIVERY_SECONDS_AT_FINISH = 600.0
 """How long a finished learner keeps trying to deliver its last payloads."""
 DELIVERY_SECONDS_AT_STOP = 20.0
-
-
-class DataPosition(Protocol):
-    """Where a training loop is in its data, saved with each checkpoint."""
-
-    def state(self) -> str:
-        """The position as text."""
-
-    def restore(self, state: str | None, step: int) -> None:
-        """Go back to a saved position; with ``None`` (no checkpoint, or not rank 0), to
-        a position computed from the step alone."""
 
 
 class LearnerSync:
@@ -82,45 +69,26 @@ class LearnerSync:
         spec: RunSpec,
         learner: LearnerId,
         secret: RunSecret,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        group: ProcessGroup,
-        tokens_per_step: int,
-        data_position: DataPosition | None = None,
+        trained: TrainedModel,
         manifest: ManifestWatch | None = None,
     ) -> None:
         self.spec, self.recipe, self.secret = spec, spec.recipe, secret
-        self.me = spec.learner(learner)
-        self.model, self.optimizer, self.group = model, optimizer, group
-        self.tokens_per_step = tokens_per_step
-        self.data_position = data_position
+        self.context = context = learner_context(spec, learner, secret, trained)
+        self.me = context.me
+        self.model, self.optimizer, self.group = trained.model, trained.optimizer, trained.group
+        self.tokens_per_step = trained.tokens_per_step
+        self.data_position = trained.data_position
         self.manifest = manifest
         """The run's manifest, followed for a new chaos plan (``diloco chaos``)."""
-        self.instructions = Instructions(sync_interval=self.recipe.sync.sync_interval)
         self._stop_signalled = False
         self.start_step = 0
         """The step this start resumed at (a stop checkpoints only if it trained since)."""
         self.progress = Progress()
-        self.fragment_list = fragments_of_model(model, self.recipe.sync.num_fragments)
-        self.parameter_names = [name for fragment in self.fragment_list for name in fragment.parameter_names]
-        training = self.recipe.training
-        storage = group.is_storage_rank
+        self.fragment_list, self.parameter_names = context.fragment_list, context.parameter_names
         # On the storage rank only: the bookkeeping and the duties that touch storage.
-        self.fragments = self._new_fragments() if storage else None
-        self.bucket = spec.bucket(self.me.region, secret) if storage else None
-        self.checkpoints = Checkpoints(
-            training.checkpoint_every_steps,
-            training.inner_steps,
-            model,
-            optimizer,
-            self.parameter_names,
-            group,
-            secret,
-            self.me.id,
-            self.bucket,
-            self.fragments,
-        )
-        if storage:
+        self.fragments, self.bucket = context.fragments, context.bucket
+        self.checkpoints = Checkpoints(context, trained)
+        if self.group.is_storage_rank:
             self.refusals = Refusals()
             epoch, previous = resume_epoch(self.bucket, self.me.id, self._refused)
             if previous is not None:
@@ -130,23 +98,12 @@ class LearnerSync:
                 GlobalReader(self.bucket, secret, self.fragment_list, shard=spec.syncer_shard(shard.index))
                 for shard in spec.syncer_shards
             ]
-            self.poller = GlobalPoller(readers, self.me.id, training.poll_seconds)
-            self.heartbeats = Heartbeats(
-                self.bucket,
-                self.me,
-                group.world_size,
-                training.inner_steps,
-                self.progress,
-                self.fragments,
-                self.sends,
-                self.refusals,
-                previous.storage if previous is not None else StorageCounters(),
-                training.heartbeat_seconds,
-            )
-
-    def _new_fragments(self) -> LearnerFragments:
-        shapes = {name: parameter.shape for name, parameter in self.model.named_parameters()}
-        return LearnerFragments(self.fragment_list, shapes, keep_unsent=self.recipe.keeps_unsent_work)
+            self.poller = GlobalPoller(readers, self.me.id, self.recipe.training.poll_seconds)
+            storage_before = previous.storage if previous is not None else StorageCounters()
+            self.heartbeats = Heartbeats(context, self.progress, self.sends, self.refusals, storage_before)
+            self.installs = Installs(context, self.model, self.progress, self.poller, self._refused)
+        else:
+            self.installs = Installs(context, self.model, self.progress)
 
     # ------------------------------------------------------------- what a loop reads
 
@@ -157,6 +114,11 @@ class LearnerSync:
     @property
     def total_steps(self) -> int:
         return self.recipe.training.inner_steps
+
+    @property
+    def instructions(self) -> Instructions:
+        """What the run asks of this learner now (:class:`~.installs.Installs` follows it)."""
+        return self.installs.instructions
 
     @property
     def stop_requested(self) -> bool:
@@ -206,12 +168,12 @@ class LearnerSync:
             if resume.checkpoint is not None:
                 self.progress.checkpoint_step = resume.step
             else:
-                self._wait_for_global_weights()
+                self.installs.wait_for_global_weights(self.heartbeats, lambda: self._stop_signalled)
         start = share(
             self.group, StartPoint(resume.step, resume.checkpoint is not None, self._stop_signalled), self._device
         )
         self.progress.step = self.start_step = start.step
-        self.instructions = replace(self.instructions, stop=start.stop)
+        self.installs.instructions = replace(self.instructions, stop=start.stop)
         self.resumed_at_the_end = start.step >= self.total_steps
         checkpoint = resume.checkpoint
         if start.from_checkpoint:
@@ -230,20 +192,9 @@ class LearnerSync:
             self.heartbeats.beat(LearnerState.TRAINING)
         return start.step
 
-    def _wait_for_global_weights(self) -> None:
-        while not self.fragments.installed and not self._stop_signalled:
-            self.heartbeats.beat(LearnerState.WAITING)  # with what it refused: the syncer repairs it
-            missing = {p: Version(-1) for p, v in self.fragments.base_version.items() if v < 0}
-            try:
-                self._apply(self.poller.look_now(missing))
-            except StorageError as error:
-                log.warning("looking for global weights failed: %s", error)
-            if not self.fragments.installed:
-                time.sleep(self.recipe.training.poll_seconds)
-
     @property
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.installs.device
 
     # --------------------------------------------------------------------- the loop
 
@@ -290,46 +241,8 @@ class LearnerSync:
             self.sends.send(fragment, theta, self.progress.step, self.progress.loss)
 
     def _install(self, poll: Poll | None) -> tuple[Install, ...]:
-        """Every process: the storage rank applies a finished look (``poll``) to its
-        bases and follows the syncer's note; then every process takes the same
-        instructions and installs the new bases into its parameters."""
-        installs = (Install.NONE,) * len(self.fragment_list)
-        if poll is not None:
-            installed = self._apply(poll)
-            installs = tuple(
-                Install.NONE if p not in installed else Install.KEEP_UNSENT if installed[p] else Install.OVERWRITE
-                for p in range(len(self.fragment_list))
-            )
-        if self._stop_signalled:  # at a step boundary, where every process can stop alike
-            self.instructions = replace(self.instructions, stop=True)
-        control = share(self.group, StepControl(self.instructions, installs), self._device)
-        self.instructions = control.instructions
-        overwritten = self._names(control.installs, Install.OVERWRITE)
-        kept = self._names(control.installs, Install.KEEP_UNSENT)
-        storage = self.group.is_storage_rank
-        if overwritten:
-            install_parameters(self.model, self.fragments.base if storage else None, overwritten, self.group)
-        if kept:  # the global version plus the work not sent yet
-            theta = full_parameters(self.model, kept, self.group)
-            with_unsent = self.fragments.with_unsent(kept, theta) if storage else None
-            install_parameters(self.model, with_unsent, kept, self.group)
-        return control.installs
-
-    def _names(self, installs: tuple[Install, ...], how: Install) -> list[str]:
-        return [
-            name for p, mode in enumerate(installs) if mode == how for name in self.fragment_list[p].parameter_names
-        ]
-
-    def _apply(self, poll: Poll) -> dict[FragmentIndex, bool]:
-        """Storage rank: what a look refused, the syncer's note, and the fetched
-        fragments into the bases (see :meth:`GlobalPoller.apply`)."""
-        for refusal in poll.refusals:
-            self._refused(refusal.kind, refusal.key, refusal.reason)
-        if poll.control is not None:
-            self.instructions = self.instructions.following(poll.control, self.recipe.sync.sync_interval)
-        installed = self.poller.apply(poll, self.fragments, self.secret, self._refused)
-        self.progress.installs += bool(installed)
-        return installed
+        """Every process: a finished look installed, the instructions shared (:class:`~.installs.Installs`)."""
+        return self.installs.install(poll, self._stop_signalled)
 
     def _checkpoint(self) -> None:
         """Every process: a checkpoint of the learner as it is now."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diloco_cli.codec import CodecSpec, PayloadError, RunSecret, decode_payload, encode_payload
+from diloco_cli.codec import CodecSpec, PayloadError, decode_payload, encode_payload
 from diloco_cli.codec.aggregate import encode_aggregate, residual_names
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.merge import MergeAccumulator
@@ -65,14 +65,14 @@ class Aggregation:
     def __init__(
         self,
         bucket: RegionBucket,
-        secret: RunSecret,
         fragments: tuple[Fragment, ...],
         codec: CodecSpec,
         epoch: int,
         workspace: MergeWorkspace | None = None,
         owned: tuple[Fragment, ...] | None = None,
     ) -> None:
-        self.bucket, self.secret, self.fragments, self.codec = bucket, secret, fragments, codec
+        self.bucket, self.secret, self.fragments, self.codec = bucket, bucket.secret, fragments, codec
+        """The region's bucket, and the run's secret its objects are sealed with (the bucket's)."""
         self.epoch = epoch
         self.workspace = workspace or MergeWorkspace()
         """The threads of the merges (``sync.merge_threads``) and the buffers they reuse."""

@@ -61,7 +61,7 @@ from diloco_cli.runtime.coordinator import (
 )
 from diloco_cli.runtime.membership import ManifestWatch
 from diloco_cli.runtime.reducer.aggregation import Aggregation
-from diloco_cli.runtime.reducer.region_copy import RegionCopy
+from diloco_cli.runtime.reducer.region_copy import RegionCopy, VersionZero
 from diloco_cli.runtime.reducer.region_objects import RegionObjects
 from diloco_cli.runtime.reducer.replica import GlobalReplica
 from diloco_cli.runtime.workspace import MergeWorkspace
@@ -127,13 +127,10 @@ class Reducer:
         epoch = self.bucket.read_epoch(self.bucket.layout.reducer_name) + 1
         self.bucket.write_epoch(self.bucket.layout.reducer_name, epoch)
         workspace = MergeWorkspace(resolve_threads(sync.merge_threads))
-        self.aggregation = Aggregation(self.bucket, self.secret, fragments, sync.learner_codec, epoch, workspace, owned)
-        self.copy = RegionCopy(
-            self.bucket, self.secret, fragments, owned, initial, sync.window_versions, self.refusal_count, self.clock
-        )
+        self.aggregation = Aggregation(self.bucket, fragments, sync.learner_codec, epoch, workspace, owned)
+        model_zero = VersionZero(fragments, owned, initial)
+        self.copy = RegionCopy(self.bucket, model_zero, sync.window_versions, self.refusal_count, self.clock)
         self.objects = RegionObjects(
-            self.bucket,
-            self.secret,
             self.aggregation,
             self.copy,
             self.refusal_count,

@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
-from diloco_cli.codec import CorruptPayload, PayloadError, RunSecret
+from diloco_cli.codec import CorruptPayload, PayloadError
 from diloco_cli.core.fragments import Fragment
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 from diloco_cli.runtime.coordinator import RefusalCount
@@ -34,6 +35,16 @@ GAP_SECONDS = 10.0
 """How long the region's copy waits for a missing update before it asks for a snapshot."""
 
 
+@dataclass(frozen=True)
+class VersionZero:
+    """The model as the recipe's seed builds it in every region: its fragments, those this
+    reducer keeps (a syncer shard's, ``owned``) and its weights (version 0)."""
+
+    fragments: tuple[Fragment, ...]
+    owned: tuple[Fragment, ...]
+    weights: Mapping[str, torch.Tensor]
+
+
 class RegionCopy:
     """The region's copy of the global weights (of one syncer shard's fragments, ``owned``):
     :meth:`build` once a head is read, then :meth:`follow` each head."""
@@ -41,16 +52,13 @@ class RegionCopy:
     def __init__(
         self,
         bucket: RegionBucket,
-        secret: RunSecret,
-        fragments: tuple[Fragment, ...],
-        owned: tuple[Fragment, ...],
-        initial: Mapping[str, torch.Tensor],
+        model: VersionZero,
         window_versions: int,
         refusals: RefusalCount,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.bucket, self.secret, self.fragments, self.owned = bucket, secret, fragments, owned
-        self.initial = initial
+        self.bucket, self.secret, self.fragments, self.owned = bucket, bucket.secret, model.fragments, model.owned
+        self.initial = model.weights
         """Version 0, built from the recipe's seed."""
         self.window_versions, self.refusals, self.clock = window_versions, refusals, clock
         self.replica: GlobalReplica | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from diloco_cli.codec import PayloadError, RunSecret
+from diloco_cli.codec import PayloadError
 from diloco_cli.core import reducer_step as step
 from diloco_cli.core.reducer_step import ReducerState
 from diloco_cli.core.types import FragmentIndex, LearnerId
@@ -29,7 +29,7 @@ from diloco_cli.store import aggregates as store
 from diloco_cli.store.aggregates import AGGREGATE_KEY, AggregateRecord, reducer_of
 from diloco_cli.store.documents import Head
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.region import PAYLOAD_KEY, RELAY_KEY, SEQUENCE_PER_EPOCH, PayloadRecord, RegionBucket
+from diloco_cli.store.region import PAYLOAD_KEY, RELAY_KEY, SEQUENCE_PER_EPOCH, PayloadRecord
 
 log = logging.getLogger("diloco.reducer")
 
@@ -40,8 +40,6 @@ class RegionObjects:
 
     def __init__(
         self,
-        bucket: RegionBucket,
-        secret: RunSecret,
         aggregation: Aggregation,
         copy: RegionCopy,
         refusals: RefusalCount,
@@ -49,7 +47,9 @@ class RegionObjects:
         delete_consumed: bool,
         write_status: Callable[[], bool],
     ) -> None:
-        self.bucket, self.secret, self.aggregation, self.copy = bucket, secret, aggregation, copy
+        self.bucket, self.secret = aggregation.bucket, aggregation.secret
+        """The region's bucket (the aggregates'), and the run's secret."""
+        self.aggregation, self.copy = aggregation, copy
         self.refusals, self.owns_fragment = refusals, owns
         self.delete_consumed = delete_consumed
         """Whether consumed payloads are deleted (``sync.delete_consumed_payloads``)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +44,17 @@ class DamagedWindowUpdate(CorruptPayload):
         self.key = key
 
 
+@dataclass(frozen=True)
+class ReplicaSource:
+    """Where a replica reads the updates it adds and its windows from."""
+
+    bucket: RegionBucket
+    """The region's bucket (the updates the syncer published there)."""
+    secret: RunSecret
+    window_versions: int
+    """How many updates of each fragment a window keeps (``sync.window_versions``)."""
+
+
 class GlobalReplica:
     """The global weights at ``version`` (each fragment at ``versions[p]``), exact: of
     the fragments ``versions`` names (a syncer shard's), ``fragments`` being every
@@ -54,14 +66,12 @@ class GlobalReplica:
         theta: dict[str, torch.Tensor],
         versions: Mapping[FragmentIndex, Version],
         version: Version,
-        bucket: RegionBucket,
-        secret: RunSecret,
-        window_versions: int,
+        source: ReplicaSource,
     ) -> None:
-        self.fragments, self.theta, self.bucket, self.secret = fragments, theta, bucket, secret
+        self.fragments, self.theta = fragments, theta
+        self.bucket, self.secret, self.window_versions = source.bucket, source.secret, source.window_versions
         self.versions = dict(versions)
         self.version = version
-        self.window_versions = window_versions
         self.windows = self._windows_from_bucket()
 
     @classmethod
@@ -91,7 +101,7 @@ class GlobalReplica:
                     "syncer's version 0; install the same torch (and model code) on this host as on the syncer's"
                 )
         versions = {fragment.index: Version(0) for fragment in owned}
-        return cls(fragments, theta, versions, Version(0), bucket, secret, window_versions)
+        return cls(fragments, theta, versions, Version(0), ReplicaSource(bucket, secret, window_versions))
 
     @classmethod
     def from_snapshot(
@@ -109,7 +119,8 @@ class GlobalReplica:
             versions = {FragmentIndex(int(p)): Version(int(v)) for p, v in decoded.meta["fragment_versions"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise CorruptPayload(f"a snapshot's metadata lacks its versions: {error}") from None
-        return cls(fragments, dict(decoded.tensors), versions, version, bucket, secret, window_versions)
+        source = ReplicaSource(bucket, secret, window_versions)
+        return cls(fragments, dict(decoded.tensors), versions, version, source)
 
     def _windows_from_bucket(self) -> dict[FragmentIndex, UpdateWindow]:
         """Each fragment's window of its last W updates up to its version, from those the

@@ -6,15 +6,17 @@ Each turn (:meth:`Syncer.turn`) reads top to bottom:
    heartbeats) (:mod:`.observation`);
 2. **decide**: fold what was seen into the pure decision state machine
    (:func:`diloco_cli.core.decisions.step`: quorum, grace window, resync, supersede);
-3. **act**: carry out its merges (:mod:`.merging`: read, verify, merge, commit, then
-   publish), resyncs and discards;
+3. **act**: carry out its merges (:mod:`.merging`: read, verify, merge, commit; each
+   returns an outcome the loop applies: publish, let go), resyncs and discards;
 4. **upkeep**: repair published objects learners refused, follow the manifest
-   (``diloco scale``, ``diloco chaos``) and the control notes, catch up regions that
-   missed a publication, sweep leftovers (:mod:`.leftovers`), end the run when every
-   learner is done and nothing is left to merge, write the status (:mod:`.status`).
+   (``diloco scale``, ``diloco chaos``: :mod:`.following`) and the control notes, catch
+   up regions that missed a publication, sweep leftovers (:mod:`.leftovers`), end the
+   run when every learner is done and nothing is left to merge (:mod:`.ending`), write
+   the status (:mod:`.status`).
 
 Killed at any instant, the syncer restarts from its commits (:mod:`.state`) with no
-arrival lost and none merged twice.
+arrival lost and none merged twice; its collaborators are built in one function from
+the run spec (:mod:`.build`).
 
 With syncer shards (``sync.shards: N``) each shard is such a syncer over its own
 fragments (``p % N == s``), with its own home, ledger, version numbers and head: it
@@ -27,38 +29,23 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-
-import torch
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.codec.exact import ExactPublisher
 from diloco_cli.core import decisions
 from diloco_cli.core.cadence import Cadences
-from diloco_cli.core.fragments import SyncerShard, fragments_of_model
-from diloco_cli.core.outer import NesterovOuterOptimizer
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
-from diloco_cli.runtime.coordinator import EXIT_STOPPED, StopSignals, heartbeats_due, run_turns, same_run
-from diloco_cli.runtime.global_weights import GlobalCopy, encode_snapshot
-from diloco_cli.runtime.membership import ControlNotes, ManifestWatch
-from diloco_cli.runtime.syncer.evaluation import Evaluator
-from diloco_cli.runtime.syncer.fanout import FanOut
-from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
-from diloco_cli.runtime.syncer.merging import Merger
-from diloco_cli.runtime.syncer.observation import Observer
-from diloco_cli.runtime.syncer.publication import Publication
+from diloco_cli.runtime.coordinator import EXIT_STOPPED, StopSignals, heartbeats_due, run_turns
+from diloco_cli.runtime.membership import ManifestWatch
+from diloco_cli.runtime.syncer.build import build_syncer, initial_decisions
+from diloco_cli.runtime.syncer.context import syncer_context
+from diloco_cli.runtime.syncer.merging import ComputedRound, MergeInputs, MergeOutcome, arrival_keys
 from diloco_cli.runtime.syncer.region_scan import missing, payload_id
-from diloco_cli.runtime.syncer.state import SyncerState, restore_state
-from diloco_cli.runtime.syncer.status import StatusBoard
 from diloco_cli.store.documents import Head, SyncerPhase, SyncerStatus
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.retry import RetryPolicy
 from diloco_cli.store.run_spec import RunSpec
 
 log = logging.getLogger("diloco.syncer")
 
-HOME = "home"
-"""The syncer's home among its sweepers (the others are keyed by region)."""
 REPORTED_REFUSALS_SECONDS = 60.0
 """Refusals learners reported up to this long before the syncer started are checked too."""
 
@@ -76,97 +63,32 @@ class Syncer:
         manifest: ManifestWatch | None = None,
         syncer_shard: int = 0,
     ) -> None:
+        self.context = syncer_context(spec, secret, syncer_shard, clock)
         self.spec = spec
-        self.shard: SyncerShard = spec.syncer_shard(syncer_shard)
-        self.place = spec.syncer_shards[syncer_shard]
-        """Where this syncer (shard) runs and keeps its home."""
         self.manifest = manifest
         """The run's manifest, followed for learners added or drained (``diloco scale``)."""
-        self.recipe = spec.recipe
-        self.secret = secret
-        self.clock = clock
+        self.shard, self.buckets, self.home = self.context.shard, self.context.buckets, self.context.home
+        self.recipe, self.clock = spec.recipe, clock
+        """The recipe and clock the loop's own cadences follow (its collaborators' are the context's)."""
         self.finished = False
-        self.buckets = {bucket.name: bucket.for_syncer_shard(self.shard) for bucket in spec.buckets(secret)}
-        self.home = spec.home(secret, self.shard.index)
         self.outcomes: list[decisions.Observation] = []
         """What this syncer's own merges told the decisions, for the next turn."""
-        self.given_up: dict[LearnerId, str] = {}
-        self.ending: str | None = None
-        """Why the run has not ended though every learner is done (for ``diloco status``)."""
-        self._held_since: float | None = None
-        """Since when only a reducer's report holds up the end (syncer clock)."""
         self.cadences = Cadences("beats", "ending", "status", "sweep")
         """When each periodic task of the loop last ran (syncer clock)."""
 
     # ----------------------------------------------------------------------- start
 
     def start(self) -> None:
-        """Restore the syncer's state from its home store and bring every region in line
-        with it (what a syncer killed before could not publish)."""
-        recipe, sync = self.recipe, self.recipe.sync
-        torch.manual_seed(recipe.training.seed)
-        model = recipe.model.build()
-        self.fragments = fragments_of_model(model, sync.num_fragments)
-        initial = {name: p.detach() for name, p in model.named_parameters()}
-        self.evaluator = self._evaluator(model)
-        self.state: SyncerState = restore_state(
-            self.home,
-            self.secret,
-            self.fragments,
-            initial,
-            NesterovOuterOptimizer(recipe.outer_learning_rate, sync.outer_momentum),
-            ExactPublisher(sync.update_codec, self.secret),
-            sync.window_versions,
-            lambda theta, version: (
-                self.evaluator.evaluate(theta, version, tokens=0, whole=True) if self.evaluator.enabled else None
-            ),
-            owned=self.shard.of(self.fragments),
-        )
-        self.decisions = self._initial_decisions()
-        self.fanout = FanOut(len(self.buckets))
-        probes = {
-            name: self.spec.bucket(name, self.secret, retry=RetryPolicy(attempts=1)).for_syncer_shard(self.shard)
-            for name in self.buckets
-        }
-        self.observer = Observer(
-            self.buckets,
-            probes,
-            self.fanout,
-            self.state.ledger.consumed,
-            self.clock,
-            owns=self.shard.owns,
-        )
-        self.notes = ControlNotes(self.buckets, self.observer.refused)
-        self.publication = Publication(self.buckets, self.home, self.secret, self.fanout, self.head, self._snapshot)
-        self.merger = Merger(
-            sync,
-            self.fragments,
-            self.state,
-            self.home,
-            self.secret,
-            self.observer,
-            self.publication,
-            self.evaluator,
-            self.clock,
-        )
-        self.sweepers = {  # the regions' buckets are shard 0's to sweep
-            name: LeftoverSweeper(bucket.store, sync.leftover_seconds)
-            for name, bucket in self.buckets.items()
-            if self.shard.index == 0
-        }
-        self.sweepers[HOME] = LeftoverSweeper(self.home.store, sync.leftover_seconds, only_partial=True)
-        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.board = StatusBoard(
-            self.buckets,
-            self.home,
-            self.fanout,
-            self.state,
-            self.observer,
-            self.publication,
-            self.sweepers,
-            parameters,
-            self.place.place,
-        )
+        """Restore the syncer's state from its home store (:func:`~.build.build_syncer`)
+        and bring every region in line with it (what a syncer killed before could not
+        publish)."""
+        parts = build_syncer(self.spec, self.context, self.head, self.manifest)
+        self.fragments, self.state, self.evaluator = parts.fragments, parts.state, parts.evaluator
+        self.observer, self.notes, self.publication = parts.observer, parts.notes, parts.publication
+        self.merger, self.board, self.sweepers = parts.merger, parts.board, parts.sweepers
+        self.follower, self.run_end = parts.follower, parts.run_end
+        self.fanout = self.context.fanout
+        self.decisions = initial_decisions(self.spec, self.state, len(self.fragments), self.clock())
         self.board.continue_counts()
         if self.speaks_for_membership:
             self.notes.follow(self.spec)  # a restarted syncer delivers what it may not have
@@ -188,56 +110,22 @@ class Syncer:
 
     @property
     def speaks_for_membership(self) -> bool:
-        """Whether this syncer writes the notes of the run's membership (drain, data
-        slices, H under dynamic local updates): the only syncer, or shard 0 of several;
-        every shard writes its own resync requests."""
+        """Whether this syncer writes the notes of the run's membership (the only
+        syncer, or shard 0 of several: see :class:`~.following.ManifestFollower`)."""
         return self.shard.index == 0
 
-    def _evaluator(self, model) -> Evaluator:
-        """Shard 0 (or the only syncer) evaluates the whole model: with other shards, their
-        fragments as read from its region's bucket (the first region's, when it is in none)."""
-        if self.shard.index != 0:
-            return Evaluator(self.recipe, model, enabled=False)
-        if not self.shard.sharded:
-            return Evaluator(self.recipe, model)
-        region = self.place.region or self.spec.regions[0].name
-        others = [SyncerShard(index, self.shard.count) for index in range(1, self.shard.count)]
-        initial = {name: p.detach().clone() for name, p in model.named_parameters()}  # version 0, from the seed
-        copy = GlobalCopy(self.buckets[region], self.secret, self.fragments, others, initial)
-        return Evaluator(self.recipe, model, copy)
+    @property
+    def given_up(self) -> dict[LearnerId, str]:
+        """The learners the run ends without, and why (:class:`~.ending.RunEnd`)."""
+        return self.run_end.given_up
 
-    def _initial_decisions(self) -> decisions.DecisionState:
-        """A fresh decision state that continues the committed one (versions, windows,
-        what each learner had merged, the moving averages)."""
-        sync = self.recipe.sync
-        policy = decisions.DecisionPolicy(
-            num_learners=len(self.spec.active_learners),
-            quorum=self.recipe.quorum,
-            num_fragments=len(self.fragments),
-            grace_gamma=sync.grace_gamma,
-            overlap_steps=sync.overlap_steps,
-            max_grace_seconds=sync.max_grace_seconds,
-            liveness_timeout_seconds=sync.liveness_timeout_seconds,
-            give_up_seconds=sync.give_up_seconds,
-        )
-        state = self.state
-        versions = {p: (version, state.windows[p].oldest_anchorable) for p, version in state.fragment_versions.items()}
-        fresh = decisions.initial_state(policy, self.clock(), versions)
-        return replace(
-            fresh,
-            merged_sequence=dict(state.ledger.merged),
-            quorum_seconds=state.quorum_seconds,
-            sync_seconds=state.sync_seconds,
-        )
+    @property
+    def ending(self) -> str | None:
+        """Why the run has not ended though every learner is done (:class:`~.ending.RunEnd`)."""
+        return self.run_end.ending
 
     def head(self) -> Head:
         return self.state.head(self.recipe.sync.snapshot_every, self.finished)
-
-    def _snapshot(self) -> bytes:
-        """A snapshot of the fragments this syncer syncs (every one, with one syncer)."""
-        owned = {name for fragment in self.shard.of(self.fragments) for name in fragment.parameter_names}
-        theta = {name: tensor for name, tensor in self.state.theta.items() if name in owned or not self.shard.sharded}
-        return encode_snapshot(theta, self.secret, self.state.version, self.state.fragment_versions)
 
     # ------------------------------------------------------------------------ loop
 
@@ -277,7 +165,7 @@ class Syncer:
         self.publication.catch_up_if_due(now, set(self.observer.reachability.down))
         if self.cadences.due("sweep", now, max(1.0, sync.leftover_seconds / 4)):
             self.sweep(now)
-        if read_heartbeats and self._over(self.clock()):
+        if read_heartbeats and self.run_end.over(self.spec, self.decisions, bool(self.outcomes), self.clock()):
             self._finish()
         elif self.cadences.due("status", self.clock(), sync.status_seconds):
             self.write_status(SyncerPhase.RUNNING)
@@ -288,7 +176,7 @@ class Syncer:
         wake = now + self.recipe.sync.poll_seconds
         for action in actions:
             if isinstance(action, decisions.Merge):
-                outcome = self.merger.merge(action, self.decisions)
+                outcome = self._merge(action)
                 self.outcomes.append(outcome.observation)
                 if outcome.merged is not None:
                     self.board.merged(outcome.merged)
@@ -308,6 +196,41 @@ class Syncer:
                 if action.until is not None:
                     wake = min(wake, action.until)
         return wake
+
+    def _merge(self, action: decisions.Merge) -> MergeOutcome:
+        """One merge: its arrivals' bytes read (the read-ahead, else now), the round
+        computed, evaluated when due, committed; then its outcome applied."""
+        started = self.clock()
+        blobs = self.observer.payloads(arrival_keys(action))
+        if not isinstance(blobs, dict):
+            log.warning("merge of fragment %d postponed: %s", action.fragment, blobs)
+            return MergeOutcome(decisions.MergeAborted(action.fragment))
+        inputs = MergeInputs(blobs, self.observer.observed, dict(self.observer.retiring), started)
+        outcome = self.merger.compute(action, inputs)
+        if isinstance(outcome, ComputedRound):
+            evaluation = None
+            if self.evaluator.due(outcome.version):  # recorded with the commit
+                tokens = sum(beat.tokens for beat in self.observer.heartbeats.values())
+                evaluation = self.evaluator.evaluate(self.state.theta, outcome.version, tokens)
+            outcome = self.merger.commit(outcome, evaluation, self.decisions)
+        self._apply_merge(outcome)
+        return outcome
+
+    def _apply_merge(self, outcome: MergeOutcome) -> None:
+        """What a merge did, in the ledger's order: its refusals recorded and its
+        retired payloads let go; when it committed a version (listing them), the version
+        published, and only then its payloads forgotten and its relays deleted."""
+        for refusal in outcome.refused:
+            self.observer.refused(refusal.region, refusal.kind, refusal.key, refusal.error)
+        for payload in outcome.retired:
+            self.observer.retire(payload)
+        committed = outcome.committed
+        if committed is None:  # the retired wait for the next commit's record
+            return
+        self.observer.take_retiring()  # the commit listed them
+        self.publication.publish(committed.version, committed.fragment, committed.payload)
+        self.observer.forget(list(committed.consumed))
+        self.observer.delete(list(committed.relays))
 
     # ---------------------------------------------------------------------- upkeep
 
@@ -355,43 +278,9 @@ class Syncer:
         self.publication.restore(region, decisions.updates_to_restore(windows, self.head().recent, bases))
 
     def _follow_manifest(self) -> None:
-        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest:
-        learners added or drained (M and K follow, and each learner gets its note: drain,
-        its slice of the data) and a new chaos plan (the buckets' outage windows)."""
-        spec = same_run(self.manifest.changed() if self.manifest else None, self.spec)
-        if spec is not None and spec.chaos != self.spec.chaos:
-            for name in self.buckets:
-                faults = spec.faults_of(name)
-                self.buckets[name].store.faults = self.observer.probes[name].store.faults = faults
-            self.spec = self.spec.model_copy(update={"chaos": spec.chaos})
-            log.info("the run's chaos plan changed: outages are injected as it says from now on")
-        if spec is not None and spec.learners != self.spec.learners:
-            self._follow_membership(spec)
-        down = set(self.observer.reachability.down)
-        if self.speaks_for_membership:
-            self.notes.follow(self.spec, skip=down)
-        if self.recipe.sync.dynamic_local_updates and self.speaks_for_membership:
-            live = self.decisions.live_learners(self.clock())
-            heartbeats = self.observer.heartbeats
-            times = {m: beat.step_seconds for m, beat in heartbeats.items() if m in live and beat.step_seconds}
-            self.notes.follow_speeds(self.spec, times, skip=down)
-        self.notes.deliver(skip=down)
-
-    def _follow_membership(self, spec: RunSpec) -> None:
-        """Learners added or drained: M and K follow."""
-        policy = replace(self.decisions.policy, num_learners=len(spec.active_learners), quorum=spec.recipe.quorum)
-        self.decisions = replace(self.decisions, policy=policy)
-        added = sorted({s.id for s in spec.learners} - {s.id for s in self.spec.learners})
-        drained_before = {s.id for s in self.spec.learners if s.drain}
-        draining = sorted(s.id for s in spec.learners if s.drain and s.id not in drained_before)
-        self.spec = spec
-        log.info(
-            "the run now has M=%d learners, K=%d%s%s",
-            policy.num_learners,
-            policy.quorum,
-            f"; added {', '.join(added)}" if added else "",
-            f"; draining {', '.join(draining)}" if draining else "",
-        )
+        """Take in what ``diloco scale`` and ``diloco chaos`` changed in the manifest
+        (:class:`~.following.ManifestFollower`): M and K follow, each learner gets its note."""
+        self.spec, self.decisions = self.follower.follow(self.spec, self.decisions, self.clock())
 
     def sweep(self, now: float, all_of_them: bool = False) -> None:
         """Remove leftovers seen long enough (with ``all_of_them``, every one now)."""
@@ -412,48 +301,6 @@ class Syncer:
         self.board.write(self.status(phase))
 
     # ---------------------------------------------------------------------- ending
-
-    def _over(self, now: float) -> bool:
-        """Every learner finished or was given up, and nothing is left to merge: nothing
-        observed or in flight, and the last scan of every region that holds a learner
-        not given up saw all of it (a scan cut short may have missed a last payload)."""
-        end = decisions.run_end(self.decisions, [spec.id for spec in self.spec.learners], now)
-        self.given_up = dict(end.given_up)
-        rounds = self.decisions.rounds.values()
-        idle = self.observer.idle and not self.outcomes and not any(r.pending or r.merging for r in rounds)
-        waited_on = {learner.region for learner in self.spec.learners if learner.id not in self.given_up}
-        seen_whole = all(self.observer.whole[region] for region in waited_on)
-        ended = end.over and idle and seen_whole and self.evaluator.others_finished()
-        held = sorted(r for r in waited_on if not self._reducer_done(r))
-        self.ending = None
-        if not ended or not held:
-            self._held_since = None
-            return ended
-        # every input is in; a reducer that still reports holding something (dead, wiped,
-        # or holding what can no longer be merged) is waited for as a learner would be
-        self._held_since = now if self._held_since is None else self._held_since
-        waited, limit, regions = now - self._held_since, self.recipe.sync.give_up_seconds, ", ".join(held)
-        if waited < limit:
-            self.ending = (
-                f"every learner is done and nothing is left to merge, but the reducer of region {regions} has "
-                f"reported sends or aggregates it holds for {waited:.0f} s; the run ends without them after "
-                f"sync.give_up_seconds ({limit:.0f} s) (see `diloco logs {self.spec.run} reducer-{held[0]}`)"
-            )
-            return False
-        log.warning("ending without what the reducer of region %s holds: it waited %.0f s for it", regions, waited)
-        return True
-
-    def _reducer_done(self, region: str) -> bool:
-        """The region's reducer holds nothing (no send waiting, no aggregate in flight)
-        and has seen the last heartbeat the syncer has of each of its learners."""
-        status = self.observer.reducer_status.get(region)
-        if status is None or status.waiting or status.in_flight:
-            return False
-        beats = self.observer.heartbeats
-        learners = [s.id for s in self.spec.learners if s.region == region and s.id not in self.given_up]
-        return all(
-            learner in beats and status.heartbeats_seen.get(learner) == beats[learner].time for learner in learners
-        )
 
     def _finish(self) -> None:
         state = self.state

@@ -22,7 +22,7 @@ from diloco_cli.core.heartbeats import Heartbeats
 from diloco_cli.core.ledger import PayloadId
 from diloco_cli.core.types import FragmentIndex, LearnerId
 from diloco_cli.runtime.coordinator import RefusalCount, take_in_heartbeat
-from diloco_cli.runtime.syncer.fanout import FanOut
+from diloco_cli.runtime.syncer.context import SyncerContext
 from diloco_cli.runtime.syncer.reachability import Reachability
 from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualified, scan_region
 from diloco_cli.store.aggregates import AggregateRecord
@@ -51,18 +51,12 @@ class Observer:
     """The syncer's knowledge of the regions' buckets between two commits."""
 
     def __init__(
-        self,
-        buckets: dict[str, RegionBucket],
-        probes: dict[str, RegionBucket],
-        fanout: FanOut,
-        consumed: Callable[[PayloadId], bool],
-        clock: Callable[[], float],
-        owns: Callable[[FragmentIndex], bool] = lambda fragment: True,
+        self, context: SyncerContext, probes: dict[str, RegionBucket], consumed: Callable[[PayloadId], bool]
     ) -> None:
-        self.buckets, self.probes, self.fanout = buckets, probes, fanout
+        self.buckets, self.probes, self.fanout = context.buckets, probes, context.fanout
         """Each region's bucket, and the same with a single try per call (a probe)."""
-        self.consumed, self.clock = consumed, clock
-        self.owns = owns
+        self.consumed, self.clock = consumed, context.clock
+        self.owns: Callable[[FragmentIndex], bool] = context.shard.owns
         """Whether a fragment is this syncer's (a syncer shard takes only its own)."""
         self.reducer_status: dict[str, ReducerStatus] = {}
         """Each region's reducer's status, as last read."""
@@ -74,11 +68,11 @@ class Observer:
         """Payloads consumed unmerged since the last commit (its record will list them)."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
         """Every learner's newest heartbeat; replayed older ones are refused."""
-        self.refusal_counts = {name: RefusalCount(log, where=f" in region {name}") for name in buckets}
+        self.refusal_counts = {name: RefusalCount(log, where=f" in region {name}") for name in self.buckets}
         """What was refused in each region (every time it is met)."""
         self.refusals = {name: count.refusals for name, count in self.refusal_counts.items()}
         self.reachability = Reachability()
-        self.whole: dict[str, bool] = dict.fromkeys(buckets, False)
+        self.whole: dict[str, bool] = dict.fromkeys(self.buckets, False)
         """Whether the region's last scan saw all of it (no listing or read failed):
         only then can the syncer know that nothing of the region waits to be merged."""
 

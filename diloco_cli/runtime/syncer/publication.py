@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from diloco_cli.codec import PayloadError, RunSecret, read_header
 from diloco_cli.core.types import FragmentIndex, Version
-from diloco_cli.runtime.syncer.fanout import FanOut
+from diloco_cli.runtime.syncer.context import SyncerContext
 from diloco_cli.store.documents import Head, RefusalNote
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import SyncerHome
@@ -39,19 +39,11 @@ class Publication:
     ``head`` and ``snapshot`` give the head and the snapshot payload of the syncer's
     weights as they are now (what a region that is behind is given)."""
 
-    def __init__(
-        self,
-        buckets: dict[str, RegionBucket],
-        home: SyncerHome,
-        secret: RunSecret,
-        fanout: FanOut,
-        head: Callable[[], Head],
-        snapshot: Callable[[], bytes],
-    ) -> None:
-        self.buckets = buckets
-        self.home = home
-        self.secret = secret
-        self.fanout = fanout
+    def __init__(self, context: SyncerContext, head: Callable[[], Head], snapshot: Callable[[], bytes]) -> None:
+        self.buckets: dict[str, RegionBucket] = context.buckets
+        self.home: SyncerHome = context.home
+        self.secret: RunSecret = context.secret
+        self.fanout = context.fanout
         self.head, self.snapshot = head, snapshot
         self.behind: set[str] = set()
         """Regions that missed a publication and must be caught up."""

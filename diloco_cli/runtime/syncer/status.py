@@ -16,7 +16,7 @@ from collections import deque
 from diloco_cli.codec import PayloadError
 from diloco_cli.core import decisions
 from diloco_cli.core.types import FragmentIndex, LearnerId
-from diloco_cli.runtime.syncer.fanout import FanOut
+from diloco_cli.runtime.syncer.context import SyncerContext
 from diloco_cli.runtime.syncer.leftovers import LeftoverSweeper
 from diloco_cli.runtime.syncer.observation import Observer
 from diloco_cli.runtime.syncer.publication import Publication
@@ -36,20 +36,19 @@ class StatusBoard:
 
     def __init__(
         self,
-        buckets: dict[str, RegionBucket],
-        home: SyncerHome,
-        fanout: FanOut,
+        context: SyncerContext,
         state: SyncerState,
         observer: Observer,
         publication: Publication,
         sweepers: dict[str, LeftoverSweeper],
         parameters: int,
-        place: str,
     ) -> None:
-        self.buckets, self.home, self.fanout = buckets, home, fanout
+        self.buckets: dict[str, RegionBucket] = context.buckets
+        self.home: SyncerHome = context.home
+        self.fanout = context.fanout
         self.state, self.observer, self.publication, self.sweepers = state, observer, publication, sweepers
         self.parameters = parameters
-        self.place = place
+        self.place = context.place.place
         """Where this syncer (shard) runs, for bandwidth reports."""
         self.started_at = time.time()
         self.merge_times: deque[float] = deque(maxlen=50)
