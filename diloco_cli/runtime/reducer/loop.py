@@ -461,7 +461,7 @@ class Reducer:
     def _consumed(self, key: str) -> None:
         """A payload the syncer merged (or retired): deleted, or kept but never read
         again when the recipe keeps consumed payloads (``sync.delete_consumed_payloads``)."""
-        if self.recipe.sync.delete_consumed_payloads:
+        if not self.spec.keeps_payloads:
             self.bucket.delete_payload(key)
         self.consumed.add(key)
 
