@@ -1,8 +1,8 @@
 """Benchmark: mixed-speed learners, at equal wall time.
 
-Four learners of the default recipe at speeds 1.0, 1.0, 0.8 and 0.6 (``training.
-learner_speeds``: a slow learner waits (1/speed - 1) x its compute time after each step,
-as a slower chip would take longer).  Settings of the syncer and learners run for the
+Four learners of the default recipe at speeds 1.0, 1.0, 0.8 and 0.6 (``--chaos
+slow-learner=ID:SPEED``: a slow learner waits (1/speed - 1) x its compute time after each
+step, as a slower chip would take longer).  Settings of the syncer and learners run for the
 same wall time each: K=M (a merge waits for every learner), K=1 without a grace window,
 K=1 with it, and K=1 with dynamic local updates (each learner's H scaled by its speed);
 installs overwrite the unsent work (the paper's rule, ``sync.install: overwrite``) or
@@ -40,6 +40,8 @@ from diloco_cli.store.home import tokens_merged
 from diloco_cli.training.inner import evaluate
 
 SPEEDS = {"local-a-0": 1.0, "local-a-1": 1.0, "local-b-0": 0.8, "local-b-1": 0.6}
+CHAOS = ",".join(f"slow-learner={learner}:{speed}" for learner, speed in SPEEDS.items())
+"""The speeds, as the chaos plan of every run."""
 SETTINGS = {
     "K=M": {"sync": {"quorum": None}},
     "K=M keep-unsent": {"sync": {"quorum": None, "install": "keep-unsent"}},
@@ -55,7 +57,7 @@ TARGET = "K=1 with grace: held-out loss at most K=M's at equal wall time, goodpu
 def recipe_for(quick: bool, changes: dict) -> Recipe:
     document: dict = {
         "name": "hetero",
-        "training": {"inner_steps": 100_000, "learner_speeds": SPEEDS, "heartbeat_seconds": 1.0},
+        "training": {"inner_steps": 100_000, "heartbeat_seconds": 1.0},
         "sync": {"evaluate_every": 1_000_000},  # evaluated here, at the same wall time for every setting
     }
     if quick:
@@ -83,7 +85,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
     name = "hetero-" + label.lower().replace("=", "").replace(" ", "-")
     path = workdir / f"{name}.json"
     path.write_text(recipe.model_dump_json())
-    launched = launch(path, None, [], name, workdir / "runs", dry_run=False)
+    launched = launch(path, None, [], name, workdir / "runs", dry_run=False, chaos=CHAOS)
     wait_until_every_learner_trained(workdir / "runs", name)  # the clock starts here
     record = load_run(workdir / "runs", name)
     secret = record.secret()
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"rows": rows, "target": {"target": TARGET, "met": met}}
     settings = {
         "speeds": SPEEDS,
+        "chaos": CHAOS,
         "wall_seconds": wall,
         "recipe": json.loads(recipe_for(args.quick, {}).model_dump_json()),
     }

@@ -63,15 +63,15 @@ def chaos(
         ...,
         metavar="SPEC",
         help=(
-            "What to inject, e.g. 'seed=1,kill-learner=0.5/min,outage=local-b@30s+20s' "
+            "What to inject, e.g. 'seed=1,kill-learner=0.5/min,outage=local-b@30s+20s,slow-learner=local-b-0:0.6' "
             "(times count from now; docs/resilience.md)."
         ),
     ),
     runs_dir: Path = RUNS_DIR,
 ) -> None:
     """Inject faults into a running run from now on, as `up --chaos` does from the start: kill and pause learners
-    and the syncer, take a region's storage down for a while. The new plan replaces the run's earlier one; `status`
-    shows every event."""
+    and the syncer, take a region's storage down for a while, slow learners down. The new plan replaces the run's
+    earlier one (a learner it does not slow runs at full speed again); `status` shows every event."""
     from diloco_cli.launch.chaos import chaos_run
     from diloco_cli.launch.runs import load_run
 

@@ -51,7 +51,9 @@ def up(
         metavar="SPEC",
         help=(
             "Inject faults reproducibly, "
-            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s' (docs/resilience.md)."
+            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s'; "
+            "'slow-learner=local-b-0:0.6' runs a learner at 0.6 of full speed (mixed hardware, repeatable), "
+            "'keep-payloads' keeps merged payloads for an audit (docs/resilience.md)."
         ),
     ),
     runs_dir: Path = RUNS_DIR,

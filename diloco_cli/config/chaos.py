@@ -1,9 +1,10 @@
 """Chaos: faults injected into a run on purpose, reproducibly from a seed.
 
 ``diloco up --chaos SPEC`` kills learners, reducers and the syncer (SIGKILL), pauses learners
-(SIGSTOP, then SIGCONT), and takes a region's storage down for a while (every call to
-that region's bucket, from its learners or from the syncer, fails or hangs).  SPEC is a
-comma-separated list::
+(SIGSTOP, then SIGCONT), takes a region's storage down for a while (every call to
+that region's bucket, from its learners or from the syncer, fails or hangs), slows given
+learners down as slower chips would be, and keeps the learners' payloads once merged (to
+audit a run).  SPEC is a comma-separated list::
 
     seed=7                     the schedule's seed (default 0)
     kill-learner=0.5/min       SIGKILL a random learner at this rate (Poisson)
@@ -13,6 +14,8 @@ comma-separated list::
     outage=local-b@60s+30s     region local-b's storage down from 60 s to 90 s after the start
     outage=local-b@60s+30s:hang   the same, calls hanging instead of failing
     outage-rate=0.1/min:30s    an outage of a random region for 30 s at this rate
+    slow-learner=local-b-0:0.6 learner local-b-0 at 0.6 of full speed (repeatable)
+    keep-payloads              payloads stay in the buckets once merged (for an audit)
 
 Times count from the run's creation (``diloco up --chaos``) or from the moment the plan
 was given to a running run (``diloco chaos RUN SPEC``).  The schedule is a pure function of the plan, the
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +74,13 @@ class ChaosPlan(BaseModel):
     begins_at_seconds: float = Field(default=0.0, ge=0)
     """When the plan's times start, in seconds after the run's creation: 0 for ``diloco
     up --chaos``, the moment it was given for ``diloco chaos`` on a running run."""
+    slow_learners: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    """Learners slowed down on purpose, to reproduce mixed hardware on one machine: learner
+    id (e.g. ``local-a-1``) to speed, 0 < speed <= 1; after each step such a learner waits
+    (1/speed - 1) times the step's compute time.  Empty: every learner at full speed."""
+    keep_payloads: bool = False
+    """Keep the learners' payloads in the buckets once merged or superseded (their
+    reducer never reads them again), so a test can audit every send of a run."""
 
     @property
     def has_process_faults(self) -> bool:
@@ -164,7 +174,19 @@ def poisson_times(generator: random.Random, per_minute: float, horizon: float = 
 DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>s|m|min|h)?$")
 RATE = re.compile(r"^(?P<value>\d+(?:\.\d+)?)/(?P<unit>s|min|m|h)$")
 OUTAGE = re.compile(r"^(?P<region>[A-Za-z0-9_.-]+)@(?P<start>[^+]+)\+(?P<duration>[^:]+)(?::(?P<mode>fail|hang))?$")
-KEYS = ("seed", "kill-learner", "kill-syncer", "kill-reducer", "stop-learner", "outage", "outage-rate")
+SLOW_LEARNER = re.compile(r"^(?P<learner>[A-Za-z0-9_.-]+):(?P<speed>\d*\.?\d+)$")
+KEYS = (
+    "seed",
+    "kill-learner",
+    "kill-syncer",
+    "kill-reducer",
+    "stop-learner",
+    "outage",
+    "outage-rate",
+    "slow-learner",
+)
+FLAGS = ("keep-payloads",)
+"""Items without a value."""
 
 
 def _seconds(text: str, item: str) -> float:
@@ -181,14 +203,30 @@ def _per_minute(text: str, item: str) -> float:
     return float(match["value"]) * {"s": 60, "m": 1, "min": 1, "h": 1 / 60}[match["unit"]]
 
 
+def _slow_learner(text: str, item: str) -> tuple[str, float]:
+    match = SLOW_LEARNER.match(text.strip())
+    if not match or not 0 < float(match["speed"]) <= 1:
+        raise ConfigError(
+            f"--chaos {item!r}: a slow learner is LEARNER:SPEED with 0 < SPEED <= 1 (a fraction of full speed), "
+            "like local-b-0:0.6"
+        )
+    return match["learner"], float(match["speed"])
+
+
 def parse_chaos(text: str) -> ChaosPlan:
     """A :class:`ChaosPlan` from ``--chaos`` text; ConfigError says what is wrong."""
-    fields: dict = {"outages": []}
+    fields: dict = {"outages": [], "slow_learners": {}}
     for item in (part.strip() for part in text.split(",") if part.strip()):
         key, separator, value = item.partition("=")
-        if not separator or key not in KEYS:
-            raise ConfigError(f"--chaos {item!r}: expected KEY=VALUE with KEY one of {', '.join(KEYS)}")
-        if key == "seed":
+        if key in FLAGS:
+            if separator:
+                raise ConfigError(f"--chaos {item!r}: {key} takes no value (write just {key})")
+            fields[key.replace("-", "_")] = True
+        elif not separator or key not in KEYS:
+            raise ConfigError(
+                f"--chaos {item!r}: expected KEY=VALUE with KEY one of {', '.join(KEYS)}, or {', '.join(FLAGS)}"
+            )
+        elif key == "seed":
             if not value.lstrip("-").isdigit():
                 raise ConfigError(f"--chaos {item!r}: the seed is an integer")
             fields["seed"] = int(value)
@@ -200,6 +238,11 @@ def parse_chaos(text: str) -> ChaosPlan:
             fields[f"{prefix}_per_minute"] = _per_minute(rate, item)
             if colon:
                 fields["stop_seconds" if key == "stop-learner" else "outage_seconds"] = _seconds(duration, item)
+        elif key == "slow-learner":
+            learner, speed = _slow_learner(value, item)
+            if learner in fields["slow_learners"]:
+                raise ConfigError(f"--chaos {item!r}: {learner} is slowed twice; give each learner one speed")
+            fields["slow_learners"][learner] = speed
         else:
             match = OUTAGE.match(value)
             if not match:

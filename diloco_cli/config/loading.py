@@ -62,6 +62,10 @@ def _union_branch(model: type[BaseModel], location: Sequence[Any]) -> bool:
 RETIRED_KEYS = {
     "sync.reducers": "every region has a reducer now (under K < M it relays each send for the syncer "
     "to anchor, with no loss against reading the payloads directly): remove the key",
+    "training.learner_speeds": "slowed learners are a chaos event now: remove the key and start the run "
+    "with `diloco up --chaos slow-learner=ID:SPEED` (one item per learner, e.g. slow-learner=local-b-0:0.6)",
+    "sync.delete_consumed_payloads": "consumed payloads are always deleted: remove the key; to keep them "
+    "(to audit a run), start it with `diloco up --chaos keep-payloads`",
 }
 """Keys a recipe may still carry from an older version: what became of them."""
 

@@ -168,18 +168,6 @@ class TrainingConfig(BaseModel):
     seed: int = 0
     """Seeds the initial model and every learner's data order (mixed with its shard index)."""
 
-    learner_speeds: dict[str, float] = Field(default_factory=dict)
-    """Slow learners down on purpose, to reproduce mixed hardware on one machine: learner
-    id (e.g. ``local-a-1``) to speed, 0 < speed <= 1; after each step such a learner waits
-    (1/speed - 1) times the step's compute time.  Empty: every learner at full speed."""
-
-    @model_validator(mode="after")
-    def _speeds_are_fractions(self) -> TrainingConfig:
-        wrong = {learner: speed for learner, speed in self.learner_speeds.items() if not 0 < speed <= 1}
-        if wrong:
-            raise ValueError(f"learner_speeds must be in (0, 1] (a fraction of full speed), got {wrong}")
-        return self
-
 
 class SyncConfig(BaseModel):
     """How the syncer merges: fragments, quorum, grace window, outer optimizer, codecs."""
@@ -292,9 +280,6 @@ class SyncConfig(BaseModel):
     """How often the syncer writes its status to every region and reads the learners'
     heartbeats: what ``diloco status`` shows is this fresh; over a slow WAN a longer
     interval saves a few KB/s per region."""
-
-    delete_consumed_payloads: bool = True
-    """Delete learner payloads once merged or superseded (keep them to audit a run)."""
 
     leftover_seconds: float = Field(default=900.0, gt=0)
     """Partial writes, payloads without their marker and stray keys are removed once the

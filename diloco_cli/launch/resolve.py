@@ -72,12 +72,6 @@ def resolve_run(
         )
         for index, (learner, region, host) in enumerate(placements)
     )
-    unknown = sorted(set(recipe.training.learner_speeds) - {learner.id for learner in learners})
-    if unknown:
-        raise ConfigError(
-            f"{sources.recipe}: training.learner_speeds names {', '.join(unknown)}, not learners of this run "
-            f"(they are {', '.join(learner.id for learner in learners)})"
-        )
     region_specs = tuple(
         RegionSpec(
             name=RegionName(region.name),
@@ -245,12 +239,20 @@ def resolve_entry_point(recipe: Recipe, sources: Sources = Sources()) -> Recipe:
 
 
 def with_chaos(spec: RunSpec, plan: ChaosPlan) -> RunSpec:
-    """The run with faults to inject (``--chaos``), its outages naming regions it has."""
+    """The run with faults to inject (``--chaos``), its outages naming regions it has and
+    its slow learners learners it has."""
     regions = [region.name for region in spec.regions]
     unknown = sorted({outage.region for outage in plan.outages} - set(regions))
     if unknown:
         raise ConfigError(
             f"--chaos: outage of {', '.join(unknown)}, not a region of this run (its regions: {', '.join(regions)})"
+        )
+    learners = [learner.id for learner in spec.learners]
+    unknown = sorted(set(plan.slow_learners) - set(learners))
+    if unknown:
+        raise ConfigError(
+            f"--chaos: slow-learner of {', '.join(unknown)}, not a learner of this run "
+            f"(its learners: {', '.join(learners)})"
         )
     return spec.model_copy(update={"chaos": plan})
 

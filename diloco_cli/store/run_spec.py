@@ -184,6 +184,16 @@ class RunSpec(BaseModel):
             spec.name, spec.root, spec.storage_options, secret, retry or self.recipe.storage, self.faults_of(spec.name)
         )
 
+    def speed_of(self, learner: LearnerId | str) -> float:
+        """The fraction of full speed ``learner`` trains at: 1.0 unless the chaos plan
+        slows it down (``--chaos slow-learner``)."""
+        return self.chaos.slow_learners.get(learner, 1.0) if self.chaos else 1.0
+
+    @property
+    def keeps_payloads(self) -> bool:
+        """Whether consumed payloads stay in the buckets (``--chaos keep-payloads``)."""
+        return self.chaos is not None and self.chaos.keep_payloads
+
     def faults_of(self, region: RegionName | str) -> StorageFaults | None:
         """The storage outages the chaos plan gives ``region`` (None: none)."""
         return StorageFaults.of(self.chaos, region, [r.name for r in self.regions], self.created)

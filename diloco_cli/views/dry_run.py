@@ -1,4 +1,5 @@
-"""What ``diloco up --dry-run`` prints: the resolved run, who runs what where, and its recipe."""
+"""What ``diloco up --dry-run`` prints: the resolved run, who runs what where, its recipe
+and its chaos plan (``--chaos``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from diloco_cli.store.run_spec import RunSpec
 
 
 def render_dry_run(spec: RunSpec) -> str:
-    """The run ``spec`` as ``diloco up`` would start it: its syncer, regions, learners and recipe."""
+    """The run ``spec`` as ``diloco up`` would start it: its syncer, regions, learners, recipe
+    and chaos plan."""
     recipe = spec.recipe
     count = len(spec.syncer_shards)
     syncers = [
@@ -32,8 +34,15 @@ def render_dry_run(spec: RunSpec) -> str:
             processes = f", {learner.processes} processes (torchrun)" if learner.processes > 1 else ""
             devices = f", GPU{'s' if len(learner.devices) > 1 else ''} {','.join(map(str, learner.devices))}"
             devices = devices if learner.devices else ""
-            lines.append(f"    learner {learner.id} on {learner.host}, shard {learner.shard}{processes}{devices}")
+            speed = spec.speed_of(learner.id)
+            slowed = f", at {speed:g} of full speed (--chaos slow-learner)" if speed < 1 else ""
+            where = f"on {learner.host}, shard {learner.shard}"
+            lines.append(f"    learner {learner.id} {where}{processes}{devices}{slowed}")
     lines.append("resolved recipe:")
     document = yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
     lines.extend("  " + line for line in document.splitlines())
+    if spec.chaos is not None:
+        lines.append("chaos plan:")
+        document = yaml.safe_dump(spec.chaos.model_dump(mode="json"), sort_keys=False)
+        lines.extend("  " + line for line in document.splitlines())
     return "\n".join(lines)

@@ -59,7 +59,7 @@ def audit(runs_dir, name, damaged):
         newest[slot] = max(newest.get(slot, -1), sequence)
     consumed = {as_payload(key) for key in [*merged, *retired]}  # a relay stands for the send it copies
     for bucket in record.spec.buckets(secret):
-        for key in bucket.payload_keys():  # delete_consumed_payloads is off: all are here
+        for key in bucket.payload_keys():  # --chaos keep-payloads: all are here
             name_ = f"{bucket.name}:{key}"
             slot, sequence = send_of(name_)
             assert name_ in consumed or sequence <= newest.get(slot, -1), f"{name_} was lost"
@@ -145,7 +145,6 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards, quorum):
             "shards": shards,
             "quorum": quorum,
             "num_fragments": 2 * shards,
-            "delete_consumed_payloads": False,
             "leftover_seconds": 3,
             "snapshot_every": 4,
             "liveness_timeout_seconds": 15,
@@ -169,7 +168,8 @@ def test_chaos_then_a_clean_audit(tmp_path, request, shards, quorum):
             ]
         },
     )
-    diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    up = ("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(*up, "--chaos", "keep-payloads")  # the audit reads every payload
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     chaos = Chaos(runs_dir, name, seed=request.config.getoption("--chaos-seed"))
     chaos.keep_heartbeats()  # authentic, and soon old: one is replayed over a finished learner's

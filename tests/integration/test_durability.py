@@ -246,9 +246,10 @@ def test_resume_restarts_a_syncer_that_is_down_and_status_says_so(tmp_path):
     runs_dir, name = tmp_path / "runs", "resumed"
     recipe = write_yaml(
         tmp_path / "tiny.yaml",
-        deep_update(TINY_RECIPE, {"training": {"inner_steps": 120}, "sync": {"delete_consumed_payloads": False}}),
+        deep_update(TINY_RECIPE, {"training": {"inner_steps": 120}}),
     )
-    diloco("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
+    up = ("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(*up, "--chaos", "keep-payloads")  # the audit reads every payload
     wait_for(runs_dir, name, lambda s: s.version >= 2, 120, "version 2")
     kill_group(runs_dir, name, "syncer")  # the supervisor and the syncer: nothing restarts it
     refused = diloco("rm", name, "--runs-dir", str(runs_dir), check=False)  # its learners still run
@@ -298,16 +299,10 @@ def test_down_then_resume_goes_on_from_where_each_learner_stood_and_trains_nothi
     at (weights, AdamW state, error feedback, what it sent) before it exits, `resume`
     goes on from there, and every token is merged once (nothing retrained and sent again)."""
     runs_dir, name = tmp_path / "runs", "downed"
-    changes = {
-        "training": {
-            "inner_steps": 160,
-            "checkpoint_every_steps": 50,
-            "learner_speeds": {"east-0": 0.1, "west-0": 0.1},
-        },
-        "sync": {"delete_consumed_payloads": False},
-    }
+    changes = {"training": {"inner_steps": 160, "checkpoint_every_steps": 50}}
     recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(TINY_RECIPE, changes))
-    diloco("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
+    up = ("up", str(recipe), "--regions", str(two_file_regions(tmp_path)), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(*up, "--chaos", "slow-learner=east-0:0.1,slow-learner=west-0:0.1,keep-payloads")
     learners = ("east-0", "west-0")
     wait_for(runs_dir, name, lambda s: all(past_step(s, learner, 55) for learner in learners), 120, "step 55")
     diloco("down", name, "--runs-dir", str(runs_dir))

@@ -60,13 +60,13 @@ def test_syncer_killed_at_random_points_loses_nothing_and_merges_nothing_twice(t
         tmp_path / "tiny.yaml",
         deep_update(
             TINY_RECIPE,
-            {"training": {"num_learners": 3, "inner_steps": 400}, "sync": {"delete_consumed_payloads": False}},
+            {"training": {"num_learners": 3, "inner_steps": 400}},
         ),
     )
     name = f"kill-syncer-{seed}"
-    diloco(
-        "up", str(recipe), "--regions", str(two_regions(tmp_path, east=2)), "--name", name, "--runs-dir", str(runs_dir)
-    )
+    regions = two_regions(tmp_path, east=2)
+    up = ("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(*up, "--chaos", "keep-payloads")  # the audit reads every payload
     kills, last_version = 0, 0
     while kills < 3:
         # a random point: just after some new version, somewhere in a poll, merge or commit

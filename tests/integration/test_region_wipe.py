@@ -38,7 +38,7 @@ def start_run(tmp_path: Path, name: str, inner_steps: int) -> Path:
             TINY_RECIPE,
             {
                 "training": {"num_learners": 2, "inner_steps": inner_steps, "checkpoint_every_steps": 40},
-                "sync": {"delete_consumed_payloads": False, "liveness_timeout_seconds": 15, "give_up_seconds": 30},
+                "sync": {"liveness_timeout_seconds": 15, "give_up_seconds": 30},
             },
         ),
     )
@@ -51,7 +51,8 @@ def start_run(tmp_path: Path, name: str, inner_steps: int) -> Path:
             ]
         },
     )
-    diloco("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    up = ("up", str(recipe), "--regions", str(regions), "--name", name, "--runs-dir", str(runs_dir))
+    diloco(*up, "--chaos", "keep-payloads")  # the audit reads every payload
     return runs_dir
 
 

@@ -376,7 +376,7 @@ def test_two_syncer_shards_over_ssh_hosts_in_namespaces_finish_exactly(tmp_path,
         spaces, regions, stores, known_hosts = namespaced_regions(stack, tmp_path, host_venv, monkeypatch)
         changes = {
             "training": {"inner_steps": 40},
-            "sync": {"shards": 2, "num_fragments": 4, "delete_consumed_payloads": False},
+            "sync": {"shards": 2, "num_fragments": 4},
         }
         recipe = write_yaml(tmp_path / "recipe.yaml", deep_update(SSH_RECIPE, changes))
         syncer = {"host": "local", "shard_hosts": ["local", "local"]}
@@ -389,6 +389,8 @@ def test_two_syncer_shards_over_ssh_hosts_in_namespaces_finish_exactly(tmp_path,
             name,
             "--runs-dir",
             str(runs_dir),
+            "--chaos",
+            "keep-payloads",  # the audit reads every payload
             timeout=900,
         )
         status = wait_finished(runs_dir, name, timeout=400)

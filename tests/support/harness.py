@@ -4,16 +4,18 @@ between their steps.  Tests get one through the ``harness`` fixture (tests/conft
 The region's reducer stands between them (``harness.reducer``), as in every run: under
 the harness's K=1 of 2 it relays each send, under ``quorum=2`` it forwards aggregates.  With
 ``shards=N`` the run has N syncer shards (``harness.syncers``, and the region's reducer of
-each, ``harness.reducers``); ``harness.syncer`` is shard 0.
+each, ``harness.reducers``); ``harness.syncer`` is shard 0.  ``chaos`` gives the run a chaos plan
+(``--chaos`` text: ``slow-learner=east-0:0.5``, ``keep-payloads``).
 """
 
 import time
 
 import torch
 
+from diloco_cli.config.chaos import parse_chaos
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.config.regions import RegionsFile
-from diloco_cli.launch.resolve import resolve_run
+from diloco_cli.launch.resolve import resolve_run, with_chaos
 from diloco_cli.runtime.learner.loop import Learner
 from diloco_cli.runtime.reducer.loop import Reducer
 from diloco_cli.runtime.syncer.loop import Syncer
@@ -31,10 +33,12 @@ class Harness:
         bucket=None,
         storage_options=None,
         shards=1,
+        chaos=None,
         **sync,
     ):
         """``bucket`` (a URL, file:// in ``tmp_path`` by default) and its storage options;
-        ``sync`` changes the recipe's sync section."""
+        ``chaos`` the run's chaos plan (``--chaos`` text); ``sync`` changes the recipe's
+        sync section."""
         changes = {
             "training": {"num_learners": 2, "checkpoint_every_steps": checkpoint_every},
             "sync": {
@@ -55,6 +59,8 @@ class Harness:
             "hosts": [{"learners": 2}],
         }
         self.spec = resolve_run(recipe, RegionsFile.model_validate({"regions": [region]}), "tampered", tmp_path)
+        if chaos is not None:
+            self.spec = with_chaos(self.spec, parse_chaos(chaos))
         self.secret = secret
         self.syncers = [Syncer(self.spec, secret, syncer_shard=shard) for shard in range(shards)]
         for syncer in self.syncers:

@@ -221,7 +221,7 @@ def audit_ledger(run_dir: Path, secret):
         newest_merged[slot] = max(newest_merged.get(slot, -1), int(match["sequence"]))
     sent: dict[tuple[str, int], list[int]] = {}
     for bucket in record.spec.buckets(secret):
-        for key in bucket.payload_keys():  # nothing was deleted: delete_consumed_payloads is off
+        for key in bucket.payload_keys():  # nothing was deleted: the run keeps its payloads (--chaos keep-payloads)
             match = PAYLOAD_KEY.match(key)
             sent.setdefault((match["learner"], int(match["fragment"])), []).append(int(match["sequence"]))
     assert sent, "no payloads were sent"

@@ -116,8 +116,8 @@ class Learner:
             precision=training.precision,
             loss_fn=self.loss_fn,
         )
-        speed = training.learner_speeds.get(self.me.id, 1.0)
-        if speed < 1.0:  # a slower chip, on purpose: its step takes 1/speed as long
+        speed = self.sync.spec.speed_of(self.me.id)  # the chaos plan followed: `diloco chaos` may change it
+        if speed < 1.0:  # a slower chip, on purpose (--chaos slow-learner): its step takes 1/speed as long
             time.sleep((time.perf_counter() - started) * (1 / speed - 1))
         self.sync.after_step(loss, time.perf_counter() - started)
 

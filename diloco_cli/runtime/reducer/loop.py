@@ -135,7 +135,7 @@ class Reducer:
             self.copy,
             self.refusal_count,
             self.shard.owns,
-            sync.delete_consumed_payloads,
+            not self.spec.keeps_payloads,
             self._write_status,
         )
         self.storage_before = self._previous_counts()

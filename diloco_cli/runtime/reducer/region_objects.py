@@ -52,7 +52,7 @@ class RegionObjects:
         self.aggregation, self.copy = aggregation, copy
         self.refusals, self.owns_fragment = refusals, owns
         self.delete_consumed = delete_consumed
-        """Whether consumed payloads are deleted (``sync.delete_consumed_payloads``)."""
+        """Whether consumed payloads are deleted (not under ``--chaos keep-payloads``)."""
         self.write_status = write_status
 
     def owns(self, key: str) -> bool:
