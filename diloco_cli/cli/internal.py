@@ -1,10 +1,8 @@
-"""Commands that launchers start on each machine (hidden from ``--help``)."""
+"""Commands that launchers start on each machine (hidden from ``--help``); each imports
+what it runs on its own, so that ``diloco --help`` does not pay for it."""
 
 from __future__ import annotations
 
-import copy
-import json
-import logging
 import sys
 
 import click
@@ -15,7 +13,15 @@ MANIFEST_HELP = "URL of the run's manifest (a bucket's manifest.json, or a local
 
 
 def _logging() -> None:
+    import logging
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
+
+
+def _json_options(text: str) -> dict:
+    import json
+
+    return json.loads(text)
 
 
 @command(name="_learner", hidden=True)
@@ -32,7 +38,7 @@ def learner(manifest: str, learner_id: str, secret_file: str, storage_options: s
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
-    options = json.loads(storage_options)
+    options = _json_options(storage_options)
     watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
     if spec.recipe.training.entry_point:
@@ -52,7 +58,7 @@ def syncer(manifest: str, secret_file: str, storage_options: str, shard: int) ->
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
-    options = json.loads(storage_options)
+    options = _json_options(storage_options)
     watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
     raise click.exceptions.Exit(Syncer(spec, read_secret(secret_file), manifest=watch, syncer_shard=shard).run())
@@ -65,18 +71,19 @@ def syncer(manifest: str, secret_file: str, storage_options: str, shard: int) ->
 @option("--storage-options", default="{}", help="JSON storage options to read the manifest.")
 def reducer(manifest: str, region: str, secret_file: str, storage_options: str) -> None:
     """Run a region's reducer (for each syncer shard)."""
+    from copy import copy
+
     from diloco_cli.runtime.membership import ManifestWatch
     from diloco_cli.runtime.reducer.loop import Reducer, run_reducers
     from diloco_cli.store.run_spec import read_run_spec, read_secret
 
     _logging()
-    options = json.loads(storage_options)
+    options = _json_options(storage_options)
     watch = ManifestWatch(manifest, options)  # before the read: a change in between is seen
     spec = read_run_spec(manifest, options)
     secret = read_secret(secret_file)
     reducers = [  # one per syncer shard, each following the manifest with a watch of its own
-        Reducer(spec, region, secret, manifest=copy.copy(watch), syncer_shard=shard.index)
-        for shard in spec.syncer_shards
+        Reducer(spec, region, secret, manifest=copy(watch), syncer_shard=shard.index) for shard in spec.syncer_shards
     ]
     raise click.exceptions.Exit(run_reducers(reducers))
 
@@ -104,7 +111,7 @@ def probe(url: str, storage_options: str) -> None:
     from diloco_cli.store.objects import ObjectStore
 
     try:
-        ObjectStore(url, json.loads(storage_options)).probe()
+        ObjectStore(url, _json_options(storage_options)).probe()
     except StorageError as error:
         click.echo(f"error: {error}", err=True)
         raise click.exceptions.Exit(2) from None

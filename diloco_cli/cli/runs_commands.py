@@ -10,7 +10,6 @@ import click
 from diloco_cli.cli.errors import reported
 from diloco_cli.cli.numbers import finite
 from diloco_cli.cli.parameters import OUTPUT, PATH, Real, argument, command, option, runs_dir_option
-from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
 
 
 @command()
@@ -58,6 +57,8 @@ def up(
 ) -> None:
     """Start a run (syncer, reducers, learners), detached. With no arguments, the default job on this machine.
     Ctrl-C before a process starts leaves nothing; after, the start is finished and said, and the run goes on."""
+    from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
+
     with held_back("") as loading:  # a module cut off half-way through its import breaks what follows
         from diloco_cli.launch.up import launch
         from diloco_cli.views.dry_run import render_dry_run
