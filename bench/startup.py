@@ -6,11 +6,12 @@ run as a fresh process as a user would, against ``python -c pass`` in the same
 environment, alternating, medians of repeats: wall milliseconds and their ratio (the
 targets: ``--help`` under 3x, the others under 5x, on an idle machine), and CPU
 milliseconds (user + system) and their ratio, which a busy machine disturbs less.  Each
-command is also checked to import neither torch nor the runtimes.  Reference rows show
-the floor of any typer command here: importing typer (what ``--help`` needs), typer with
-pydantic, and a typer command of one option (typer 0.29 converts every parameter with a
-pydantic adapter).  ``diloco plan --step-seconds 1`` is timed too (target: 2 s): it
-imports torch, to size the payloads with the real encoder, and trains nothing.
+command's heavy imports are listed (torch, typer, pydantic, fsspec, the runtimes).
+Reference rows show the floors: importing click (what every command needs), a click
+command of one option, and click with what ``status`` reads a run with (pydantic for its
+documents, fsspec for its buckets, rich to draw).  ``diloco plan --step-seconds 1`` is
+timed too (target: 2 s): it imports torch, to build the model and size the payloads
+with the real encoder, and trains nothing.
 
 The package is byte-compiled first, as an install is: with ``PYTHONDONTWRITEBYTECODE`` set
 every run would compile it again.
@@ -38,16 +39,16 @@ PLAN_TARGET_SECONDS = 2.0
 PROBE = (
     "import atexit, sys; "
     "atexit.register(lambda: sys.stderr.write('HEAVY ' + ' '.join(sorted(m for m in sys.modules "
-    "if m == 'torch' or m.startswith('diloco_cli.runtime'))) + '\\n')); "
+    "if m in ('torch', 'typer', 'pydantic', 'fsspec') or m.startswith('diloco_cli.runtime'))) + '\\n')); "
     "sys.argv = ['diloco', *sys.argv[1:]]; from diloco_cli.cli.entry import main; main()"
 )
-TYPER_COMMAND = (
-    "import typer\n"
-    "app = typer.Typer()\n"
+CLICK_COMMAND = (
+    "import click\n"
+    "@click.group()\n"
+    "def app() -> None: pass\n"
     "@app.command()\n"
-    "def runs(output: str = typer.Option('text', '--output')) -> None: pass\n"
-    "@app.command()\n"
-    "def other() -> None: pass\n"
+    "@click.option('--output', default='text')\n"
+    "def runs(output: str) -> None: pass\n"
     "app(['runs'])\n"
 )
 
@@ -102,9 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
         }
         references = {
             "python -c pass": "pass",
-            "import typer": "import typer",
-            "import typer, pydantic": "import typer, pydantic",
-            "a typer command of one option": TYPER_COMMAND,
+            "import click": "import click",
+            "a click command of one option": CLICK_COMMAND,
+            "import click, pydantic, fsspec, rich.console": "import click, pydantic, fsspec, rich.console",
         }
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in [*references, *commands]}
         for _ in range(repeats):  # alternating, so that load on the machine hits all alike

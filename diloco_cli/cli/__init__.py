@@ -1,1 +1,1 @@
-"""The command line: thin typer commands that parse, call one library function, render."""
+"""The command line: thin click commands that parse, call one library function, render."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import typer
+import click
 
 from diloco_cli import __version__
 from diloco_cli.cli import (
@@ -20,28 +20,24 @@ from diloco_cli.cli import (
 from diloco_cli.cli.entry import EXIT_INTERRUPTED, STARTING
 from diloco_cli.cli.errors import OneLineErrors, silence_stdout
 
-app = typer.Typer(
-    name="diloco",
-    cls=OneLineErrors,
-    add_completion=False,
-    rich_markup_mode=None,  # click's plain help: no metavar after flags, and no rich to import
-    pretty_exceptions_enable=False,
-)
 
-
-def _print_version(value: bool) -> None:
+def _print_version(context: click.Context, parameter: click.Parameter, value: bool) -> None:
     if value:
-        typer.echo(f"diloco {__version__}")
-        raise typer.Exit()
+        click.echo(f"diloco {__version__}")
+        context.exit()
 
 
-@app.callback(invoke_without_command=True)
-def root(
-    context: typer.Context,
-    version: bool = typer.Option(
-        False, "--version", help="Print the version and exit.", callback=_print_version, is_eager=True
-    ),
-) -> None:
+@click.group(name="diloco", cls=OneLineErrors, invoke_without_command=True, subcommand_metavar="COMMAND [ARGS]...")
+@click.option(
+    "--version",
+    is_flag=True,
+    help="Print the version and exit.",
+    callback=_print_version,
+    is_eager=True,
+    expose_value=False,
+)
+@click.pass_context
+def app(context: click.Context) -> None:
     """Train one PyTorch model across regions and clouds joined only by object storage (Decoupled DiLoCo).
 
     M learners train on their own and never wait for one another; every H steps each writes a small, compressed,
@@ -49,8 +45,8 @@ def root(
     new global weights back to every region.
     """
     if context.invoked_subcommand is None:  # bare `diloco`: what it can do, and success
-        typer.echo(context.get_help())
-        raise typer.Exit(0)
+        click.echo(context.get_help())
+        context.exit(0)
 
 
 runs_commands.register(app)
@@ -58,16 +54,16 @@ report_command.register(app)
 model_commands.register(app)
 plan_command.register(app)
 prepare_command.register(app)
-simulate_command.register(app)
 live_commands.register(app)
+simulate_command.register(app)
 internal.register(app)
 
 
 def main() -> None:
     try:
         app(prog_name="diloco")
-    except KeyboardInterrupt:  # while typer builds the commands, before any began
-        typer.echo(STARTING, err=True)
+    except KeyboardInterrupt:  # while click parses, before any command began
+        click.echo(STARTING, err=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         try:  # what is still buffered, while a closed pipe can still be told from a failure

@@ -1,4 +1,4 @@
-"""The ``diloco`` executable's first lines: a Ctrl-C while the command loads (typer, the
+"""The ``diloco`` executable's first lines: a Ctrl-C while the command loads (click, the
 commands, what they import) is one line and exit code 130, never a traceback."""
 
 import sys

@@ -10,16 +10,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import typer
-from typer.core import TyperGroup
+import click
 
 from diloco_cli.cli.entry import EXIT_INTERRUPTED, STARTING
 
 Function = TypeVar("Function", bound=Callable)
 EXIT_USER_ERROR = 2
-ClickException = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "ClickException")
-"""The base of the usage errors of the click that typer parses with (recent typers carry
-their own copy of click, older ones use the package)."""
 
 
 def silence_stdout() -> None:
@@ -44,8 +40,8 @@ def reported(function: Function) -> Function:
             return function(*args, **kwargs)
         except BrokenPipeError:
             silence_stdout()
-            raise typer.Exit(0) from None
-        except typer.Exit:  # an exit code decided (recent typers make it a RuntimeError)
+            raise click.exceptions.Exit(0) from None
+        except click.exceptions.Exit:  # an exit code decided
             raise
         except Exception as error:
             # imported here, not at start: `diloco --help` must not pay for them
@@ -55,8 +51,8 @@ def reported(function: Function) -> Function:
 
             if not isinstance(error, ConfigError | StorageError | PayloadError | OSError):
                 raise
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(EXIT_USER_ERROR) from None
+            click.echo(f"error: {error}", err=True)
+            raise click.exceptions.Exit(EXIT_USER_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -64,6 +60,8 @@ def reported(function: Function) -> Function:
 def usage_line(error: Exception) -> str:
     """A command-line mistake as one line: which command, what is wrong, where to look."""
     message = " ".join(error.format_message().split()).replace("Value error, ", "").rstrip(".")
+    if isinstance(error, click.NoSuchOption):  # in the words the command line has always used
+        message = message.replace(f"No such option {error.option_name!r}", f"No such option: {error.option_name}")
     context = getattr(error, "ctx", None)
     if context is None:
         return f"error: {message}"
@@ -71,7 +69,7 @@ def usage_line(error: Exception) -> str:
     return f"error: {command}: {message} (`{command} --help` says what it takes)"
 
 
-class OneLineErrors(TyperGroup):
+class OneLineErrors(click.Group):
     """The ``diloco`` command group: a mistake on the command line (an unknown option, a
     value of the wrong kind or out of range, a missing argument) is one line on stderr
     and exit code 2, instead of click's usage block."""
@@ -86,29 +84,32 @@ class OneLineErrors(TyperGroup):
     ) -> Any:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except ClickException as error:
-            typer.echo(usage_line(error), err=True)
+        except click.ClickException as error:
+            click.echo(usage_line(error), err=True)
             code = error.exit_code
-        except typer.Abort:  # end of input at a prompt
+        except click.Abort:  # end of input at a prompt
             code = 1
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
-        """Parse the command line; Ctrl-C while it parses (typer converts each parameter,
-        some with lazy imports) is one line and exit code 130 (typer's own is silence)."""
+        """Parse the command line; Ctrl-C while it parses is one line and exit code 130."""
         try:
             return super().make_context(*args, **kwargs)
         except KeyboardInterrupt:
-            typer.echo(STARTING, err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            click.echo(STARTING, err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
     def invoke(self, context: Any) -> Any:
         """Run the command; Ctrl-C where the command does not handle it itself is one
-        line and exit code 130 (typer's own is silence)."""
+        line and exit code 130 (click's own is "Aborted!")."""
         try:
             return super().invoke(context)
         except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            click.echo("interrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+    def list_commands(self, context: Any) -> list[str]:
+        """The commands in the order they were added (the order of ``--help``)."""
+        return list(self.commands)

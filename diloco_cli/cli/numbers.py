@@ -1,6 +1,6 @@
 """Numbers on the command line: finite, and within what the option means.
 
-Whole numbers are bounded with typer's own ``min``/``max``; these parsers are for real
+Whole numbers are bounded by ``parameters.Whole``; these parsers are for real
 numbers, which Python happily reads as ``nan`` or ``inf`` (``--timeout nan``,
 ``--link-mbit inf``) where no option means either.
 """
@@ -37,7 +37,7 @@ def bounds_text(minimum: float | None, above: float | None, maximum: float | Non
 def finite(
     *, minimum: float | None = None, above: float | None = None, maximum: float | None = None
 ) -> Callable[[Any], float]:
-    """A parser (``typer.Option(parser=...)``) of a finite real number at least ``minimum``
+    """A parser (``parameters.Real(...)``) of a finite real number at least ``minimum``
     (or greater than ``above``) and at most ``maximum``."""
     wanted = " ".join(("a finite number", bounds_text(minimum, above, maximum))).strip()
 

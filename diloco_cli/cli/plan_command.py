@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import typer
+import click
 
 from diloco_cli.cli.errors import reported
 from diloco_cli.cli.numbers import finite
-from diloco_cli.cli.runs_commands import Output
+from diloco_cli.cli.parameters import OUTPUT, PATH, Real, Whole, command, option
 
 MAX_LINK_MBIT = 10_000_000.0
 """10 Tbit/s: beyond any link between regions."""
@@ -50,77 +50,93 @@ def _per_region(values: list[str], option: str, parse: Callable[[str], float]) -
     return plain, by_region
 
 
+@command()
+@option("--recipe", type=PATH, help="Recipe file (recipes/*.yaml); default: the built-in default recipe.")
+@option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe key, e.g. --set sync.sync_interval=50 (repeatable).",
+)
+@option(
+    "--regions",
+    "-r",
+    type=PATH,
+    help=(
+        "Region file: M, the regions and where the syncer runs come from it "
+        "(default: the recipe's M over two regions, the syncer in the first)."
+    ),
+)
+@option(
+    "--parameters",
+    metavar="N",
+    type=Whole(1),
+    help="Plan an N-parameter model without building it (needs --step-seconds).",
+)
+@option(
+    "--step-seconds",
+    metavar="S",
+    type=Real(finite(above=0, maximum=MAX_STEP_SECONDS)),
+    help="Compute seconds of one inner step (default: measured with a short trial here).",
+)
+@option(
+    "--startup-seconds",
+    metavar="S",
+    type=Real(finite(minimum=0, maximum=MAX_STEP_SECONDS)),
+    default=DEFAULT_STARTUP_SECONDS,
+    help=(
+        "Seconds from launch to the learners' first step: processes, imports, the model, the data "
+        "(about 11 s for the default job on this machine's 2 cores; add SSH bootstrap for remote hosts)."
+    ),
+)
+@option(
+    "--link-mbit",
+    multiple=True,
+    metavar="R",
+    help="Each region<->syncer link's rate in Mbit/s, or REGION=R for one region (repeatable) [default: 100].",
+)
+@option(
+    "--latency-ms",
+    multiple=True,
+    metavar="L",
+    help="Each link's one-way latency in ms, or REGION=L (repeatable) [default: 20].",
+)
+@option(
+    "--target-compute-share",
+    "target",
+    metavar="SHARE",
+    type=Real(finite(above=0, maximum=1)),
+    default=0.9,
+    help="The compute share the suggested H must reach.",
+)
+@option(
+    "--tokens",
+    metavar="BUDGET",
+    type=Whole(1),
+    help="Tokens to train (default: the recipe's M x inner_steps x batch x sequence length).",
+)
+@option(
+    "--prices",
+    metavar="FILE",
+    type=PATH,
+    help="A YAML file of prices overriding the packaged ones (docs/bandwidth.md).",
+)
+@option("--output", "-o", type=OUTPUT, default="text", help="Plain text, or JSON. " + PLAN_JSON_HELP)
 @reported
 def plan(
-    recipe: Path | None = typer.Option(
-        None, "--recipe", help="Recipe file (recipes/*.yaml); default: the built-in default recipe."
-    ),
-    overrides: list[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set sync.sync_interval=50 (repeatable)."
-    ),
-    regions: Path | None = typer.Option(
-        None,
-        "--regions",
-        "-r",
-        help=(
-            "Region file: M, the regions and where the syncer runs come from it "
-            "(default: the recipe's M over two regions, the syncer in the first)."
-        ),
-    ),
-    parameters: int | None = typer.Option(
-        None,
-        "--parameters",
-        metavar="N",
-        min=1,
-        help="Plan an N-parameter model without building it (needs --step-seconds).",
-    ),
-    step_seconds: float | None = typer.Option(
-        None,
-        "--step-seconds",
-        metavar="S",
-        parser=finite(above=0, maximum=MAX_STEP_SECONDS),
-        help="Compute seconds of one inner step (default: measured with a short trial here).",
-    ),
-    startup_seconds: float = typer.Option(
-        DEFAULT_STARTUP_SECONDS,
-        "--startup-seconds",
-        metavar="S",
-        parser=finite(minimum=0, maximum=MAX_STEP_SECONDS),
-        help=(
-            "Seconds from launch to the learners' first step: processes, imports, the model, the data "
-            "(about 11 s for the default job on this machine's 2 cores; add SSH bootstrap for remote hosts)."
-        ),
-    ),
-    link_mbit: list[str] = typer.Option(
-        [],
-        "--link-mbit",
-        metavar="R",
-        help="Each region<->syncer link's rate in Mbit/s, or REGION=R for one region (repeatable) [default: 100].",
-    ),
-    latency_ms: list[str] = typer.Option(
-        [],
-        "--latency-ms",
-        metavar="L",
-        help="Each link's one-way latency in ms, or REGION=L (repeatable) [default: 20].",
-    ),
-    target: float = typer.Option(
-        0.9,
-        "--target-compute-share",
-        metavar="SHARE",
-        parser=finite(above=0, maximum=1),
-        help="The compute share the suggested H must reach.",
-    ),
-    tokens: int | None = typer.Option(
-        None,
-        "--tokens",
-        metavar="BUDGET",
-        min=1,
-        help="Tokens to train (default: the recipe's M x inner_steps x batch x sequence length).",
-    ),
-    prices: Path | None = typer.Option(
-        None, "--prices", metavar="FILE", help="A YAML file of prices overriding the packaged ones (docs/bandwidth.md)."
-    ),
-    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON. " + PLAN_JSON_HELP),
+    recipe: Path | None,
+    overrides: list[str],
+    regions: Path | None,
+    parameters: int | None,
+    step_seconds: float | None,
+    startup_seconds: float,
+    link_mbit: list[str],
+    latency_ms: list[str],
+    target: float,
+    tokens: int | None,
+    prices: Path | None,
+    output: str,
 ) -> None:
     """Predict a run's traffic per link, its compute share and time to a token budget, and the smallest H that keeps
     the learners busy; synchronous data-parallel training on the same links beside it."""
@@ -146,10 +162,10 @@ def plan(
         target_compute_share=target,
         tokens=tokens,
         prices=load_prices(prices) if prices is not None else None,
-        say=lambda line: typer.echo(line, err=True),
+        say=lambda line: click.echo(line, err=True),
     )
-    typer.echo(result.to_json() if output is Output.JSON else render_traffic_plan(result))
+    click.echo(result.to_json() if output == "json" else render_traffic_plan(result))
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(plan)
+def register(app: click.Group) -> None:
+    app.add_command(plan)

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import re
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
+import click
 
 from diloco_cli.cli.errors import reported
-from diloco_cli.cli.runs_commands import RUNS_DIR
+from diloco_cli.cli.parameters import PATH, Real, Whole, any_number, argument, command, option, runs_dir_option
 
 if TYPE_CHECKING:
     from diloco_cli.data.tokens.progress import Progress
     from diloco_cli.data.tokens.storage import Location, Retry
-
-
-class CorpusFormat(str, Enum):
-    AUTO = "auto"
-    TEXT = "text"
-    JSONL = "jsonl"
-    PARQUET = "parquet"
-
-
-class TokenType(str, Enum):
-    UINT16 = "uint16"
-    UINT32 = "uint32"
 
 
 def storage_retry() -> Retry:
@@ -71,130 +58,151 @@ def dataset_name(corpus: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-") or "corpus"
 
 
+@command()
+@argument(
+    "corpus",
+    required=False,
+    help=(
+        "The corpus: a local path or fsspec URL of a file, or a glob of files "
+        "(plain text, JSON lines or Parquet; .gz/.zst read as such)."
+    ),
+)
+@option(
+    "--output",
+    "-o",
+    metavar="URL",
+    help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix).",
+)
+@option(
+    "--storage-options",
+    metavar="JSON",
+    help=(
+        "Filesystem options of --output (or --existing), as a region file's storage_options: "
+        'e.g. \'{"endpoint_url": "http://localhost:9000"}\' for an S3-compatible store.'
+    ),
+)
+@option(
+    "--regions",
+    "-r",
+    type=PATH,
+    help=(
+        "Region file: one copy in each region's bucket instead of --output "
+        "(a region's data_source when it names an index, else <bucket>/datasets/NAME/)."
+    ),
+)
+@option(
+    "--name",
+    help="The dataset's name in <bucket>/datasets/NAME/ with --regions [default: the corpus's file name].",
+)
+@option(
+    "--tokenizer",
+    metavar="FILE",
+    help="A Hugging Face tokenizer.json to tokenize with (copied beside the shards).",
+)
+@option(
+    "--vocab-size",
+    metavar="N",
+    type=Whole(1, 2**32),
+    help=(
+        "Without --tokenizer: train a byte-level BPE of N tokens on the corpus. "
+        "With --existing: every token id is below N."
+    ),
+)
+@option(
+    "--format",
+    "corpus_format",
+    type=click.Choice(["auto", "text", "jsonl", "parquet"]),
+    default="auto",
+    help="The corpus's format; auto: by each file's name (.jsonl, .parquet, else text).",
+)
+@option(
+    "--text-field",
+    metavar="NAME",
+    default="text",
+    help="JSON lines: the key of the text; Parquet: the text column.",
+)
+@option(
+    "--separator",
+    metavar="TEXT",
+    default="\n\n",
+    help=(
+        "Plain text: what separates two documents (each ends with --eos-token, so a model learns "
+        "to stop where they end). A blank line suits prose, but cuts source files or articles "
+        "that have blank lines into short pieces: give text that only comes between documents "
+        "(in bash, $'\\n<|doc|>\\n' has newlines), or one JSON line per document."
+    ),
+    show_default="a blank line",
+)
+@option(
+    "--eos-token",
+    metavar="TOKEN",
+    default="<|endoftext|>",
+    help="The end-of-document token written after every document.",
+)
+@option("--shard-tokens", metavar="N", type=Whole(1), default=10_000_000, help="Tokens per training shard.")
+@option(
+    "--heldout-fraction",
+    metavar="F",
+    type=Real(any_number),
+    default=0.01,
+    help="The fraction of documents held out for evaluation (at least one document).",
+)
+@option(
+    "--work-dir",
+    metavar="DIR",
+    type=PATH,
+    help=(
+        "Where to stage shards bound for buckets "
+        "[default: ~/.cache/diloco/prepare/...; the output itself when it is local]."
+    ),
+)
+@option(
+    "--overwrite",
+    is_flag=True,
+    help=(
+        "Replace the dataset the output already holds "
+        "(else one of another tokenizer is refused, and one of this tokenizer is resumed)."
+    ),
+)
+@option(
+    "--existing",
+    metavar="DIR",
+    help=(
+        "Index the token shards already in DIR (nanoGPT's train.bin and val.bin) instead of making them; "
+        "needs --dtype and --vocab-size."
+    ),
+)
+@option("--dtype", type=click.Choice(["uint16", "uint32"]), help="With --existing: the shards' token type.")
+@option("--heldout", metavar="FILE", default="val.bin", help="With --existing: the held-out shard.")
+@option(
+    "--train",
+    multiple=True,
+    metavar="FILE",
+    help="With --existing: a training shard, in order (repeatable) [default: every *.bin but --heldout, by name].",
+)
+@runs_dir_option()
 @reported
 def prepare(
-    corpus: str | None = typer.Argument(
-        None,
-        help=(
-            "The corpus: a local path or fsspec URL of a file, or a glob of files "
-            "(plain text, JSON lines or Parquet; .gz/.zst read as such)."
-        ),
-        show_default=False,
-    ),
-    output: str | None = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="URL",
-        help="Where the dataset goes: a local directory or a URL (s3://bucket/prefix).",
-    ),
-    storage_options: str | None = typer.Option(
-        None,
-        "--storage-options",
-        metavar="JSON",
-        help=(
-            "Filesystem options of --output (or --existing), as a region file's storage_options: "
-            'e.g. \'{"endpoint_url": "http://localhost:9000"}\' for an S3-compatible store.'
-        ),
-    ),
-    regions: Path | None = typer.Option(
-        None,
-        "--regions",
-        "-r",
-        help=(
-            "Region file: one copy in each region's bucket instead of --output "
-            "(a region's data_source when it names an index, else <bucket>/datasets/NAME/)."
-        ),
-    ),
-    name: str | None = typer.Option(
-        None,
-        "--name",
-        help="The dataset's name in <bucket>/datasets/NAME/ with --regions [default: the corpus's file name].",
-    ),
-    tokenizer: str | None = typer.Option(
-        None,
-        "--tokenizer",
-        metavar="FILE",
-        help="A Hugging Face tokenizer.json to tokenize with (copied beside the shards).",
-    ),
-    vocab_size: int | None = typer.Option(
-        None,
-        "--vocab-size",
-        metavar="N",
-        min=1,
-        max=2**32,
-        help=(
-            "Without --tokenizer: train a byte-level BPE of N tokens on the corpus. "
-            "With --existing: every token id is below N."
-        ),
-    ),
-    corpus_format: CorpusFormat = typer.Option(
-        CorpusFormat.AUTO,
-        "--format",
-        help="The corpus's format; auto: by each file's name (.jsonl, .parquet, else text).",
-    ),
-    text_field: str = typer.Option(
-        "text", "--text-field", metavar="NAME", help="JSON lines: the key of the text; Parquet: the text column."
-    ),
-    separator: str = typer.Option(
-        "\n\n",
-        "--separator",
-        metavar="TEXT",
-        help=(
-            "Plain text: what separates two documents (each ends with --eos-token, so a model learns "
-            "to stop where they end). A blank line suits prose, but cuts source files or articles "
-            "that have blank lines into short pieces: give text that only comes between documents "
-            "(in bash, $'\\n<|doc|>\\n' has newlines), or one JSON line per document."
-        ),
-        show_default="a blank line",
-    ),
-    eos_token: str = typer.Option(
-        "<|endoftext|>", "--eos-token", metavar="TOKEN", help="The end-of-document token written after every document."
-    ),
-    shard_tokens: int = typer.Option(
-        10_000_000, "--shard-tokens", metavar="N", min=1, help="Tokens per training shard."
-    ),
-    heldout_fraction: float = typer.Option(
-        0.01,
-        "--heldout-fraction",
-        metavar="F",
-        help="The fraction of documents held out for evaluation (at least one document).",
-    ),
-    work_dir: Path | None = typer.Option(
-        None,
-        "--work-dir",
-        metavar="DIR",
-        help=(
-            "Where to stage shards bound for buckets "
-            "[default: ~/.cache/diloco/prepare/...; the output itself when it is local]."
-        ),
-    ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help=(
-            "Replace the dataset the output already holds "
-            "(else one of another tokenizer is refused, and one of this tokenizer is resumed)."
-        ),
-    ),
-    existing: str | None = typer.Option(
-        None,
-        "--existing",
-        metavar="DIR",
-        help=(
-            "Index the token shards already in DIR (nanoGPT's train.bin and val.bin) instead of making them; "
-            "needs --dtype and --vocab-size."
-        ),
-    ),
-    dtype: TokenType | None = typer.Option(None, "--dtype", help="With --existing: the shards' token type."),
-    heldout: str = typer.Option("val.bin", "--heldout", metavar="FILE", help="With --existing: the held-out shard."),
-    train: list[str] = typer.Option(
-        [],
-        "--train",
-        metavar="FILE",
-        help="With --existing: a training shard, in order (repeatable) [default: every *.bin but --heldout, by name].",
-    ),
-    runs_dir: Path = RUNS_DIR,
+    corpus: str | None,
+    output: str | None,
+    storage_options: str | None,
+    regions: Path | None,
+    name: str | None,
+    tokenizer: str | None,
+    vocab_size: int | None,
+    corpus_format: str,
+    text_field: str,
+    separator: str,
+    eos_token: str,
+    shard_tokens: int,
+    heldout_fraction: float,
+    work_dir: Path | None,
+    overwrite: bool,
+    existing: str | None,
+    dtype: str | None,
+    heldout: str,
+    train: list[str],
+    runs_dir: Path,
 ) -> None:
     """Tokenize a corpus into token shards, an index and a tokenizer, in one place or in each region's bucket;
     resumes after an interruption."""
@@ -219,7 +227,7 @@ def prepare(
         with display:
             _index_existing(
                 Location(absolute_path(existing), options),
-                dtype.value,
+                dtype,
                 vocab_size,
                 heldout,
                 train,
@@ -242,7 +250,7 @@ def prepare(
     else:
         locations = (Location(absolute_path(output), options),)
     request = PrepareRequest(
-        corpus=Corpus(corpus, format=corpus_format.value, text_field=text_field, separator=separator),
+        corpus=Corpus(corpus, format=corpus_format, text_field=text_field, separator=separator),
         locations=locations,
         tokenizer=tokenizer,
         vocab_size=vocab_size,
@@ -254,9 +262,9 @@ def prepare(
     )
     with display:
         prepared = prepare_dataset(request, storage_retry(), display)
-    typer.echo(render_prepared(prepared))
+    click.echo(render_prepared(prepared))
     if (warning := short_documents_warning(prepared)) is not None:
-        typer.echo(warning, err=True)
+        click.echo(warning, err=True)
 
 
 def _index_existing(
@@ -285,8 +293,8 @@ def _index_existing(
         retry=storage_retry(),
         progress=display,
     )
-    typer.echo(render_indexed(index, location))
+    click.echo(render_indexed(index, location))
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(prepare)
+def register(app: click.Group) -> None:
+    app.add_command(prepare)

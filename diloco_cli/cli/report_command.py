@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
+import click
 
 from diloco_cli.cli.errors import reported
-from diloco_cli.cli.runs_commands import RUNS_DIR, Output
+from diloco_cli.cli.parameters import OUTPUT, PATH, argument, command, option, runs_dir_option
 
 REPORT_JSON_HELP = """JSON: run, state, elapsed_seconds, tokens, total_bytes, wan_bytes,
 wan_bytes_per_token, cost_dollars; links[] (source, bucket, wan, requests, bytes_up,
@@ -19,24 +19,19 @@ wan_bytes and wan_ratio of a flat ring, regions, hierarchical_wan_bytes and
 hierarchical_wan_ratio, formula, hierarchical_formula); evaluations[]."""
 
 
+@command()
+@argument("run", required=False, help="The run (default: the newest one here).")
+@option("--output", "-o", type=OUTPUT, default="text", help="Tables (plain text when piped), or " + REPORT_JSON_HELP)
+@option("--html", type=PATH, help="Also write one self-contained HTML page with the tables and plots to this file.")
+@option("--prices", type=PATH, help="A YAML price table replacing the built-in list prices (see docs/bandwidth.md).")
+@option(
+    "--manifest",
+    help="Read the run from a bucket's manifest.json URL instead of ./runs (documents shown unverified).",
+)
+@runs_dir_option()
 @reported
 def report(
-    run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
-    output: Output = typer.Option(
-        Output.TEXT, "--output", "-o", help="Tables (plain text when piped), or " + REPORT_JSON_HELP
-    ),
-    html: Path | None = typer.Option(
-        None, "--html", help="Also write one self-contained HTML page with the tables and plots to this file."
-    ),
-    prices: Path | None = typer.Option(
-        None, "--prices", help="A YAML price table replacing the built-in list prices (see docs/bandwidth.md)."
-    ),
-    manifest: str | None = typer.Option(
-        None,
-        "--manifest",
-        help="Read the run from a bucket's manifest.json URL instead of ./runs (documents shown unverified).",
-    ),
-    runs_dir: Path = RUNS_DIR,
+    run: str | None, output: str, html: Path | None, prices: Path | None, manifest: str | None, runs_dir: Path
 ) -> None:
     """Where a run's bytes went: per link (WAN or in-region), per learner and per kind; compression; what synchronous
     data-parallel would have moved; estimated cost. Works on a running run too."""
@@ -53,8 +48,8 @@ def report(
 
         record = load_run(runs_dir, run)
         spec, secret = record.spec, record.secret()
-    show_report(collect_report(spec, secret, table), output.value, html)
+    show_report(collect_report(spec, secret, table), output, html)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(report)
+def register(app: click.Group) -> None:
+    app.add_command(report)

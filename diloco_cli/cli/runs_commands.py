@@ -3,72 +3,73 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 
-import typer
+import click
 
 from diloco_cli.cli.errors import reported
 from diloco_cli.cli.numbers import finite
-from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
+from diloco_cli.cli.parameters import OUTPUT, PATH, Real, argument, command, option, runs_dir_option
 
 
-class Output(str, Enum):
-    TEXT = "text"
-    JSON = "json"
-
-
-RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where local run records live.", envvar="DILOCO_RUNS_DIR")
-
-
+@command()
+@argument(
+    "recipe", type=PATH, required=False, help="Recipe file (recipes/*.yaml); default: the built-in default recipe."
+)
+@option("--regions", "-r", type=PATH, help="Region file (regions/*.yaml); default: two local regions of two learners.")
+@option("--name", help="Run name (default: <recipe name>-<date>-<time>).")
+@option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable).",
+)
+@option(
+    "--watch", "-w", is_flag=True, help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."
+)
+@option("--dry-run", is_flag=True, help="Run preflight and print the resolved plan; start nothing.")
+@option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused.",
+)
+@option(
+    "--chaos",
+    metavar="SPEC",
+    help=(
+        "Inject faults reproducibly, "
+        "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s'; "
+        "'slow-learner=local-b-0:0.6' runs a learner at 0.6 of full speed (mixed hardware, repeatable), "
+        "'keep-payloads' keeps merged payloads for an audit (docs/resilience.md)."
+    ),
+)
+@runs_dir_option()
 @reported
 def up(
-    recipe: Path | None = typer.Argument(
-        None, help="Recipe file (recipes/*.yaml); default: the built-in default recipe.", show_default=False
-    ),
-    regions: Path | None = typer.Option(
-        None, "--regions", "-r", help="Region file (regions/*.yaml); default: two local regions of two learners."
-    ),
-    name: str | None = typer.Option(None, "--name", help="Run name (default: <recipe name>-<date>-<time>)."),
-    overrides: list[str] = typer.Option(
-        [],
-        "--set",
-        metavar="KEY=VALUE",
-        help="Override a recipe key, e.g. --set training.inner_steps=200 (repeatable).",
-    ),
-    watch: bool = typer.Option(
-        False, "--watch", "-w", help="Stay attached with the live status view; Ctrl-C detaches, the run goes on."
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Run preflight and print the resolved plan; start nothing."),
-    accept_new_host_keys: bool = typer.Option(
-        False,
-        "--accept-new-host-keys",
-        help="Add unknown SSH host keys to known_hosts (OpenSSH's accept-new); changed keys are still refused.",
-    ),
-    chaos: str | None = typer.Option(
-        None,
-        "--chaos",
-        metavar="SPEC",
-        help=(
-            "Inject faults reproducibly, "
-            "e.g. 'seed=1,kill-learner=0.5/min,stop-learner=1/min:10s,outage=local-b@60s+30s'; "
-            "'slow-learner=local-b-0:0.6' runs a learner at 0.6 of full speed (mixed hardware, repeatable), "
-            "'keep-payloads' keeps merged payloads for an audit (docs/resilience.md)."
-        ),
-    ),
-    runs_dir: Path = RUNS_DIR,
+    recipe: Path | None,
+    regions: Path | None,
+    name: str | None,
+    overrides: list[str],
+    watch: bool,
+    dry_run: bool,
+    accept_new_host_keys: bool,
+    chaos: str | None,
+    runs_dir: Path,
 ) -> None:
     """Start a run (syncer, reducers, learners), detached. With no arguments, the default job on this machine.
     Ctrl-C before a process starts leaves nothing; after, the start is finished and said, and the run goes on."""
+    from diloco_cli.launch.interrupts import NOTHING_STARTED, Interrupted, held_back
+
     with held_back("") as loading:  # a module cut off half-way through its import breaks what follows
         from diloco_cli.launch.up import launch
         from diloco_cli.views.dry_run import render_dry_run
         from diloco_cli.views.preflight import render_preflight
         from diloco_cli.views.runs import render_started
     if loading.happened:
-        typer.echo(NOTHING_STARTED, err=True)
-        raise typer.Exit(130)
-    show_preflight = lambda reports: typer.echo(render_preflight(reports))  # noqa: E731
+        click.echo(NOTHING_STARTED, err=True)
+        raise click.exceptions.Exit(130)
+    show_preflight = lambda reports: click.echo(render_preflight(reports))  # noqa: E731
     try:
         result = launch(
             recipe,
@@ -78,29 +79,29 @@ def up(
             runs_dir,
             dry_run,
             accept_new_host_keys,
-            emit=typer.echo,
+            emit=click.echo,
             show_preflight=show_preflight,
             chaos=chaos,
-            announce=lambda spec: typer.echo(render_started(spec)),
+            announce=lambda spec: click.echo(render_started(spec)),
         )
     except Interrupted as interrupted:
-        typer.echo(str(interrupted), err=True)
-        raise typer.Exit(130) from None
+        click.echo(str(interrupted), err=True)
+        raise click.exceptions.Exit(130) from None
     if dry_run:
-        typer.echo(render_dry_run(result.spec))
+        click.echo(render_dry_run(result.spec))
         return
     if result.interrupted:  # said when it came; the run is started and named
-        raise typer.Exit(130)
+        raise click.exceptions.Exit(130)
     if watch:
         _show_status(runs_dir, result.spec.run, "text", watch=True, manifest=None, probe=False)
 
 
+@command()
+@argument("run", help="The run to stop.")
+@option("--timeout", type=Real(finite(minimum=0)), default=30.0, help="Seconds to wait after SIGTERM before SIGKILL.")
+@runs_dir_option()
 @reported
-def down(
-    run: str = typer.Argument(..., help="The run to stop."),
-    timeout: float = typer.Option(30.0, parser=finite(minimum=0), help="Seconds to wait after SIGTERM before SIGKILL."),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def down(run: str, timeout: float, runs_dir: Path) -> None:
     """Stop every learner and the syncer of a run (SIGTERM, then SIGKILL after a timeout)."""
     from diloco_cli.launch.operations import stop_run
     from diloco_cli.launch.runs import load_run, summarize_run
@@ -108,43 +109,42 @@ def down(
 
     record = load_run(runs_dir, run)
     outcome = stop_run(record, timeout)
-    typer.echo(render_stopped(record.name, outcome, summarize_run(record).state))
+    click.echo(render_stopped(record.name, outcome, summarize_run(record).state))
 
 
+@command()
+@argument("run", help="The run to resume.")
+@runs_dir_option()
 @reported
-def resume(
-    run: str = typer.Argument(..., help="The run to resume."),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def resume(run: str, runs_dir: Path) -> None:
     """Start again whatever of a run is down (a process whose supervisor gave up or is gone), here and on SSH hosts,
     from the run's durable state: learners from their checkpoints, the syncer from its commits."""
     from diloco_cli.launch.operations import resume_run
     from diloco_cli.launch.runs import load_run
 
     record = load_run(runs_dir, run)
-    started = resume_run(record, emit=typer.echo)
+    started = resume_run(record, emit=click.echo)
     if started:
-        typer.echo(
+        click.echo(
             f"run {record.name} resumed: {', '.join(started)} started again; "
             f"`diloco status {record.name} --watch` follows it"
         )
     else:
-        typer.echo(f"nothing of run {record.name} is down: every process is running or finished")
+        click.echo(f"nothing of run {record.name} is down: every process is running or finished")
 
 
+@command()
+@argument("names", nargs=-1, help="The runs to remove.")
+@option(
+    "--older-than",
+    metavar="DAYS",
+    type=Real(finite(minimum=0)),
+    help="Also remove every finished or stopped run created more than DAYS days ago.",
+)
+@option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@runs_dir_option()
 @reported
-def rm(
-    names: list[str] = typer.Argument(None, help="The runs to remove.", show_default=False),
-    older_than: float | None = typer.Option(
-        None,
-        "--older-than",
-        metavar="DAYS",
-        parser=finite(minimum=0),
-        help="Also remove every finished or stopped run created more than DAYS days ago.",
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def rm(names: list[str], older_than: float | None, dry_run: bool, runs_dir: Path) -> None:
     """Remove runs for good: their record and logs here, their objects in every region's bucket, the syncer's home,
     their folders on SSH hosts. A running run is refused."""
     from diloco_cli.config.errors import ConfigError
@@ -160,7 +160,7 @@ def rm(
         if r.name not in (names or [])
     ]
     if not records:  # a cron job's usual day
-        typer.echo(
+        click.echo(
             f"nothing to remove: no finished or stopped run in {runs_dir.resolve()} is older than {older_than:g} days"
         )
     for record in records:
@@ -168,36 +168,35 @@ def rm(
         if not dry_run:
             remove_run(record, removal)
         verb = "would remove" if dry_run else "removed"
-        typer.echo(f"{verb} run {record.name}: {'; '.join(removal.places)}")
+        click.echo(f"{verb} run {record.name}: {'; '.join(removal.places)}")
         for skipped in removal.skipped:
-            typer.echo(f"  left alone: {skipped}")
+            click.echo(f"  left alone: {skipped}")
 
 
+@command()
+@option("--output", "-o", type=OUTPUT, default="text", help="Plain text, or JSON.")
+@runs_dir_option()
 @reported
-def runs(
-    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON."),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def runs(output: str, runs_dir: Path) -> None:
     """List the runs started from this directory: finished, running, stopped, failed or down."""
     from diloco_cli.launch.runs import list_runs, summarize_run
     from diloco_cli.views.runs import render_runs
 
-    typer.echo(render_runs([summarize_run(record) for record in list_runs(runs_dir.resolve())], runs_dir, output.value))
+    click.echo(render_runs([summarize_run(record) for record in list_runs(runs_dir.resolve())], runs_dir, output))
 
 
+@command()
+@argument("run", help="The run.")
+@argument(
+    "process",
+    required=False,
+    help="A learner id, 'syncer' (a syncer shard's 'syncer-N' with sync.shards), or a region's 'reducer-REGION' "
+    "(default: all, one after another).",
+)
+@option("--follow", "-f", is_flag=True, help="Keep printing new lines until the process is done (or Ctrl-C).")
+@runs_dir_option()
 @reported
-def logs(
-    run: str = typer.Argument(..., help="The run."),
-    process: str | None = typer.Argument(
-        None,
-        help="A learner id, 'syncer' (a syncer shard's 'syncer-N' with sync.shards), or a region's 'reducer-REGION' "
-        "(default: all, one after another).",
-    ),
-    follow: bool = typer.Option(
-        False, "--follow", "-f", help="Keep printing new lines until the process is done (or Ctrl-C)."
-    ),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def logs(run: str, process: str | None, follow: bool, runs_dir: Path) -> None:
     """Print a learner's or the syncer's log, here or over SSH."""
     from diloco_cli.launch.logs import log_text, process_names
     from diloco_cli.launch.runs import load_run
@@ -227,30 +226,27 @@ syncer_down, retries, failures, refusals (by kind), latest_refusal; evaluations[
 bandwidth (one line: bytes across links and in regions; `diloco report` has the rest)."""
 
 
+@command()
+@argument("run", required=False, help="The run (default: the newest one here).")
+@option("--watch", "-w", is_flag=True, help="Keep the view up until the run ends; Ctrl-C detaches.")
+@option("--output", "-o", type=OUTPUT, default="text", help="Plain text, or JSON. " + STATUS_JSON_HELP)
+@option(
+    "--manifest",
+    help=(
+        "Read the run from a bucket's manifest.json URL instead of ./runs "
+        "(any machine that can read the buckets; documents are then shown unverified)."
+    ),
+)
+@option(
+    "--probe",
+    is_flag=True,
+    help="Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON).",
+)
+@runs_dir_option()
 @reported
-def status(
-    run: str | None = typer.Argument(None, help="The run (default: the newest one here)."),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Keep the view up until the run ends; Ctrl-C detaches."),
-    output: Output = typer.Option(Output.TEXT, "--output", "-o", help="Plain text, or JSON. " + STATUS_JSON_HELP),
-    manifest: str | None = typer.Option(
-        None,
-        "--manifest",
-        help=(
-            "Read the run from a bucket's manifest.json URL instead of ./runs "
-            "(any machine that can read the buckets; documents are then shown unverified)."
-        ),
-    ),
-    probe: bool = typer.Option(
-        False,
-        "--probe",
-        help=(
-            "Also ask every host over SSH whether it answers and what each supervisor is doing (adds probe[] to JSON)."
-        ),
-    ),
-    runs_dir: Path = RUNS_DIR,
-) -> None:
+def status(run: str | None, watch: bool, output: str, manifest: str | None, probe: bool, runs_dir: Path) -> None:
     """Show a run: global version, loss, every learner, the syncer, storage per region, and what is down."""
-    _show_status(runs_dir, run, output.value, watch, manifest, probe)
+    _show_status(runs_dir, run, output, watch, manifest, probe)
 
 
 def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, manifest: str | None, probe: bool) -> None:
@@ -267,19 +263,14 @@ def _show_status(runs_dir: Path, run: str | None, output: str, watch: bool, mani
 
     record = load_run(runs_dir, run) if run is not None else newest_run(runs_dir)
     if record is None:  # as `diloco runs` says it: nothing to show is no mistake
-        typer.echo("null" if output == "json" else no_runs(runs_dir))
+        click.echo("null" if output == "json" else no_runs(runs_dir))
         if output == "json":
-            typer.echo(no_runs(runs_dir), err=True)
+            click.echo(no_runs(runs_dir), err=True)
         return
     supervisors = lambda: probe_run(record, remote=probe)  # noqa: E731 - asked again at every refresh
     show_status(record.spec, output, watch, secret=record.secret(), processes=supervisors, probed=probe)
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(up)
-    app.command()(status)
-    app.command()(runs)
-    app.command()(logs)
-    app.command()(down)
-    app.command()(resume)
-    app.command()(rm)
+def register(app: click.Group) -> None:
+    for each in (up, status, runs, logs, down, resume, rm):
+        app.add_command(each)

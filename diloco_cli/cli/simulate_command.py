@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
+import click
 
 from diloco_cli.cli.errors import reported
+from diloco_cli.cli.parameters import PATH, Whole, command, option
 
 PLOTS_MISSING = "--plot needs matplotlib: pip install 'diloco-cli[plots]'"
 OUTPUT_HELP = """text (a table, plain when piped), json (the whole result on stdout), or
@@ -15,48 +16,51 @@ strategies, cells (per size and strategy: goodput, uptime, goodput_replicas,
 interruptions_per_day, save_interval_seconds, closed_form_goodput) and calibration (the
 source's figures at 1.2M chips beside the simulation)."""
 
-simulate_app = typer.Typer(
-    name="simulate",
-    help="Simulate a training cluster instead of running one.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    add_completion=False,
+simulate_app = click.Group(
+    name="simulate", help="Simulate a training cluster instead of running one.", no_args_is_help=True
 )
 
 
+@command(name="goodput")
+@option(
+    "--chips",
+    "-n",
+    multiple=True,
+    metavar="N",
+    help="Cluster size in chips, e.g. 150k or 1.2M (repeatable) [default: 150k 300k 600k 1.2M 2.4M].",
+)
+@option(
+    "--learners",
+    "-m",
+    multiple=True,
+    metavar="M",
+    type=Whole(1),
+    help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16].",
+)
+@option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a constant, e.g. --set mtbi_chip_hours=4380 (repeatable; every key is printed with the table).",
+)
+@option(
+    "--seed",
+    metavar="SEED",
+    type=Whole(),
+    default=0,
+    help="Seed of every replica's random stream: the same seed, the same table.",
+)
+@option("--output", "-o", metavar="FORMAT", default="text", help=OUTPUT_HELP)
+@option(
+    "--plot",
+    metavar="FILE",
+    type=PATH,
+    help="Also draw goodput and uptime against cluster size into FILE.png or FILE.svg (needs matplotlib).",
+)
 @reported
 def goodput(
-    chips: list[str] = typer.Option(
-        [],
-        "--chips",
-        "-n",
-        metavar="N",
-        help="Cluster size in chips, e.g. 150k or 1.2M (repeatable) [default: 150k 300k 600k 1.2M 2.4M].",
-    ),
-    learners: list[int] = typer.Option(
-        [],
-        "--learners",
-        "-m",
-        metavar="M",
-        min=1,
-        help="Decoupled DiLoCo learner count (repeatable) [default: 1 2 4 8 16].",
-    ),
-    overrides: list[str] = typer.Option(
-        [],
-        "--set",
-        metavar="KEY=VALUE",
-        help="Override a constant, e.g. --set mtbi_chip_hours=4380 (repeatable; every key is printed with the table).",
-    ),
-    seed: int = typer.Option(
-        0, "--seed", metavar="SEED", help="Seed of every replica's random stream: the same seed, the same table."
-    ),
-    output: str = typer.Option("text", "--output", "-o", metavar="FORMAT", help=OUTPUT_HELP),
-    plot: Path | None = typer.Option(
-        None,
-        "--plot",
-        metavar="FILE",
-        help="Also draw goodput and uptime against cluster size into FILE.png or FILE.svg (needs matplotlib).",
-    ),
+    chips: list[str], learners: list[int], overrides: list[str], seed: int, output: str, plot: Path | None
 ) -> None:
     """Goodput and uptime of plain data-parallel, elastic data-parallel and Decoupled DiLoCo with M learners on
     clusters of 150k to 2.4M chips whose chips each fail about once a year: an event-driven simulation, calibrated to
@@ -89,17 +93,17 @@ def goodput(
         raise ConfigError(str(error)) from None
     grid = simulate_grid(constants, seed=seed, chips=sizes, learners=counts)
     if output == "json":
-        typer.echo(grid.to_json())
+        click.echo(grid.to_json())
     else:
         show_goodput(grid)
     if output.endswith(".json"):
         Path(output).write_text(grid.to_json() + "\n")
-        typer.echo(f"wrote {output}", err=True)
+        click.echo(f"wrote {output}", err=True)
     if plot is not None:
         draw_goodput_plot(grid, plot)
-        typer.echo(f"wrote {plot}", err=True)
+        click.echo(f"wrote {plot}", err=True)
 
 
-def register(app: typer.Typer) -> None:
-    simulate_app.command("goodput")(goodput)
-    app.add_typer(simulate_app)
+def register(app: click.Group) -> None:
+    simulate_app.add_command(goodput)
+    app.add_command(simulate_app)

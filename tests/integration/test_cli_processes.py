@@ -3,7 +3,8 @@ imports, its errors, its output into a closed pipe)."""
 
 import os
 
-from typer.testing import CliRunner
+import pytest
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from tests.support.runs_on_disk import made_run
@@ -38,32 +39,50 @@ def test_commands_that_only_read_buckets_do_not_import_torch():
 
 
 def test_the_executable_loads_nothing_before_it_can_answer_a_ctrl_c():
-    """The entry point pip's ``diloco`` script imports is a module of a few lines: typer and
+    """The entry point pip's ``diloco`` script imports is a module of a few lines: click and
     the commands load inside its ``try``, so a Ctrl-C while they load is its one line."""
     import subprocess
     import sys
 
-    entry = "import sys, diloco_cli.cli.entry; print(sorted(m for m in ('typer', 'pydantic') if m in sys.modules))"
+    entry = "import sys, diloco_cli.cli.entry; print(sorted(m for m in ('click', 'pydantic') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", entry], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
 
-def test_status_of_a_run_reads_it_without_numpy_or_yaml(tmp_path):
-    """``status`` verifies a run's documents without numpy (frames import it where tensors are
-    encoded or decoded) and reads no YAML: numpy alone was twice a bare interpreter's start."""
+HEAVY = ("torch", "typer", "numpy", "yaml", "pydantic", "fsspec", "rich", "diloco_cli.runtime")
+"""What a command that only reads must not import, each a multiple of a bare interpreter's
+start (issue 32): torch seconds, typer (it converted every parameter through pydantic) 6-7x,
+numpy 2x, pydantic and fsspec each about 1x."""
+STATUS_NEEDS = ("pydantic", "fsspec", "rich")
+"""``status`` reads a run's documents as pydantic models, through its store (fsspec), and
+draws with rich."""
+
+
+@pytest.mark.parametrize("command", ["--help", "status", "runs", "logs"])
+def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
+    """``diloco --help``, ``status RUN``, ``runs`` and ``logs RUN syncer`` in a process of their
+    own, as a user's shell runs them: none imports torch, typer, numpy or yaml; ``--help``,
+    ``runs`` and ``logs`` not pydantic, fsspec or rich either."""
+    import json
     import subprocess
     import sys
 
     run = made_run(tmp_path)[1].name
+    arguments = {"--help": ["--help"], "status": ["status", run], "runs": ["runs"], "logs": ["logs", run, "syncer"]}
     probe = (
-        "import sys; sys.argv = ['diloco', 'status', sys.argv[1]]\n"
-        "from diloco_cli.cli.app import main\n"
+        "import sys; sys.argv = ['diloco', *sys.argv[1:]]\n"
+        "from diloco_cli.cli.entry import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print('LOADED', sorted(m for m in ('numpy', 'yaml', 'torch') if m in sys.modules))\n"
+        "import json; print('LOADED', json.dumps(sorted(sys.modules)))\n"
     )
-    command = [sys.executable, "-c", probe, run]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert f"run {run}" in result.stdout and result.stdout.strip().endswith("LOADED []"), result.stdout + result.stderr
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *arguments[command]], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    loaded = json.loads(result.stdout.rsplit("LOADED", 1)[1])
+    forbidden = [m for m in HEAVY if not (command == "status" and m in STATUS_NEEDS)]
+    assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == [], result.stderr
+    if command == "status":
+        assert f"run {run}" in result.stdout, result.stdout + result.stderr
 
 
 def test_errors_are_one_line_and_a_nonzero_exit(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.codec import RunSecret

@@ -136,7 +136,7 @@ def test_ctrl_c_during_up_leaves_nothing_unnamed(tmp_path, moment):
 
 
 def test_ctrl_c_in_the_first_seconds_of_the_diloco_executable_is_one_line_and_exit_130(tmp_path):
-    """The ``diloco`` a user's shell runs, interrupted while it loads typer and the commands
+    """The ``diloco`` a user's shell runs, interrupted while it loads click and the commands
     (0.1 s, or twice Python's own start on a busy machine), while ``up`` parses and checks
     (0.5 s), and while it prepares the run (1.8 s): one line on stderr, exit code 130,
     never a traceback, nothing left."""

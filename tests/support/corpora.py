@@ -6,8 +6,8 @@ import random
 from pathlib import Path
 
 import numpy as np
+from click.testing import CliRunner
 from tokenizers import Tokenizer
-from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.data.tokens.index import DatasetIndex

@@ -2,7 +2,7 @@
 
 import json
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 

@@ -1,7 +1,7 @@
 """The command line's front door, in-process (in processes of its own:
 tests/integration/test_cli_processes.py)."""
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli import __version__
 from diloco_cli.cli.app import app

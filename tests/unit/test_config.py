@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.config.loading import ConfigError, load_model

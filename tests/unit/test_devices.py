@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.config.errors import ConfigError

@@ -4,7 +4,8 @@ a pointer to ``docs/chaos.md`` that is not there sends a reader nowhere."""
 import re
 from pathlib import Path
 
-from typer.testing import CliRunner
+import click
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 
@@ -20,17 +21,19 @@ PLACEHOLDERS = ("<", "NAME", "RUN", "{")
 def help_texts() -> dict[str, str]:
     """``diloco [COMMAND...] --help`` of every command a user can type."""
     runner = CliRunner()
-    texts = {"diloco": runner.invoke(app, ["--help"]).output}
-    for info in app.registered_commands:
-        if not info.hidden:
-            name = info.name or info.callback.__name__
-            texts[f"diloco {name}"] = runner.invoke(app, [name, "--help"]).output
-    for group in app.registered_groups:
-        group_name = group.typer_instance.info.name
-        texts[f"diloco {group_name}"] = runner.invoke(app, [group_name, "--help"]).output
-        for info in group.typer_instance.registered_commands:
-            name = info.name or info.callback.__name__
-            texts[f"diloco {group_name} {name}"] = runner.invoke(app, [group_name, name, "--help"]).output
+    texts = {}
+
+    def add(group: click.Group, path: list[str]) -> None:
+        texts[" ".join(["diloco", *path])] = runner.invoke(app, [*path, "--help"]).output
+        for name, command in group.commands.items():
+            if command.hidden:
+                continue
+            if isinstance(command, click.Group):
+                add(command, [*path, name])
+            else:
+                texts[" ".join(["diloco", *path, name])] = runner.invoke(app, [*path, name, "--help"]).output
+
+    add(app, [])
     return texts
 
 

@@ -3,7 +3,7 @@ run by ``python -m tests.support.doc_samples``) against what the tool prints now
 same headings, columns, rows and words between the figures (issue 32, 3)."""
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.bandwidth.prices import load_prices
 from diloco_cli.cli.app import app

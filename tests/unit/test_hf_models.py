@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.codec import RunSecret

@@ -5,7 +5,7 @@ at which the traffic model keeps the target."""
 import json
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.bandwidth.link_rate import allreduce_rate_mbit, diloco_rate_mbit
 from diloco_cli.bandwidth.model import predict

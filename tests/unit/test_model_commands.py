@@ -2,8 +2,8 @@
 (the Hugging Face format: tests/unit/test_hf_models.py)."""
 
 import torch
+from click.testing import CliRunner
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.config.recipe import Recipe

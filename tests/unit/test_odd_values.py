@@ -1,13 +1,12 @@
 """Odd values (nan, inf, -1, 0, empty, huge) in every numeric option of every command:
 each ends in success, or in one line on stderr and a non-zero exit; never a traceback."""
 
-import inspect
-import typing
-
+import click
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
+from diloco_cli.cli.parameters import Real, Whole
 from tests.support.runs_on_disk import published_run
 
 ODD = ("nan", "inf", "-1", "0", "", "1e308", "1" + "0" * 30)
@@ -22,30 +21,26 @@ TEXT_NUMBERS = {
 signed count)."""
 
 
-def commands():
-    """(name, function) of every command a user can type, sub-commands too."""
-    for info in app.registered_commands:
-        if not info.hidden:
-            yield info.name or info.callback.__name__, info.callback
-    for group in app.registered_groups:
-        for info in group.typer_instance.registered_commands:
-            yield f"{group.typer_instance.info.name} {info.name or info.callback.__name__}", info.callback
+def commands(group: click.Group = app, path: str = ""):
+    """(name, command) of every command a user can type, sub-commands too."""
+    for name, command in group.commands.items():
+        if command.hidden:
+            continue
+        if isinstance(command, click.Group):
+            yield from commands(command, f"{path}{name} ")
+        else:
+            yield f"{path}{name}", command
 
 
 def numeric_options() -> set[tuple[str, str]]:
     """(command, --option) of every option that takes a number."""
     found = set()
-    for name, function in commands():
-        function = inspect.unwrap(function)
-        hints = typing.get_type_hints(function)
-        for parameter in inspect.signature(function).parameters.values():
-            option = parameter.default
-            if type(option).__name__ != "OptionInfo":
+    for name, command in commands():
+        for parameter in command.params:
+            if not isinstance(parameter, click.Option) or parameter.is_flag:
                 continue
-            flag = next((d for d in option.param_decls if d.startswith("--")), "--" + parameter.name.replace("_", "-"))
-            kinds = {hints[parameter.name], *typing.get_args(hints[parameter.name])}
-            kinds |= {kind for outer in list(kinds) for kind in typing.get_args(outer)}
-            if kinds & {int, float} or (name, flag) in TEXT_NUMBERS:
+            flag = next(d for d in parameter.opts if d.startswith("--"))
+            if isinstance(parameter.type, Whole | Real) or (name, flag) in TEXT_NUMBERS:
                 found.add((name, flag))
     return found
 

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.bandwidth import document_sizes
 from diloco_cli.bandwidth.model import (

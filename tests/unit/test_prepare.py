@@ -10,8 +10,8 @@ import json
 import sys
 
 import pytest
+from click.testing import CliRunner
 from tokenizers import Tokenizer
-from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.data.tokens.corpus import Corpus

@@ -153,7 +153,7 @@ def test_scaling_a_run_whose_syncer_is_down_is_refused_and_changes_nothing(tmp_p
     ones): with it down, the change would wait unsaid until ``resume``."""
     import json
 
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from diloco_cli.cli.app import app
     from diloco_cli.launch.runs import load_run

@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.simulate import GoodputConstants, simulate_grid

@@ -4,7 +4,7 @@ and the live view in a real terminal: tests/integration/test_status_view_termina
 import json
 import time
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.views.run_state import collect_status

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from diloco_cli.data.tokens.existing import index_existing

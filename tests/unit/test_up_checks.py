@@ -3,7 +3,7 @@ the run's name, the files given, the buckets."""
 
 import re
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
 from tests.support.runs import write_yaml
