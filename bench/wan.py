@@ -2,7 +2,7 @@
 
 The scenario: the default recipe (byte-level GPT, 0.84M parameters, batch 16, 300 inner
 steps, H=25, P=2, int4 uploads, int8 updates), two regions (``east``, ``west``) of two
-learners each and the syncer in a third place (``syncer``), all on ``tests.support.wan.emulated_wan``:
+learners each and the syncer in a third place (``syncer``), all on ``testbed.wan.emulated_wan``:
 one network namespace per place, every place's link to a router shaped with tbf at R Mbit/s
 (the syncer's at R x regions: it carries both regions), a moto S3 per region, and in front of
 it a proxy that adds L ms each way (40 by default) for every other place and counts bytes.
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("bench.wan needs root (network namespaces, tc)")
     sys.path.insert(0, str(REPOSITORY))
-    from tests.support.wan import S3_ENV, emulated_wan
+    from testbed.wan import S3_ENV, emulated_wan
 
     os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does

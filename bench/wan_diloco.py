@@ -48,7 +48,7 @@ def load_recipe(overrides: Sequence[str]):
 
 
 def process_env(threads: int = 1) -> dict[str, str]:
-    from tests.support.wan import S3_ENV
+    from testbed.wan import S3_ENV
 
     return {
         **os.environ,

@@ -20,7 +20,7 @@ from tests.support.runs import (
     wait_processes_gone,
     write_yaml,
 )
-from tests.support.servers import fake_gcs_server, moto_s3_server
+from testbed.servers import fake_gcs_server, moto_s3_server
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from tests.support.corpora import (
     prepare,
     write_text_corpus,
 )
-from tests.support.delay_proxy import delay_proxy
+from testbed.delay_proxy import delay_proxy
 from tests.support.runs import write_yaml
 
 
