@@ -2,6 +2,9 @@
 
 The baseline of the WAN benchmark: the recipe's model, data, held-out split, inner AdamW,
 schedule and gradient clip, trained by W ranks that all-reduce every step's gradients.
+The recipe is loaded as ``diloco up`` loads it (``diloco_cli.config.files.load_recipe``),
+and each step is a learner's inner step (``diloco_cli.training.inner``) cut in its two
+halves, ``accumulate_gradients`` and ``apply_gradients``, with the all-reduce between.
 Rank r plays learner r: it reads shard r of W of the training text with the generator
 of a learner's rank 0 (``data_generator(seed, r, 0, 0)``), so its batches are exactly
 learner r's, at the learner's batch (``training.batch_size``; the global batch is
@@ -11,7 +14,7 @@ W x batch_size, as with M = W learners).  Every rank builds the model after
 Each step: forward and backward; the gradients are copied into one flat buffer (or
 buckets of ``--bucket-mb``) cast to the wire dtype (bf16 by default; gloo sums bfloat16
 natively on torch 2.13), all-reduced (SUM) over gloo's ring, cast back to fp32 and
-divided by W; then the clip and the AdamW step.  The identical averaged gradient gives
+divided by W; then the clip and the AdamW step (``apply_gradients``).  The identical averaged gradient gives
 every rank identical parameters (checked by digest at the end).  Per step it records
 
 * ``compute_seconds``: forward + backward + clip + optimizer step,
@@ -60,11 +63,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diloco_cli.config.loading import load_model
-from diloco_cli.config.recipe import Recipe
+from diloco_cli.config.files import load_recipe
 from diloco_cli.data.learner import data_generator
 from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
-from diloco_cli.training.inner import InnerSchedule, evaluate, language_model_loss, make_inner_optimizer
+from diloco_cli.training.inner import (
+    InnerSchedule,
+    accumulate_gradients,
+    apply_gradients,
+    evaluate,
+    make_inner_optimizer,
+    resolve_loss,
+)
 
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -186,10 +195,6 @@ def leader_ring_bytes_per_step(buffers: Sequence[torch.Tensor], groups: int) -> 
     return groups * sum(ring_bytes(b.numel(), b.element_size(), groups) for b in buffers) if groups > 1 else 0
 
 
-def load_recipe(path: Path | None, overrides: Sequence[str]) -> Recipe:
-    return load_model(Recipe, path, overrides, default_name="the default recipe")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env = os.environ
@@ -254,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     torch.manual_seed(training.seed)
     model = recipe.model.build()
     parameters = [p for p in model.parameters() if p.requires_grad]
+    loss_fn = resolve_loss(training.loss)
     optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
     schedule = InnerSchedule(
         training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction
@@ -289,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         nonlocal paused
         begin = time.perf_counter()
         if rank == 0:
-            loss = evaluate(model, heldout)
+            loss = evaluate(model, heldout, loss_fn, training.precision)
             evaluations.append(
                 {
                     "step": step,
@@ -309,12 +315,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     model.train()
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = schedule.learning_rate(step - 1)
         inputs, targets = random_batch(shard, training.batch_size, data.sequence_length, generator)
-        loss = language_model_loss(model, inputs, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = accumulate_gradients(
+            model,
+            inputs,
+            targets,
+            micro_batch_size=training.micro_batch_size,
+            precision=training.precision,
+            loss_fn=loss_fn,
+        )
         t1 = time.perf_counter()
         out_of_time = args.max_seconds is not None and t1 - started - paused >= args.max_seconds
         reducer.pack(out_of_time)
@@ -323,15 +332,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         t3 = time.perf_counter()
         stop = reducer.unpack()
         t4 = time.perf_counter()
-        if training.gradient_clip:
-            torch.nn.utils.clip_grad_norm_(parameters, training.gradient_clip)
-        optimizer.step()
+        apply_gradients(model, optimizer, schedule.learning_rate(step - 1), training.gradient_clip)
         t5 = time.perf_counter()
         compute.append((t1 - t0) + (t5 - t4))
         pack.append((t2 - t1) + (t4 - t3))
         comm.append(t3 - t2)
         step_seconds.append(t5 - t0)
-        losses.append(float(loss.detach()))
+        losses.append(float(loss))
         done = step
         if stop:
             stopped_by_time = step < steps

@@ -91,7 +91,6 @@ from bench.wan_diloco import (
     device_bytes,
     device_deltas,
     diloco_on_wan,
-    load_recipe,
 )
 from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
@@ -99,6 +98,7 @@ from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_show import show, show_sweep
 from bench.wan_sweep import LABELS, dp_reference, replanned, sweep
+from diloco_cli.config.files import load_recipe
 
 TARGET_COMM_TO_COMPUTE = 30.0
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
     quick = args.quick
     overrides = overrides_for(quick) + ([f"training.num_learners={args.learners}"] if args.learners else [])
-    recipe = load_recipe(overrides)
+    recipe = load_recipe(None, overrides)
     world = recipe.training.num_learners
     steps = recipe.training.inner_steps
     eval_every = args.dp_eval_every or (5 if quick else 10)

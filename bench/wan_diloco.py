@@ -40,13 +40,6 @@ QUICK_RUN = [
 """The tiny model and fast cadences of the WAN benchmarks' quick runs."""
 
 
-def load_recipe(overrides: Sequence[str]):
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.recipe import Recipe
-
-    return load_model(Recipe, None, list(overrides), default_name="the default recipe")
-
-
 def process_env(threads: int = 1) -> dict[str, str]:
     from testbed.wan import S3_ENV
 
@@ -270,12 +263,13 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
     """The whole run, learners, reducers and the syncer in their namespaces (the syncer in
     ``syncer_place``: its own place or a region); what it measured."""
     from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.config.files import load_recipe
     from diloco_cli.launch.resolve import create_run_directory
     from diloco_cli.launch.up import resolve
     from diloco_cli.views.report import collect_report, render_json
     from diloco_cli.views.run_state import read_buckets
 
-    recipe = load_recipe(overrides)
+    recipe = load_recipe(None, overrides)
     learners_per_region = recipe.training.num_learners // len(REGIONS)
     regions_path = workdir / "regions.json"
     regions_path.write_text(json.dumps(regions_document(learners_per_region, syncer_place), indent=2))
