@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import benchmark_parser, write_result
-from bench.ddp_worker import launch_local
+from bench.ddp_launch import launch_local
 from bench.wan_diloco import (
     MEASURE,
     QUICK_RUN,
