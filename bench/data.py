@@ -2,7 +2,7 @@
 
 The same token dataset (random uint16 ids written with numpy in 16 MB shards, indexed
 as ``diloco prepare --existing`` does) lies on local disk and in a moto S3 bucket that is read
-through ``tests/support/delay_proxy.py`` adding 50 ms each way (a request costs a 100 ms round
+through ``testbed/delay_proxy.py`` adding 50 ms each way (a request costs a 100 ms round
 trip), both as processes of their own.  One learner streams its whole range with
 :class:`~diloco_cli.data.tokens.stream.TokenBatches` at the default recipe's settings
 (4 MB chunks, a 64 MB cache, batches of 16 x 128 tokens): after its first batch and a
@@ -134,12 +134,12 @@ def model_rate(batch_size: int, sequence_length: int, steps: int) -> float:
 
 
 def start_delay_proxy(endpoint_url: str, stats: Path) -> tuple[subprocess.Popen, str]:
-    """``python -m tests.support.delay_proxy`` in front of ``endpoint_url``; its process and URL."""
+    """``python -m testbed.delay_proxy`` in front of ``endpoint_url``; its process and URL."""
     upstream = endpoint_url.removeprefix("http://")
     command = [
         sys.executable,
         "-m",
-        "tests.support.delay_proxy",
+        "testbed.delay_proxy",
         "--listen",
         "127.0.0.1:0",
         "--upstream",
@@ -166,7 +166,7 @@ def proxied_bytes(stats: Path) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(REPOSITORY))
-    from tests.support.servers import moto_s3_server, stop_process
+    from testbed.servers import moto_s3_server, stop_process
 
     torch.set_num_threads(1)
     batch_size, sequence_length = Recipe().training.batch_size, Recipe().data.sequence_length

@@ -2,6 +2,9 @@
 
 The baseline of the WAN benchmark: the recipe's model, data, held-out split, inner AdamW,
 schedule and gradient clip, trained by W ranks that all-reduce every step's gradients.
+The recipe is loaded as ``diloco up`` loads it (``diloco_cli.config.files.load_recipe``),
+and each step is a learner's inner step (``diloco_cli.training.inner``) cut in its two
+halves, ``accumulate_gradients`` and ``apply_gradients``, with the all-reduce between.
 Rank r plays learner r: it reads shard r of W of the training text with the generator
 of a learner's rank 0 (``data_generator(seed, r, 0, 0)``), so its batches are exactly
 learner r's, at the learner's batch (``training.batch_size``; the global batch is
@@ -11,7 +14,7 @@ W x batch_size, as with M = W learners).  Every rank builds the model after
 Each step: forward and backward; the gradients are copied into one flat buffer (or
 buckets of ``--bucket-mb``) cast to the wire dtype (bf16 by default; gloo sums bfloat16
 natively on torch 2.13), all-reduced (SUM) over gloo's ring, cast back to fp32 and
-divided by W; then the clip and the AdamW step.  The identical averaged gradient gives
+divided by W; then the clip and the AdamW step (``apply_gradients``).  The identical averaged gradient gives
 every rank identical parameters (checked by digest at the end).  Per step it records
 
 * ``compute_seconds``: forward + backward + clip + optimizer step,
@@ -36,8 +39,8 @@ those pauses are outside ``training_seconds`` (the clock ``--max-seconds`` reads
     python -m bench.ddp_worker --rank 0 --world-size 4 --master 10.0.0.1:29500 \\
         --steps 300 --out ddp.json --interface veth0 [--recipe FILE] [--set KEY=VALUE]
 
-``launch_local`` starts W ranks as subprocesses (on loopback by default, or each behind
-its own command prefix such as ``ip netns exec NS``) and returns rank 0's JSON.
+``bench.ddp_launch.launch_local`` starts W ranks as subprocesses (on loopback by default,
+or each behind its own command prefix such as ``ip netns exec NS``) and returns rank 0's JSON.
 """
 
 from __future__ import annotations
@@ -46,13 +49,10 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,14 +60,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diloco_cli.config.loading import load_model
+from diloco_cli.config.files import load_recipe
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.data.learner import data_generator
 from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
-from diloco_cli.training.inner import InnerSchedule, evaluate, language_model_loss, make_inner_optimizer
+from diloco_cli.training.inner import (
+    InnerSchedule,
+    LossFunction,
+    accumulate_gradients,
+    apply_gradients,
+    evaluate,
+    make_inner_optimizer,
+    resolve_loss,
+)
 
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def ring_bytes(elements: int, element_size: int, world_size: int) -> int:
@@ -186,10 +193,6 @@ def leader_ring_bytes_per_step(buffers: Sequence[torch.Tensor], groups: int) -> 
     return groups * sum(ring_bytes(b.numel(), b.element_size(), groups) for b in buffers) if groups > 1 else 0
 
 
-def load_recipe(path: Path | None, overrides: Sequence[str]) -> Recipe:
-    return load_model(Recipe, path, overrides, default_name="the default recipe")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     env = os.environ
@@ -241,312 +244,274 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.interface:
-        os.environ["GLOO_SOCKET_IFNAME"] = args.interface
+@dataclass
+class RankSetup:
+    """What one rank trains with: the recipe's model, optimizer, schedule, data and loss,
+    and the reducer of its gradients."""
+
+    recipe: Recipe
+    steps: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: InnerSchedule
+    loss_fn: LossFunction
+    shard: torch.Tensor
+    generator: torch.Generator
+    heldout: list[tuple[torch.Tensor, torch.Tensor]]
+    reducer: GradientReducer
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.reducer.world_size * self.recipe.training.batch_size * self.recipe.data.sequence_length
+
+
+def set_up(args: argparse.Namespace) -> RankSetup:
+    """Rank ``args.rank``'s model (seeded as every rank's), optimizer and data: learner r's
+    shard of W and its generator; the held-out batches on rank 0 only."""
     recipe = load_recipe(args.recipe, args.overrides)
     training, data = recipe.training, recipe.data
     steps = args.steps or training.inner_steps
-    rank, world = args.rank, args.world_size
-
     torch.manual_seed(training.seed)
     model = recipe.model.build()
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas)
-    schedule = InnerSchedule(
-        training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction
-    )
     split = TextSplit.of(load_text(data.source, data.storage_options), data.heldout_fraction, data.sequence_length)
-    shard = split.shard(rank, world)  # learner r's shard of W, read by its rank 0
-    generator = data_generator(training.seed, rank, 0, 0)
-    heldout = (
-        evaluation_batches(split.heldout, training.batch_size, data.sequence_length, recipe.sync.evaluation_batches)
-        if rank == 0
-        else []
+    heldout = []
+    if args.rank == 0:
+        heldout = evaluation_batches(
+            split.heldout, training.batch_size, data.sequence_length, recipe.sync.evaluation_batches
+        )
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return RankSetup(
+        recipe=recipe,
+        steps=steps,
+        model=model,
+        optimizer=make_inner_optimizer(model, training.learning_rate, training.weight_decay, training.betas),
+        schedule=InnerSchedule(
+            training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction
+        ),
+        loss_fn=resolve_loss(training.loss),
+        shard=split.shard(args.rank, args.world_size),  # learner r's shard of W, read by its rank 0
+        generator=data_generator(training.seed, args.rank, 0, 0),
+        heldout=heldout,
+        reducer=GradientReducer(parameters, WIRE_DTYPES[args.dtype], int(args.bucket_mb * 2**20), args.world_size),
     )
-    dtype = WIRE_DTYPES[args.dtype]
-    reducer = GradientReducer(parameters, dtype, int(args.bucket_mb * 2**20), world)
-    tokens_per_step = world * training.batch_size * data.sequence_length
 
+
+def join_group(args: argparse.Namespace, model: torch.nn.Module) -> tuple[str, Hierarchy | None]:
+    """Join the gloo group; the initial model's digest (the same on every rank, or exit) and
+    the hierarchy of ``--groups``."""
     dist.init_process_group(
-        "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout)
+        "gloo",
+        init_method=f"tcp://{args.master}",
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=timedelta(seconds=args.timeout),
     )
     initial = parameter_digest(model)
-    initial_digests: list[str] = [""] * world
+    initial_digests: list[str] = [""] * args.world_size
     dist.all_gather_object(initial_digests, initial)
     if len(set(initial_digests)) != 1:
-        raise SystemExit(f"rank {rank}: the ranks' initial models differ: {initial_digests}")
-    hierarchy = Hierarchy(rank, world, args.groups) if args.groups > 1 else None
+        raise SystemExit(f"rank {args.rank}: the ranks' initial models differ: {initial_digests}")
+    hierarchy = Hierarchy(args.rank, args.world_size, args.groups) if args.groups > 1 else None
+    return initial, hierarchy
 
-    compute, pack, comm, step_seconds, losses, evaluations = [], [], [], [], [], []
-    paused = 0.0  # seconds spent in evaluations (and their barrier)
+
+@dataclass
+class Timeline:
+    """What a rank's training took, step by step, and rank 0's evaluations."""
+
+    started: float = field(default_factory=time.perf_counter)
+    paused: float = 0.0  # seconds spent in evaluations (and their barrier)
+    compute: list[float] = field(default_factory=list)
+    pack: list[float] = field(default_factory=list)
+    comm: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    steps_done: int = 0
+    stopped_by_time: bool = False
+
+    def training_seconds(self) -> float:
+        """Seconds since the start, less the evaluations: the clock ``--max-seconds`` reads."""
+        return time.perf_counter() - self.started - self.paused
+
+
+def evaluate_now(setup: RankSetup, rank: int, timeline: Timeline, step: int) -> None:
+    """Rank 0 evaluates the held-out loss while the others wait at a barrier; the pause is
+    kept out of the training seconds."""
+    begin = time.perf_counter()
+    if rank == 0:
+        loss = evaluate(setup.model, setup.heldout, setup.loss_fn, setup.recipe.training.precision)
+        timeline.evaluations.append(
+            {
+                "step": step,
+                "tokens": step * setup.tokens_per_step,
+                "loss": loss,
+                "seconds": begin - timeline.started,
+                "training_seconds": begin - timeline.started - timeline.paused,
+            }
+        )
+        print(f"step {step}: held-out loss {loss:.4f}", flush=True)
     dist.barrier()
-    started = time.perf_counter()
+    timeline.paused += time.perf_counter() - begin
 
-    def evaluate_now(step: int) -> None:
-        nonlocal paused
-        begin = time.perf_counter()
-        if rank == 0:
-            loss = evaluate(model, heldout)
-            evaluations.append(
-                {
-                    "step": step,
-                    "tokens": step * tokens_per_step,
-                    "loss": loss,
-                    "seconds": begin - started,
-                    "training_seconds": begin - started - paused,
-                }
-            )
-            print(f"step {step}: held-out loss {loss:.4f}", flush=True)
-        dist.barrier()
-        paused += time.perf_counter() - begin
 
-    evaluate_now(0)
-    stopped_by_time = False
-    done = 0
-    model.train()
-    for step in range(1, steps + 1):
-        t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = schedule.learning_rate(step - 1)
-        inputs, targets = random_batch(shard, training.batch_size, data.sequence_length, generator)
-        loss = language_model_loss(model, inputs, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        t1 = time.perf_counter()
-        out_of_time = args.max_seconds is not None and t1 - started - paused >= args.max_seconds
-        reducer.pack(out_of_time)
-        t2 = time.perf_counter()
-        reducer.all_reduce(hierarchy)
-        t3 = time.perf_counter()
-        stop = reducer.unpack()
-        t4 = time.perf_counter()
-        if training.gradient_clip:
-            torch.nn.utils.clip_grad_norm_(parameters, training.gradient_clip)
-        optimizer.step()
-        t5 = time.perf_counter()
-        compute.append((t1 - t0) + (t5 - t4))
-        pack.append((t2 - t1) + (t4 - t3))
-        comm.append(t3 - t2)
-        step_seconds.append(t5 - t0)
-        losses.append(float(loss.detach()))
-        done = step
-        if stop:
-            stopped_by_time = step < steps
+def train_step(
+    setup: RankSetup, args: argparse.Namespace, hierarchy: Hierarchy | None, timeline: Timeline, step: int
+) -> bool:
+    """One data-parallel step, timed: the learner's inner step in its two halves with the
+    all-reduce between; whether any rank asked to stop."""
+    training, data, reducer = setup.recipe.training, setup.recipe.data, setup.reducer
+    t0 = time.perf_counter()
+    inputs, targets = random_batch(setup.shard, training.batch_size, data.sequence_length, setup.generator)
+    loss = accumulate_gradients(
+        setup.model,
+        inputs,
+        targets,
+        micro_batch_size=training.micro_batch_size,
+        precision=training.precision,
+        loss_fn=setup.loss_fn,
+    )
+    t1 = time.perf_counter()
+    out_of_time = args.max_seconds is not None and t1 - timeline.started - timeline.paused >= args.max_seconds
+    reducer.pack(out_of_time)
+    t2 = time.perf_counter()
+    reducer.all_reduce(hierarchy)
+    t3 = time.perf_counter()
+    stop = reducer.unpack()
+    t4 = time.perf_counter()
+    apply_gradients(setup.model, setup.optimizer, setup.schedule.learning_rate(step - 1), training.gradient_clip)
+    t5 = time.perf_counter()
+    timeline.compute.append((t1 - t0) + (t5 - t4))
+    timeline.pack.append((t2 - t1) + (t4 - t3))
+    timeline.comm.append(t3 - t2)
+    timeline.step_seconds.append(t5 - t0)
+    timeline.losses.append(float(loss))
+    timeline.steps_done = step
+    return stop
+
+
+def train(setup: RankSetup, args: argparse.Namespace, hierarchy: Hierarchy | None) -> Timeline:
+    """The steps, with evaluations at step 0, every ``--eval-every`` steps and at the end."""
+    dist.barrier()
+    timeline = Timeline()
+    evaluate_now(setup, args.rank, timeline, 0)
+    setup.model.train()
+    for step in range(1, setup.steps + 1):
+        if train_step(setup, args, hierarchy, timeline, step):
+            timeline.stopped_by_time = step < setup.steps
             break
-        if args.eval_every and step % args.eval_every == 0 and step < steps:
-            evaluate_now(step)
-    evaluate_now(done)
-    training_seconds = time.perf_counter() - started - paused
-    wall_seconds = time.perf_counter() - started
+        if args.eval_every and step % args.eval_every == 0 and step < setup.steps:
+            evaluate_now(setup, args.rank, timeline, step)
+    evaluate_now(setup, args.rank, timeline, timeline.steps_done)
+    return timeline
 
-    final = parameter_digest(model)
-    mine = {
-        "rank": rank,
+
+def rank_summary(
+    args: argparse.Namespace, model: torch.nn.Module, timeline: Timeline, training_seconds: float
+) -> dict[str, Any]:
+    """What each rank tells rank 0 at the end (its final digest and times)."""
+    return {
+        "rank": args.rank,
         "interface": args.interface,
-        "final_digest": final,
-        "median_compute_seconds": statistics.median(compute),
-        "median_comm_seconds": statistics.median(comm),
-        "compute_seconds": sum(compute),
-        "comm_seconds": sum(comm),
-        "pack_seconds": sum(pack),
+        "final_digest": parameter_digest(model),
+        "median_compute_seconds": statistics.median(timeline.compute),
+        "median_comm_seconds": statistics.median(timeline.comm),
+        "compute_seconds": sum(timeline.compute),
+        "comm_seconds": sum(timeline.comm),
+        "pack_seconds": sum(timeline.pack),
         "training_seconds": training_seconds,
     }
-    everyone: list[dict] = [{}] * world
-    dist.all_gather_object(everyone, mine)
-    dist.destroy_process_group()
-    if rank != 0:
-        return None
 
-    parameter_count = sum(p.numel() for p in parameters)
+
+def run_settings(args: argparse.Namespace, setup: RankSetup, hierarchy: Hierarchy | None) -> dict[str, Any]:
+    """The run's settings as rank 0's JSON records them."""
+    recipe, world = setup.recipe, args.world_size
+    return {
+        "world_size": world,
+        "steps": setup.steps,
+        "eval_every": args.eval_every,
+        "bucket_mb": args.bucket_mb,
+        "buckets": [buffer.numel() for buffer in setup.reducer.buffers],
+        "wire_dtype": args.dtype,
+        "groups": args.groups,
+        "all_reduce": "hierarchical" if hierarchy else "ring",
+        "threads": args.threads,
+        "max_seconds": args.max_seconds,
+        "master": args.master,
+        "interface": args.interface,
+        "batch_per_rank": recipe.training.batch_size,
+        "global_batch": world * recipe.training.batch_size,
+        "sequence_length": recipe.data.sequence_length,
+        "tokens_per_step": setup.tokens_per_step,
+        "evaluation_batches": recipe.sync.evaluation_batches,
+        "recipe": recipe.model_dump(mode="json"),
+        "torch": torch.__version__,
+    }
+
+
+def run_result(
+    args: argparse.Namespace,
+    setup: RankSetup,
+    hierarchy: Hierarchy | None,
+    timeline: Timeline,
+    initial: str,
+    everyone: list[dict[str, Any]],
+    training_seconds: float,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """Rank 0's JSON: the settings, bytes per step, per-step timings and losses, totals,
+    evaluations and every rank's summary."""
+    reducer, done = setup.reducer, timeline.steps_done
     bytes_per_step = reducer.bytes_per_step()
-    result = {
-        "settings": {
-            "world_size": world,
-            "steps": steps,
-            "eval_every": args.eval_every,
-            "bucket_mb": args.bucket_mb,
-            "buckets": [buffer.numel() for buffer in reducer.buffers],
-            "wire_dtype": args.dtype,
-            "groups": args.groups,
-            "all_reduce": "hierarchical" if hierarchy else "ring",
-            "threads": args.threads,
-            "max_seconds": args.max_seconds,
-            "master": args.master,
-            "interface": args.interface,
-            "batch_per_rank": training.batch_size,
-            "global_batch": world * training.batch_size,
-            "sequence_length": data.sequence_length,
-            "tokens_per_step": tokens_per_step,
-            "evaluation_batches": recipe.sync.evaluation_batches,
-            "recipe": recipe.model_dump(mode="json"),
-            "torch": torch.__version__,
-        },
-        "parameters": parameter_count,
+    series = {"compute_seconds": timeline.compute, "pack_seconds": timeline.pack, "comm_seconds": timeline.comm}
+    series["step_seconds"] = timeline.step_seconds
+    return {
+        "settings": run_settings(args, setup, hierarchy),
+        "parameters": sum(p.numel() for p in setup.model.parameters() if p.requires_grad),
         "buffer_elements": reducer.elements,
         "bytes_per_step_per_rank": bytes_per_step,
         "leader_ring_bytes_per_step": leader_ring_bytes_per_step(reducer.buffers, args.groups),
         "steps_done": done,
-        "stopped_by_time": stopped_by_time,
-        "tokens": done * tokens_per_step,
-        "per_step": {
-            "compute_seconds": compute,
-            "pack_seconds": pack,
-            "comm_seconds": comm,
-            "step_seconds": step_seconds,
-            "loss": losses,
-        },
-        "medians": {
-            "compute_seconds": statistics.median(compute),
-            "pack_seconds": statistics.median(pack),
-            "comm_seconds": statistics.median(comm),
-            "step_seconds": statistics.median(step_seconds),
-        },
+        "stopped_by_time": timeline.stopped_by_time,
+        "tokens": done * setup.tokens_per_step,
+        "per_step": {**series, "loss": timeline.losses},
+        "medians": {name: statistics.median(values) for name, values in series.items()},
         "totals": {
-            "compute_seconds": sum(compute),
-            "pack_seconds": sum(pack),
-            "comm_seconds": sum(comm),
+            "compute_seconds": sum(timeline.compute),
+            "pack_seconds": sum(timeline.pack),
+            "comm_seconds": sum(timeline.comm),
             "training_seconds": training_seconds,
             "wall_seconds": wall_seconds,
             "evaluation_seconds": wall_seconds - training_seconds,
             "bytes_sent_per_rank": done * bytes_per_step,
         },
-        "evaluations": evaluations,
+        "evaluations": timeline.evaluations,
         "initial_digest": initial,
         "ranks": everyone,
         "final_digests_equal": len({r["final_digest"] for r in everyone}) == 1,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.interface:
+        os.environ["GLOO_SOCKET_IFNAME"] = args.interface
+    setup = set_up(args)
+    initial, hierarchy = join_group(args, setup.model)
+    timeline = train(setup, args, hierarchy)
+    training_seconds = timeline.training_seconds()
+    wall_seconds = time.perf_counter() - timeline.started
+    everyone: list[dict] = [{}] * args.world_size
+    dist.all_gather_object(everyone, rank_summary(args, setup.model, timeline, training_seconds))
+    dist.destroy_process_group()
+    if args.rank != 0:
+        return None
+    result = run_result(args, setup, hierarchy, timeline, initial, everyone, training_seconds, wall_seconds)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-# ------------------------------------------------------------------------ launcher
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
-def launch_local(
-    world_size: int,
-    steps: int,
-    *,
-    recipe: Path | None = None,
-    overrides: Sequence[str] = (),
-    eval_every: int = 0,
-    bucket_mb: float = 0.0,
-    dtype: str = "bf16",
-    threads: int = 1,
-    max_seconds: float | None = None,
-    master_addr: str = "127.0.0.1",
-    port: int | None = None,
-    prefixes: Sequence[Sequence[str]] | None = None,
-    interfaces: Sequence[str | None] | None = None,
-    extra_args: Sequence[str] = (),
-    timeout: float = 900.0,
-    workdir: Path | None = None,
-) -> dict[str, Any]:
-    """Run W ranks of ``bench.ddp_worker`` as subprocesses and return rank 0's JSON.
-
-    By default every rank runs on this machine on loopback (gloo bound to ``lo``).  To
-    place ranks elsewhere give ``prefixes[r]``, an argv put before rank r's command (e.g.
-    ``["ip", "netns", "exec", "ns1"]``), ``interfaces[r]``, the interface its gloo binds to
-    (e.g. ``"veth0"``), and ``master_addr``, rank 0's address as the others reach it.
-    ``port`` defaults to a free port of this namespace.  A rank that fails (or the whole
-    run outliving ``timeout``) stops them all and raises RuntimeError with their stderr.
-    """
-    if prefixes is not None and len(prefixes) != world_size:
-        raise ValueError(f"{len(prefixes)} prefixes for {world_size} ranks")
-    if interfaces is None:
-        interfaces = ["lo" if master_addr.startswith("127.") or master_addr == "localhost" else None] * world_size
-    if len(interfaces) != world_size:
-        raise ValueError(f"{len(interfaces)} interfaces for {world_size} ranks")
-    port = port or free_port()
-    with tempfile.TemporaryDirectory(prefix="ddp-", dir=workdir) as directory:
-        out = Path(directory) / "rank0.json"
-        environment = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(threads),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
-        }
-        processes, logs = [], []
-        try:
-            for rank in range(world_size):
-                command = [
-                    sys.executable,
-                    "-m",
-                    "bench.ddp_worker",
-                    "--rank",
-                    str(rank),
-                    "--world-size",
-                    str(world_size),
-                    "--master",
-                    f"{master_addr}:{port}",
-                    "--steps",
-                    str(steps),
-                    "--eval-every",
-                    str(eval_every),
-                    "--bucket-mb",
-                    str(bucket_mb),
-                    "--dtype",
-                    dtype,
-                    "--threads",
-                    str(threads),
-                    "--timeout",
-                    str(timeout),
-                ]
-                command += ["--recipe", str(recipe)] if recipe else []
-                command += [item for override in overrides for item in ("--set", override)]
-                command += ["--max-seconds", str(max_seconds)] if max_seconds is not None else []
-                command += ["--interface", interfaces[rank]] if interfaces[rank] else []
-                command += ["--out", str(out)] if rank == 0 else []
-                command += list(extra_args)
-                prefix = list(prefixes[rank]) if prefixes else []
-                log = open(Path(directory) / f"rank{rank}.log", "w+b")
-                logs.append(log)
-                processes.append(
-                    subprocess.Popen(
-                        prefix + command, cwd=REPOSITORY, env=environment, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
-            deadline = time.monotonic() + timeout
-            failed = None
-            while any(p.poll() is None for p in processes):
-                failed = next((r for r, p in enumerate(processes) if p.returncode not in (None, 0)), None)
-                if failed is not None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            codes = [p.poll() for p in processes]
-            if any(code != 0 for code in codes):
-                reason = (
-                    f"rank {failed} failed"
-                    if failed is not None
-                    else ("timed out" if None in codes else "a rank failed")
-                )
-                raise RuntimeError(
-                    f"ddp run {reason} (exit codes {codes})\n"
-                    + "\n".join(f"--- rank {r}:\n{_tail(log)}" for r, log in enumerate(logs))
-                )
-            return json.loads(out.read_text())
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-            for log in logs:
-                log.close()
-
-
-def _tail(log: Any, size: int = 3000) -> str:
-    log.flush()
-    log.seek(0)
-    return log.read().decode(errors="replace")[-size:]
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ import torch.distributed as dist
 
 from bench._common import benchmark_parser, write_result
 from bench.gpu import LEARNING_RATE, peak_bf16_flops, synchronize
-from diloco_cli.config.loading import load_model
-from diloco_cli.config.recipe import ModelConfig, Recipe
+from diloco_cli.config.files import load_recipe
+from diloco_cli.config.recipe import ModelConfig
 from diloco_cli.runtime.distributed import (
+    ProcessGroup,
     build_model,
     choose_device,
     full_parameters,
@@ -75,7 +77,7 @@ class PeakMemory:
 
 def shape(quick: bool) -> dict[str, Any]:
     """The model and the work: the Llama recipe's, or a tiny Llama's for ``quick``."""
-    recipe = load_model(Recipe, RECIPE)
+    recipe = load_recipe(RECIPE)
     if quick:
         return {"model": TINY_MODEL, "batch": 8, "micro_batch": 2, "sequence": 32, "steps": 3, "warmup": 1}
     training = recipe.training
@@ -96,6 +98,72 @@ def flops_per_token(model: torch.nn.Module, sequence: int) -> float:
     linear = sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
     head = config.vocab_size * config.hidden_size if getattr(config, "tie_word_embeddings", False) else 0
     return 6 * (linear + head) + 12 * config.num_hidden_layers * config.hidden_size * sequence
+
+
+def timed_steps(
+    step: Callable[[int], float], work: dict[str, Any], device: torch.device, group: ProcessGroup
+) -> tuple[float, list[float], float]:
+    """The warm-up steps' seconds, then the measured steps' losses and seconds (every rank
+    starting them together)."""
+    started = time.perf_counter()
+    for index in range(work["warmup"]):
+        step(index)
+    synchronize(device)
+    warmup_seconds = time.perf_counter() - started
+    if group.distributed:
+        dist.barrier()
+    started = time.perf_counter()
+    losses = [step(index) for index in range(work["steps"])]
+    synchronize(device)
+    return warmup_seconds, losses, time.perf_counter() - started
+
+
+def result_of(
+    parallelism: str,
+    compile: bool,
+    device: torch.device,
+    group: ProcessGroup,
+    work: dict[str, Any],
+    model: torch.nn.Module,
+    parameters: int,
+    exact: bool,
+    timings: dict[str, Any],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The storage rank's row: speed, MFU, losses, whether installs were exact and every
+    rank's peak memory."""
+    elapsed, losses, warmup_seconds = timings["elapsed"], timings["losses"], timings["warmup_seconds"]
+    tokens_per_second = work["steps"] * work["batch"] * work["sequence"] / elapsed
+    peak_flops = peak_bf16_flops(device)
+    per_device = flops_per_token(model, work["sequence"]) * tokens_per_second / group.world_size
+    return {
+        "parallelism": parallelism if group.distributed else "one process",
+        "processes": group.world_size,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "compiled": compile,
+        "parameters": parameters,
+        "model_MB": 4 * parameters / 2**20,
+        "batch": work["batch"],
+        "micro_batch": work["micro_batch"],
+        "sequence": work["sequence"],
+        "steps": work["steps"],
+        "warmup_seconds": warmup_seconds,
+        "step_ms": 1000 * elapsed / work["steps"],
+        "tokens_per_second": tokens_per_second,
+        "MFU": per_device / peak_flops if peak_flops else None,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "installs_bit_exact": exact,
+        "peak_memory_MB": [
+            {
+                "rank": r["rank"],
+                "setup": r["setup_peak_bytes"] / 2**20,
+                "training": r["training_peak_bytes"] / 2**20,
+            }
+            for r in records
+        ],
+    }
 
 
 def run(parallelism: str, compile: bool, device: torch.device, quick: bool) -> dict[str, Any] | None:
@@ -137,17 +205,7 @@ def run(parallelism: str, compile: bool, device: torch.device, quick: bool) -> d
             precision="bf16",
         )
 
-    started = time.perf_counter()
-    for index in range(work["warmup"]):
-        step(index)
-    synchronize(device)
-    warmup_seconds = time.perf_counter() - started
-    if group.distributed:
-        dist.barrier()
-    started = time.perf_counter()
-    losses = [step(index) for index in range(work["steps"])]
-    synchronize(device)
-    elapsed = time.perf_counter() - started
+    warmup_seconds, losses, elapsed = timed_steps(step, work, device, group)
     record = {"rank": group.rank, "setup_peak_bytes": setup_peak, "training_peak_bytes": peak.bytes()}
     records = [record]
     if group.distributed:
@@ -159,37 +217,8 @@ def run(parallelism: str, compile: bool, device: torch.device, quick: bool) -> d
     leave_process_group(group)
     if not group.is_storage_rank:
         return None
-    tokens_per_second = work["steps"] * work["batch"] * work["sequence"] / elapsed
-    peak_flops = peak_bf16_flops(device)
-    per_device = flops_per_token(model, work["sequence"]) * tokens_per_second / group.world_size
-    return {
-        "parallelism": parallelism if group.distributed else "one process",
-        "processes": group.world_size,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "backend": "nccl" if device.type == "cuda" else "gloo",
-        "compiled": compile,
-        "parameters": parameters,
-        "model_MB": 4 * parameters / 2**20,
-        "batch": work["batch"],
-        "micro_batch": work["micro_batch"],
-        "sequence": work["sequence"],
-        "steps": work["steps"],
-        "warmup_seconds": warmup_seconds,
-        "step_ms": 1000 * elapsed / work["steps"],
-        "tokens_per_second": tokens_per_second,
-        "MFU": per_device / peak_flops if peak_flops else None,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "installs_bit_exact": exact,
-        "peak_memory_MB": [
-            {
-                "rank": r["rank"],
-                "setup": r["setup_peak_bytes"] / 2**20,
-                "training": r["training_peak_bytes"] / 2**20,
-            }
-            for r in records
-        ],
-    }
+    timings = {"warmup_seconds": warmup_seconds, "elapsed": elapsed, "losses": losses}
+    return result_of(parallelism, compile, device, group, work, model, parameters, exact, timings, records)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:

@@ -191,7 +191,7 @@ def mean(rows: list[dict], key: str) -> float:
     return statistics.fmean(row[key] for row in rows if key in row)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__, "a tiny model and budget, 2 learners (about a minute)")
     parser.add_argument("--tokens", type=float, default=10e6, help="token budget of the full run")
     parser.add_argument(
@@ -216,7 +216,114 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--resume", action="store_true", help="keep the rows (and tuning) already in the result file; run the rest"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def tune_data_parallel(
+    args: argparse.Namespace, grid: list[float], tuning: list[dict], earlier_rate: float | None
+) -> float:
+    """Data-parallel's learning rate, tuned on a fraction of the budget (the grid's one
+    value when it has one); ``tuning`` gains a row per rate tried."""
+    args.evaluate_every = 1
+    for learning_rate in grid if len(grid) > 1 and not tuning else []:
+        result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
+        tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
+        print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
+    best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
+    if earlier_rate is not None and best != earlier_rate:
+        raise SystemExit(
+            f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; "
+            "rerun without --resume"
+        )
+    return best
+
+
+def tune_diloco(args: argparse.Namespace, grid: list[tuple[float, int]], tuning: list[dict]) -> dict | None:
+    """The DiLoCo learners' inner learning rate and H, tuned as data-parallel's (K=M, int4);
+    ``tuning`` gains a row per setting tried.
+
+    A quick run is over in seconds, before the syncer has evaluated much: an evaluation
+    is labelled with the tokens the learners had trained when it was taken, so its
+    first one past a fraction may still be of the initial weights.  Quick tuning runs
+    therefore go to the end and read the final version's evaluation."""
+    fraction = None if args.quick else args.tuning_fraction
+    with tempfile.TemporaryDirectory(prefix="diloco-tuning-") as directory:
+        for learning_rate, interval in grid if len(grid) > 1 else []:
+            if any(t["learning_rate"] == learning_rate and t["sync_interval"] == interval for t in tuning):
+                continue
+            args.evaluate_every = 1
+            recipe = recipe_for(
+                args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}}
+            )
+            result = run_diloco(
+                recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction
+            )
+            loss = result["loss"] if fraction is not None else result["evaluations"][-1]["loss"]
+            tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": loss})
+            print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {loss:.4f}", flush=True)
+    return min(tuning, key=lambda row: row["loss"]) if tuning else None
+
+
+def diloco_rows_for(args: argparse.Namespace, default: Recipe, tuned_setting: dict | None) -> dict[str, tuple]:
+    """Each DiLoCo row's recipe overrides and evaluation interval; the tuned rows where
+    tuning chose other than the default recipe's settings."""
+    fp32 = {"codec": "fp32", "zstd_level": 1}
+    rows = {
+        "DiLoCo K=M fp32": ({"sync": {"learner_codec": fp32, "update_codec": fp32}}, 2 if args.quick else 10),
+        "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
+        "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
+    }
+    if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (
+        default.training.learning_rate,
+        default.sync.sync_interval,
+    ):
+        tuned = {
+            "training": {"learning_rate": tuned_setting["learning_rate"]},
+            "sync": {"sync_interval": tuned_setting["sync_interval"]},
+        }
+        rows[TUNED_SYNC] = (tuned, 2 if args.quick else 10)
+        rows[TUNED_ASYNC] = (
+            {"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}},
+            4 if args.quick else 40,
+        )
+    return rows
+
+
+def plan_rows(
+    args: argparse.Namespace, seeds: list[int], other_seeds: list[int], diloco_rows: dict
+) -> list[tuple[str, int]]:
+    """The (row, seed) runs, most informative first, or those ``--rows`` names."""
+    plan = [(DATA_PARALLEL, seeds[0]), ("Decoupled K=1 grace int4", seeds[0]), ("DiLoCo K=M fp32", other_seeds[0])]
+    plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
+    plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
+    plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
+    plan += (
+        [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
+    )
+    plan += [(TOKENS_ROW, other_seeds[0])]
+    chosen = [label.strip() for label in args.rows.split(",") if label.strip()]
+    unknown = sorted(set(chosen) - {DATA_PARALLEL, *diloco_rows, TOKENS_ROW})
+    if unknown:
+        raise SystemExit(f"--rows: no row named {', '.join(map(repr, unknown))}")
+    return [step for step in plan if not chosen or step[0] in chosen]
+
+
+def run_row(args: argparse.Namespace, label: str, seed: int, best: float, diloco_rows: dict, workdir: Path) -> dict:
+    """One row's run at one seed: data-parallel at the tuned rate, or a DiLoCo run."""
+    if label == DATA_PARALLEL:
+        result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
+        result.pop("loss_end")
+        return {"row": label, "seed": seed, **result}
+    overrides, args.evaluate_every = diloco_rows[label]
+    recipe = recipe_for(args, seed, overrides)
+    name = "q-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") + f"-{seed}"
+    result = run_diloco(recipe, name, workdir)
+    result.pop("evaluations")
+    return {"row": label, "seed": seed, "outer_lr": recipe.outer_learning_rate, "quorum": recipe.quorum, **result}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     torch.set_num_threads(2)
     probe = recipe_for(argparse.Namespace(quick=args.quick, steps_per_learner=1, evaluate_every=1), 0, {})
     per_step = probe.training.num_learners * tokens_per_learner_step(probe)
@@ -233,74 +340,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     settings = settings_of(args, per_step, seeds, other_seeds)
     rows, tuning, earlier_rate, diloco_tuning = earlier_results(args, settings) if args.resume else ([], [], None, [])
-    # 1. tune data-parallel's learning rate on a fraction of the budget
-    args.evaluate_every = 1
-    for learning_rate in grid if len(grid) > 1 and not tuning else []:
-        result = run_data_parallel(recipe_for(args, 0, {}), learning_rate, args.tuning_fraction)
-        tuning.append({"learning_rate": learning_rate, "loss": result["loss_end"]})
-        print(f"  tuning data-parallel lr {learning_rate:g}: {result['loss_end']:.4f}", flush=True)
-    best = min(tuning, key=lambda row: row["loss"])["learning_rate"] if tuning else grid[0]
-    if earlier_rate is not None and best != earlier_rate:
-        raise SystemExit(
-            f"--resume: tuning chose lr {best:g} but the kept data-parallel rows used {earlier_rate:g}; "
-            "rerun without --resume"
-        )
-    # 1b. tune the DiLoCo learners' inner learning rate and H the same way (K=M, int4).
-    # A quick run is over in seconds, before the syncer has evaluated much: an evaluation
-    # is labelled with the tokens the learners had trained when it was taken, so its
-    # first one past a fraction may still be of the initial weights.  Quick tuning runs
-    # therefore go to the end and read the final version's evaluation.
-    fraction = None if args.quick else args.tuning_fraction
-    with tempfile.TemporaryDirectory(prefix="diloco-tuning-") as directory:
-        for learning_rate, interval in diloco_grid if len(diloco_grid) > 1 else []:
-            if any(t["learning_rate"] == learning_rate and t["sync_interval"] == interval for t in diloco_tuning):
-                continue
-            args.evaluate_every = 1
-            recipe = recipe_for(
-                args, 0, {"training": {"learning_rate": learning_rate}, "sync": {"sync_interval": interval}}
-            )
-            result = run_diloco(
-                recipe, f"tune-{learning_rate:g}-{interval}".replace(".", "p"), Path(directory), stop_at=fraction
-            )
-            loss = result["loss"] if fraction is not None else result["evaluations"][-1]["loss"]
-            diloco_tuning.append({"learning_rate": learning_rate, "sync_interval": interval, "loss": loss})
-            print(f"  tuning DiLoCo K=M int4 lr {learning_rate:g} H {interval}: {loss:.4f}", flush=True)
-    tuned_setting = min(diloco_tuning, key=lambda row: row["loss"]) if diloco_tuning else None
-    # 2. the rows, most informative first; the JSON is rewritten after each, so a long
-    # run that is stopped early still reports what it measured
-    fp32 = {"codec": "fp32", "zstd_level": 1}
-    diloco_rows = {
-        "DiLoCo K=M fp32": ({"sync": {"learner_codec": fp32, "update_codec": fp32}}, 2 if args.quick else 10),
-        "DiLoCo K=M int4": ({}, 2 if args.quick else 10),
-        "Decoupled K=1 grace int4": ({"sync": {"quorum": 1}}, 4 if args.quick else 40),
-    }
+    best = tune_data_parallel(args, grid, tuning, earlier_rate)
+    tuned_setting = tune_diloco(args, diloco_grid, diloco_tuning)
+    # the rows; the JSON is rewritten after each, so a long run that is stopped early
+    # still reports what it measured
     default = recipe_for(args, 0, {})
-    if tuned_setting is not None and (tuned_setting["learning_rate"], tuned_setting["sync_interval"]) != (
-        default.training.learning_rate,
-        default.sync.sync_interval,
-    ):
-        tuned = {
-            "training": {"learning_rate": tuned_setting["learning_rate"]},
-            "sync": {"sync_interval": tuned_setting["sync_interval"]},
-        }
-        diloco_rows[TUNED_SYNC] = (tuned, 2 if args.quick else 10)
-        diloco_rows[TUNED_ASYNC] = (
-            {"training": tuned["training"], "sync": {**tuned["sync"], "quorum": 1}},
-            4 if args.quick else 40,
-        )
-    plan = [(DATA_PARALLEL, seeds[0]), ("Decoupled K=1 grace int4", seeds[0]), ("DiLoCo K=M fp32", other_seeds[0])]
-    plan += [("Decoupled K=1 grace int4", seed) for seed in seeds[1:]]
-    plan += [] if args.quick else [("DiLoCo K=M int4", seed) for seed in other_seeds]
-    plan += [(DATA_PARALLEL, seed) for seed in seeds[1:]] + [("DiLoCo K=M fp32", seed) for seed in other_seeds[1:]]
-    plan += (
-        [] if args.quick else [(label, other_seeds[0]) for label in (TUNED_SYNC, TUNED_ASYNC) if label in diloco_rows]
-    )
-    plan += [(TOKENS_ROW, other_seeds[0])]
-    chosen = [label.strip() for label in args.rows.split(",") if label.strip()]
-    unknown = sorted(set(chosen) - {DATA_PARALLEL, *diloco_rows, TOKENS_ROW})
-    if unknown:
-        raise SystemExit(f"--rows: no row named {', '.join(map(repr, unknown))}")
-    plan = [step for step in plan if not chosen or step[0] in chosen]
+    diloco_rows = diloco_rows_for(args, default, tuned_setting)
+    plan = plan_rows(args, seeds, other_seeds, diloco_rows)
     tuned = {
         "dp_tuning": tuning,
         "dp_learning_rate": best,
@@ -310,38 +356,15 @@ def main(argv: list[str] | None = None) -> dict:
     path = None
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         tokens_index, bytes_per_token = prepare_tokens(Path(directory))
-        diloco_rows[TOKENS_ROW] = (
-            {
-                "model": {"kwargs": {**default.model.kwargs, "vocabulary_size": TOKENS_VOCABULARY}},
-                "data": {"source": tokens_index},
-            },
-            2 if args.quick else 10,
-        )
+        tokens_model = {"kwargs": {**default.model.kwargs, "vocabulary_size": TOKENS_VOCABULARY}}
+        diloco_rows[TOKENS_ROW] = ({"model": tokens_model, "data": {"source": tokens_index}}, 2 if args.quick else 10)
         for label, seed in plan:
             if any(row["row"] == label and row["seed"] == seed for row in rows):
                 continue
-            if label == DATA_PARALLEL:
-                result = run_data_parallel(recipe_for(args, seed, {}), best, 1.0)
-                result.pop("loss_end")
-                rows.append({"row": label, "seed": seed, **result})
-            else:
-                overrides, args.evaluate_every = diloco_rows[label]
-                recipe = recipe_for(args, seed, overrides)
-                name = "q-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") + f"-{seed}"
-                result = run_diloco(recipe, name, Path(directory))
-                result.pop("evaluations")
-                if label == TOKENS_ROW:
-                    result["bytes_per_token"] = bytes_per_token
-                rows.append(
-                    {
-                        "row": label,
-                        "seed": seed,
-                        "outer_lr": recipe.outer_learning_rate,
-                        "quorum": recipe.quorum,
-                        **result,
-                    }
-                )
-            print(f"  {label} seed {seed}: {result['loss_1.0']:.4f}", flush=True)
+            rows.append(run_row(args, label, seed, best, diloco_rows, Path(directory)))
+            if label == TOKENS_ROW:
+                rows[-1]["bytes_per_token"] = bytes_per_token
+            print(f"  {label} seed {seed}: {rows[-1]['loss_1.0']:.4f}", flush=True)
             path = write_result("quality", args.quick, settings, summarize(rows) | tuned, args.output)
     results = summarize(rows) | tuned
     table = [{"row": label, **values} for label, values in results["summary"].items()]

@@ -1,6 +1,6 @@
 """Benchmark: what the topology sends across the WAN, per token.
 
-The same run (the default recipe, K = M) on ``tests.support.wan.emulated_wan`` (two
+The same run (the default recipe, K = M) on ``testbed.wan.emulated_wan`` (two
 regions, each its own namespace and moto S3, shaped links, a delaying proxy that counts
 every byte crossing into the region), in three settings of the one topology (a reducer in
 every region, the region builds its own version 0 and snapshots, the syncer in the first
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--latency-ms", type=float, default=40.0, help="one-way latency added by the proxies")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     args = parser.parse_args(argv)
-    from tests.support.wan import S3_ENV, emulated_wan
+    from testbed.wan import S3_ENV, emulated_wan
 
     os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     rows: dict[str, dict] = {}

@@ -2,7 +2,7 @@
 
 The scenario: the default recipe (byte-level GPT, 0.84M parameters, batch 16, 300 inner
 steps, H=25, P=2, int4 uploads, int8 updates), two regions (``east``, ``west``) of two
-learners each and the syncer in a third place (``syncer``), all on ``tests.support.wan.emulated_wan``:
+learners each and the syncer in a third place (``syncer``), all on ``testbed.wan.emulated_wan``:
 one network namespace per place, every place's link to a router shaped with tbf at R Mbit/s
 (the syncer's at R x regions: it carries both regions), a moto S3 per region, and in front of
 it a proxy that adds L ms each way (40 by default) for every other place and counts bytes.
@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import benchmark_parser, write_result
-from bench.ddp_worker import launch_local
+from bench.ddp_launch import launch_local
 from bench.wan_diloco import (
     MEASURE,
     QUICK_RUN,
@@ -91,7 +91,6 @@ from bench.wan_diloco import (
     device_bytes,
     device_deltas,
     diloco_on_wan,
-    load_recipe,
 )
 from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
@@ -99,6 +98,8 @@ from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_show import show, show_sweep
 from bench.wan_sweep import LABELS, dp_reference, replanned, sweep
+from diloco_cli.config.files import load_recipe
+from diloco_cli.config.recipe import Recipe
 
 TARGET_COMM_TO_COMPUTE = 30.0
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
@@ -202,9 +203,25 @@ def _print_dp_wan(measured: dict) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__, "a tiny model and budget, 2 regions x 1 learner (~1 minute)")
+    add_race_options(parser)
+    add_sweep_options(parser)
     parser.add_argument(
-        "--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)"
+        "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
     )
+    args = parser.parse_args(argv)
+    if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
+        parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
+    if args.learners is not None and (args.learners < 2 or args.learners % len(REGIONS)):
+        parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
+    if args.replan and (args.settings or not args.sweep_from):
+        parser.error("--replan plans the rows of an earlier sweep again: give --sweep-from RESULT, no --settings")
+    if args.settings and not args.sweep_from:
+        parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
+    return args
+
+
+def add_race_options(parser: argparse.ArgumentParser) -> None:
+    """The race's options: the WAN (latency, link rate), the runs, the learners and where the syncer runs."""
     parser.add_argument(
         "--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3"
     )
@@ -247,6 +264,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"where the syncer runs: a region (default {REGIONS[0]!r}, as a default run places it) or {SYNCER!r}, "
         "a place of its own behind its own link (the placement before reducers)",
     )
+
+
+def add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """The options of what follows the race: the settings sweep and the link-rate check (full mode)."""
+    parser.add_argument(
+        "--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)"
+    )
     parser.add_argument(
         "--check-link-rate",
         action="store_true",
@@ -272,19 +296,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --sweep-from: run no setting, plan each row again at this commit (from its learners' step and "
         "start-up) beside what it measured",
     )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
-    )
-    args = parser.parse_args(argv)
-    if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
-        parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
-    if args.learners is not None and (args.learners < 2 or args.learners % len(REGIONS)):
-        parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
-    if args.replan and (args.settings or not args.sweep_from):
-        parser.error("--replan plans the rows of an earlier sweep again: give --sweep-from RESULT, no --settings")
-    if args.settings and not args.sweep_from:
-        parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
-    return args
 
 
 def sweep_only(args: argparse.Namespace) -> dict:
@@ -317,26 +328,13 @@ def sweep_only(args: argparse.Namespace) -> dict:
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.sweep_from:
-        return sweep_only(args)
-    if os.geteuid() != 0:
-        raise SystemExit("bench.wan needs root (network namespaces, tc)")
-    sys.path.insert(0, str(REPOSITORY))
-    from tests.support.wan import S3_ENV, emulated_wan
-
-    os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
-    quick = args.quick
-    overrides = overrides_for(quick) + ([f"training.num_learners={args.learners}"] if args.learners else [])
-    recipe = load_recipe(overrides)
-    world = recipe.training.num_learners
-    steps = recipe.training.inner_steps
-    eval_every = args.dp_eval_every or (5 if quick else 10)
-    timeout = args.timeout or (240.0 if quick else 3600.0)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-wan-"))
-    settings = {
+def race_settings(
+    args: argparse.Namespace, recipe: Recipe, overrides: Sequence[str], eval_every: int
+) -> dict[str, Any]:
+    """The race's settings as its JSON records them."""
+    world, steps = recipe.training.num_learners, recipe.training.inner_steps
+    sync = recipe.sync
+    return {
         "recipe_overrides": overrides,
         "diloco_overrides": args.diloco_set,
         "model": recipe.model.model_dump(),
@@ -347,14 +345,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "batch_per_learner": recipe.training.batch_size,
         "sequence_length": recipe.data.sequence_length,
         "inner_steps": steps,
-        "sync_interval": recipe.sync.sync_interval,
-        "fragments": recipe.sync.num_fragments,
-        "learner_codec": recipe.sync.learner_codec.codec.value
-        if hasattr(recipe.sync.learner_codec.codec, "value")
-        else str(recipe.sync.learner_codec.codec),
-        "update_codec": recipe.sync.update_codec.codec.value
-        if hasattr(recipe.sync.update_codec.codec, "value")
-        else str(recipe.sync.update_codec.codec),
+        "sync_interval": sync.sync_interval,
+        "fragments": sync.num_fragments,
+        "learner_codec": getattr(sync.learner_codec.codec, "value", str(sync.learner_codec.codec)),
+        "update_codec": getattr(sync.update_codec.codec, "value", str(sync.update_codec.codec)),
         "tokens": world * steps * recipe.training.batch_size * recipe.data.sequence_length,
         "latency_ms": args.latency_ms,
         "comm_ratio_target": args.comm_ratio,
@@ -362,192 +356,273 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "dp_wire_dtype": "bf16",
         "threads_per_process": 1,
     }
-    results: dict[str, Any] = {"phase_seconds": {}}
-    clock = {"phase": None, "since": time.monotonic()}
 
-    def phase(name: str | None, line: str = "") -> None:
+
+class PhaseClock:
+    """How long each phase of the race took, into ``seconds`` (the JSON's ``phase_seconds``)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds, self.phase, self.since = seconds, None, time.monotonic()
+
+    def __call__(self, name: str | None, line: str = "") -> None:
         """Start phase ``name`` (None: the end), closing the one before it."""
         now = time.monotonic()
-        if clock["phase"]:
-            results["phase_seconds"][clock["phase"]] = round(now - clock["since"], 2)
-        clock.update(phase=name, since=now)
+        if self.phase:
+            self.seconds[self.phase] = round(now - self.since, 2)
+        self.phase, self.since = name, now
         if line:
             print(line, flush=True)
 
-    def write(partial: dict | None = None) -> Path:
-        if partial is not None:
-            results["sweep"] = partial
-        return write_result("wan", quick, settings, results, args.output)
 
-    try:
-        # 1. data-parallel on loopback, the whole budget: loss against steps, c and B
-        phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
-        loopback = dp_summary(
-            launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
-        )
-        c = loopback["medians"]["compute_seconds"]
-        b = loopback["bytes_per_step_per_rank"]
-        rate = args.link_mbit or b * 8 / (args.comm_ratio * c) / 1e6
-        syncer_rate = rate * len(REGIONS)
-        results["calibration"] = {
-            "dp_compute_seconds_per_step": c,
-            "dp_bytes_per_step_per_rank": b,
-            "link_mbit": rate,
-            "syncer_link_mbit": syncer_rate,
-            "formula": (
-                f"R = B x 8 / ({args.comm_ratio:g} x c) / 1e6 Mbit/s; "
-                f"the syncer's link carries every region's traffic: R x {len(REGIONS)}"
-            ),
-            "given": args.link_mbit is not None,
-        }
-        print(
-            f"  c = {c * 1000:.1f} ms compute per step, B = {b:,} bytes per step per rank -> R = {rate:.3f} Mbit/s "
-            f"(syncer's link {syncer_rate:.3f})",
-            flush=True,
-        )
+def calibration(args: argparse.Namespace, loopback: dict) -> dict[str, Any]:
+    """The link rate R from data-parallel's step on loopback: a step on the WAN then
+    communicates ``--comm-ratio`` times longer than it computes (or ``--link-mbit``)."""
+    c = loopback["medians"]["compute_seconds"]
+    b = loopback["bytes_per_step_per_rank"]
+    rate = args.link_mbit or b * 8 / (args.comm_ratio * c) / 1e6
+    syncer_rate = rate * len(REGIONS)
+    print(
+        f"  c = {c * 1000:.1f} ms compute per step, B = {b:,} bytes per step per rank -> R = {rate:.3f} Mbit/s "
+        f"(syncer's link {syncer_rate:.3f})",
+        flush=True,
+    )
+    return {
+        "dp_compute_seconds_per_step": c,
+        "dp_bytes_per_step_per_rank": b,
+        "link_mbit": rate,
+        "syncer_link_mbit": syncer_rate,
+        "formula": (
+            f"R = B x 8 / ({args.comm_ratio:g} x c) / 1e6 Mbit/s; "
+            f"the syncer's link carries every region's traffic: R x {len(REGIONS)}"
+        ),
+        "given": args.link_mbit is not None,
+    }
 
-        phase("emulation")
-        with emulated_wan(
-            REGIONS, [SYNCER], rate_mbit=rate, rates={SYNCER: syncer_rate}, latency_ms=args.latency_ms, hostnames=True
-        ) as wan:
-            results["emulation"] = {
-                "namespaces": {label: place.name for label, place in wan.places.items()} | {"router": wan.router.name},
-                "hosts_files": {label: str(path) for label, path in wan.hosts_files.items()},
-                "wan_addresses": {label: place.wan_address for label, place in wan.places.items()},
-            }
-            # 2. data-parallel on the WAN, a few steps
-            dp_steps, dp_seconds = (
-                (3, None) if quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
-            )
-            phase(
-                "dp_wan",
-                "data-parallel on the WAN: "
-                f"{f'{dp_steps} steps' if dp_seconds is None else f'{dp_seconds:g} s of training'}",
-            )
-            dp_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout)
-            _print_dp_wan(dp_wan)
-            phase("dp_wan_hierarchical", "data-parallel on the WAN, hierarchical all-reduce (a ring of region leaders)")
-            hierarchical_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout, hierarchical=True)
-            _print_dp_wan(hierarchical_wan)
-            # 3. DiLoCo on the WAN, the whole budget
-            phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
-            diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
-            print(
-                f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
-                f"compute share {diloco['compute_share']:.1%} of the learners' lives, "
-                f"{diloco['compute_share_from_launch']:.1%} from the launch, "
-                f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
-                flush=True,
-            )
-            # 4. the plan's prediction, and its link rate for 90% computing checked on the links
-            phase("plan", "diloco plan for the same scenario")
-            diloco_overrides = [*overrides, *args.diloco_set]
-            plan = plan_prediction(workdir / "regions.json", diloco_overrides, c, rate, args.latency_ms)
-            # beside the measurement: the plan given the step the learners took in the run (on
-            # these shared cores, with the reducers, syncer, proxies and servers, slower than c);
-            # the link rates stay those of c, the step the scenario was calibrated with
-            run_step = diloco.get("median_learner_step_seconds")
-            plan_at_run_step = (
-                plan_prediction(
-                    workdir / "regions.json",
-                    diloco_overrides,
-                    run_step,
-                    rate,
-                    args.latency_ms,
-                    startup_seconds=diloco.get("startup_seconds") or diloco["learners_started_after_seconds"],
-                )
-                if run_step
-                else plan
-            )
-            plan_rates = (plan["prediction"] or {}).get("link_rates") or {}
-            rate_runs = []
-            if args.check_link_rate and plan_rates.get("diloco_mbit"):
-                phase("link_rate", "Decoupled DiLoCo at the plan's link rate for 90% computing, and at half of it")
-                rate_runs = check_diloco_rate(
-                    wan, plan_rates["diloco_mbit"], diloco_overrides, workdir, timeout, args.syncer_in
-                )
-            phase("teardown")
 
-        # 5. the target, both sides' time to it
-        dp_final = loopback["evaluations"][-1]["loss"]
-        target = target_loss(diloco["final_loss"], dp_final)
-        dp_hit = first_at_or_below(loopback["evaluations"], target)
-        diloco_hit = first_at_or_below(diloco["evaluations"], target)
-        step_seconds = dp_wan["medians"]["step_seconds"]
-        latency_per_step = 2 * (world - 1) * args.latency_ms / 1000
-        tokens_per_step = loopback["tokens_per_step"]
-        dp = {
-            "loopback": loopback,
-            "wan": dp_wan,
-            "final_loss": dp_final,
-            "steps_to_target": dp_hit["step"] if dp_hit else None,
-            "wan_step_seconds": step_seconds,
-            "time_to_target_seconds": dp_hit["step"] * step_seconds if dp_hit else None,
-            "method": (
-                "time to target = (steps to reach the target on loopback, evaluated every "
-                f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, "
-                f"{dp_wan['steps_done']} steps measured)"
-            ),
-            "latency_not_emulated_seconds_per_step": latency_per_step,
-            "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step)
-            if dp_hit
-            else None,
-            "compute_share": dp_wan["compute_share"],
-            "comm_to_compute": dp_wan["comm_to_compute"],
-            "wan_bytes_per_token": dp_wan["app_wan_bytes_per_step"] / tokens_per_step,
-            "wan_bytes_per_token_wire": dp_wan["wire_wan_bytes_per_step"] / tokens_per_step,
-            "wan_bytes_per_token_model": b / (tokens_per_step / world),
-            "wan_bytes_note": (
-                f"app: {dp_wan['ring_crossings']} ring hops of {world} cross a link, each B bytes per step; wire: "
-                "the regions' WAN devices' tx per step (TCP/IP headers included); "
-                "model: every worker in a place of its own "
-                "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)"
-            ),
-        }
-        dp["wan_bytes_to_target"] = (
-            dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+def runs_on_wan(
+    args: argparse.Namespace,
+    wan: Any,
+    recipe: Recipe,
+    overrides: Sequence[str],
+    workdir: Path,
+    timeout: float,
+    phase: PhaseClock,
+) -> dict[str, dict]:
+    """Data-parallel on the WAN for a few steps (flat ring, then hierarchical), then
+    Decoupled DiLoCo for the whole run."""
+    world, steps = recipe.training.num_learners, recipe.training.inner_steps
+    dp_steps, dp_seconds = (
+        (3, None) if args.quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
+    )
+    what = f"{dp_steps} steps" if dp_seconds is None else f"{dp_seconds:g} s of training"
+    phase("dp_wan", f"data-parallel on the WAN: {what}")
+    dp_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout)
+    _print_dp_wan(dp_wan)
+    phase("dp_wan_hierarchical", "data-parallel on the WAN, hierarchical all-reduce (a ring of region leaders)")
+    hierarchical_wan = dp_on_wan(wan, world, overrides, dp_steps, dp_seconds, timeout, hierarchical=True)
+    _print_dp_wan(hierarchical_wan)
+    phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
+    diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
+    print(
+        f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
+        f"compute share {diloco['compute_share']:.1%} of the learners' lives, "
+        f"{diloco['compute_share_from_launch']:.1%} from the launch, "
+        f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
+        flush=True,
+    )
+    return {"dp_wan": dp_wan, "hierarchical_wan": hierarchical_wan, "diloco": diloco}
+
+
+def plans_and_rates(
+    args: argparse.Namespace,
+    wan: Any,
+    overrides: Sequence[str],
+    workdir: Path,
+    timeout: float,
+    calibrated: dict,
+    diloco: dict,
+    phase: PhaseClock,
+) -> dict[str, Any]:
+    """The plan's prediction for the scenario, and again at the step the learners took in
+    the run; with ``--check-link-rate``, DiLoCo at the plan's link rate for 90% computing."""
+    phase("plan", "diloco plan for the same scenario")
+    diloco_overrides = [*overrides, *args.diloco_set]
+    c, rate = calibrated["dp_compute_seconds_per_step"], calibrated["link_mbit"]
+    plan = plan_prediction(workdir / "regions.json", diloco_overrides, c, rate, args.latency_ms)
+    # beside the measurement: the plan given the step the learners took in the run (on
+    # these shared cores, with the reducers, syncer, proxies and servers, slower than c);
+    # the link rates stay those of c, the step the scenario was calibrated with
+    run_step = diloco.get("median_learner_step_seconds")
+    plan_at_run_step = plan
+    if run_step:
+        startup = diloco.get("startup_seconds") or diloco["learners_started_after_seconds"]
+        plan_at_run_step = plan_prediction(
+            workdir / "regions.json", diloco_overrides, run_step, rate, args.latency_ms, startup_seconds=startup
         )
-        dp["baselines"] = {
-            "flat_ring": baseline(dp_wan, dp_hit, tokens_per_step),
-            "hierarchical": baseline(hierarchical_wan, dp_hit, tokens_per_step),
-        }
-        diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
-        diloco["time_to_target_from_learner_start_seconds"] = (
-            (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
+    plan_rates = (plan["prediction"] or {}).get("link_rates") or {}
+    rate_runs = []
+    if args.check_link_rate and plan_rates.get("diloco_mbit"):
+        phase("link_rate", "Decoupled DiLoCo at the plan's link rate for 90% computing, and at half of it")
+        rate_runs = check_diloco_rate(
+            wan, plan_rates["diloco_mbit"], diloco_overrides, workdir, timeout, args.syncer_in
         )
-        diloco["version_at_target"] = diloco_hit["version"] if diloco_hit else None
-        results["target"] = {
+    return {"plan": plan, "plan_at_run_step": plan_at_run_step, "plan_rates": plan_rates, "rate_runs": rate_runs}
+
+
+def dp_result(args: argparse.Namespace, loopback: dict, on_wan: dict, target: float, eval_every: int) -> dict:
+    """Data-parallel's side of the race: its time and WAN bytes to the target loss, and
+    its two baselines (flat ring, hierarchical)."""
+    dp_wan, world = on_wan["dp_wan"], loopback["world_size"]
+    dp_hit = first_at_or_below(loopback["evaluations"], target)
+    step_seconds = dp_wan["medians"]["step_seconds"]
+    latency_per_step = 2 * (world - 1) * args.latency_ms / 1000
+    tokens_per_step = loopback["tokens_per_step"]
+    dp = {
+        "loopback": loopback,
+        "wan": dp_wan,
+        "final_loss": loopback["evaluations"][-1]["loss"],
+        "steps_to_target": dp_hit["step"] if dp_hit else None,
+        "wan_step_seconds": step_seconds,
+        "time_to_target_seconds": dp_hit["step"] * step_seconds if dp_hit else None,
+        "method": (
+            "time to target = (steps to reach the target on loopback, evaluated every "
+            f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, "
+            f"{dp_wan['steps_done']} steps measured)"
+        ),
+        "latency_not_emulated_seconds_per_step": latency_per_step,
+        "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step) if dp_hit else None,
+        "compute_share": dp_wan["compute_share"],
+        "comm_to_compute": dp_wan["comm_to_compute"],
+        "wan_bytes_per_token": dp_wan["app_wan_bytes_per_step"] / tokens_per_step,
+        "wan_bytes_per_token_wire": dp_wan["wire_wan_bytes_per_step"] / tokens_per_step,
+        "wan_bytes_per_token_model": loopback["bytes_per_step_per_rank"] / (tokens_per_step / world),
+        "wan_bytes_note": (
+            f"app: {dp_wan['ring_crossings']} ring hops of {world} cross a link, each B bytes per step; wire: "
+            "the regions' WAN devices' tx per step (TCP/IP headers included); "
+            "model: every worker in a place of its own "
+            "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)"
+        ),
+    }
+    dp["wan_bytes_to_target"] = dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+    dp["baselines"] = {
+        "flat_ring": baseline(dp_wan, dp_hit, tokens_per_step),
+        "hierarchical": baseline(on_wan["hierarchical_wan"], dp_hit, tokens_per_step),
+    }
+    return dp
+
+
+def race_result(args: argparse.Namespace, loopback: dict, on_wan: dict, planned: dict, eval_every: int) -> dict:
+    """Both sides at the target loss, their ratios, the plan against the measurement and
+    the link rates."""
+    diloco, dp_wan, hierarchical_wan = on_wan["diloco"], on_wan["dp_wan"], on_wan["hierarchical_wan"]
+    dp_final = loopback["evaluations"][-1]["loss"]
+    target = target_loss(diloco["final_loss"], dp_final)
+    dp = dp_result(args, loopback, on_wan, target, eval_every)
+    diloco_hit = first_at_or_below(diloco["evaluations"], target)
+    diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
+    diloco["time_to_target_from_learner_start_seconds"] = (
+        (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
+    )
+    diloco["version_at_target"] = diloco_hit["version"] if diloco_hit else None
+    both_hit = dp["steps_to_target"] is not None and diloco_hit
+    rate = planned["rate"]
+    return {
+        "target": {
             "loss": target,
             "rule": f"max(DiLoCo's final evaluation, data-parallel's final evaluation) x {1 + TARGET_MARGIN:g}",
             "diloco_final": diloco["final_loss"],
             "dp_final": dp_final,
-        }
-        results["dp"] = dp
-        results["diloco"] = diloco
-        results["equal_loss"] = equal_loss(dp, diloco, diloco_hit)
-        results["ratios"] = {
+        },
+        "dp": dp,
+        "diloco": diloco,
+        "equal_loss": equal_loss(dp, diloco, diloco_hit),
+        "ratios": {
             "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"]
-            if dp_hit and diloco_hit
+            if both_hit
             else None,
             "wan_bytes_per_token_dp_over_diloco": dp["wan_bytes_per_token"] / diloco["wan_bytes_per_token"],
             "wan_bytes_per_token_wire_dp_over_diloco": dp["wan_bytes_per_token_wire"]
             / diloco["wan_bytes_per_token_wire"],
             "measured_dp_comm_to_compute": dp_wan["comm_to_compute"],
+        },
+        "plan": planned["plan"],
+        "plan_at_run_step": planned["plan_at_run_step"],
+        "plan_vs_measured": plan_vs_measured(
+            planned["plan_at_run_step"]["prediction"], diloco, dp, planned["plan"]["prediction"]
+        ),
+        "link_rates": summarize_link_rates(
+            planned["plan_rates"],
+            {"flat_ring": dp_rate_for_target(dp_wan, rate), "hierarchical": dp_rate_for_target(hierarchical_wan, rate)},
+            planned["rate_runs"],
+        ),
+    }
+
+
+def race(args: argparse.Namespace, recipe: Recipe, overrides: Sequence[str], workdir: Path, results: dict) -> None:
+    """Data-parallel on loopback (the loss against steps, c and B), the WAN calibrated from
+    it, both sides on the emulated WAN, the plan, and the comparison at equal loss."""
+    from testbed.wan import emulated_wan
+
+    world, steps = recipe.training.num_learners, recipe.training.inner_steps
+    eval_every, timeout = race_limits(args)
+    phase = PhaseClock(results["phase_seconds"])
+    phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
+    loopback = dp_summary(
+        launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
+    )
+    calibrated = results["calibration"] = calibration(args, loopback)
+    rate, syncer_rate = calibrated["link_mbit"], calibrated["syncer_link_mbit"]
+    phase("emulation")
+    with emulated_wan(
+        REGIONS, [SYNCER], rate_mbit=rate, rates={SYNCER: syncer_rate}, latency_ms=args.latency_ms, hostnames=True
+    ) as wan:
+        results["emulation"] = {
+            "namespaces": {label: place.name for label, place in wan.places.items()} | {"router": wan.router.name},
+            "hosts_files": {label: str(path) for label, path in wan.hosts_files.items()},
+            "wan_addresses": {label: place.wan_address for label, place in wan.places.items()},
         }
-        results["plan"] = plan
-        results["plan_at_run_step"] = plan_at_run_step
-        results["plan_vs_measured"] = plan_vs_measured(plan_at_run_step["prediction"], diloco, dp, plan["prediction"])
-        dp_measured = {
-            "flat_ring": dp_rate_for_target(dp_wan, rate),
-            "hierarchical": dp_rate_for_target(hierarchical_wan, rate),
-        }
-        results["link_rates"] = summarize_link_rates(plan_rates, dp_measured, rate_runs)
-        phase(None)
+        on_wan = runs_on_wan(args, wan, recipe, overrides, workdir, timeout, phase)
+        planned = plans_and_rates(args, wan, overrides, workdir, timeout, calibrated, on_wan["diloco"], phase)
+        phase("teardown")
+    results.update(race_result(args, loopback, on_wan, planned | {"rate": rate}, eval_every))
+    phase(None)
+
+
+def race_limits(args: argparse.Namespace) -> tuple[int, float]:
+    """Data-parallel's evaluation interval on loopback and the timeout of any one run."""
+    return args.dp_eval_every or (5 if args.quick else 10), args.timeout or (240.0 if args.quick else 3600.0)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.sweep_from:
+        return sweep_only(args)
+    if os.geteuid() != 0:
+        raise SystemExit("bench.wan needs root (network namespaces, tc)")
+    sys.path.insert(0, str(REPOSITORY))
+    from testbed.wan import S3_ENV
+
+    os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
+    overrides = overrides_for(args.quick) + ([f"training.num_learners={args.learners}"] if args.learners else [])
+    recipe = load_recipe(None, overrides)
+    eval_every, timeout = race_limits(args)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-wan-"))
+    settings = race_settings(args, recipe, overrides, eval_every)
+    results: dict[str, Any] = {"phase_seconds": {}}
+
+    def write(partial: dict | None = None) -> Path:
+        if partial is not None:
+            results["sweep"] = partial
+        return write_result("wan", args.quick, settings, results, args.output)
+
+    try:
+        race(args, recipe, overrides, workdir, results)
         path = write()
-        # 6. the sweep
         if args.sweep:
+            phase = PhaseClock(results["phase_seconds"])
             phase("sweep", "settings sweep (diloco up on this machine, file:// buckets)")
-            results["sweep"] = sweep(workdir, dp_reference(dp), timeout, write)
+            results["sweep"] = sweep(workdir, dp_reference(results["dp"]), timeout, write)
             phase(None)
             path = write()
     finally:

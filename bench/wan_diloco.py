@@ -40,15 +40,8 @@ QUICK_RUN = [
 """The tiny model and fast cadences of the WAN benchmarks' quick runs."""
 
 
-def load_recipe(overrides: Sequence[str]):
-    from diloco_cli.config.loading import load_model
-    from diloco_cli.config.recipe import Recipe
-
-    return load_model(Recipe, None, list(overrides), default_name="the default recipe")
-
-
 def process_env(threads: int = 1) -> dict[str, str]:
-    from tests.support.wan import S3_ENV
+    from testbed.wan import S3_ENV
 
     return {
         **os.environ,
@@ -266,37 +259,65 @@ class Processes:
             log.close()
 
 
-def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, syncer_place: str = SYNCER) -> dict:
-    """The whole run, learners, reducers and the syncer in their namespaces (the syncer in
-    ``syncer_place``: its own place or a region); what it measured."""
-    from diloco_cli.bandwidth.prices import load_prices
+REPORT_KEYS = (
+    "state",
+    "elapsed_seconds",
+    "tokens",
+    "total_bytes",
+    "wan_bytes",
+    "wan_bytes_per_token",
+    "kinds",
+    "compression",
+    "data_parallel",
+    "cost_dollars",
+)
+"""What the result keeps of ``diloco report --output json``."""
+
+HEARTBEAT_KEYS = (
+    "region",
+    "tokens",
+    "step",
+    "compute_seconds",
+    "started_at",
+    "training_since",
+    "time",
+    "step_seconds",
+    "sends",
+    "delivered",
+)
+"""What the result keeps of each learner's last heartbeat."""
+
+
+def prepare_run(wan, recipe, overrides: Sequence[str], workdir: Path, syncer_place: str) -> tuple:
+    """The run resolved as ``diloco up`` resolves it (regions on the WAN's buckets), its
+    buckets created, its run directory and secret written and its manifest in every
+    bucket: ``(name, spec, setup, run_dir, secret)``."""
     from diloco_cli.launch.resolve import create_run_directory
     from diloco_cli.launch.up import resolve
-    from diloco_cli.views.report import collect_report, render_json
-    from diloco_cli.views.run_state import read_buckets
 
-    recipe = load_recipe(overrides)
     learners_per_region = recipe.training.num_learners // len(REGIONS)
     regions_path = workdir / "regions.json"
     regions_path.write_text(json.dumps(regions_document(learners_per_region, syncer_place), indent=2))
-    runs_dir = workdir / "runs"
     name = f"wan-{time.strftime('%Y%m%d-%H%M%S')}"
-    spec, _, _ = resolve(None, regions_path, list(overrides), name, runs_dir)
+    spec, _, _ = resolve(None, regions_path, list(overrides), name, workdir / "runs")
     setup = via_setup(spec, wan)
     for region in REGIONS:
         setup_store = wan.regions[region].store("setup")
         if not setup_store.filesystem().exists(f"diloco-{region}"):  # a later run in the same emulation
             setup_store.create_bucket(f"diloco-{region}")
-    run_dir, secret = create_run_directory(
-        runs_dir, spec, launcher="local"
-    )  # run.json {"spec": ...} and the secret (0600)
-    for bucket in setup.buckets(
-        None
-    ):  # the manifest (the spec with the names) in every bucket, for `status --manifest`
+    # run.json {"spec": ...} and the secret (0600)
+    run_dir, secret = create_run_directory(workdir / "runs", spec, launcher="local")
+    # the manifest (the spec with the names) in every bucket, for `status --manifest`
+    for bucket in setup.buckets(None):
         bucket.write_manifest(spec.to_json())
+    return name, spec, setup, run_dir, secret
+
+
+def check_probes(wan, spec, syncer_place: str) -> list[dict]:
+    """Each region's bucket by its name from the region itself and from the syncer's place,
+    two probes at a time (of different regions: each proxy then sees one of them): the
+    region reaches it through its local proxy, the syncer's place through the remote one."""
     roots = {region.name: region.root for region in spec.regions}
-    # each region's bucket by its name from the region itself and from the syncer's place, two
-    # probes at a time (of different regions: each proxy then sees one of them)
     pairs = [[(region, region), (syncer_place, other)] for region, other in zip(REGIONS, (*REGIONS[1:], REGIONS[0]))]
     probes = []
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -308,34 +329,47 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
             raise RuntimeError(
                 f"s3-{probe['region']} from {probe['place']} went {probe['via']}, not {expected}: {probe}"
             )
+    return probes
 
+
+def traffic_counters(wan) -> dict:
+    """The regions' proxies' counters and every place's device bytes, now."""
+    return {
+        "proxies": {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS},
+        "devices": {label: device_bytes(wan[label]) for label in wan.places},
+    }
+
+
+def traffic_since(wan, before: dict) -> tuple[dict, dict]:
+    """What the proxies passed and the devices carried since ``before``: ``(proxies, devices)``."""
+    after = traffic_counters(wan)
+    proxies = {
+        r: {
+            kind: {key: value - before["proxies"][r][kind][key] for key, value in after["proxies"][r][kind].items()}
+            for kind in ("local", "remote")
+        }
+        for r in REGIONS
+    }
+    return proxies, device_deltas(before["devices"], after["devices"])
+
+
+def run_processes(wan, spec, run_dir: Path, threads: int, syncer_place: str, timeout: float) -> dict:
+    """The syncer, the reducers and the learners, each in its place, until the run ends
+    (learners that exit with payloads undelivered started again); the logs' ends on failure."""
     manifest, secret_file = str(run_dir / "run.json"), str(run_dir / "secret")
-    env = process_env(threads=recipe.training.threads_per_learner or 1)
-    proxies_before = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
-    devices_before = {label: device_bytes(wan[label]) for label in wan.places}
+    env = process_env(threads=threads)
     processes = Processes(run_dir / "logs")
+    secret_args = ["--manifest", manifest, "--secret-file", secret_file]
     try:
         launched = time.time()
-        processes.start(
-            "syncer",
-            wan[syncer_place].exec_prefix(),
-            ["_syncer", "--manifest", manifest, "--secret-file", secret_file],
-            {**env, "OMP_NUM_THREADS": "1"},
-        )
+        syncer_env = {**env, "OMP_NUM_THREADS": "1"}
+        processes.start("syncer", wan[syncer_place].exec_prefix(), ["_syncer", *secret_args], syncer_env)
         for reducer in spec.reducers:
-            processes.start(
-                reducer.name,
-                wan[reducer.region].exec_prefix(),
-                ["_reducer", "--manifest", manifest, "--region", reducer.region, "--secret-file", secret_file],
-                {**env, "OMP_NUM_THREADS": "1"},
-            )
+            command = ["_reducer", *secret_args, "--region", reducer.region]
+            processes.start(reducer.name, wan[reducer.region].exec_prefix(), command, syncer_env)
         for learner in spec.learners:
-            processes.start(
-                learner.id,
-                wan[learner.region].exec_prefix(),
-                ["_learner", "--manifest", manifest, "--learner", learner.id, "--secret-file", secret_file],
-                env,
-            )
+            command = ["_learner", *secret_args, "--learner", learner.id]
+            processes.start(learner.id, wan[learner.region].exec_prefix(), command, env)
         codes = processes.wait(timeout)
         ended = time.time()
     except BaseException:
@@ -344,15 +378,58 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
         raise
     finally:
         processes.close()
-    proxies_after = {r: {kind: wan.regions[r].counters(kind) for kind in ("local", "remote")} for r in REGIONS}
-    devices = device_deltas(devices_before, {label: device_bytes(wan[label]) for label in wan.places})
-    proxies = {
-        r: {
-            kind: {key: proxies_after[r][kind][key] - proxies_before[r][kind][key] for key in proxies_after[r][kind]}
-            for kind in ("local", "remote")
-        }
-        for r in REGIONS
+    return {"exit_codes": codes, "restarts": processes.restarts, "launched": launched, "ended": ended}
+
+
+def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, syncer_place: str = SYNCER) -> dict:
+    """The whole run, learners, reducers and the syncer in their namespaces (the syncer in
+    ``syncer_place``: its own place or a region); what it measured."""
+    from diloco_cli.config.files import load_recipe
+
+    recipe = load_recipe(None, overrides)
+    name, spec, setup, run_dir, secret = prepare_run(wan, recipe, overrides, workdir, syncer_place)
+    probes = check_probes(wan, spec, syncer_place)
+    before = traffic_counters(wan)
+    ran = run_processes(wan, spec, run_dir, recipe.training.threads_per_learner or 1, syncer_place, timeout)
+    proxies, devices = traffic_since(wan, before)
+    measured = measure_run(recipe, spec, setup, secret, ran["launched"])
+    proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
+    # every byte a place outside the regions moved crossed its link; a region's device also
+    # carries its learners' and reducer's traffic with the other region (none: they stay home)
+    wire_wan = sum(devices[place]["tx"] + devices[place]["rx"] for place in (syncer_place,) if place in devices)
+    wan_bytes, tokens = measured.pop("wan_bytes"), measured["tokens"]
+    kept = {key: measured.pop(key) for key in ("links", "syncer_kinds")}
+    report, heartbeats = measured.pop("report"), measured.pop("heartbeats")
+    return {
+        "run": name,
+        "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],
+        "exit_codes": ran["exit_codes"],
+        "restarts": ran["restarts"],
+        "launched": ran["launched"],
+        "wall_seconds": ran["ended"] - ran["launched"],
+        **measured,
+        "wan_bytes": wan_bytes,
+        "wan_bytes_per_token": wan_bytes / tokens,
+        "proxy_wan_bytes": proxy_wan,
+        "wan_bytes_per_token_proxy": proxy_wan / tokens,
+        "metered_over_proxy": wan_bytes / proxy_wan - 1 if proxy_wan else None,
+        "wire_wan_bytes": wire_wan,
+        "wan_bytes_per_token_wire": wire_wan / tokens,
+        **kept,
+        "proxies": proxies,
+        "devices": devices,
+        "probes": probes,
+        "report": report,
+        "heartbeats": heartbeats,
     }
+
+
+def measure_run(recipe, spec, setup, secret, launched: float) -> dict:
+    """What the run's buckets say once it ended: the syncer's evaluations and versions,
+    the learners' heartbeats and ``diloco report``'s traffic."""
+    from diloco_cli.bandwidth.prices import load_prices
+    from diloco_cli.views.report import collect_report, render_json
+    from diloco_cli.views.run_state import read_buckets
 
     read = read_buckets(setup, secret, time.time())
     beats, status = read.heartbeats, read.syncer
@@ -364,76 +441,29 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
     report = json.loads(render_json(collect_report(setup, secret, load_prices())))
     evaluations = [e.model_dump(mode="json") for e in status.evaluations]
     first_start = min(beat.started_at for beat in beats.values())
-    syncer_kinds = {
-        region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()}
-        for region, counters in status.storage.items()
-    }
-    wan_bytes, tokens = report["wan_bytes"], report["tokens"]
-    proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
-    # every byte a place outside the regions moved crossed its link; a region's device also
-    # carries its learners' and reducer's traffic with the other region (none: they stay home)
-    wire_wan = sum(devices[place]["tx"] + devices[place]["rx"] for place in (syncer_place,) if place in devices)
+    training, sync = recipe.training, recipe.sync
+    link_keys = ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")
     return {
-        "run": name,
-        "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],
-        "exit_codes": codes,
-        "restarts": processes.restarts,
-        "launched": launched,
-        "wall_seconds": ended - launched,
         "learners_started_after_seconds": first_start - launched,
         "versions": status.version,
-        "versions_expected": recipe.training.inner_steps
-        // recipe.sync.sync_interval
-        * recipe.sync.num_fragments
-        * recipe.training.num_learners
+        "versions_expected": training.inner_steps
+        // sync.sync_interval
+        * sync.num_fragments
+        * training.num_learners
         // recipe.quorum,
         "evaluations": evaluations,
         "final_loss": evaluations[-1]["loss"],
-        "tokens": tokens,
+        "tokens": report["tokens"],
         **learner_figures(beats, launched),
-        "wan_bytes": wan_bytes,
-        "wan_bytes_per_token": wan_bytes / tokens,
-        "proxy_wan_bytes": proxy_wan,
-        "wan_bytes_per_token_proxy": proxy_wan / tokens,
-        "metered_over_proxy": wan_bytes / proxy_wan - 1 if proxy_wan else None,
-        "wire_wan_bytes": wire_wan,
-        "wan_bytes_per_token_wire": wire_wan / tokens,
-        "links": [
-            {key: link[key] for key in ("source", "bucket", "wan", "requests", "bytes_up", "bytes_down", "seconds")}
-            for link in report["links"]
-        ],
-        "syncer_kinds": syncer_kinds,
-        "proxies": proxies,
-        "devices": devices,
-        "probes": probes,
-        "report": {
-            key: report[key]
-            for key in (
-                "state",
-                "elapsed_seconds",
-                "tokens",
-                "total_bytes",
-                "wan_bytes",
-                "wan_bytes_per_token",
-                "kinds",
-                "compression",
-                "data_parallel",
-                "cost_dollars",
-            )
+        "wan_bytes": report["wan_bytes"],
+        "links": [{key: link[key] for key in link_keys} for link in report["links"]],
+        "syncer_kinds": {
+            region: {kind: traffic.model_dump() for kind, traffic in counters.kinds.items()}
+            for region, counters in status.storage.items()
         },
+        "report": {key: report[key] for key in REPORT_KEYS},
         "heartbeats": {
-            learner: {
-                "region": b.region,
-                "tokens": b.tokens,
-                "step": b.step,
-                "compute_seconds": b.compute_seconds,
-                "started_at": b.started_at,
-                "training_since": getattr(b, "training_since", None),
-                "time": b.time,
-                "step_seconds": b.step_seconds,
-                "sends": b.sends,
-                "delivered": b.delivered,
-            }
-            for learner, b in sorted(beats.items())
+            learner: {key: getattr(beat, key, None) for key in HEARTBEAT_KEYS}
+            for learner, beat in sorted(beats.items())
         },
     }

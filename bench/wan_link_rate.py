@@ -35,7 +35,7 @@ def check_diloco_rate(
     """Whole DiLoCo runs with every region's link at the predicted rate and at half of it
     (the syncer's own place, when it has one, at that times the regions); the links are
     put back as they were."""
-    from tests.support.netns import shape_wan
+    from testbed.netns import shape_wan
 
     before = dict(wan.net.rates)
     rows = []

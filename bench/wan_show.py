@@ -11,6 +11,18 @@ def _fmt(value: float | None, spec: str = ".4g") -> str:
 
 
 def show(results: dict) -> None:
+    """The whole result: the race, bytes per link, the plan, the link rates and the sweep."""
+    show_race(results)
+    show_links(results["dp"], results["diloco"])
+    show_plan(results)
+    if results.get("link_rates"):
+        show_link_rates(results["link_rates"])
+    if results.get("sweep"):
+        show_sweep(results["sweep"])
+
+
+def show_race(results: dict) -> None:
+    """Each side's time, compute share and WAN bytes to the target loss, and their ratios."""
     dp, diloco, calibration = results["dp"], results["diloco"], results["calibration"]
     print(
         f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
@@ -61,6 +73,11 @@ def show(results: dict) -> None:
         f"+ {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
         f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s"
     )
+
+
+def show_links(dp: dict, diloco: dict) -> None:
+    """Bytes per link of the DiLoCo run (the report's, the proxies', the devices'), and
+    data-parallel's per step."""
     print(
         "\nbytes per link, DiLoCo (app: the run's report, objects and estimated heads; proxy: HTTP through the "
         "proxies; wire: the WAN devices)"
@@ -95,6 +112,11 @@ def show(results: dict) -> None:
             for label, moved in wan["devices"].items()
         ),
     )
+
+
+def show_plan(results: dict) -> None:
+    """``diloco plan``'s prediction beside what the run measured."""
+    diloco = results["diloco"]
     comparison = results.get("plan_vs_measured")
     if comparison and "error" not in comparison:
         print("\ndiloco plan against the measurement")
@@ -130,31 +152,31 @@ def show(results: dict) -> None:
             "\ndiloco plan: no prediction "
             f"({(plan.get('error') or (comparison or {}).get('error') or 'not run')[:300]})"
         )
-    rates = results.get("link_rates")
-    if rates:
-        plan_rates, measured = rates["plan"], rates["dp_measured_mbit"]
-        print(f"\nlink rate for {rates['target_compute_share']:.0%} computing (Mbit/s, every WAN link)")
+
+
+def show_link_rates(rates: dict) -> None:
+    """The link rate for the target compute share: planned, measured, and DiLoCo's runs at it."""
+    plan_rates, measured = rates["plan"], rates["dp_measured_mbit"]
+    print(f"\nlink rate for {rates['target_compute_share']:.0%} computing (Mbit/s, every WAN link)")
+    print(
+        f"  plan: DiLoCo {_fmt(plan_rates.get('diloco_mbit'), '.3g')}, flat ring "
+        f"{_fmt(plan_rates.get('flat_ring_mbit'), '.3g')}, "
+        f"hierarchical {_fmt(plan_rates.get('hierarchical_mbit'), '.3g')} "
+        "(with the links' latency)"
+    )
+    print(
+        f"  data-parallel measured (its step on the shaped links, no latency): flat ring "
+        f"{_fmt(measured['flat_ring'], '.3g')}, hierarchical {_fmt(measured['hierarchical'], '.3g')}; "
+        f"over the plan's DiLoCo rate: {_fmt(rates['measured_ratios']['flat_ring'], '.0f')}x, "
+        f"{_fmt(rates['measured_ratios']['hierarchical'], '.0f')}x"
+    )
+    for run in rates["diloco_runs"]:
         print(
-            f"  plan: DiLoCo {_fmt(plan_rates.get('diloco_mbit'), '.3g')}, flat ring "
-            f"{_fmt(plan_rates.get('flat_ring_mbit'), '.3g')}, "
-            f"hierarchical {_fmt(plan_rates.get('hierarchical_mbit'), '.3g')} "
-            "(with the links' latency)"
+            f"  DiLoCo at {run['link_mbit']:.3g} ({run['factor']:g}x the plan's): "
+            f"computing {run['compute_share']:.1%}, "
+            f"{run['versions']} of {run['versions_expected']} versions: "
+            f"{'reaches' if run['reaches_target'] else 'misses'} the target"
         )
-        print(
-            f"  data-parallel measured (its step on the shaped links, no latency): flat ring "
-            f"{_fmt(measured['flat_ring'], '.3g')}, hierarchical {_fmt(measured['hierarchical'], '.3g')}; "
-            f"over the plan's DiLoCo rate: {_fmt(rates['measured_ratios']['flat_ring'], '.0f')}x, "
-            f"{_fmt(rates['measured_ratios']['hierarchical'], '.0f')}x"
-        )
-        for run in rates["diloco_runs"]:
-            print(
-                f"  DiLoCo at {run['link_mbit']:.3g} ({run['factor']:g}x the plan's): "
-                f"computing {run['compute_share']:.1%}, "
-                f"{run['versions']} of {run['versions_expected']} versions: "
-                f"{'reaches' if run['reaches_target'] else 'misses'} the target"
-            )
-    if results.get("sweep"):
-        show_sweep(results["sweep"])
 
 
 def show_sweep(sweep_result: dict) -> None:

@@ -45,7 +45,7 @@ torch.set_num_threads(1)
 @pytest.fixture
 def s3(monkeypatch):
     """A moto S3 server, its address and dummy credentials in the environment."""
-    from tests.support.servers import moto_s3_server
+    from testbed.servers import moto_s3_server
 
     with moto_s3_server() as server:
         for variable, value in server.env.items():

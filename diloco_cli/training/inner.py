@@ -135,6 +135,51 @@ def _micro_batches(
     return list(zip(inputs.split(micro_batch_size), targets.split(micro_batch_size)))
 
 
+def accumulate_gradients(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    micro_batch_size: int | None = None,
+    precision: str = "fp32",
+    loss_fn: LossFunction = language_model_loss,
+) -> torch.Tensor:
+    """The gradient of one batch's mean loss, in the parameters' ``.grad`` (set afresh);
+    returns the batch's mean loss (of this process's part) as a detached scalar tensor.
+
+    ``model`` is what the loop calls: the model itself, DDP around it or the model
+    sharded by FSDP2.  With ``micro_batch_size`` the gradients of equal micro-batches
+    accumulate, each micro-batch's mean loss scaled by its share of the batch, so the
+    sum is the gradient of the whole batch's mean loss; only the last backward reduces
+    across processes.  The first half of :func:`inner_step`: a caller that averages
+    gradients itself (the benchmarks' data-parallel trainer) does so before
+    :func:`apply_gradients`."""
+    model.zero_grad(set_to_none=True)
+    parts = _micro_batches(inputs, targets, micro_batch_size)
+    total = torch.zeros((), device=inputs.device)
+    for index, (part_inputs, part_targets) in enumerate(parts):
+        with _gradient_sync(model, enabled=index == len(parts) - 1):
+            with autocast_for(inputs.device, precision):
+                loss = loss_fn(model, part_inputs, part_targets) * (part_inputs.shape[0] / inputs.shape[0])
+            loss.backward()
+        total += loss.detach()
+    return total
+
+
+def apply_gradients(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, learning_rate: float, gradient_clip: float | None
+) -> None:
+    """The AdamW step at ``learning_rate`` on the gradients in ``.grad``, clipped first to a
+    total norm of ``gradient_clip`` (none when 0 or None).  Clipping sees the full gradient
+    norm under FSDP2 too (``clip_grad_norm_`` reduces the sharded norms).  The second half
+    of :func:`inner_step`."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    if gradient_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), gradient_clip)
+    optimizer.step()
+
+
 def inner_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -147,28 +192,12 @@ def inner_step(
     precision: str = "fp32",
     loss_fn: LossFunction = language_model_loss,
 ) -> float:
-    """One AdamW step on one batch; returns the batch's mean loss (of this process's part).
-
-    ``model`` is what the loop calls: the model itself, DDP around it or the model
-    sharded by FSDP2.  With ``micro_batch_size`` the gradients of equal micro-batches
-    accumulate, each micro-batch's mean loss scaled by its share of the batch, so the
-    sum is the gradient of the whole batch's mean loss; only the last backward reduces
-    across processes.  Gradient clipping sees the full gradient norm under FSDP2 too
-    (``clip_grad_norm_`` reduces the sharded norms)."""
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate
-    optimizer.zero_grad(set_to_none=True)
-    parts = _micro_batches(inputs, targets, micro_batch_size)
-    total = torch.zeros((), device=inputs.device)
-    for index, (part_inputs, part_targets) in enumerate(parts):
-        with _gradient_sync(model, enabled=index == len(parts) - 1):
-            with autocast_for(inputs.device, precision):
-                loss = loss_fn(model, part_inputs, part_targets) * (part_inputs.shape[0] / inputs.shape[0])
-            loss.backward()
-        total += loss.detach()
-    if gradient_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), gradient_clip)
-    optimizer.step()
+    """One AdamW step on one batch, as a learner takes it; returns the batch's mean loss
+    (of this process's part): :func:`accumulate_gradients` then :func:`apply_gradients`."""
+    total = accumulate_gradients(
+        model, inputs, targets, micro_batch_size=micro_batch_size, precision=precision, loss_fn=loss_fn
+    )
+    apply_gradients(model, optimizer, learning_rate, gradient_clip)
     return float(total)
 
 

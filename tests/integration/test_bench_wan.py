@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.wan import emulated_wan
+from testbed.wan import emulated_wan
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from bench.ddp_worker import launch_local, ring_bytes
+from bench.ddp_launch import launch_local
+from bench.ddp_worker import ring_bytes
 
 TINY = [
     "model.kwargs={num_layers: 1, width: 32, num_heads: 2, context: 32}",

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from diloco_cli.launch.runs import load_run
-from tests.support.fault_proxy import FaultRules, fault_proxy
+from testbed.fault_proxy import FaultRules, fault_proxy
 from tests.support.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.models.gpt import byte_gpt
+from testbed.servers import fake_gcs_server, moto_s3_server
 from tests.support.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,
@@ -20,7 +21,6 @@ from tests.support.runs import (
     wait_processes_gone,
     write_yaml,
 )
-from tests.support.servers import fake_gcs_server, moto_s3_server
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The fault proxy (tests/support/fault_proxy.py) is transparent, delays, injects faults s3fs sees, and is
+"""The fault proxy (testbed/fault_proxy.py) is transparent, delays, injects faults s3fs sees, and is
 reproducible: real s3fs clients against a real moto S3 server through it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import s3fs
 from botocore.exceptions import ConnectionClosedError
 
-from tests.support.fault_proxy import FaultRules, fault_proxy
-from tests.support.servers import ObjectStore, moto_s3_server
+from testbed.fault_proxy import FaultRules, fault_proxy
+from testbed.servers import ObjectStore, moto_s3_server
 
 # botocore's own retries, minimized. Note "max_attempts" counts *retries* (1 would mean two
 # attempts); "total_max_attempts" counts attempts.

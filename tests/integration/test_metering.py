@@ -15,8 +15,8 @@ from diloco_cli.codec import CodecSpec, RunSecret, encode_payload
 from diloco_cli.launch.runs import load_run
 from diloco_cli.store.metering import Traffic
 from diloco_cli.store.region import RegionBucket
-from tests.support.delay_proxy import delay_proxy
-from tests.support.fault_proxy import FaultRules, fault_proxy
+from testbed.delay_proxy import delay_proxy
+from testbed.fault_proxy import FaultRules, fault_proxy
 from tests.support.runs import (
     TINY_RECIPE,
     child_pid,

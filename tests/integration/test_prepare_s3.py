@@ -11,6 +11,7 @@ import time
 from diloco_cli.data.tokens.index import DatasetIndex
 from diloco_cli.data.tokens.shards import read_progress
 from diloco_cli.data.tokens.stream import TokenBatches
+from testbed.delay_proxy import delay_proxy
 from tests.support.corpora import (
     assert_matches_index,
     decoded_documents,
@@ -18,7 +19,6 @@ from tests.support.corpora import (
     prepare,
     write_text_corpus,
 )
-from tests.support.delay_proxy import delay_proxy
 from tests.support.runs import write_yaml
 
 

@@ -14,7 +14,7 @@ S3_POLICY = RetryPolicy(attempts=6, first_backoff_seconds=0.05, max_backoff_seco
 
 @pytest.fixture(scope="module")
 def s3():
-    from tests.support.servers import moto_s3_server
+    from testbed.servers import moto_s3_server
 
     with moto_s3_server() as running:
         yield running
@@ -23,7 +23,7 @@ def s3():
 @pytest.fixture
 def flaky(s3, monkeypatch):
     """An ObjectStore of a fresh bucket, reached through the fault proxy."""
-    from tests.support.fault_proxy import FaultRules, fault_proxy
+    from testbed.fault_proxy import FaultRules, fault_proxy
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     bucket = s3.create_bucket(f"retry-{time.monotonic_ns()}")
@@ -33,7 +33,7 @@ def flaky(s3, monkeypatch):
 
 
 def test_an_s3_store_rides_out_refusals_resets_and_stalls(flaky):
-    from tests.support.fault_proxy import FaultRules
+    from testbed.fault_proxy import FaultRules
 
     store, proxy = flaky
     proxy.set_rules(FaultRules(refuse=0.25, reset=0.1, stall=0.05, stall_seconds=0.5))
@@ -47,7 +47,7 @@ def test_an_s3_store_rides_out_refusals_resets_and_stalls(flaky):
 
 
 def test_an_outage_ends_in_one_bounded_storage_error(flaky):
-    from tests.support.fault_proxy import FaultRules
+    from testbed.fault_proxy import FaultRules
 
     store, proxy = flaky
     proxy.set_rules(FaultRules(outage=True))

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.servers import ObjectStore, fake_gcs_server, moto_s3_server
+from testbed.servers import ObjectStore, fake_gcs_server, moto_s3_server
 
 _SERVERS = {"s3": moto_s3_server, "gcs": fake_gcs_server}
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from diloco_cli.launch.runs import load_run
 from diloco_cli.models.gpt import byte_gpt
-from tests.support.netns import namespaces
+from testbed.netns import namespaces
+from testbed.servers import moto_s3_server
 from tests.support.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,
@@ -29,7 +30,6 @@ from tests.support.runs import (
     wait_for,
     write_yaml,
 )
-from tests.support.servers import moto_s3_server
 from tests.support.sshd import sshd_server
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The real-sshd and network-namespace fixtures (tests/support/sshd.py, tests/support/netns.py) work.
+"""The real-sshd and network-namespace fixtures (tests/support/sshd.py, testbed/netns.py) work.
 
 Needs root, OpenSSH's server (``apt-get install -y openssh-server``) and iproute2.
 """
@@ -13,7 +13,7 @@ import time
 import paramiko
 import pytest
 
-from tests.support.netns import etc_of, namespaces, shape
+from testbed.netns import etc_of, namespaces, shape
 from tests.support.sshd import _descendants, sshd_server
 
 pytestmark = pytest.mark.slow
@@ -191,7 +191,7 @@ def test_namespaces_sshd_and_isolation(tmp_path):
         assert all(n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout for n in names)
         # no DNS server is reachable from a namespace: its resolv.conf names none
         resolv = one.run(["cat", "/etc/resolv.conf"], capture_output=True, text=True).stdout
-        assert "tests/support/netns.py" in resolv and "nameserver 127.0.0.1" in resolv
+        assert "testbed/netns.py" in resolv and "nameserver 127.0.0.1" in resolv
 
         # sshd inside namespace one, reached from the root namespace.
         with sshd_server(tmp_path, host=one.address, command_prefix=one.exec_prefix()) as s:

@@ -13,7 +13,7 @@ import numpy as np
 from diloco_cli.data.tokens.existing import index_existing
 from diloco_cli.data.tokens.storage import Location
 from diloco_cli.data.tokens.stream import TokenBatches
-from tests.support.delay_proxy import delay_proxy
+from testbed.delay_proxy import delay_proxy
 from tests.support.token_windows import golden_batch, process_tokens
 
 

@@ -1,4 +1,4 @@
-"""The emulated WAN (tests/support/wan.py, tests/support/netns.py's routed topology, tests/support/delay_proxy.py) does
+"""The emulated WAN (testbed/wan.py, testbed/netns.py's routed topology, testbed/delay_proxy.py) does
 what benchmarks rely on: shaped links limit throughput, the proxy adds its latency and counts
 bytes truly, and S3 clients work through it.
 
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from tests.support.delay_proxy import delay_proxy
-from tests.support.netns import routed_namespaces, shape_wan
-from tests.support.wan import emulated_wan
+from testbed.delay_proxy import delay_proxy
+from testbed.netns import routed_namespaces, shape_wan
+from testbed.wan import emulated_wan
 
 pytestmark = pytest.mark.slow
 

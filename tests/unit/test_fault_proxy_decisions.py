@@ -1,4 +1,4 @@
-"""The fault proxy (tests/support/fault_proxy.py) without a server: it reads chunked bodies
+"""The fault proxy (testbed/fault_proxy.py) without a server: it reads chunked bodies
 verbatim and its seeded decisions are reproducible (through s3fs against moto:
 tests/integration/test_fault_proxy.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.support.fault_proxy import FaultProxy, FaultRules, _Head, _read_body
+from testbed.fault_proxy import FaultProxy, FaultRules, _Head, _read_body
 
 
 def test_chunked_bodies_are_read_verbatim() -> None:

@@ -3,7 +3,7 @@ documents, the run manifest and the dataset index raise nothing but their typed 
 (``PayloadError`` and its subclasses, ``DamagedDocument``/``ForgedDocument``,
 ``ManifestError``, ``DatasetError``), whatever the bytes.
 
-The targets, seeds and mutations are those of ``bench/fuzz.py`` (which runs them for
+The targets, seeds and mutations are those of ``tests/fuzz.py`` (which runs them for
 minutes); here a few hundred inputs each, drawn by hypothesis so that a failure shrinks
 and replays.  Each defect found is kept as an ``@example``.
 """
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bench.fuzz import BODY_LENGTHS, HEADER_LENGTHS, SECRET, TARGETS, attempt, mutate, resigned_frame
 from diloco_cli.codec import CorruptPayload, PayloadTooLarge, declared_values, decode_payload
 from diloco_cli.codec.frame import PREFIX
+from tests.fuzz import BODY_LENGTHS, HEADER_LENGTHS, SECRET, TARGETS, attempt, mutate, resigned_frame
 
 TARGET = {target.name: target for target in TARGETS}
 FRAME_READERS = ("frame.decode_payload", "frame.read_header", "frame.declared_values")

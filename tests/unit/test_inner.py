@@ -12,7 +12,15 @@ import torch
 from torch.nn import functional as F
 
 from diloco_cli.config.recipe import ModelConfig
-from diloco_cli.training.inner import evaluate, inner_step, language_model_loss, make_inner_optimizer, resolve_loss
+from diloco_cli.training.inner import (
+    accumulate_gradients,
+    apply_gradients,
+    evaluate,
+    inner_step,
+    language_model_loss,
+    make_inner_optimizer,
+    resolve_loss,
+)
 
 MODEL = ModelConfig(kwargs={"num_layers": 2, "width": 32, "num_heads": 2, "context": 16})
 
@@ -55,6 +63,28 @@ def test_micro_batches_step_like_the_whole_batch():
     for (name, left), right in zip(whole.named_parameters(), micro.parameters()):
         # the same sums in another order; AdamW turns rounding near zero into ~1e-5
         assert torch.allclose(left, right, atol=3e-5), name
+
+
+def test_the_halves_with_gradients_averaged_between_them_step_like_the_whole_batch():
+    """bench/ddp_worker.py's step: each rank accumulates its part's gradients, the ranks
+    average them, and each applies the AdamW step: the inner step on the whole batch."""
+    whole, whole_optimizer = model_and_optimizer()
+    ranks = [model_and_optimizer() for _ in range(2)]
+    for seed in range(3):
+        inputs, targets = token_batch(seed=seed)
+        whole_loss = inner_step(whole, whole_optimizer, inputs, targets, 3e-3, 1.0)
+        parts = zip(inputs.chunk(2), targets.chunk(2))
+        losses = [accumulate_gradients(model, *part) for (model, _), part in zip(ranks, parts)]
+        for left, right in zip(ranks[0][0].parameters(), ranks[1][0].parameters()):
+            left.grad = right.grad = (left.grad + right.grad) / 2
+        for model, optimizer in ranks:
+            apply_gradients(model, optimizer, 3e-3, 1.0)
+        assert float(sum(losses)) / 2 == pytest.approx(whole_loss, abs=1e-6)
+    for (name, left), first, second in zip(
+        whole.named_parameters(), ranks[0][0].parameters(), ranks[1][0].parameters()
+    ):
+        assert torch.equal(first, second), name  # the same averaged gradient: the same weights
+        assert torch.allclose(left, first, atol=3e-5), name  # the same sums in another order
 
 
 def test_the_micro_batch_size_must_divide_the_batch():

@@ -92,3 +92,44 @@ def test_imports_by_name_and_root_modules_are_checked(tmp_path):
     factory.write_text('import importlib\nDEFAULT = "diloco_cli.models.gpt:byte_gpt"\nimportlib.import_module("x")\n')
     assert imported_packages(factory) == set()
     assert layer_of("__init__") < layer_of("launch") and layer_of("__main__") > layer_of("cli")
+
+
+REPOSITORY = PACKAGE.parent
+APART = {
+    "bench": {"tests"},  # the benchmarks share the stand-ins through testbed, not the tests' helpers
+    "testbed": {"tests", "bench"},  # the stand-ins serve both and reach into neither
+    "diloco_cli": {"tests", "bench", "testbed"},  # the product knows none of them
+}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level packages a module imports, anywhere in it (lazy imports too), and those
+    it runs as ``python -m`` (a dotted string starting with a top-level package)."""
+    tree = ast.parse(path.read_text())
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            if node.value.split(".")[0] in APART and "." in node.value and "/" not in node.value:
+                names.append(node.value)
+    return {name.split(".")[0] for name in names}
+
+
+def test_benchmarks_testbed_and_product_stay_apart():
+    """bench/ imports nothing from tests/ (what both need lives in testbed/), testbed/ imports
+    neither, and diloco_cli/ imports none of the three."""
+    wrong = []
+    for top, forbidden in APART.items():
+        for path in sorted((REPOSITORY / top).rglob("*.py")):
+            for package in top_level_imports(path) & forbidden:
+                wrong.append(f"{path.relative_to(REPOSITORY)} imports {package}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_apart_check_sees_lazy_imports_and_module_runs(tmp_path):
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text('def f():\n    from tests.support.runs import x\n    return ["-m", "tests.fuzz"]\n')
+    assert top_level_imports(lazy) == {"tests"}

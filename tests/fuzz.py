@@ -1,4 +1,4 @@
-"""Benchmark: hostile bytes against every reader of untrusted input; nothing untyped escapes.
+"""The fuzzer: hostile bytes against every reader of untrusted input; nothing untyped escapes.
 
 Each target is one reader of bytes that come from a bucket or a file a stranger may have
 written: the payload frame (``decode_payload``, ``read_header``, ``declared_values``, and
@@ -12,8 +12,12 @@ negative numbers, wrong types, long strings, deep nesting), plus random bytes.  
 that raise a typed error not seen before join the seeds.  A target may raise only its
 reader's typed errors; anything else escaping is reported with the input that caused it.
 
-    python -m bench.fuzz             # 10 minutes in all (75 s per target)
-    python -m bench.fuzz --quick     # 2 s per target (the test suite)
+    python -m tests.fuzz             # the long form: 10 minutes in all (75 s per target)
+    python -m tests.fuzz --quick     # 2 s per target
+
+It lives with the tests: tests/integration/test_fuzz_quick.py runs its quick form (1 s per target),
+tests/unit/test_fuzz.py runs the same targets and mutations under hypothesis.  Its result is
+written as the benchmarks' are (bench/_common.py), to bench/results/fuzz.json by default.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An emulated WAN for tests and benchmarks: regions with their own S3, far from one another.
 
-    from tests.support.wan import emulated_wan
+    from testbed.wan import emulated_wan
 
     with emulated_wan(["east", "west"], extra_places=["syncer"], rate_mbit=100,
                       latency_ms=40, hostnames=True) as wan:
@@ -15,10 +15,10 @@
         east.counters("local")  # the same for the in-region (zero-delay) proxy (hostnames=True)
         wan["syncer"].exec_prefix(), wan["syncer"].wan_address
 
-Built on :func:`tests.support.netns.routed_namespaces`: one namespace per region and extra place, each
+Built on :func:`testbed.netns.routed_namespaces`: one namespace per region and extra place, each
 linked to a router at ``rate_mbit`` (tbf on both ends; ``rates`` per place), so traffic between
 places crosses two shaped links.  The kernel has no netem, so latency comes from a
-:mod:`tests.support.delay_proxy` per region: each region's namespace runs a moto S3 server on
+:mod:`testbed.delay_proxy` per region: each region's namespace runs a moto S3 server on
 ``0.0.0.0:9000`` and, on ``<wan_address>:9001``, a proxy to it that delays data ``latency_ms`` each
 way (a request/response round trip gains ``2 * latency_ms``) and counts the bytes it passes.  A
 second proxy (``hostnames=True``), on ``127.0.0.1:9001`` inside the region, passes the region's own
@@ -31,7 +31,7 @@ URL is ``http://s3-R:9001`` (``Region.url``), and every place gets its own hosts
 ``/etc/``): inside R, ``s3-R`` is ``127.0.0.1`` (the zero-delay proxy); in every other place it
 is R's ``wan_address`` (the delaying proxy).  The files also name every place's
 ``wan_address`` (``wan-<label>``), so that torch.distributed's reverse lookups of its peers
-are answered here (other lookups fail at once: tests.support.netns gives each namespace a
+are answered here (other lookups fail at once: testbed.netns gives each namespace a
 resolv.conf that points at no server).  The root namespace's ``/etc/hosts`` is not touched:
 there, use ``setup_url`` or ``remote_url``.  The hosts files go with their namespaces.
 
@@ -66,12 +66,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.support.netns import Namespace, Place, RoutedNetwork, etc_of, routed_namespaces
-from tests.support.servers import ObjectStore, stop_process
+from testbed.netns import Namespace, Place, RoutedNetwork, etc_of, routed_namespaces
+from testbed.servers import ObjectStore, stop_process
 
 MOTO_PORT = 9000
 PROXY_PORT = 9001
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -105,7 +105,7 @@ class Region:
         return f"http://{self.hostname}:{PROXY_PORT}"
 
     def store(self, kind: str = "remote") -> ObjectStore:
-        """A :class:`tests.support.servers.ObjectStore` for ``kind`` "local", "remote", "setup" or
+        """A :class:`testbed.servers.ObjectStore` for ``kind`` "local", "remote", "setup" or
         "named" (``url``: usable inside the places only)."""
         url = {"local": self.local_url, "remote": self.remote_url, "setup": self.setup_url, "named": self.url}[kind]
         storage_options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
@@ -178,7 +178,7 @@ def hosts_text(place: str, addresses: Mapping[str, str], base: str, places: Mapp
     and a name (``wan-<label>``) for each of ``places``' wan addresses, so that reverse lookups
     of peers (torch.distributed makes them) are answered here instead of timing out on a DNS
     server a namespace cannot reach."""
-    lines = [base.rstrip("\n"), "# emulated WAN (tests/support/wan.py): the regions' S3 endpoints as seen from here"]
+    lines = [base.rstrip("\n"), "# emulated WAN (testbed/wan.py): the regions' S3 endpoints as seen from here"]
     for region, address in addresses.items():
         lines.append(f"{'127.0.0.1' if region == place else address} {region_hostname(region)}")
     lines += [f"{address} wan-{label}" for label, address in (places or {}).items()]
@@ -187,7 +187,7 @@ def hosts_text(place: str, addresses: Mapping[str, str], base: str, places: Mapp
 
 def write_hosts_files(net: RoutedNetwork, regions: Sequence[str]) -> dict[str, Path]:
     """A hosts file per place resolving every region's endpoint name, beside the
-    namespace's resolv.conf (tests.support.netns removes both with the namespace)."""
+    namespace's resolv.conf (testbed.netns removes both with the namespace)."""
     base = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
     addresses = {region: net[region].wan_address for region in regions}
     places = {label: place.wan_address for label, place in net.places.items()}
@@ -287,7 +287,7 @@ def emulated_wan(
                                 *place.exec_prefix(),
                                 sys.executable,
                                 "-m",
-                                "tests.support.delay_proxy",
+                                "testbed.delay_proxy",
                                 "--listen",
                                 f"{listen}:{PROXY_PORT}",
                                 "--upstream",

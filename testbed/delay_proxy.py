@@ -1,12 +1,12 @@
-"""A delaying, byte-counting TCP proxy: the latency half of an emulated WAN (see tests/support/wan.py).
+"""A delaying, byte-counting TCP proxy: the latency half of an emulated WAN (see testbed/wan.py).
 
-The kernel here has no ``netem``, so ``tc`` can limit a link's rate (tbf, tests/support/netns.py) but not
+The kernel here has no ``netem``, so ``tc`` can limit a link's rate (tbf, testbed/netns.py) but not
 add latency. This proxy does: every chunk of data read from one side is written to the other side
 ``delay`` seconds after it arrived, in each direction, in order. A request and its response so
 gain ``2 * delay`` (one round trip). It knows nothing of HTTP; it counts bytes each way and
 connections::
 
-    python -m tests.support.delay_proxy --listen 0.0.0.0:9001 --upstream 127.0.0.1:9000 \\
+    python -m testbed.delay_proxy --listen 0.0.0.0:9001 --upstream 127.0.0.1:9000 \\
         --delay-ms 40 --stats /tmp/east.json
 
 prints ``listening 0.0.0.0:9001`` once it accepts connections and (re)writes ``--stats`` as
@@ -106,7 +106,7 @@ async def _pipe(
 
 class DelayProxy:
     """The proxy's state; serve it with :meth:`listen` in a running loop, or use
-    :func:`delay_proxy` (a background thread) or ``python -m tests.support.delay_proxy``."""
+    :func:`delay_proxy` (a background thread) or ``python -m testbed.delay_proxy``."""
 
     def __init__(self, upstream: tuple[str, int], delay_s: float) -> None:
         self.upstream = upstream
@@ -248,7 +248,7 @@ def delay_proxy(
 
 def main(argv: Sequence[str] | None = None) -> int:
     description = __doc__.split("\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m tests.support.delay_proxy", description=description)
+    parser = argparse.ArgumentParser(prog="python -m testbed.delay_proxy", description=description)
     parser.add_argument("--listen", required=True, type=parse_address, help="HOST:PORT (PORT 0: any free one)")
     parser.add_argument("--upstream", required=True, type=parse_address, help="HOST:PORT")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay added to each direction")

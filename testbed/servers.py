@@ -1,4 +1,4 @@
-"""Real object-storage servers for tests: S3 through moto, GCS through fake-gcs-server.
+"""Real object-storage servers for tests and benchmarks: S3 through moto, GCS through fake-gcs-server.
 
 Each server runs as its own process on a free port and is stopped on exit. The yielded
 :class:`ObjectStore` carries everything a client needs: ``storage_options`` for fsspec in this

@@ -1,5 +1,5 @@
-"""``bench.fuzz``'s quick mode runs every target, writes its JSON, and finds nothing
-untyped."""
+"""The fuzzer's quick form (``python -m tests.fuzz --quick``, 1 s per target here) runs every
+target, writes its JSON, and finds nothing untyped."""
 
 import json
 
@@ -8,8 +8,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_fuzz_benchmark_quick(tmp_path):
-    from bench import fuzz
+def test_fuzz_quick(tmp_path):
+    from tests import fuzz
 
     output = tmp_path / "fuzz.json"
     fuzz.main(["--quick", "--seconds", "1", "--output", str(output)])

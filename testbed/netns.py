@@ -1,6 +1,6 @@
-"""Network namespaces as stand-in hosts for tests.
+"""Network namespaces as stand-in hosts for tests and benchmarks.
 
-    from tests.support.netns import namespaces, shape
+    from testbed.netns import namespaces, shape
 
     with namespaces(["eu", "us"]) as ns:
         eu = ns["eu"]
@@ -31,9 +31,9 @@ among those no address or route in the root namespace uses yet (under a lock
 file, so parallel runs do not collide), and leftovers of dead runs are removed.
 Needs root and iproute2 (``ip``, ``tc``).
 
-A routed topology, for places that must reach one another over shaped links (tests/support/wan.py)::
+A routed topology, for places that must reach one another over shaped links (testbed/wan.py)::
 
-    from tests.support.netns import routed_namespaces, shape_wan
+    from testbed.netns import routed_namespaces, shape_wan
 
     with routed_namespaces(["east", "west", "syncer"], rate_mbit=100,
                            rates={"syncer": 20}) as net:
@@ -80,7 +80,7 @@ _seq = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 NETNS_ETC = Path("/etc/netns")
 """``ip netns exec NS`` bind-mounts each file of ``/etc/netns/NS/`` over the one in ``/etc/``."""
-RESOLV_CONF = """# a test namespace (tests/support/netns.py): no DNS server is reachable from here; fail at once
+RESOLV_CONF = """# a test namespace (testbed/netns.py): no DNS server is reachable from here; fail at once
 nameserver 127.0.0.1
 options timeout:1 attempts:1
 """
@@ -131,7 +131,7 @@ def _of_dead_run(name: str) -> bool:
 
 
 def etc_of(name: str) -> Path:
-    """The namespace's own files for ``/etc`` (its resolv.conf; tests/support/wan.py adds hosts)."""
+    """The namespace's own files for ``/etc`` (its resolv.conf; testbed/wan.py adds hosts)."""
     return NETNS_ETC / name
 
 

@@ -3,7 +3,7 @@
 Object storage in production is slow, sometimes refuses work (``503 Slow Down``), sometimes
 loses a response after it has acted (the PUT happened, the client saw a reset connection), and
 sometimes hangs for seconds. This proxy emulates all of that in front of a test server (moto, see
-:func:`tests.support.servers.moto_s3_server`), so real learners and syncers, talking to S3 through
+:func:`testbed.servers.moto_s3_server`), so real learners and syncers, talking to S3 through
 s3fs/aiobotocore with keep-alive connections, can be run against flaky storage::
 
     with moto_s3_server() as s3, fault_proxy(s3.endpoint_url, FaultRules(refuse=0.2)) as proxy:
