@@ -23,6 +23,57 @@ SECRET_ENVIRONMENT = ("SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "PRIVATE_KEY"
 """Environment variable names that hold secrets rather than point at them."""
 
 
+class SlurmJobs(BaseModel):
+    """A host that is a Slurm cluster's login node: the run's processes placed on it (its
+    learners, and the region's reducer and the syncer where they go there) are submitted
+    there with ``sbatch``, one job each, and run on the compute nodes the scheduler picks;
+    its ``venv`` and ``work_dir`` must be on a file system the compute nodes share."""
+
+    model_config = FROZEN
+
+    partition: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    """The partition the jobs go to (``sbatch --partition``)."""
+
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
+    """The account charged (``--account``); default: the user's default account."""
+
+    qos: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
+    """The quality of service (``--qos``)."""
+
+    time_limit: str | None = Field(default=None, pattern=r"^(\d+-)?\d+(:\d{2}){0,2}$")
+    """Each job's time limit (``--time``: minutes, ``HH:MM:SS`` or ``D-HH:MM:SS``); before
+    it, the job is signalled, its learner checkpoints where it stands and the job is
+    requeued to go on from there."""
+
+    signal_seconds: int = Field(default=120, ge=10)
+    """How long before the time limit the job is signalled (``--signal=B:TERM@...``)."""
+
+    gpus_per_learner: int = Field(default=0, ge=0)
+    """GPUs each learner's job asks for (``--gres=gpu:N``); its processes share them."""
+
+    cpus_per_task: int = Field(default=1, ge=1)
+    """CPUs each learner's job asks for (``--cpus-per-task``); the reducer's and the
+    syncer's jobs ask for one."""
+
+    memory: str | None = Field(default=None, pattern=r"^\d+[KMGT]?$")
+    """Memory per learner's job (``--mem``, e.g. ``64G``); default: the partition's."""
+
+    sbatch_options: tuple[str, ...] = ()
+    """More ``sbatch`` options, each one ``--name=value`` (e.g. ``--constraint=a100``)."""
+
+    setup: tuple[str, ...] = ()
+    """Shell lines each job runs before diloco starts, e.g. ``module load cuda/12.4``."""
+
+    @model_validator(mode="after")
+    def _options_are_options(self) -> SlurmJobs:
+        bad = [option for option in self.sbatch_options if not option.startswith("--") or "\n" in option]
+        if bad:
+            raise ValueError(f"sbatch_options {bad} are not options: give each as one '--name=value'")
+        if any("\n" in line for line in self.setup):
+            raise ValueError("setup lines are one shell line each: give a list of lines")
+        return self
+
+
 class HostConfig(BaseModel):
     """A machine that runs learners: this one (``local``) or one reached over SSH."""
 
@@ -74,6 +125,10 @@ class HostConfig(BaseModel):
     """Environment variables for the processes on this host (e.g. AWS_PROFILE); not for
     secrets."""
 
+    slurm: SlurmJobs | None = None
+    """This host is a Slurm cluster's login node: the processes placed on it run as jobs
+    (docs/regions.md, "A region on a Slurm cluster")."""
+
     @property
     def is_local(self) -> bool:
         return self.name == LOCAL_HOST
@@ -82,6 +137,13 @@ class HostConfig(BaseModel):
     def _remote_hosts_have_an_address(self) -> HostConfig:
         if not self.is_local and not self.address:
             raise ValueError(f"host {self.name!r} needs an address (or name it 'local' to run on this machine)")
+        if self.is_local and self.slurm is not None:
+            raise ValueError("a Slurm login node is reached over SSH: give the host a name and an address")
+        if self.slurm is not None and self.gpus is not None:
+            raise ValueError(
+                f"host {self.name!r} is a Slurm login node: its jobs get GPUs from the scheduler "
+                "(slurm.gpus_per_learner), not from a gpus list"
+            )
         return self
 
     @model_validator(mode="after")

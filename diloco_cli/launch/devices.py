@@ -42,6 +42,9 @@ def host_gpus(regions: RegionsFile, found: Mapping[str, Sequence[int]]) -> dict[
     gpus: dict[str, tuple[int, ...]] = {}
     for region in regions.regions:
         for host in region.hosts:
+            if host.slurm is not None:  # the scheduler gives each job its GPUs (and sets CUDA_VISIBLE_DEVICES)
+                gpus[host.name] = ()
+                continue
             present = tuple(found.get(host.name, ()))
             if host.gpus is None:
                 gpus.setdefault(host.name, present)

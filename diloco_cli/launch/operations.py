@@ -62,7 +62,8 @@ def probe_run(record: RunRecord, remote: bool = True) -> list[dict]:
             rows += [_probe_row(process, host_name, f"unreachable: {error}", {}, False) for process in processes]
             continue
         try:
-            states = supervisor_states(client, remote_paths(client, host, record.name))
+            jobs = {process["name"]: process["job"] for process in processes if process.get("job")}
+            states = supervisor_states(client, remote_paths(client, host, record.name), jobs)
         finally:
             client.close()
         for process in processes:
@@ -81,6 +82,8 @@ def _probe_row(process: dict, host: str, ssh: str, state: dict, alive: bool) -> 
         "restarts": state.get("restarts", 0),
         "crashes": state.get("crashes", 0),
         "last_error": state.get("last_error"),
+        "job": state.get("job"),
+        "job_state": state.get("job_state"),
     }
 
 

@@ -135,6 +135,13 @@ def check_host(host: HostConfig, regions: RegionsFile, accept_new_host_keys: boo
         report.checks["disk"] = f"{free / 2**30:.0f} GiB"
     gpus = report.facts.get("gpus") or []
     report.checks["gpus"] = f"{len(gpus)} ({','.join(map(str, gpus))})" if gpus else "none"
+    if host.slurm is not None:  # a login node: its jobs run on the cluster's nodes
+        from diloco_cli.launch.slurm import check_cluster
+
+        report.checks["gpus"] = "from Slurm"
+        report.checks["slurm"], problem = check_cluster(client, host, report.regions)
+        if problem is not None:
+            report.fail("slurm", problem)
     before = time.time()
     remote = float(run(client, "date +%s.%N").stdout.strip() or 0)
     skew = remote - (before + time.time()) / 2

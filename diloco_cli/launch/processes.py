@@ -18,7 +18,10 @@ class ProcessRecord:
     name: str
     kind: str
     pid: int
+    """Its supervisor's pid (0 for a Slurm job: the supervisor runs on a compute node)."""
     host: str = "local"
+    job: str | None = None
+    """Its Slurm job id, where its host is a Slurm login node."""
 
 
 def start_supervised(name: str, kind: str, command: list[str], run_dir: Path, env: dict[str, str]) -> ProcessRecord:

@@ -59,13 +59,49 @@ def start_services(
 ) -> list[ProcessRecord]:
     """Start these processes of the run on ``host`` (:mod:`~diloco_cli.launch.services`):
     its learners share its ``cores``; the syncer and reducers take one thread each."""
-    threads = learner_threads(spec, host.name, cores)
+    threads = learner_threads(spec, host.name, cores) if host.slurm is None else host.slurm.cpus_per_task
     records = []
     for service in services(spec, names):
         command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret")
         env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads), **dict(service.environment)}
-        records.append(start_remote_process(client, host, paths, service.name, service.kind, command, env))
+        if host.slurm is not None:
+            records.append(submit_job(client, host, paths, spec.run, service.name, service.kind, command, env))
+        else:
+            records.append(start_remote_process(client, host, paths, service.name, service.kind, command, env))
     return records
+
+
+def _supervisor(paths: RemotePaths, name: str, command: list[str]) -> list[str]:
+    """The supervisor's command line for process ``name`` (its log and state in the run's folder)."""
+    return [paths.python, "-m", "diloco_cli.launch.supervisor", paths.log(name), paths.state(name), "--", *command]
+
+
+def submit_job(
+    client: paramiko.SSHClient,
+    host: HostConfig,
+    paths: RemotePaths,
+    run_name: str,
+    name: str,
+    kind: str,
+    command: list[str],
+    env: dict[str, str],
+) -> ProcessRecord:
+    """Submit one supervised process as a Slurm job on the login node ``host``."""
+    from diloco_cli.launch.slurm import job_script, submit
+
+    assert host.slurm is not None
+    script = job_script(
+        host.slurm,
+        run_name,
+        name,
+        kind,
+        paths.run_dir,
+        _supervisor(paths, name, command),
+        {**env, **host.env, "PYTHONUNBUFFERED": "1"},
+    )
+    run(client, f"rm -f {shlex.quote(paths.state(name))}")
+    job = submit(client, host, paths.run_dir, name, script)
+    return ProcessRecord(name=name, kind=kind, pid=0, host=host.name, job=job)
 
 
 def start_remote_process(
@@ -81,15 +117,7 @@ def start_remote_process(
     variables = " ".join(
         f"{key}={shlex.quote(value)}" for key, value in {**env, **host.env, "PYTHONUNBUFFERED": "1"}.items()
     )
-    supervisor = [
-        paths.python,
-        "-m",
-        "diloco_cli.launch.supervisor",
-        paths.log(name),
-        paths.state(name),
-        "--",
-        *command,
-    ]
+    supervisor = _supervisor(paths, name, command)
     # Only the supervisor goes to the background (in a subshell with every stream
     # redirected), so the SSH command returns at once and the session can end.
     script = (
@@ -113,7 +141,13 @@ def start_remote_process(
 def stop_remote(
     client: paramiko.SSHClient, paths: RemotePaths, records: list[ProcessRecord], timeout: float
 ) -> dict[str, str]:
-    """SIGTERM, then SIGKILL after ``timeout``, on the host (the local launcher's code)."""
+    """SIGTERM, then SIGKILL after ``timeout``, on the host (the local launcher's code);
+    Slurm jobs through the scheduler (:func:`diloco_cli.launch.slurm.cancel`)."""
+    jobs = {r.name: r.job for r in records if r.job is not None}
+    if jobs:
+        from diloco_cli.launch.slurm import cancel
+
+        return cancel(client, paths.run_dir, jobs, timeout)
     pids = " ".join(f"{shlex.quote(r.name)}={r.pid}" for r in records)
     result = run(
         client,
@@ -126,8 +160,15 @@ def stop_remote(
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def supervisor_states(client: paramiko.SSHClient, paths: RemotePaths) -> dict[str, dict]:
-    """Each supervised process's recorded state on the host."""
+def supervisor_states(
+    client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str] | None = None
+) -> dict[str, dict]:
+    """Each supervised process's recorded state on the host; for processes that are
+    Slurm jobs (``jobs``: name -> job id) whether the job still runs or waits to, with
+    the scheduler's word for it (``job``: its id, ``job_state``: running on node-3,
+    pending (Resources) ...)."""
+    if jobs:
+        return _job_states(client, paths, jobs)
     script = (
         f"for f in {shlex.quote(paths.run_dir)}/processes/*.json; do "
         '[ -f "$f" ] && printf \'%s\\t\' "$(basename "$f" .json)" && cat "$f" && echo; done'
@@ -168,3 +209,21 @@ def connect_recorded_host(record_hosts: dict, ssh_settings: dict, name: str) -> 
         settings.connect_timeout,
     )
     return connect(target), host
+
+
+def _job_states(client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str]) -> dict[str, dict]:
+    from diloco_cli.launch.slurm import job_states
+
+    recorded = supervisor_states(client, paths)
+    scheduled = job_states(client, list(jobs.values()))
+    states = {}
+    for name, job in jobs.items():
+        state = dict(recorded.get(name, {}))
+        seen = scheduled.get(job)
+        state["job"] = job
+        state["job_state"] = seen.describe() if seen is not None else "gone from the scheduler"
+        state["supervisor_alive"] = seen is not None and seen.live
+        if seen is not None and seen.state == "PENDING":
+            state.setdefault("state", "pending")
+        states[name] = state
+    return states

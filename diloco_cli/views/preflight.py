@@ -15,17 +15,18 @@ CHECKS = ("ssh", "python", "torch", "disk", "clock", "gpus", "bucket")
 
 
 def render_preflight(reports: list[HostReport], width: int = 120) -> str:
+    checks = (*CHECKS, "slurm") if any("slurm" in report.checks for report in reports) else CHECKS
     table = Table(title="preflight", title_justify="left", show_edge=False)
     table.add_column("host")
     table.add_column("regions")
-    for check in CHECKS:
+    for check in checks:
         table.add_column(check)
     table.add_column("first problem", overflow="fold")
     for report in reports:
         table.add_row(
             report.host.name,
             ", ".join(report.regions) or "(syncer)",
-            *(report.checks.get(check, "-") for check in CHECKS),
+            *(report.checks.get(check, "-") for check in checks),
             report.problem or "",
         )
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False)

@@ -385,7 +385,10 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
                 f"(see `diloco logs {run} {name}`); once the cause is fixed, `diloco resume {run}` restarts it"
             )
         elif down.get(name) == "gone":
-            found.append(f"{name} is down (its supervisor is gone); `diloco resume {run}` restarts it")
+            job = f" (Slurm job {process['job']}: {process.get('job_state')})" if process.get("job") else ""
+            found.append(f"{name} is down{job or ' (its supervisor is gone)'}; `diloco resume {run}` restarts it")
+        elif process.get("job") and (process.get("job_state") or "").startswith("pending"):
+            found.append(f"{name} waits in Slurm's queue: job {process['job']} {process['job_state']}")
         elif process["supervisor"] in ("running", "restarting") and (line := restart_line(process, run)):
             found.append(line)
     for syncer in status.syncer_shards or [status.syncer]:

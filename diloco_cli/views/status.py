@@ -183,10 +183,12 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
         parts.append(Text("\n".join(refusal_lines), style="yellow"))
     if probe is not None:
         hosts = Table(box=table_box, title="processes (probed)", title_justify="left", show_edge=False)
-        for column in ("process", "host", "ssh", "supervisor", "restarts"):
+        jobs = any(row.get("job") for row in probe)  # Slurm jobs: their id and the scheduler's word
+        for column in ("process", "host", "ssh", "supervisor", "restarts", *(("slurm job",) if jobs else ())):
             hosts.add_column(column, overflow="fold")
         for row in probe:
-            hosts.add_row(row["process"], row["host"], row["ssh"], row["supervisor"], str(row["restarts"]))
+            job = (f"{row['job']} {row.get('job_state') or ''}".strip(),) if jobs and row.get("job") else ("",) * jobs
+            hosts.add_row(row["process"], row["host"], row["ssh"], row["supervisor"], str(row["restarts"]), *job)
         parts.append(hosts)
     return Group(*parts)
 

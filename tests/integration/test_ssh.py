@@ -17,6 +17,7 @@ from diloco_cli.launch.runs import load_run
 from diloco_cli.models.gpt import byte_gpt
 from testbed.netns import namespaces
 from testbed.servers import moto_s3_server
+from tests.support.hosts import BASE_PYTHON
 from tests.support.runs import (
     TINY_RECIPE,
     assert_bases_are_the_syncers,
@@ -34,46 +35,9 @@ from tests.support.sshd import sshd_server
 
 pytestmark = pytest.mark.slow
 
-BASE_PYTHON = str(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
 # The test hosts share this machine's cores while each reports all of them: one thread
 # per learner (left to itself, each would take every core, and they would thrash).
 SSH_RECIPE = deep_update(TINY_RECIPE, {"training": {"inner_steps": 60, "threads_per_learner": 1}})
-
-
-@pytest.fixture(scope="module")
-def host_venv(tmp_path_factory):
-    """One environment shared by every test host (they share this filesystem), installed
-    once here through diloco's own bootstrap over a loopback sshd, with the package index
-    reachable; hosts inside network namespaces then find it up to date."""
-    from diloco_cli.config.regions import HostConfig
-    from diloco_cli.launch.bootstrap import bootstrap_host, build_distribution
-    from diloco_cli.launch.ssh import SSHTarget, connect
-
-    root = tmp_path_factory.mktemp("hostenv")
-    venv = str(root / "venv")
-    (root / "sshd").mkdir()
-    with sshd_server(root / "sshd") as server:
-        known_hosts = root / "known_hosts"
-        known_hosts.write_text(server.known_hosts_line() + "\n")
-        host = HostConfig(
-            name="installer",
-            address=server.host,
-            port=server.port,
-            user=server.user,
-            key_file=str(server.client_key_path),
-            python=BASE_PYTHON,
-            venv=venv,
-            install=("torch==2.13.*",),
-        )
-        client = connect(
-            SSHTarget("installer", server.host, server.port, server.user, str(server.client_key_path), str(known_hosts))
-        )
-        try:
-            assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "installed"
-            assert bootstrap_host(client, host, build_distribution(root / "wheels"), ["s3"]) == "up to date"
-        finally:
-            client.close()
-    return venv
 
 
 def host_entry(server, name, venv, tmp_path, learners=1, **extra):

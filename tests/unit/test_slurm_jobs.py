@@ -1,0 +1,99 @@
+"""Slurm regions without a cluster: the region file's slurm section, the job script, and
+reading what squeue and scontrol say (tests/integration/test_slurm.py runs a real one)."""
+
+import pytest
+
+from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.files import load_regions
+from diloco_cli.config.regions import SlurmJobs
+from diloco_cli.launch.slurm import _gpus_per_node, job_script, parse_scontrol, parse_squeue, stopping_marker
+from tests.support.runs import write_yaml
+
+
+@pytest.mark.parametrize(
+    ("slurm", "expected"),
+    [
+        ({"partition": "a b"}, "partition"),
+        ({"partition": "gpu", "time_limit": "two hours"}, "time_limit"),
+        ({"partition": "gpu", "memory": "lots"}, "memory"),
+        ({"partition": "gpu", "sbatch_options": ["constraint=a100"]}, "not options: give each as one '--name=value'"),
+        ({"partition": "gpu", "setup": ["module load cuda\nrm -rf /"]}, "one shell line each"),
+        ({}, "partition"),
+    ],
+)
+def test_a_bad_slurm_section_is_refused_naming_its_key(tmp_path, slurm, expected):
+    host = {"name": "login", "address": "login.cluster", "slurm": slurm}
+    path = write_yaml(tmp_path / "regions.yaml", {"regions": [{"name": "c", "bucket": "file:///b", "hosts": [host]}]})
+    with pytest.raises(ConfigError, match=expected):
+        load_regions(path)
+
+
+def test_a_login_node_is_reached_over_ssh_and_gives_no_gpu_list(tmp_path):
+    for host, expected in (
+        ({"name": "local", "slurm": {"partition": "gpu"}}, "reached over SSH"),
+        ({"name": "login", "address": "x", "gpus": [0], "slurm": {"partition": "gpu"}}, "gpus_per_learner"),
+    ):
+        path = write_yaml(tmp_path / "r.yaml", {"regions": [{"name": "c", "bucket": "file:///b", "hosts": [host]}]})
+        with pytest.raises(ConfigError, match=expected):
+            load_regions(path)
+
+
+def test_a_learners_job_asks_for_its_resources_is_requeueable_and_requeues_itself_unless_stopping():
+    slurm = SlurmJobs(
+        partition="gpu",
+        account="proj-7",
+        qos="high",
+        time_limit="04:00:00",
+        signal_seconds=300,
+        gpus_per_learner=4,
+        cpus_per_task=16,
+        memory="128G",
+        sbatch_options=("--constraint=a100",),
+        setup=("module load cuda/12.4",),
+    )
+    supervisor = ["/venv/bin/python", "-m", "diloco_cli.launch.supervisor", "log", "state", "--", "python", "-m", "x"]
+    script = job_script(slurm, "run-1", "east-0", "learner", "/home/u/runs/run-1", supervisor, {"A": "b c"})
+    options = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    assert options == [
+        "--job-name=diloco-run-1-east-0",
+        "--partition=gpu",
+        "--account=proj-7",
+        "--qos=high",
+        "--time=04:00:00",
+        "--cpus-per-task=16",
+        "--mem=128G",
+        "--gres=gpu:4",
+        "--nodes=1",
+        "--ntasks=1",
+        "--requeue",
+        "--signal=B:TERM@300",
+        "--output=/home/u/runs/run-1/logs/east-0.slurm.log",
+        "--open-mode=append",
+        "--constraint=a100",
+    ]
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    # the setup line before diloco starts, the supervisor in the background with its environment
+    assert lines.index("module load cuda/12.4") < next(i for i, line in enumerate(lines) if "supervisor" in line)
+    assert "env A='b c' /venv/bin/python -m diloco_cli.launch.supervisor log state -- python -m x &" in lines
+    assert "trap on_signal TERM" in lines and '    scontrol requeue "$SLURM_JOB_ID"' in lines
+    assert f"  if [ ! -e {stopping_marker('/home/u/runs/run-1', 'east-0')} ]; then" in lines
+    # a reducer's or the syncer's job: one CPU, no GPU, no memory of a learner's
+    reducer = job_script(slurm, "run-1", "reducer-east", "reducer", "/r", ["p"], {})
+    assert "#SBATCH --cpus-per-task=1" in reducer and "--gres" not in reducer and "--mem" not in reducer
+
+
+def test_what_squeue_and_scontrol_say_is_read_per_job():
+    listed = parse_squeue("12|RUNNING|None|node-3\n13|PENDING|Resources|\n\n")
+    assert listed["12"].describe() == "running on node-3" and listed["12"].live
+    assert listed["13"].describe() == "pending (Resources)" and listed["13"].live
+    shown = parse_scontrol("JobId=14 JobName=x JobState=COMPLETED Reason=None NodeList=node-1 Restarts=1")
+    assert shown is not None and shown.state == "COMPLETED" and not shown.live and shown.describe() == "completed"
+    assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"), [("gpu:2", 2), ("gpu:a100:4(S:0-1)", 4), ("(null)", 0), ("gpu:1,gpu:v100:8", 8), ("shard:4", 0)]
+)
+def test_the_gpus_of_a_partitions_nodes_are_read_from_sinfo(gres, gpus):
+    assert _gpus_per_node(gres) == gpus
