@@ -11,10 +11,12 @@ SYSTEM_TOOLS = {
     "ip": "iproute2",
     "chromium": "chromium",
     "chromedriver": "chromium-driver",
+    "/usr/sbin/slurmctld": "slurm-wlm",
+    "/usr/sbin/munged": "munge",
 }
 """What the tests drive for real (sshd for SSH hosts, tmux for the live view, ip/tc for
-network namespaces, a headless chromium for the HTML report), by the Debian package that
-provides it."""
+network namespaces, a headless chromium for the HTML report, a Slurm cluster for Slurm
+regions), by the Debian package that provides it."""
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
