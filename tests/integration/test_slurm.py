@@ -143,8 +143,8 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
 
 
 def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_path, host_venv, login_node):
-    """An unknown partition, more GPUs than a node has, a time limit the partition
-    refuses: one line each naming the region, the host and the key, before anything is
+    """An unknown partition, more GPUs than a node has, more memory than a node has: one
+    line each naming the region, the host and the key, before anything is
     submitted."""
     cluster, server = login_node
     before = cluster.jobs()
@@ -153,8 +153,8 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
                                 r"\(its partitions: east, west\)"),
         ({"partition": "east", "gpus_per_learner": 3}, r"region east, host login-east: slurm.gpus_per_learner is 3, "
                                                        r"and no node of partition east has more than 2 GPUs"),
-        ({"partition": "east", "sbatch_options": ["--nodes=9"]}, r"region east, host login-east: Slurm refuses a "
-                                                                 r"learner's job: .*"),
+        ({"partition": "east", "memory": "999G"}, r"region east, host login-east: Slurm refuses a learner's job: "
+                                                  r".*Requested node configuration is not available; check slurm"),
     ]  # fmt: skip
     for east, expected in cases:
         regions = regions_yaml(tmp_path, server, host_venv, east=east)
