@@ -6,13 +6,18 @@ to life: the syncer and the reducers would wait for it, and ``diloco status`` wo
 it training.  So heartbeats are ordered by (epoch, time): the epoch counts the learner's
 starts, so a resumed learner whose step (or whose host's clock) went back is still
 heard, and within one start a heartbeat older than one already taken in is refused as a
-replay, as a learner refuses a head older than one it has seen.  Within one start a
+replay, as a learner refuses a head older than one it has seen.  A learner whose region's
+bucket was wiped loses its count of starts (it is kept there) and starts again from 1:
+once a reader knows (:meth:`Heartbeats.lose_starts`), a heartbeat of a lower start that
+is newer than every one taken in is heard (a replay is a copy of one written before, so
+never newer).  Within one start a
 learner that stopped going on (finished, stopped, failed) never goes on again: it
 writes nothing after its last heartbeat, so a later one saying otherwise is refused too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -37,10 +42,13 @@ def _state(beat: Beat) -> str:
     return getattr(beat.state, "value", beat.state)
 
 
-def replay_reason(seen: Beat | None, beat: Beat) -> str | None:
+def replay_reason(seen: Beat | None, beat: Beat, starts_lost: bool = False) -> str | None:
     """Why ``beat`` cannot come after ``seen``, the newest heartbeat taken in from the
-    same learner (None when it can: newer, or the same one read again)."""
+    same learner (None when it can: newer, or the same one read again; with
+    ``starts_lost``, also a lower start's heartbeat newer than ``seen``)."""
     if seen is None:
+        return None
+    if starts_lost and beat.epoch < seen.epoch and beat.time > seen.time:
         return None
     if (beat.epoch, beat.time) < (seen.epoch, seen.time):
         return (
@@ -82,6 +90,18 @@ class Heartbeats(Generic[BeatType]):
     status): a restarted reader refuses a replay older than it too."""
     refused: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Per learner, the (epoch, time) of the replay last refused."""
+    starts_lost: set[str] = field(default_factory=set)
+    """Learners whose count of starts was lost with their region's bucket, until one of
+    their heartbeats of a lower start is taken in."""
+
+    recounted: dict[str, float] = field(default_factory=dict)
+    """Per learner whose starts were counted again, the time of its first heartbeat so
+    counted: any heartbeat older is from before the wipe, whatever its start (a replay)."""
+
+    def lose_starts(self, learners: Iterable[str]) -> None:
+        """These learners' region lost its bucket (wiped and made again), with their count
+        of starts: their next start counts from 1 again and is heard all the same."""
+        self.starts_lost.update(learners)
 
     def hear(self, learner: str, beat: BeatType) -> Heard:
         """Take ``beat`` in unless it is a replay; say whether it was news (the first one
@@ -90,12 +110,21 @@ class Heartbeats(Generic[BeatType]):
         though the learner, finished, writes no heartbeat to replace the replay."""
         seen = self.newest.get(learner)
         earlier = self.earlier.get(learner) if seen is None else None
-        reason = replay_reason(seen or earlier, beat)
+        reason = replay_reason(seen or earlier, beat, learner in self.starts_lost)
+        recounted = self.recounted.get(learner)
+        if reason is None and recounted is not None and beat.time < recounted:
+            reason = (
+                f"a replayed heartbeat: {_state(beat)} in start {beat.epoch} at {beat.time:.3f} is from before "
+                f"the learner's starts were counted again at {recounted:.3f} (its region's bucket was wiped)"
+            )
         if reason is not None:
             counted_before = self.refused.get(learner) == (beat.epoch, beat.time)
             self.refused[learner] = (beat.epoch, beat.time)
             if earlier is not None:
                 self.newest[learner] = beat.as_heard(earlier)
             return Heard(news=earlier is not None, replay=reason, counted_before=counted_before)
+        if seen is not None and beat.epoch < seen.epoch:
+            self.starts_lost.discard(learner)
+            self.recounted[learner] = beat.time
         self.newest[learner] = beat
         return Heard(news=seen is None or (seen.epoch, seen.time) != (beat.epoch, beat.time))

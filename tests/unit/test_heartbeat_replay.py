@@ -48,6 +48,23 @@ def test_a_replay_is_refused_each_time_it_is_read_but_counted_once():
     assert heard.hear("a", Beat("training", 2, 50.0)).news and heard.newest["a"].epoch == 2
 
 
+def test_a_learner_whose_region_was_wiped_counts_its_starts_again_and_is_heard():
+    """Its count of starts is kept in its region's bucket: wiped, the learner's next
+    start is 1 again.  Refused as a replay, it was never heard again and the run never
+    ended (the chaos test's wipe after a learner's kill).  Once the reader knows of the
+    wipe, a lower start newer than every heartbeat taken in is heard; replays are not."""
+    heard = Heartbeats()
+    assert heard.hear("a", Beat("training", 3, 100.0)).news
+    assert heard.hear("a", Beat("training", 1, 150.0)).replay  # before the reader knows of the wipe
+    heard.lose_starts(["a"])
+    assert heard.hear("a", Beat("training", 2, 90.0)).replay  # older than the newest taken in: a replay
+    told = heard.hear("a", Beat("training", 1, 160.0))
+    assert told.news and told.replay is None and heard.newest["a"].epoch == 1 and "a" not in heard.starts_lost
+    assert heard.hear("a", Beat("finished", 1, 200.0)).news
+    assert heard.hear("a", Beat("training", 1, 210.0)).replay  # finished never goes back in the new count
+    assert heard.hear("a", Beat("training", 3, 100.0)).replay  # the old count's, put back
+
+
 def replay(bucket, learner, old: bytes) -> None:
     """Put an authentic older heartbeat of ``learner`` back over its newest."""
     bucket.store.put(heartbeat_key(learner), old)

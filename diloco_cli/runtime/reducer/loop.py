@@ -222,6 +222,7 @@ class Reducer:
             self._follow_manifest()
             self.report_soon |= self._read_heartbeats()
             self._apply(self.objects.own_objects(), self.clock())
+            self._heard_of_a_wipe()
         head = self._read_head()
         if head is None or not self._follow(head):
             return wake
@@ -264,10 +265,18 @@ class Reducer:
             log.warning("the head cannot be read now: %s", error)
         return None
 
+    def _heard_of_a_wipe(self) -> None:
+        """The region's bucket was wiped: its learners' counts of starts went with it."""
+        if self.objects.wiped:
+            self.heard.lose_starts(learner.id for learner in self.spec.learners if learner.region == self.region)
+            self.objects.wiped = False
+
     def _follow(self, head: Head) -> bool:
         """Bring the region's copy up to the head; False while it cannot be (no copy)."""
         if self.copy.replica is None:
-            if not self.objects.number_after(head):
+            numbered = self.objects.number_after(head)
+            self._heard_of_a_wipe()
+            if not numbered:
                 return False
             if not self.copy.build(head):
                 self._write_status()  # it refuses to reduce: its status says why

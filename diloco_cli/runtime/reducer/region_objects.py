@@ -54,6 +54,9 @@ class RegionObjects:
         self.delete_consumed = delete_consumed
         """Whether consumed payloads are deleted (not under ``--chaos keep-payloads``)."""
         self.write_status = write_status
+        self.wiped = False
+        """The region's bucket was found wiped since the reducer last looked (its epoch
+        record gone): the loop tells its heartbeat reader, then clears it."""
 
     def owns(self, key: str) -> bool:
         """Whether a payload, relay or aggregate key is of this reducer's fragments."""
@@ -81,6 +84,7 @@ class RegionObjects:
             "the syncer merged",
             merged_epoch + 1,
         )
+        self.wiped = True
         self.aggregation.epoch = merged_epoch + 1
         return True
 
@@ -126,6 +130,7 @@ class RegionObjects:
             if self.bucket.read_epoch(name) < self.aggregation.epoch:
                 self.bucket.write_epoch(name, self.aggregation.epoch)
                 log.warning("the region's bucket lost this reducer's epoch record (was it wiped?): wrote it again")
+                self.wiped = True
         except (PayloadError, StorageError) as error:
             log.warning("the reducer's epoch record cannot be checked now: %s", error)
         try:

@@ -155,6 +155,7 @@ class Syncer:
         if look.regained:
             self.publication.catch_up_soon()
         for region in look.wiped:
+            self.observer.heard.lose_starts(learner.id for learner in self.spec.learners if learner.region == region)
             self._restore(region)
         observations, self.outcomes = self.outcomes + look.observations, []
         self.decisions, actions = decisions.step(self.decisions, observations, now)
