@@ -121,7 +121,7 @@ def test_request_overhead_is_counted_apart_and_reports_show_wire_bytes():
     from diloco_cli.store.wire import S3_WIRE, wire_model
 
     path = "/bucket/run/payloads/r0-0/000-000000000001.dlc"  # 46 characters
-    assert S3_WIRE.estimate("write", path) == (860 + 46, 415)
+    assert S3_WIRE.estimate("write", path) == (860 + 46, 385)
     assert S3_WIRE.estimate("read", path, missing=True) == (750 + 46, 630)
     assert S3_WIRE.estimate_batch("/bucket", ["bucket/a/1", "bucket/a/2"]) == (
         715 + 7 + 180 + 2 * 30 + 20,
@@ -134,9 +134,9 @@ def test_request_overhead_is_counted_apart_and_reports_show_wire_bytes():
     counters = meter.snapshot()
     payload = counters.kinds["payload"]
     assert (payload.bytes_up, payload.overhead_up, payload.wire_up) == (10_000, 906 + 796, 11_702)
-    assert (payload.bytes_down, payload.overhead_down, payload.wire_down) == (10_000, 940, 10_940)
-    assert counters.history[-1][1:] == (11_702, 10_940)
+    assert (payload.bytes_down, payload.overhead_down, payload.wire_down) == (10_000, 910, 10_910)
+    assert counters.history[-1][1:] == (11_702, 10_910)
     link = _link("syncer", "east", [counters], 1, None, {"east": None})
-    assert (link.bytes_up, link.bytes_down, link.overhead_bytes) == (11_702, 10_940, 1702 + 940)
+    assert (link.bytes_up, link.bytes_down, link.overhead_bytes) == (11_702, 10_910, 1702 + 910)
     (kind,) = _kinds([("syncer", "east", [counters])], None, {"east": None})
-    assert kind.wan_bytes == 11_702 + 10_940 and kind.overhead_bytes == 2642
+    assert kind.wan_bytes == 11_702 + 10_910 and kind.overhead_bytes == 2612

@@ -10,7 +10,7 @@ from tests.support.plans import ARGS, plan_of
 def test_requests_to_s3_carry_their_http_heads_and_local_files_none(tmp_path):
     """The same regions as S3 buckets and as local folders: a link's bytes are its flows'
     and, over S3, its requests' heads as the meter estimates them (a PUT or LIST 860 B and
-    its path up, 415 B down; a GET 750 B and its path up, 525 B down); local files none."""
+    its path up, 385 B down; a GET 750 B and its path up, 525 B down); local files none."""
     for scheme, bucket in (("s3", "s3://diloco-{name}/runs"), ("file", f"file://{tmp_path}/{{name}}")):
         regions = tmp_path / f"{scheme}.yaml"
         regions.write_text(
@@ -21,7 +21,7 @@ def test_requests_to_s3_carry_their_http_heads_and_local_files_none(tmp_path):
         for link in plan["diloco"]["links"]:
             puts, gets = link["put_per_second"], link["get_per_second"]
             assert puts > 0 and gets > 0
-            heads_up, heads_down = puts * (860 + path) + gets * (750 + path), puts * 415 + gets * 525
+            heads_up, heads_down = puts * (860 + path) + gets * (750 + path), puts * 385 + gets * 525
             if scheme == "file":
                 heads_up = heads_down = 0.0
             flows = {
