@@ -8,8 +8,7 @@ import time
 import pytest
 
 from diloco_cli.launch.runs import load_run
-from tests.integration.test_ssh import SSH_RECIPE, known_hosts_of
-from tests.support.hosts import BASE_PYTHON
+from tests.integration.test_ssh import SSH_RECIPE, host_entry, known_hosts_of
 from tests.support.runs import (
     assert_bases_are_the_syncers,
     assert_every_token_accounted,
@@ -36,18 +35,9 @@ def login_node(tmp_path_factory):
 
 
 def login_host(server, name, venv, tmp_path, learners=1, **slurm):
-    return {
-        "name": name,
-        "address": server.host,
-        "port": server.port,
-        "user": server.user,
-        "key_file": str(server.client_key_path),
-        "python": BASE_PYTHON,
-        "venv": venv,
-        "work_dir": str(tmp_path / "shared-home"),  # the file system the compute nodes share
-        "learners": learners,
-        "slurm": slurm,
-    }
+    """A test SSH host (tests/integration/test_ssh.py's) that is the cluster's login node."""
+    shared = str(tmp_path / "shared-home")  # the file system the compute nodes share
+    return host_entry(server, name, venv, tmp_path, learners, work_dir=shared, slurm=slurm)
 
 
 def regions_yaml(tmp_path, server, venv, east=None, west=None):
