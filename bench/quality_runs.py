@@ -1,0 +1,144 @@
+"""The runs of the quality benchmark: one training run each, a loss curve back.
+
+Data-parallel and the floor (one learner alone) train in this process: data-parallel as
+one process with the global batch is the same mathematics as DDP over M workers, and one
+learner alone is exactly what a learner does between merges.  The DiLoCo runs go through
+the product (``diloco up`` on this machine, its learners, reducers and syncer as
+processes, ``file://`` buckets) and read the syncer's evaluations of the published model.
+
+Every run returns its curve: ``evaluations``, a list of ``[tokens, loss]`` (tokens summed
+over learners, loss in nats per byte or token on the held-out split).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench._common import local_regions
+from diloco_cli.config.recipe import Recipe
+from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
+from diloco_cli.launch.operations import stop_run
+from diloco_cli.launch.runs import load_run
+from diloco_cli.launch.up import launch
+from diloco_cli.training.inner import InnerSchedule, evaluate, inner_step, make_inner_optimizer
+from diloco_cli.views.run_state import collect_status
+
+CURVE_POINTS = 32
+"""Evaluations per in-process run (and about as many per DiLoCo run): enough to read the
+tokens a run needs to reach a loss to within 1/32 of its budget."""
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """One AdamW trainer in this process: data-parallel (the global batch) or one learner
+    alone (a learner's batch, a learner's share of the tokens)."""
+
+    learning_rate: float
+    batch: int
+    tokens: float
+    """The run's whole budget: its schedule ends here."""
+    stop: float = 1.0
+    """The fraction of the budget trained (tuning stops early on the full schedule)."""
+
+
+def train_in_process(recipe: Recipe, run: InProcess) -> dict:
+    """Train ``run`` on ``recipe``'s model, data and inner schedule (warmup, cosine to the
+    final fraction, weight decay, clipping), evaluating ``CURVE_POINTS`` times."""
+    torch.manual_seed(recipe.training.seed)
+    training, length = recipe.training, recipe.data.sequence_length
+    model = recipe.model.build()
+    split = TextSplit.of(load_text(recipe.data.source), recipe.data.heldout_fraction, length)
+    heldout = evaluation_batches(split.heldout, training.batch_size, length, recipe.sync.evaluation_batches)
+    steps = max(1, round(run.tokens / (run.batch * length)))
+    optimizer = make_inner_optimizer(model, run.learning_rate, training.weight_decay, training.betas)
+    schedule = InnerSchedule(run.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
+    generator = torch.Generator().manual_seed(training.seed)
+    last = max(1, round(steps * run.stop))
+    marks = {max(1, round(steps * point / CURVE_POINTS)) for point in range(1, CURVE_POINTS + 1)} | {last}
+    evaluations, started = [], time.monotonic()
+    for step in range(1, last + 1):
+        inputs, targets = random_batch(split.train, run.batch, length, generator)
+        inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
+        if step in marks:
+            evaluations.append([step * run.batch * length, evaluate(model, heldout)])
+    return {"tokens": steps * run.batch * length, "seconds": time.monotonic() - started, "evaluations": evaluations}
+
+
+def train_diloco(recipe: Recipe, name: str, workdir: Path, stop: float = 1.0) -> dict:
+    """Train through the real CLI path (processes, buckets) and read the syncer's
+    evaluations; with ``stop`` below 1 the run is stopped once the published model was
+    evaluated past that fraction of the budget."""
+    recipe_path = workdir / f"{name}.json"
+    recipe_path.write_text(recipe.model_dump_json())
+    started = time.monotonic()
+    regions = local_regions(workdir, recipe.training.num_learners)
+    result = launch(recipe_path, regions, [], name, workdir / "runs", dry_run=False)
+    budget = diloco_tokens(recipe)
+    while True:
+        status = collect_status(result.spec)
+        if status.state in ("finished", "stopped"):
+            break
+        if stop < 1 and any(e["tokens"] >= stop * budget for e in status.evaluations):
+            break
+        time.sleep(2)
+    # every process down before the caller removes the buckets: a reducer still finishing
+    # when its bucket vanished was left retrying, supervised, after the benchmark ended
+    stop_run(load_run(workdir / "runs", name))
+    return {
+        "tokens": budget,
+        "versions": status.version,
+        "seconds": time.monotonic() - started,
+        "evaluations": [[e["tokens"], e["loss"]] for e in status.evaluations],
+    }
+
+
+def diloco_tokens(recipe: Recipe) -> int:
+    """The tokens a DiLoCo run's learners train in all."""
+    training = recipe.training
+    return training.num_learners * training.inner_steps * training.batch_size * recipe.data.sequence_length
+
+
+def loss_at(evaluations: list[list[float]], tokens: float) -> float:
+    """The first evaluation at or past ``tokens`` (the last one if none is): an
+    evaluation is labelled with the tokens trained when it was taken."""
+    past = [loss for at, loss in evaluations if at >= tokens * (1 - 1e-9)]
+    return past[0] if past else evaluations[-1][1]
+
+
+def tokens_to_reach(evaluations: list[list[float]], target: float) -> float | None:
+    """The tokens at which the curve first reaches ``target`` (linear between the two
+    evaluations that straddle it), or None where it never does."""
+    previous = None
+    for tokens, loss in evaluations:
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return float(tokens)
+            (tokens_before, loss_before) = previous
+            return tokens_before + (tokens - tokens_before) * (loss_before - target) / (loss_before - loss)
+        previous = (tokens, loss)
+    return None
+
+
+def prepare_tokens(workdir: Path, vocabulary: int) -> tuple[str, float]:
+    """``diloco prepare`` on the built-in corpus: the dataset's index and the held-out
+    text's bytes per token (to turn nats per token into bits per byte)."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    corpus, dataset = workdir / "corpus.txt", workdir / "tokens"
+    corpus.write_bytes(builtin_corpus("shakespeare"))
+    command = [sys.executable, "-m", "diloco_cli", "prepare", str(corpus), "-o", str(dataset)]
+    command += ["--vocab-size", str(vocabulary), "--heldout-fraction", "0.05"]
+    subprocess.run(command, check=True, capture_output=True)
+    index = json.loads((dataset / "index.json").read_text())
+    heldout = np.fromfile(dataset / index["heldout"]["name"], dtype=index["dtype"])
+    text = Tokenizer.from_file(str(dataset / index["tokenizer"])).decode(heldout.tolist(), skip_special_tokens=False)
+    return str(dataset / "index.json"), len(text.encode("utf-8")) / len(heldout)
