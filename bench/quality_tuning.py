@@ -61,18 +61,19 @@ class Knob:
 
 
 def full_knobs() -> tuple[Knob, ...]:
-    """The grids of the full run, in the order they are tuned (data-parallel's learning
-    rate again after its batch: the best rate moves with the batch)."""
+    """The grids of the full run, in the order they are tuned: data-parallel's learning
+    rate again after its batch (the best rate moves with the batch); DiLoCo's outer
+    step first, the setting measured most sensitive at small scale (at 2.5M tokens,
+    momentum 0.9 at lr 0.7 lost to one learner alone and plain averaging was best)."""
     learning_rates = (3e-3, 6e-3, 1e-2)
     return (
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
         Knob(DATA_PARALLEL_SIDE, "dp_batch", (32, 64, 128)),
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
-        Knob(DILOCO_SIDE, "inner_learning_rate", learning_rates),
-        Knob(DILOCO_SIDE, "outer", ((1.0, 0.0), (1.0, 0.5), (0.7, 0.9), (0.4, 0.9))),
+        Knob(DILOCO_SIDE, "outer", ((1.0, 0.0), (1.0, 0.5), (0.7, 0.9), (0.3, 0.9))),
         Knob(DILOCO_SIDE, "sync_interval", (10, 25, 50)),
-        Knob(DILOCO_SIDE, "batch_per_learner", (8, 16, 32)),
         Knob(DILOCO_SIDE, "inner_learning_rate", learning_rates),
+        Knob(DILOCO_SIDE, "batch_per_learner", (8, 16, 32)),
     )
 
 
