@@ -73,6 +73,22 @@ TARGETS = {
     "DiLoCo M=1 K=M vs data-parallel": 0.0,
     "Decoupled K=1 of 4 vs DiLoCo M=4 K=M": 0.01,
 }
+LEVERS = {
+    "AdamW beta2 0.99": lambda setting, steps: {"training": {"betas": [0.9, 0.99]}},
+    "warmup 5% of the steps": lambda setting, steps: {"training": {"warmup_steps": max(1, steps // 20)}},
+    "H/4 then H/2 over the first tenth": lambda setting, steps: {
+        "sync": {
+            "sync_interval_schedule": [
+                [max(1, steps // 20), max(1, setting.sync_interval // 4)],
+                [max(2, steps // 10), max(1, setting.sync_interval // 2)],
+            ]
+        }
+    },
+}
+"""``--levers``: what the anchors use beyond the tuned settings, each tried alone on the
+tuned M=4 K=M run at a quarter of the budget (``sections`` of the recipe, given the
+setting and the learners' inner steps)."""
+LEVER_FRACTION = 0.25
 WAN_TOKEN_OVERHEAD = 1.3
 """The WAN recipe reaches data-parallel's final loss within this many times its tokens."""
 
@@ -110,6 +126,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each tuning run")
     parser.add_argument("--rows", default="", help="comma-separated row names to run (default: every row)")
     parser.add_argument(
+        "--levers",
+        action="store_true",
+        help="try the levers that may close the gap (tuned M=4 K=M, a quarter of the budget) instead of the rows",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="keep the rows and tuning trials in the result file; run the rest"
     )
     return parser.parse_args(argv)
@@ -138,6 +159,7 @@ def default_setting(recipe: Recipe) -> Setting:
         outer_momentum=sync.outer_momentum,
         sync_interval=sync.sync_interval,
         batch_per_learner=training.batch_size,
+        install="keep-unsent" if recipe.keeps_unsent_work else "overwrite",
     )
 
 
@@ -167,6 +189,7 @@ def diloco_recipe(
         "quorum": quorum,
         "outer_learning_rate": setting.outer_learning_rate * math.sqrt(quorum / learners),
         "outer_momentum": setting.outer_momentum,
+        "install": setting.install if quorum == learners else "auto",
         "evaluate_every": max(1, round(versions / 32)),
         **sync,
     }
@@ -254,6 +277,24 @@ class Quality:
         learners = int(re.fullmatch(r"DiLoCo M=(\d+) K=M", name).group(1))
         return diloco_recipe(base, setting, seed, tokens, learners)
 
+    def lever(self, name: str, setting: Setting) -> dict:
+        """One lever (or ``tuned``, the baseline) on the tuned M=4 K=M run, stopped at
+        ``LEVER_FRACTION`` of the budget (quick runs go to their end)."""
+        learners = self.rows.learners
+        steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
+        sections = LEVERS[name](setting, steps) if name in LEVERS else {}
+        recipe = diloco_recipe(self.base, setting, 0, self.budget, learners, **sections)
+        stop = 1.0 if self.args.quick else LEVER_FRACTION
+        result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
+        loss = loss_at(result["evaluations"], stop * diloco_tokens(recipe))
+        return {
+            "lever": name,
+            "sections": sections,
+            "setting": asdict(setting),
+            "loss": loss,
+            "seconds": result["seconds"],
+        }
+
     def settings(self) -> dict:
         """What a result measured: a resumed sitting must measure the same."""
         return {
@@ -291,11 +332,25 @@ class Quality:
         return [step for step in plan if step not in finished and (not chosen or step[0] in chosen)]
 
 
-def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict]]:
-    """The rows and tuning trials of the result file, if it measured the same settings."""
+def run_levers(quality: Quality, setting: Setting, levers: list[dict], save) -> None:
+    """Each lever not yet tried at ``setting``, and the tuned run it is compared with."""
+    for name in ["tuned", *LEVERS]:
+        if any(lever["lever"] == name and lever["setting"] == asdict(setting) for lever in levers):
+            continue
+        levers.append(quality.lever(name, setting))
+        print(f"  lever {name}: {levers[-1]['loss']:.4f}", flush=True)
+        save(setting)
+    tuned = next(lever["loss"] for lever in levers if lever["lever"] == "tuned" and lever["setting"] == asdict(setting))
+    for lever in levers:
+        if lever["setting"] == asdict(setting):
+            lever["vs_tuned"] = lever["loss"] / tuned - 1
+
+
+def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], list[dict]]:
+    """The rows, tuning trials and levers of the result file, if it measured the same settings."""
     path = result_path("quality", args.quick, args.output)
     if not path.exists():
-        return [], []
+        return [], [], []
     document = json.loads(path.read_text())
     changed = [
         key
@@ -304,7 +359,8 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict
     ]
     if changed:
         raise SystemExit(f"--resume: {path} measured other settings ({', '.join(changed)}); rerun without --resume")
-    return document["results"]["rows"], document["results"].get("tuning", [])
+    results = document["results"]
+    return results["rows"], results.get("tuning", []), results.get("levers", [])
 
 
 def check_kept_rows(rows: list[dict], setting: Setting) -> None:
@@ -390,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         quality = Quality(args, Path(directory))
         settings = quality.settings()
-        rows, trials = earlier_results(args, settings) if args.resume else ([], [])
+        rows, trials, levers = earlier_results(args, settings) if args.resume else ([], [], [])
 
         def results(setting: Setting | None) -> dict:
             summary = summarize(rows, quality.rows)
@@ -400,6 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "targets": targets_of(summary, quality.rows),
                 "tuned": setting and asdict(setting),
                 "tuning": trials,
+                "levers": levers,
                 "rows": rows,
             }
 
@@ -408,8 +465,10 @@ def main(argv: list[str] | None = None) -> dict:
 
         knobs = quick_knobs() if args.quick else full_knobs()
         setting = tune(default_setting(quality.base), knobs, trials, quality.trial, after=save)
+        if args.levers:
+            run_levers(quality, setting, levers, save)
         check_kept_rows(rows, setting)
-        while plan := quality.plan(rows, summarize(rows, quality.rows)):
+        while not args.levers and (plan := quality.plan(rows, summarize(rows, quality.rows))):
             label, seed = plan[0]
             rows.append(quality.run_row(label, seed, setting))
             print(f"  {label} seed {seed}: {rows[-1]['loss_1.0']:.4f} ({rows[-1]['seconds']:.0f} s)", flush=True)

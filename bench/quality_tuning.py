@@ -30,6 +30,10 @@ class Setting:
     outer_momentum: float
     sync_interval: int
     batch_per_learner: int
+    install: str
+    """``sync.install`` at K = M: ``overwrite`` loses what a learner trained on a fragment
+    between its send and the new version's arrival; ``keep-unsent`` keeps it.  The K < M
+    rows keep the recipe's ``auto`` (keep-unsent)."""
 
     def of_side(self, side: str) -> dict[str, Any]:
         """The fields that decide a trial of ``side`` (a data-parallel trial does not
@@ -62,14 +66,17 @@ class Knob:
 
 def full_knobs() -> tuple[Knob, ...]:
     """The grids of the full run, in the order they are tuned: data-parallel's learning
-    rate again after its batch (the best rate moves with the batch); DiLoCo's outer
-    step first, the setting measured most sensitive at small scale (at 2.5M tokens,
-    momentum 0.9 at lr 0.7 lost to one learner alone and plain averaging was best)."""
+    rate again after its batch (the best rate moves with the batch); DiLoCo's installs
+    first (overwriting loses the steps between a send and its merge's arrival, a share
+    that grows with the latency of a round), then its outer step, the setting measured
+    most sensitive at small scale (at 2.5M tokens, momentum 0.9 at lr 0.7 lost to one
+    learner alone and plain averaging was best)."""
     learning_rates = (3e-3, 6e-3, 1e-2)
     return (
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
         Knob(DATA_PARALLEL_SIDE, "dp_batch", (32, 64, 128)),
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
+        Knob(DILOCO_SIDE, "install", ("overwrite", "keep-unsent")),
         Knob(DILOCO_SIDE, "outer", ((1.0, 0.0), (1.0, 0.5), (0.7, 0.9), (0.3, 0.9))),
         Knob(DILOCO_SIDE, "sync_interval", (10, 25, 50)),
         Knob(DILOCO_SIDE, "inner_learning_rate", learning_rates),
