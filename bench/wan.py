@@ -28,16 +28,26 @@ the delaying proxy on the region's WAN address.
    seconds of 3).  The kernel has no netem: gloo's traffic gets the links' rate but not
    their latency, so this is optimistic for data-parallel by about 2 (W-1) x L per step
    (reported beside it).
-4. Decoupled DiLoCo on the WAN: the real learners and syncer (``python -m diloco_cli
-   _learner/_syncer`` started in their namespaces), the whole budget.  Time to the target is
-   the first syncer evaluation at or below it, from the moment the processes were started;
-   compute share = sum of the learners' compute_seconds / sum of (time - started_at) in
-   their final heartbeats; bytes per link from the run's report (``diloco report``'s JSON,
-   built in-process), from the proxies' counters and from the WAN devices' counters.
-5. The target loss: max(DiLoCo's final evaluation, data-parallel's final evaluation) x 1.01,
-   a value both reach.  At equal loss (``equal_loss`` in the JSON): each data-parallel
-   baseline's WAN bytes per step x the steps it needs to reach the target, against the
-   whole DiLoCo run's WAN bytes (an upper bound on its bytes to the target).
+4. Decoupled DiLoCo on the WAN: the real learners, reducers and syncer (``python -m
+   diloco_cli _learner/_syncer/_reducer`` started in their namespaces), the whole budget;
+   where its evaluations never reach the target (5), again on ``--longer`` (2) times the
+   budget's inner steps, stopped at the first syncer evaluation at or below it (or at its
+   end).  Time to the target is that evaluation's, from the moment the processes were
+   started; compute share = sum of the learners' compute_seconds / sum of (time -
+   started_at) in their final heartbeats; bytes per link from the run's report (``diloco
+   report``'s JSON, built in-process), from the proxies' counters and from the WAN devices'.
+5. The target loss: data-parallel's final held-out evaluation at the budget (1, this run):
+   is DiLoCo's model as good as data-parallel's, and what does it cost to get there?  At
+   the target (``equal_loss`` in the JSON, ``bench.wan_equal_loss``): DiLoCo's learner
+   tokens to it (linear between the syncer's evaluations that straddle it) and its token
+   overhead over data-parallel's (the budget, or fewer where data-parallel's curve dips
+   below its final loss before its end), its time from the launch and its WAN bytes (those
+   of a run stopped at the target, else the whole run's: ``rule`` says which); each
+   data-parallel baseline's WAN bytes and seconds per step x its steps to the target.  The
+   floor: one learner alone on 1/M of the tokens at the learners' batch, learning rate and
+   schedule (in this process, ``bench.quality_runs.train_in_process``); a DiLoCo run whose
+   final loss is not below the floor's is FAILING (``diloco_beats_floor: false``), whatever
+   its ratios.
 6. ``diloco plan``'s prediction for the same recipe, regions, step time c, R and L, beside
    the measurement (compute share in points, WAN bytes in %; DiLoCo's figures from the
    plan given the step its learners took in the run, slower than c on shared cores, and
@@ -51,12 +61,13 @@ the delaying proxy on the region's WAN address.
    256), H schedules (25, 50, then 100 or 200); all but the default's H with less
    chatter), each a whole run with ``diloco up`` on this
    machine (file:// buckets: bytes do not depend on the link), against both data-parallel
-   baselines at equal loss (each counted to the steps data-parallel needs to reach the
-   setting's final loss): which reaches >= 300x fewer than the flat ring and >= 200x fewer
-   than the hierarchical all-reduce; and ``diloco plan`` for each setting, given the step
-   and start-up its learners had, against its WAN bytes and compute share.
+   baselines counted to the steps data-parallel needs to reach its own final loss (5), and
+   whether and at how many tokens each setting reached that loss: which reaches it with
+   >= 300x fewer than the flat ring and >= 200x fewer than the hierarchical all-reduce;
+   and ``diloco plan`` for each setting, given the step and start-up its learners had,
+   against its WAN bytes and compute share.
 
-    python -m bench.wan                  # the full race (~10 min on 2 cores; needs root, iproute2)
+    python -m bench.wan                  # the full race (~10 min on 2 cores, more with the longer run; root, iproute2)
     python -m bench.wan --sweep          # and the settings sweep (~25 min more)
     python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
     python -m bench.wan --sweep-from bench/results/wan.json --settings "H=100, int2 uploads, int4 updates"
@@ -82,6 +93,7 @@ from typing import Any
 
 from bench._common import benchmark_parser, write_result
 from bench.ddp_launch import launch_local
+from bench.quality_runs import InProcess, train_in_process
 from bench.wan_diloco import (
     MEASURE,
     QUICK_RUN,
@@ -92,7 +104,15 @@ from bench.wan_diloco import (
     device_deltas,
     diloco_on_wan,
 )
-from bench.wan_equal_loss import TARGET_MARGIN, baseline, equal_loss, first_at_or_below, target_loss
+from bench.wan_equal_loss import (
+    TARGET_SOURCE,
+    baseline,
+    diloco_to_target,
+    dp_steps_to_target,
+    equal_loss,
+    first_at_or_below,
+    target_loss,
+)
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
 from bench.wan_plan import plan_prediction, plan_vs_measured
@@ -215,6 +235,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
     if args.replan and (args.settings or not args.sweep_from):
         parser.error("--replan plans the rows of an earlier sweep again: give --sweep-from RESULT, no --settings")
+    if args.longer <= 1:
+        parser.error(f"--longer {args.longer:g}: give a factor above 1 (the budget's run is the first)")
     if args.settings and not args.sweep_from:
         parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
     return args
@@ -241,6 +263,13 @@ def add_race_options(parser: argparse.ArgumentParser) -> None:
         "--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)"
     )
     parser.add_argument("--timeout", type=float, help="seconds any one run may take (default 3600; quick 240)")
+    parser.add_argument(
+        "--longer",
+        type=float,
+        default=2.0,
+        help="where DiLoCo's run at the budget never reaches data-parallel's final loss, run it again on a schedule "
+        "of this many times the budget's inner steps, stopped at its first evaluation at or below it (default 2)",
+    )
     parser.add_argument(
         "--diloco-set",
         action="append",
@@ -407,9 +436,11 @@ def runs_on_wan(
     workdir: Path,
     timeout: float,
     phase: PhaseClock,
-) -> dict[str, dict]:
+    target: float,
+) -> dict[str, dict | None]:
     """Data-parallel on the WAN for a few steps (flat ring, then hierarchical), then
-    Decoupled DiLoCo for the whole run."""
+    Decoupled DiLoCo for the whole run, and where that never reaches ``target``, again on
+    ``--longer`` times the budget's inner steps until it does."""
     world, steps = recipe.training.num_learners, recipe.training.inner_steps
     dp_steps, dp_seconds = (
         (3, None) if args.quick and args.dp_wan_seconds is None else (steps, args.dp_wan_seconds or 60.0)
@@ -423,14 +454,30 @@ def runs_on_wan(
     _print_dp_wan(hierarchical_wan)
     phase("diloco_wan", "Decoupled DiLoCo on the WAN: the whole run")
     diloco = diloco_on_wan(wan, [*overrides, *args.diloco_set], workdir, timeout, args.syncer_in)
+    _print_diloco(diloco)
+    longer = None
+    if first_at_or_below(diloco["evaluations"], target) is None:
+        longer_steps = round(args.longer * steps)
+        phase(
+            "diloco_wan_longer",
+            f"Decoupled DiLoCo on the WAN: {diloco['final_loss']:.4f} at the budget, above the target {target:.4f}; "
+            f"again on {longer_steps} inner steps ({args.longer:g}x), stopped at the target",
+        )
+        longer_overrides = [*overrides, *args.diloco_set, f"training.inner_steps={longer_steps}"]
+        longer = diloco_on_wan(wan, longer_overrides, workdir, timeout, args.syncer_in, stop_at=target)
+        _print_diloco(longer)
+    return {"dp_wan": dp_wan, "hierarchical_wan": hierarchical_wan, "diloco": diloco, "diloco_longer": longer}
+
+
+def _print_diloco(diloco: dict) -> None:
     print(
-        f"  {diloco['wall_seconds']:.0f} s, final loss {diloco['final_loss']:.4f}, "
+        f"  {diloco['wall_seconds']:.0f} s{', stopped at the target' if diloco['stopped_at_target'] else ''}, "
+        f"final loss {diloco['final_loss']:.4f}, "
         f"compute share {diloco['compute_share']:.1%} of the learners' lives, "
         f"{diloco['compute_share_from_launch']:.1%} from the launch, "
         f"{diloco['wan_bytes_per_token']:.2f} WAN B/token",
         flush=True,
     )
-    return {"dp_wan": dp_wan, "hierarchical_wan": hierarchical_wan, "diloco": diloco}
 
 
 def plans_and_rates(
@@ -473,7 +520,7 @@ def dp_result(args: argparse.Namespace, loopback: dict, on_wan: dict, target: fl
     """Data-parallel's side of the race: its time and WAN bytes to the target loss, and
     its two baselines (flat ring, hierarchical)."""
     dp_wan, world = on_wan["dp_wan"], loopback["world_size"]
-    dp_hit = first_at_or_below(loopback["evaluations"], target)
+    steps = dp_steps_to_target(loopback["evaluations"], target)
     step_seconds = dp_wan["medians"]["step_seconds"]
     latency_per_step = 2 * (world - 1) * args.latency_ms / 1000
     tokens_per_step = loopback["tokens_per_step"]
@@ -481,16 +528,18 @@ def dp_result(args: argparse.Namespace, loopback: dict, on_wan: dict, target: fl
         "loopback": loopback,
         "wan": dp_wan,
         "final_loss": loopback["evaluations"][-1]["loss"],
-        "steps_to_target": dp_hit["step"] if dp_hit else None,
+        "target": target,
+        "tokens_per_step": tokens_per_step,
+        "steps_to_target": steps,
         "wan_step_seconds": step_seconds,
-        "time_to_target_seconds": dp_hit["step"] * step_seconds if dp_hit else None,
+        "time_to_target_seconds": steps * step_seconds if steps is not None else None,
         "method": (
             "time to target = (steps to reach the target on loopback, evaluated every "
-            f"{eval_every} steps) x (median wall seconds per step on the shaped WAN, "
-            f"{dp_wan['steps_done']} steps measured)"
+            f"{eval_every} steps, linear between the two evaluations that straddle it) x "
+            f"(median wall seconds per step on the shaped WAN, {dp_wan['steps_done']} steps measured)"
         ),
         "latency_not_emulated_seconds_per_step": latency_per_step,
-        "time_to_target_seconds_with_latency": dp_hit["step"] * (step_seconds + latency_per_step) if dp_hit else None,
+        "time_to_target_seconds_with_latency": steps * (step_seconds + latency_per_step) if steps is not None else None,
         "compute_share": dp_wan["compute_share"],
         "comm_to_compute": dp_wan["comm_to_compute"],
         "wan_bytes_per_token": dp_wan["app_wan_bytes_per_step"] / tokens_per_step,
@@ -503,39 +552,43 @@ def dp_result(args: argparse.Namespace, loopback: dict, on_wan: dict, target: fl
             "(docs/bandwidth.md, what `diloco report` and `diloco plan` compare with)"
         ),
     }
-    dp["wan_bytes_to_target"] = dp["wan_bytes_per_token"] * tokens_per_step * dp["steps_to_target"] if dp_hit else None
+    dp["wan_bytes_to_target"] = dp["wan_bytes_per_token"] * tokens_per_step * steps if steps is not None else None
     dp["baselines"] = {
-        "flat_ring": baseline(dp_wan, dp_hit, tokens_per_step),
-        "hierarchical": baseline(on_wan["hierarchical_wan"], dp_hit, tokens_per_step),
+        "flat_ring": baseline(dp_wan, steps, tokens_per_step),
+        "hierarchical": baseline(on_wan["hierarchical_wan"], steps, tokens_per_step),
     }
     return dp
 
 
-def race_result(args: argparse.Namespace, loopback: dict, on_wan: dict, planned: dict, eval_every: int) -> dict:
-    """Both sides at the target loss, their ratios, the plan against the measurement and
-    the link rates."""
+def race_result(
+    args: argparse.Namespace, loopback: dict, on_wan: dict, planned: dict, eval_every: int, floor: dict
+) -> dict:
+    """Both sides at data-parallel's final loss, their ratios, the floor, the plan against
+    the measurement and the link rates."""
     diloco, dp_wan, hierarchical_wan = on_wan["diloco"], on_wan["dp_wan"], on_wan["hierarchical_wan"]
-    dp_final = loopback["evaluations"][-1]["loss"]
-    target = target_loss(diloco["final_loss"], dp_final)
+    target = target_loss(loopback["evaluations"])
     dp = dp_result(args, loopback, on_wan, target, eval_every)
-    diloco_hit = first_at_or_below(diloco["evaluations"], target)
-    diloco["time_to_target_seconds"] = diloco_hit["time"] - diloco["launched"] if diloco_hit else None
-    diloco["time_to_target_from_learner_start_seconds"] = (
-        (diloco["time_to_target_seconds"] - diloco["learners_started_after_seconds"]) if diloco_hit else None
-    )
-    diloco["version_at_target"] = diloco_hit["version"] if diloco_hit else None
-    both_hit = dp["steps_to_target"] is not None and diloco_hit
+    runs = {"the budget": diloco, f"{args.longer:g}x the budget": on_wan["diloco_longer"]}
+    reached = diloco_to_target(runs, target)
+    diloco["time_to_target_seconds"] = reached["time_to_target_seconds"]
+    diloco["version_at_target"] = reached["version_at_target"]
+    diloco["schedule_at_target"] = reached["schedule"]
+    both_hit = dp["steps_to_target"] is not None and reached["reached"]
     rate = planned["rate"]
     return {
         "target": {
             "loss": target,
-            "rule": f"max(DiLoCo's final evaluation, data-parallel's final evaluation) x {1 + TARGET_MARGIN:g}",
+            "source": TARGET_SOURCE,
+            "rule": "data-parallel's final held-out evaluation at the budget, measured in this run",
             "diloco_final": diloco["final_loss"],
-            "dp_final": dp_final,
+            "dp_final": dp["final_loss"],
+            "floor_final": floor["final_loss"],
         },
         "dp": dp,
         "diloco": diloco,
-        "equal_loss": equal_loss(dp, diloco, diloco_hit),
+        "diloco_longer": on_wan["diloco_longer"],
+        "floor": floor,
+        "equal_loss": equal_loss(dp, reached, diloco["final_loss"], floor["final_loss"]),
         "ratios": {
             "time_to_target_dp_over_diloco": dp["time_to_target_seconds"] / diloco["time_to_target_seconds"]
             if both_hit
@@ -571,6 +624,10 @@ def race(args: argparse.Namespace, recipe: Recipe, overrides: Sequence[str], wor
         launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
     )
     calibrated = results["calibration"] = calibration(args, loopback)
+    target = target_loss(loopback["evaluations"])
+    phase("floor", f"the floor: one learner alone on 1/{world} of the tokens, in this process")
+    floor = floor_run(load_recipe(None, [*overrides, *args.diloco_set]))
+    print(f"  final loss {floor['final_loss']:.4f} (data-parallel's, the target: {target:.4f})", flush=True)
     rate, syncer_rate = calibrated["link_mbit"], calibrated["syncer_link_mbit"]
     phase("emulation")
     with emulated_wan(
@@ -581,11 +638,39 @@ def race(args: argparse.Namespace, recipe: Recipe, overrides: Sequence[str], wor
             "hosts_files": {label: str(path) for label, path in wan.hosts_files.items()},
             "wan_addresses": {label: place.wan_address for label, place in wan.places.items()},
         }
-        on_wan = runs_on_wan(args, wan, recipe, overrides, workdir, timeout, phase)
+        on_wan = runs_on_wan(args, wan, recipe, overrides, workdir, timeout, phase, target)
         planned = plans_and_rates(args, wan, overrides, workdir, timeout, calibrated, on_wan["diloco"], phase)
         phase("teardown")
-    results.update(race_result(args, loopback, on_wan, planned | {"rate": rate}, eval_every))
+    results.update(race_result(args, loopback, on_wan, planned | {"rate": rate}, eval_every, floor))
     phase(None)
+
+
+def floor_run(recipe: Recipe) -> dict[str, Any]:
+    """The floor: one learner alone on its share (1/M) of the tokens, at the learners'
+    batch, learning rate and schedule (AdamW in this process, one thread, as a learner has:
+    ``bench.quality_runs.train_in_process``), evaluated as the syncer evaluates.  What a
+    learner reaches without communicating: a DiLoCo run must end below it."""
+    import torch
+
+    training = recipe.training
+    tokens = training.inner_steps * training.batch_size * recipe.data.sequence_length  # a learner's share
+    run = InProcess(training.learning_rate, training.batch_size, tokens)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(training.threads_per_learner or 1)
+    try:
+        result = train_in_process(recipe, run)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "learners_share": f"1/{training.num_learners}",
+        "learning_rate": run.learning_rate,
+        "batch": run.batch,
+        "inner_steps": training.inner_steps,
+        "tokens": result["tokens"],
+        "seconds": result["seconds"],
+        "evaluations": result["evaluations"],
+        "final_loss": result["evaluations"][-1][1],
+    }
 
 
 def race_limits(args: argparse.Namespace) -> tuple[int, float]:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -213,9 +213,13 @@ class Processes:
                     start_new_session=True,
                 )
 
-    def wait(self, timeout: float) -> dict[str, int]:
+    def wait(self, timeout: float, stop: Callable[[], bool] | None = None) -> dict[str, int | None]:
+        """Every process's exit code once all ended, or as they are (None: running) as
+        soon as ``stop`` says so."""
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in self.running.values()) or self._undelivered():
+            if stop is not None and stop():
+                return {n: p.poll() for n, p in self.running.items()}
             self._restart_undelivered()
             failed = {
                 n: p.returncode for n, p in self.running.items() if p.returncode not in (None, 0, self.RESTART_CODE)
@@ -353,9 +357,12 @@ def traffic_since(wan, before: dict) -> tuple[dict, dict]:
     return proxies, device_deltas(before["devices"], after["devices"])
 
 
-def run_processes(wan, spec, run_dir: Path, threads: int, syncer_place: str, timeout: float) -> dict:
+def run_processes(
+    wan, spec, run_dir: Path, threads: int, syncer_place: str, timeout: float, stop: Callable[[], bool] | None = None
+) -> dict:
     """The syncer, the reducers and the learners, each in its place, until the run ends
-    (learners that exit with payloads undelivered started again); the logs' ends on failure."""
+    or ``stop`` says so (learners that exit with payloads undelivered started again); the
+    logs' ends on failure."""
     manifest, secret_file = str(run_dir / "run.json"), str(run_dir / "secret")
     env = process_env(threads=threads)
     processes = Processes(run_dir / "logs")
@@ -370,7 +377,7 @@ def run_processes(wan, spec, run_dir: Path, threads: int, syncer_place: str, tim
         for learner in spec.learners:
             command = ["_learner", *secret_args, "--learner", learner.id]
             processes.start(learner.id, wan[learner.region].exec_prefix(), command, env)
-        codes = processes.wait(timeout)
+        codes = processes.wait(timeout, stop)
         ended = time.time()
     except BaseException:
         for log in sorted((run_dir / "logs").glob("*.log")):
@@ -378,19 +385,54 @@ def run_processes(wan, spec, run_dir: Path, threads: int, syncer_place: str, tim
         raise
     finally:
         processes.close()
-    return {"exit_codes": codes, "restarts": processes.restarts, "launched": launched, "ended": ended}
+    stopped = any(code is None for code in codes.values())
+    return {
+        "exit_codes": codes,
+        "restarts": processes.restarts,
+        "launched": launched,
+        "ended": ended,
+        "stopped": stopped,
+    }
 
 
-def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, syncer_place: str = SYNCER) -> dict:
+def stop_at_loss(setup, secret, target: float, every: float = 1.0) -> Callable[[], bool]:
+    """True once the syncer's status (read through the setup endpoints, past the proxies'
+    counters) holds an evaluation at or below ``target``; the buckets read at most every
+    ``every`` seconds."""
+    from diloco_cli.views.run_state import read_buckets
+
+    last = [0.0]
+
+    def reached() -> bool:
+        if time.monotonic() - last[0] < every:
+            return False
+        last[0] = time.monotonic()
+        status = read_buckets(setup, secret, time.time()).syncer
+        return status is not None and any(e.loss <= target for e in status.evaluations)
+
+    return reached
+
+
+def diloco_on_wan(
+    wan,
+    overrides: Sequence[str],
+    workdir: Path,
+    timeout: float,
+    syncer_place: str = SYNCER,
+    stop_at: float | None = None,
+) -> dict:
     """The whole run, learners, reducers and the syncer in their namespaces (the syncer in
-    ``syncer_place``: its own place or a region); what it measured."""
+    ``syncer_place``: its own place or a region), or with ``stop_at`` a held-out loss, the
+    run until the syncer's first evaluation at or below it; what it measured."""
     from diloco_cli.config.files import load_recipe
 
     recipe = load_recipe(None, overrides)
     name, spec, setup, run_dir, secret = prepare_run(wan, recipe, overrides, workdir, syncer_place)
     probes = check_probes(wan, spec, syncer_place)
     before = traffic_counters(wan)
-    ran = run_processes(wan, spec, run_dir, recipe.training.threads_per_learner or 1, syncer_place, timeout)
+    stop = None if stop_at is None else stop_at_loss(setup, secret, stop_at)
+    threads = recipe.training.threads_per_learner or 1
+    ran = run_processes(wan, spec, run_dir, threads, syncer_place, timeout, stop)
     proxies, devices = traffic_since(wan, before)
     measured = measure_run(recipe, spec, setup, secret, ran["launched"])
     proxy_wan = sum(p["remote"]["bytes_to_upstream"] + p["remote"]["bytes_to_client"] for p in proxies.values())
@@ -404,6 +446,7 @@ def diloco_on_wan(wan, overrides: Sequence[str], workdir: Path, timeout: float, 
         "run": name,
         "spec_regions": [{"name": r.name, "root": r.root, "storage_options": r.storage_options} for r in spec.regions],
         "exit_codes": ran["exit_codes"],
+        "stopped_at_target": ran["stopped"],
         "restarts": ran["restarts"],
         "launched": ran["launched"],
         "wall_seconds": ran["ended"] - ran["launched"],

@@ -22,44 +22,70 @@ def show(results: dict) -> None:
 
 
 def show_race(results: dict) -> None:
-    """Each side's time, compute share and WAN bytes to the target loss, and their ratios."""
+    """Each side's time, tokens and WAN bytes to data-parallel's final loss, the floor,
+    and their ratios; FAILING where DiLoCo's final loss is not below the floor's."""
     dp, diloco, calibration = results["dp"], results["diloco"], results["calibration"]
+    equal = results["equal_loss"]
     print(
         f"\nlinks: {calibration['link_mbit']:.3f} Mbit/s per region (syncer's {calibration['syncer_link_mbit']:.3f}), "
         f"measured data-parallel comm/compute {dp['comm_to_compute']:.1f}x; "
-        f"target loss {results['target']['loss']:.4f} "
-        f"({results['target']['rule']})"
+        f"target loss {equal['target']:.4f}: {equal['target_source']} at the budget "
+        "(DiLoCo trains until its published model reaches it, up to the longer schedule)"
     )
     rows = [
         {
             "method": f"data-parallel, {name.replace('_', ' ')}",
             "time to target s": baseline["time_to_target_seconds"],
+            "tokens to target": equal["dp_tokens_to_target"],
             "compute share": baseline["wan"]["compute_share"],
             "WAN B/token": baseline["wan_bytes_per_token"],
             "WAN bytes to target": baseline["wan_bytes_to_target"],
             "final loss": dp["final_loss"],
-            "how": f"{dp['steps_to_target']} steps x {baseline['wan_step_seconds']:.2f} s",
+            "how": f"{_fmt(dp['steps_to_target'], '.4g')} steps x {baseline['wan_step_seconds']:.2f} s",
         }
         for name, baseline in dp["baselines"].items()
     ]
+    reached = equal["diloco_reached"]
     rows.append(
         {
             "method": "Decoupled DiLoCo",
-            "time to target s": diloco["time_to_target_seconds"],
+            "time to target s": equal["diloco_time_to_target_seconds"],
+            "tokens to target": equal["diloco_tokens_to_target"],
             "compute share": diloco["compute_share"],
             "WAN B/token": diloco["wan_bytes_per_token"],
-            "WAN bytes to target": diloco["wan_bytes"],
+            "WAN bytes to target": equal["diloco_wan_bytes"],
             "final loss": diloco["final_loss"],
-            "how": f"measured, version {diloco['version_at_target']}; bytes: the whole run",
+            "how": f"measured, version {equal['diloco_version_at_target']} of the run on "
+            f"{equal['diloco_schedule_at_target']}"
+            if reached
+            else "never reached the target, on the longer schedule either",
         }
     )
-    print_table(
-        rows, ["method", "time to target s", "compute share", "WAN B/token", "WAN bytes to target", "final loss", "how"]
+    floor = results["floor"]
+    rows.append(
+        {
+            "method": f"floor: one learner alone ({floor['learners_share']} of the tokens)",
+            "final loss": floor["final_loss"],
+            "how": f"in-process AdamW, {floor['inner_steps']} steps of batch {floor['batch']}",
+        }
     )
-    ratios, equal = results["ratios"], results["equal_loss"]
+    columns = ["method", "time to target s", "tokens to target", "compute share", "WAN B/token"]
+    print_table(rows, [*columns, "WAN bytes to target", "final loss", "how"])
+    print(
+        f"DiLoCo's token overhead: {_fmt(equal['diloco_token_overhead'], '.3f')}x data-parallel's tokens to its "
+        f"final loss; DiLoCo's WAN bytes counted {equal['diloco_bytes_counted'] or '-'}"
+    )
+    if not equal["diloco_beats_floor"]:
+        print(
+            f"FAILING: DiLoCo's final loss {equal['diloco_final_loss']:.4f} is not below the floor's "
+            f"{equal['floor_loss']:.4f} (one learner alone), whatever its ratios"
+        )
+    else:
+        print(f"DiLoCo's final loss {equal['diloco_final_loss']:.4f} beats the floor's {equal['floor_loss']:.4f}")
+    ratios = results["ratios"]
     for name in dp["baselines"]:
         print(
-            f"{name.replace('_', ' ')} / DiLoCo at equal loss: "
+            f"{name.replace('_', ' ')} / DiLoCo at data-parallel's final loss: "
             f"WAN bytes {_fmt(equal[f'wan_bytes_{name}_over_diloco'], '.1f')}x "
             f"(wire {_fmt(equal[f'wire_wan_bytes_{name}_over_diloco'], '.1f')}x), "
             f"time {_fmt(equal[f'time_to_target_{name}_over_diloco'], '.1f')}x"
@@ -180,7 +206,10 @@ def show_link_rates(rates: dict) -> None:
 
 
 def show_sweep(sweep_result: dict) -> None:
-    print("\nsettings sweep: WAN bytes against data-parallel's at equal loss (and at equal tokens)")
+    print(
+        "\nsettings sweep: WAN bytes against data-parallel's, counted to data-parallel's final loss (and at equal "
+        "tokens); whether and at how many tokens each setting reached that loss"
+    )
     rows = []
     for row in sweep_result["rows"]:
         equal = row.get("equal_loss") or {}
@@ -188,6 +217,8 @@ def show_sweep(sweep_result: dict) -> None:
             {
                 **row,
                 "loss vs default": "-" if row["loss_vs_default"] is None else f"{row['loss_vs_default']:+.2%}",
+                "reached dp loss": equal.get("reached"),
+                "tokens to it": equal.get("tokens_to_target"),
                 "flat ring x": equal.get("flat_ring_over_diloco"),
                 "hierarchical x": equal.get("hierarchical_over_diloco"),
                 "flat ring x, equal tokens": equal.get("flat_ring_over_diloco_equal_tokens"),
@@ -201,6 +232,8 @@ def show_sweep(sweep_result: dict) -> None:
             "setting",
             "final_loss",
             "loss vs default",
+            "reached dp loss",
+            "tokens to it",
             "wan_bytes_per_token",
             "flat ring x",
             "hierarchical x",
