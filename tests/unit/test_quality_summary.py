@@ -72,3 +72,35 @@ def test_a_gap_within_twice_the_seed_spread_counts_as_met_and_a_longer_run_gives
     assert summary[NAMES.sync]["tokens_to_dp_loss_from"] == NAMES.sync + EXTENDED
     rows[3] = row(NAMES.sync, 1, [[400, 2.30]])  # a second seed far apart widens the spread
     assert targets_of(summarize(rows[:4], NAMES), NAMES)[f"{NAMES.sync} vs data-parallel"]["met"]
+
+
+def quality_sitting(tmp_path, rows=""):
+    from bench.quality import Quality, parse_args
+
+    return Quality(parse_args(["--rows", rows] if rows else []), tmp_path)
+
+
+def test_the_full_form_is_20_tokens_per_parameter_and_runs_the_most_informative_rows_first(tmp_path):
+    sitting = quality_sitting(tmp_path)
+    parameters = sum(p.numel() for p in sitting.base.model.build().parameters())
+    assert sitting.budget == 20 * parameters
+    plan = sitting.plan([], {})
+    assert plan[:4] == [(DATA_PARALLEL, 0), (FLOOR, 0), (NAMES.sync, 0), (NAMES.decoupled, 0)]
+    assert {label for label, _ in plan} == {
+        DATA_PARALLEL,
+        FLOOR,
+        NAMES.decoupled,
+        NAMES.wan,
+        NAMES.tokens,
+        *map(NAMES.of_size, (1, 2, 4, 8)),
+    }
+    assert not any(label.endswith(EXTENDED) for label, _ in plan)  # nothing measured yet
+    done = [{"row": label, "seed": seed} for label, seed in plan]
+    behind = {DATA_PARALLEL: {"loss_1.0": 1.5}, NAMES.sync: {"loss_1.0": 1.6}, NAMES.decoupled: {"loss_1.0": 1.4}}
+    assert sitting.plan(done, behind) == [(NAMES.sync + EXTENDED, 0)]  # only the row behind data-parallel
+
+
+def test_rows_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_names(tmp_path):
+    assert {label for label, _ in quality_sitting(tmp_path, "data-parallel").plan([], {})} == {DATA_PARALLEL}
+    with pytest.raises(SystemExit, match="no row named 'DiLoCo M=3 K=M'.*floor: one learner alone"):
+        quality_sitting(tmp_path, "DiLoCo M=3 K=M").plan([], {})
