@@ -49,26 +49,44 @@ def test_the_executable_loads_nothing_before_it_can_answer_a_ctrl_c():
     assert result.stdout.strip() == "[]"
 
 
-HEAVY = ("torch", "typer", "numpy", "yaml", "pydantic", "fsspec", "rich", "diloco_cli.runtime")
+HEAVY = ("torch", "typer", "numpy", "yaml", "paramiko", "pydantic", "fsspec", "rich", "diloco_cli.runtime")
 """What a command that only reads must not import, each a multiple of a bare interpreter's
 start (issue 32): torch seconds, typer (it converted every parameter through pydantic) 6-7x,
-numpy 2x, pydantic and fsspec each about 1x."""
-STATUS_NEEDS = ("pydantic", "fsspec", "rich")
+numpy 2x, paramiko (SSH) 3x, pydantic and fsspec each about 1x."""
+STATUS_NEEDS = {"status": ("pydantic", "fsspec", "rich"), "status --output json": ("pydantic", "fsspec")}
 """``status`` reads a run's documents as pydantic models, through its store (fsspec), and
-draws with rich."""
+draws with rich (its JSON draws nothing)."""
+STATUS_NEVER = (
+    "diloco_cli.bandwidth.model",
+    "diloco_cli.bandwidth.shapes",
+    "diloco_cli.bandwidth.prices",
+    "diloco_cli.store.home",
+    "diloco_cli.launch.services",
+    "diloco_cli.config.regions",
+)
+"""What ``status`` of a local run does not use, each a module of pydantic models to build:
+the traffic model (its bandwidth line is bytes, unpriced), the syncer's home records, and
+what starts processes (their devices, the region file)."""
 
 
-@pytest.mark.parametrize("command", ["--help", "status", "runs", "logs"])
+@pytest.mark.parametrize("command", ["--help", "status", "status --output json", "runs", "logs"])
 def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
     """``diloco --help``, ``status RUN``, ``runs`` and ``logs RUN syncer`` in a process of their
-    own, as a user's shell runs them: none imports torch, typer, numpy or yaml; ``--help``,
-    ``runs`` and ``logs`` not pydantic, fsspec or rich either."""
+    own, as a user's shell runs them: none imports torch, typer, numpy, yaml or paramiko;
+    ``--help``, ``runs`` and ``logs`` not pydantic, fsspec or rich either, ``status`` none of
+    :data:`STATUS_NEVER` and, for JSON, not rich."""
     import json
     import subprocess
     import sys
 
     run = made_run(tmp_path)[1].name
-    arguments = {"--help": ["--help"], "status": ["status", run], "runs": ["runs"], "logs": ["logs", run, "syncer"]}
+    arguments = {
+        "--help": ["--help"],
+        "status": ["status", run],
+        "status --output json": ["status", run, "--output", "json"],
+        "runs": ["runs"],
+        "logs": ["logs", run, "syncer"],
+    }
     probe = (
         "import sys; sys.argv = ['diloco', *sys.argv[1:]]\n"
         "from diloco_cli.cli.entry import main\n"
@@ -79,10 +97,14 @@ def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
         [sys.executable, "-c", probe, *arguments[command]], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     loaded = json.loads(result.stdout.rsplit("LOADED", 1)[1])
-    forbidden = [m for m in HEAVY if not (command == "status" and m in STATUS_NEEDS)]
+    forbidden = [m for m in HEAVY if m not in STATUS_NEEDS.get(command, ())]
+    if command.startswith("status"):
+        forbidden += STATUS_NEVER
     assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == [], result.stderr
     if command == "status":
         assert f"run {run}" in result.stdout, result.stdout + result.stderr
+    if command == "status --output json":
+        assert json.loads(result.stdout.rsplit("LOADED", 1)[0])["run"] == run, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("command", ["runs", "_probe"])
