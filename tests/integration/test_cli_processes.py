@@ -107,6 +107,28 @@ def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
         assert json.loads(result.stdout.rsplit("LOADED", 1)[0])["run"] == run, result.stdout + result.stderr
 
 
+def test_plan_given_the_step_loads_torch_and_no_storage(tmp_path):
+    """``diloco plan --step-seconds S`` builds the model and sizes its payloads with the
+    real encoder (torch), and names keys and protocols of the store without opening a
+    bucket: no fsspec (with asyncio, 90 ms of CPU), no tenacity, no yaml, no SSH, no
+    runtime (issue 32: it answers within 2 s)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.argv = ['diloco', 'plan', '--step-seconds', '1']\n"
+        "from diloco_cli.cli.entry import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "import json; print('LOADED', json.dumps(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    loaded = json.loads(result.stdout.rsplit("LOADED", 1)[1])
+    assert "torch" in loaded and "smallest H" in result.stdout, result.stdout + result.stderr
+    forbidden = ("fsspec", "tenacity", "yaml", "paramiko", "typer", "diloco_cli.runtime")
+    assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == [], result.stderr
+
+
 @pytest.mark.parametrize("command", ["runs", "_probe"])
 def test_a_command_leaves_the_interpreters_last_collection_nothing_to_walk(tmp_path, command):
     """What a command imported is frozen when it ends (``gc.freeze``): the interpreter's last
