@@ -26,7 +26,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from diloco_cli.bandwidth.model import data_parallel_bytes_per_step, predict
+from diloco_cli.bandwidth.model import predict
+from diloco_cli.bandwidth.ring import data_parallel_bytes_per_step
 from diloco_cli.bandwidth.shapes import RunShape
 
 OBJECT_SECONDS = 15.0

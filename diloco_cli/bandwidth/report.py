@@ -13,18 +13,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diloco_cli.bandwidth.model import (
+from diloco_cli.bandwidth.ring import (
     data_parallel_bytes_per_step,
     hierarchical_wan_bytes_per_step,
     ring_region_crossings,
 )
-from diloco_cli.bandwidth.prices import PriceTable, egress_dollars, provider_of, request_dollars
 from diloco_cli.store.documents import Evaluation, Heartbeat, ReducerStatus, SyncerStatus
 from diloco_cli.store.metering import KINDS, StorageCounters, Traffic, TrafficSample
 from diloco_cli.store.run_spec import SYNCER_PLACE, RunSpec
+
+if TYPE_CHECKING:
+    from diloco_cli.bandwidth.prices import PriceTable
+
+# the prices (a table of pydantic models read from a packaged YAML file) are loaded where a
+# report is priced: `diloco status` prints its bytes only
 
 REPORT = ConfigDict(frozen=True, extra="forbid")
 
@@ -243,7 +249,7 @@ def build_report(
         for name, counts in syncer.storage.items():
             by_link.setdefault((syncer.place, name), []).append(counts)
     sources = [(source, bucket, counts) for (source, bucket), counts in by_link.items()]
-    provider = {region.name: provider_of(region.root) for region in spec.regions}
+    provider = _providers(spec) if prices is not None else {}
     total_bytes = sum(_moved(c.total) for _, _, counts in sources for c in counts)
     links = [_link(source, bucket, counts, total_bytes, prices, provider) for source, bucket, counts in sources]
     wan_bytes = sum(link.bytes_up + link.bytes_down for link in links if link.wan)
@@ -286,6 +292,13 @@ def _prices_note(places: list[str]) -> str:
     return f"the syncer runs in region {', '.join(places)}"
 
 
+def _providers(spec: RunSpec) -> dict[str, str | None]:
+    """Each region's bucket's provider (``aws``, ``gcp``, ``azure``; None: not a cloud)."""
+    from diloco_cli.bandwidth.prices import provider_of
+
+    return {region.name: provider_of(region.root) for region in spec.regions}
+
+
 def _moved(traffic: Traffic) -> int:
     """Every byte a link carried for ``traffic``: objects and the requests' overhead."""
     return traffic.wire_up + traffic.wire_down
@@ -299,6 +312,8 @@ def _dollars(
     network and writes the source's (when it is a region)."""
     if prices is None:
         return 0.0
+    from diloco_cli.bandwidth.prices import egress_dollars, request_dollars
+
     wan = source != bucket
     reads = traffic.requests - traffic.writes - traffic.deletes
     cost = request_dollars(prices, provider[bucket], traffic.writes, reads)

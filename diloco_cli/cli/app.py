@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -70,3 +71,16 @@ def main() -> None:
             sys.stdout.flush()
         except BrokenPipeError:  # `diloco runs | head -1`: the reader has all it wanted
             silence_stdout()
+        if not _is_a_process_of_a_run(sys.argv[1:]):
+            # The command is over: what the interpreter's last collection would walk is what
+            # was imported (torch: 0.4 s of CPU for `diloco plan`, pydantic: 50 ms for
+            # `status`). Nothing a command leaves behind waits on that collection: files are
+            # closed where they are written, processes are detached; atexit handlers still run.
+            gc.freeze()
+
+
+def _is_a_process_of_a_run(arguments: list[str]) -> bool:
+    """``diloco _learner`` and the other hidden commands the launchers start: a run's own
+    processes (a learner may run the user's script), whose exit stays Python's own."""
+    command = app.commands.get(arguments[0]) if arguments else None
+    return command is not None and command.hidden

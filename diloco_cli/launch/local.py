@@ -10,7 +10,6 @@ from pathlib import Path
 
 from diloco_cli.launch.processes import ProcessRecord, start_supervised, stop_supervised
 from diloco_cli.launch.runs import RunRecord
-from diloco_cli.launch.services import services
 from diloco_cli.store.run_spec import RunSpec
 
 CHAOS_PROCESS = "chaos"
@@ -35,6 +34,8 @@ def start_local(spec: RunSpec, run_dir: Path, names: Collection[str]) -> list[Pr
     """Start these processes of the run here (:mod:`~diloco_cli.launch.services`): each
     learner with its share of this machine's CPU threads (:func:`learner_threads`), the
     syncer and reducers with one thread each."""
+    from diloco_cli.launch.services import services  # their devices and regions: `status` need not load them
+
     manifest, secret_path = str(run_dir / "run.json"), str(run_dir / "secret")
     threads = learner_threads(spec, "local", os.cpu_count() or 1)
     records = []

@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+if TYPE_CHECKING:
+    import fsspec
 
+# fsspec (with asyncio, 90 ms of CPU) is imported when a bucket is opened: what only names
+# keys or protocols (`diloco plan`) does not pay for it
 # gcsfs blocks on a gRPC call at import unless this is set first (see machine notes).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -75,6 +77,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
             "retries": {"total_max_attempts": 1, "mode": "standard"},
             **options.get("config_kwargs", {}),
         }
+    import fsspec
+
     try:
         filesystem, path = fsspec.core.url_to_fs(absolute_url(url), **options)
     except (ValueError, ImportError) as error:
@@ -116,6 +120,8 @@ class FolderRemoved(OSError):
 
 def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write an object so that no reader can see part of it."""
+    from fsspec.implementations.local import LocalFileSystem
+
     if isinstance(filesystem, LocalFileSystem):
         temporary = f"{path}.{uuid.uuid4().hex}.partial"
         try:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from typing import TYPE_CHECKING, TypeVar
 
 from diloco_cli.config.recipe import RetryPolicy
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.metering import StorageMeter
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 log = logging.getLogger("diloco.storage")
 
@@ -58,6 +59,8 @@ def call_with_retries(
 
     Raises the call's own error for answers (``FileNotFoundError``...), and
     :class:`StorageError` once a transient failure has used up every attempt."""
+    # here, not at the top: what imports the store without calling it (`diloco plan`) skips it
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
     def counted() -> Result:
         start = time.perf_counter()

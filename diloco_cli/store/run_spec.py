@@ -8,7 +8,7 @@ run's secret knows the whole run.  It never holds a secret or a credential.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,8 +22,10 @@ from diloco_cli.core.fragments import SyncerShard
 from diloco_cli.core.types import LearnerId, RegionName
 from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import absolute_url, open_filesystem
-from diloco_cli.store.home import SyncerHome
 from diloco_cli.store.region import RegionBucket
+
+if TYPE_CHECKING:
+    from diloco_cli.store.home import SyncerHome
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -224,6 +226,8 @@ class RunSpec(BaseModel):
 
     def home(self, secret: RunSecret, shard: int = 0) -> SyncerHome:
         """The home store of syncer shard ``shard`` (of the syncer, when it is the only one)."""
+        from diloco_cli.store.home import SyncerHome  # its records' models: only the syncer and scale read them
+
         place = self.syncer_shards[shard]
         return SyncerHome(place.home, place.storage_options, secret, self.recipe.storage)
 

@@ -7,18 +7,18 @@ import json
 import sys
 import time
 from collections.abc import Callable
-
-from rich import box
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.store.run_spec import RunSpec
 from diloco_cli.views.coordinators import ReducerSummary, SyncerSummary
 from diloco_cli.views.format import ago, human_bytes, human_count, human_duration, plural
 from diloco_cli.views.run_state import RunStatus, collect_status
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+# rich is imported where the view is drawn: `status --output json` draws nothing
 
 STATE_STYLE = {
     "syncer down": "bold red",
@@ -69,6 +69,11 @@ def heldout(status: RunStatus) -> str:
 
 
 def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | None = None) -> Group:
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     table_box = box.SIMPLE if plain else box.SIMPLE_HEAVY
     run = Text()
     run.append(f"run {status.run}", style="bold")
@@ -196,6 +201,8 @@ def build_view(status: RunStatus, *, plain: bool = False, probe: list[dict] | No
 def render_plain(status: RunStatus, width: int = 140, probe: list[dict] | None = None) -> str:
     """The view as plain text: tables fit ``width``, and each line of prose stays one line
     (soft wrap: what reads the pipe wraps it, never mid-phrase)."""
+    from rich.console import Console
+
     console = Console(file=io.StringIO(), width=width, no_color=True, force_terminal=False, highlight=False)
     console.print(build_view(status, plain=True, probe=probe), soft_wrap=True)
     return console.file.getvalue()
@@ -233,6 +240,9 @@ def show_status(
             if not watch or status.state in FINAL_STATES:
                 return
             time.sleep(interval)
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console()
     if not watch:
         status, rows = gather()

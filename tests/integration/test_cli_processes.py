@@ -49,26 +49,44 @@ def test_the_executable_loads_nothing_before_it_can_answer_a_ctrl_c():
     assert result.stdout.strip() == "[]"
 
 
-HEAVY = ("torch", "typer", "numpy", "yaml", "pydantic", "fsspec", "rich", "diloco_cli.runtime")
+HEAVY = ("torch", "typer", "numpy", "yaml", "paramiko", "pydantic", "fsspec", "rich", "diloco_cli.runtime")
 """What a command that only reads must not import, each a multiple of a bare interpreter's
 start (issue 32): torch seconds, typer (it converted every parameter through pydantic) 6-7x,
-numpy 2x, pydantic and fsspec each about 1x."""
-STATUS_NEEDS = ("pydantic", "fsspec", "rich")
+numpy 2x, paramiko (SSH) 3x, pydantic and fsspec each about 1x."""
+STATUS_NEEDS = {"status": ("pydantic", "fsspec", "rich"), "status --output json": ("pydantic", "fsspec")}
 """``status`` reads a run's documents as pydantic models, through its store (fsspec), and
-draws with rich."""
+draws with rich (its JSON draws nothing)."""
+STATUS_NEVER = (
+    "diloco_cli.bandwidth.model",
+    "diloco_cli.bandwidth.shapes",
+    "diloco_cli.bandwidth.prices",
+    "diloco_cli.store.home",
+    "diloco_cli.launch.services",
+    "diloco_cli.config.regions",
+)
+"""What ``status`` of a local run does not use, each a module of pydantic models to build:
+the traffic model (its bandwidth line is bytes, unpriced), the syncer's home records, and
+what starts processes (their devices, the region file)."""
 
 
-@pytest.mark.parametrize("command", ["--help", "status", "runs", "logs"])
+@pytest.mark.parametrize("command", ["--help", "status", "status --output json", "runs", "logs"])
 def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
     """``diloco --help``, ``status RUN``, ``runs`` and ``logs RUN syncer`` in a process of their
-    own, as a user's shell runs them: none imports torch, typer, numpy or yaml; ``--help``,
-    ``runs`` and ``logs`` not pydantic, fsspec or rich either."""
+    own, as a user's shell runs them: none imports torch, typer, numpy, yaml or paramiko;
+    ``--help``, ``runs`` and ``logs`` not pydantic, fsspec or rich either, ``status`` none of
+    :data:`STATUS_NEVER` and, for JSON, not rich."""
     import json
     import subprocess
     import sys
 
     run = made_run(tmp_path)[1].name
-    arguments = {"--help": ["--help"], "status": ["status", run], "runs": ["runs"], "logs": ["logs", run, "syncer"]}
+    arguments = {
+        "--help": ["--help"],
+        "status": ["status", run],
+        "status --output json": ["status", run, "--output", "json"],
+        "runs": ["runs"],
+        "logs": ["logs", run, "syncer"],
+    }
     probe = (
         "import sys; sys.argv = ['diloco', *sys.argv[1:]]\n"
         "from diloco_cli.cli.entry import main\n"
@@ -79,10 +97,58 @@ def test_commands_that_only_read_import_only_what_they_need(tmp_path, command):
         [sys.executable, "-c", probe, *arguments[command]], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     loaded = json.loads(result.stdout.rsplit("LOADED", 1)[1])
-    forbidden = [m for m in HEAVY if not (command == "status" and m in STATUS_NEEDS)]
+    forbidden = [m for m in HEAVY if m not in STATUS_NEEDS.get(command, ())]
+    if command.startswith("status"):
+        forbidden += STATUS_NEVER
     assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == [], result.stderr
     if command == "status":
         assert f"run {run}" in result.stdout, result.stdout + result.stderr
+    if command == "status --output json":
+        assert json.loads(result.stdout.rsplit("LOADED", 1)[0])["run"] == run, result.stdout + result.stderr
+
+
+def test_plan_given_the_step_loads_torch_and_no_storage(tmp_path):
+    """``diloco plan --step-seconds S`` builds the model and sizes its payloads with the
+    real encoder (torch), and names keys and protocols of the store without opening a
+    bucket: no fsspec (with asyncio, 90 ms of CPU), no tenacity, no yaml, no SSH, no
+    runtime (issue 32: it answers within 2 s)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.argv = ['diloco', 'plan', '--step-seconds', '1']\n"
+        "from diloco_cli.cli.entry import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "import json; print('LOADED', json.dumps(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    loaded = json.loads(result.stdout.rsplit("LOADED", 1)[1])
+    assert "torch" in loaded and "smallest H" in result.stdout, result.stdout + result.stderr
+    forbidden = ("fsspec", "tenacity", "yaml", "paramiko", "typer", "diloco_cli.runtime")
+    assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == [], result.stderr
+
+
+@pytest.mark.parametrize("command", ["runs", "_probe"])
+def test_a_command_leaves_the_interpreters_last_collection_nothing_to_walk(tmp_path, command):
+    """What a command imported is frozen when it ends (``gc.freeze``): the interpreter's last
+    collection would otherwise walk every object of torch (0.4 s of CPU after
+    ``diloco plan``) or of pydantic (50 ms after ``status``) only to exit.  A run's own
+    processes (``_learner``, ``_syncer``, ``_probe``...; a learner may run the user's
+    script) exit as Python does."""
+    import subprocess
+    import sys
+
+    arguments = {"runs": ["runs"], "_probe": ["_probe", "--url", f"file://{tmp_path}/bucket"]}[command]
+    probe = (
+        f"import atexit, gc, sys; sys.argv = ['diloco', *{arguments!r}]\n"
+        "atexit.register(lambda: print('FROZEN', gc.get_freeze_count()))\n"
+        "from diloco_cli.cli.entry import main\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    frozen = int(result.stdout.rsplit("FROZEN", 1)[1])
+    assert (frozen > 10_000) if command == "runs" else (frozen == 0), result.stdout + result.stderr
 
 
 def test_errors_are_one_line_and_a_nonzero_exit(tmp_path):

@@ -6,13 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from diloco_cli.bandwidth import document_sizes
-from diloco_cli.bandwidth.model import (
-    data_parallel_bytes_per_step,
-    predict,
-    ring_region_crossings,
-    smallest_sync_interval,
-)
+from diloco_cli.bandwidth.model import predict, smallest_sync_interval
 from diloco_cli.bandwidth.prices import GB
+from diloco_cli.bandwidth.ring import data_parallel_bytes_per_step, ring_region_crossings
 from diloco_cli.bandwidth.shapes import RunShape
 from diloco_cli.bandwidth.traffic_plan import TrafficPlan
 from diloco_cli.cli.app import app
