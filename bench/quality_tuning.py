@@ -85,9 +85,10 @@ def full_knobs() -> tuple[Knob, ...]:
 
 
 def quick_knobs() -> tuple[Knob, ...]:
+    """Two values for data-parallel (the choice), one for DiLoCo (its trial's path)."""
     return (
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", (3e-3, 6e-3)),
-        Knob(DILOCO_SIDE, "sync_interval", (10, 20)),
+        Knob(DILOCO_SIDE, "sync_interval", (10,)),
     )
 
 

@@ -139,11 +139,10 @@ def test_quality_benchmark_quick(tmp_path):
         ("data-parallel", "dp_learning_rate", 3e-3),
         ("data-parallel", "dp_learning_rate", 6e-3),
         ("DiLoCo", "sync_interval", 10),
-        ("DiLoCo", "sync_interval", 20),
     ]
     best_dp = min(tuning[:2], key=lambda t: t["loss"])["value"]
-    best_h = min(tuning[2:], key=lambda t: t["loss"])["value"]
-    assert (results["tuned"]["dp_learning_rate"], results["tuned"]["sync_interval"]) == (best_dp, best_h)
+    assert (results["tuned"]["dp_learning_rate"], results["tuned"]["sync_interval"]) == (best_dp, 10)
+    assert tuning[2]["loss"] < 4.5 and tuning[2]["setting"]["sync_interval"] == 10
     assert all(row["setting"] == results["tuned"] for row in rows)
 
     # --resume keeps what was measured and runs only what the file lacks
