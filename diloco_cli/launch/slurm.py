@@ -10,7 +10,9 @@ an SSH host has not: a job is requeueable and is signalled ``signal_seconds`` be
 time limit; the script passes the signal to the supervisor, whose learner checkpoints
 where it stands (issue: nothing trained twice), and requeues the job unless the run is
 being stopped (:func:`stopping_marker`, written by ``diloco down``), so the job comes
-back and resumes from that checkpoint.
+back and resumes from that checkpoint.  It requeues only a job Slurm still runs: one
+cancelled from outside (``scancel``) stays cancelled until ``diloco resume`` submits it
+again, and one Slurm requeued or preempted comes back as Slurm has it.
 
 The pure parts (the job script, reading ``squeue``) are apart from the calls over SSH
 (submit, cancel, look)."""
@@ -88,7 +90,8 @@ def job_script(
     """The ``sbatch`` script of process ``name``: the host's resources (a learner's GPUs,
     CPUs and memory; one CPU for the reducer and the syncer), requeueable, signalled before
     its time limit; it runs ``supervisor`` (the supervisor's command line) with ``env``,
-    passes SIGTERM on, and requeues itself after a signal unless the run is stopping."""
+    passes SIGTERM on, and after a signal requeues itself if Slurm still runs it (the
+    time limit's signal) and the run is not stopping."""
     options = [f"--job-name=diloco-{run}-{name}", f"--partition={slurm.partition}"]
     options += [f"--account={slurm.account}"] if slurm.account else []
     options += [f"--qos={slurm.qos}"] if slurm.qos else []
@@ -121,8 +124,10 @@ def job_script(
         "on_signal() {",
         '  kill -TERM "$supervisor" 2>/dev/null',
         '  wait "$supervisor"',
-        f"  if [ ! -e {marker} ]; then",
-        '    echo "diloco: signalled before the time limit or preempted: requeueing job $SLURM_JOB_ID"',
+        # requeue only a job the scheduler still runs (signalled before its time limit): one
+        # it cancelled (scancel), requeued or preempted itself is left as the scheduler has it
+        f"  if [ ! -e {marker} ] && scontrol -o show job \"$SLURM_JOB_ID\" | grep -q 'JobState=RUNNING'; then",
+        '    echo "diloco: signalled before the time limit: requeueing job $SLURM_JOB_ID"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "  fi",
         "  exit 0",

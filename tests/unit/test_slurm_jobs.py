@@ -77,7 +77,12 @@ def test_a_learners_job_asks_for_its_resources_is_requeueable_and_requeues_itsel
     assert lines.index("module load cuda/12.4") < next(i for i, line in enumerate(lines) if "supervisor" in line)
     assert "env A='b c' /venv/bin/python -m diloco_cli.launch.supervisor log state -- python -m x &" in lines
     assert "trap on_signal TERM" in lines and '    scontrol requeue "$SLURM_JOB_ID"' in lines
-    assert f"  if [ ! -e {stopping_marker('/home/u/runs/run-1', 'east-0')} ]; then" in lines
+    # it requeues itself only while the scheduler still runs it (a time limit's signal),
+    # never once it is stopping, or cancelled, requeued or preempted by the scheduler
+    marker = stopping_marker("/home/u/runs/run-1", "east-0")
+    assert (
+        f"  if [ ! -e {marker} ] && scontrol -o show job \"$SLURM_JOB_ID\" | grep -q 'JobState=RUNNING'; then" in lines
+    )
     # a reducer's or the syncer's job: one CPU, no GPU, no memory of a learner's
     reducer = job_script(slurm, "run-1", "reducer-east", "reducer", "/r", ["p"], {})
     assert "#SBATCH --cpus-per-task=1" in reducer and "--gres" not in reducer and "--mem" not in reducer
