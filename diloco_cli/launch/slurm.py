@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import paramiko
 
@@ -58,19 +58,34 @@ class JobState:
     """Why it is pending (``Resources``, ``Priority`` ...), or empty."""
     node: str = ""
     """The node it runs on, once it runs."""
+    seen: float | None = None
+    """When the scheduler last showed it so, for a state kept in the run's record
+    (:func:`last_seen`); None for what it shows now."""
 
     @property
     def live(self) -> bool:
-        return self.state in LIVE_STATES
+        """Whether the job runs or will: a job gone from the scheduler's view never will."""
+        return self.seen is None and self.state in LIVE_STATES
 
     def describe(self) -> str:
-        """``running on node-3``, ``pending (Resources)``, ``failed``."""
+        """``running on node-3``, ``pending (Resources)``, ``failed``; for a job gone from
+        the scheduler's view, its last state and when: ``completed, last seen 14:02:10``."""
         words = self.state.lower().replace("_", " ")
         if self.node and self.state == "RUNNING":
-            return f"{words} on {self.node}"
-        if self.reason and self.reason != "None":
-            return f"{words} ({self.reason})"
+            words = f"{words} on {self.node}"
+        elif self.reason and self.reason != "None":
+            words = f"{words} ({self.reason})"
+        if self.seen is not None:
+            return f"{words}, last seen {time.strftime('%H:%M:%S', time.localtime(self.seen))}"
         return words
+
+
+def last_seen(shown: Mapping[str, JobState], kept: Mapping[str, JobState], now: float) -> dict[str, JobState]:
+    """What to keep of each job: what the scheduler ``shown`` now (seen ``now``), else
+    what was ``kept`` of it before.  Without accounting storage a finished job leaves
+    ``squeue`` and ``scontrol`` within minutes (``MinJobAge``); its last state is kept so
+    that ``status`` can still say how it ended."""
+    return {**kept, **{job: replace(state, seen=now) for job, state in shown.items()}}
 
 
 def stopping_marker(run_dir: str, name: str) -> str:
