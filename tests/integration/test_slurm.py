@@ -174,12 +174,22 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     completed = lambda: probed(runs_dir, "jobs")[1]["east-0"]["job_state"] == "completed"  # noqa: E731
     wait_until(completed, 60, "east-0's job completed")  # its last state goes into the run's record
 
-    # down: every job of a second run (no time limit) ends, none is requeued
+    # scale and down: a second run (no time limit) gets one more learner's job; down ends
+    # every job, none is requeued
     regions = regions_yaml(tmp_path, server, host_venv)
     diloco("up", str(recipe), "--regions", str(regions), "--name", "stopped", "--runs-dir", str(runs_dir),
            "--set", "training.inner_steps=100000", timeout=900)  # fmt: skip
     wait_for(runs_dir, "stopped", lambda s: s.learners[0].step >= 5, 300, "training")
+    # scale: a learner added to a Slurm region is one more job there, and it trains
+    scaled = diloco("scale", "stopped", "--region", "west", "--learners", "+1", "--runs-dir", str(runs_dir)).stdout
+    assert re.search(r"west-1\s+login-west\s+added", scaled), scaled
     second = {p["name"]: p["job"] for p in load_run(runs_dir, "stopped").processes if p.get("job")}
+    assert (
+        "west-1" in second
+        and f"{second['west-1']} west diloco-stopped-west-1" in cluster.run("squeue", "-h", "-o", "%i %P %j").stdout
+    )
+    west_1 = lambda s: next(row.step for row in s.learners if row.learner == "west-1")  # noqa: E731
+    wait_for(runs_dir, "stopped", lambda s: west_1(s) >= 5, 300, "west-1 training")
     diloco("down", "stopped", "--runs-dir", str(runs_dir), timeout=300)
     time.sleep(2)
     left = cluster.run("squeue", "-h", "-o", "%i", "-j", ",".join(second.values()), check=False).stdout.split()
