@@ -295,3 +295,50 @@ def check_cluster(client: paramiko.SSHClient, host: HostConfig, regions: Sequenc
         )
     gpus = f", {slurm.gpus_per_learner} GPU(s) a learner" if slurm.gpus_per_learner else ""
     return f"partition {slurm.partition}{gpus}", None
+
+
+PROBE_WAIT_SECONDS = 300.0
+"""How long preflight waits for its bucket probe job (queued, then run) on a cluster."""
+
+
+def run_probe_job(
+    client: paramiko.SSHClient, host: HostConfig, command: str, folder: str, timeout: float = PROBE_WAIT_SECONDS
+) -> tuple[str, str | None]:
+    """Run ``command`` (preflight's bucket probe) as a short job where the host's jobs run
+    (its partition, account and QoS; one CPU, as a reducer's job; its ``setup`` lines
+    first), with its output in ``folder``, and wait for it.  Returns where it ran
+    (``compute node node-3, probe job 14``) and the problem (None: the command succeeded), which says
+    the job's id; a job still queued after ``timeout`` is cancelled and said so."""
+    slurm = host.slurm
+    assert slurm is not None
+    output = f"{folder}/bucket-probe-{host.name}.slurm.log"  # hosts may share the folder
+    options = [f"--partition={slurm.partition}", "--job-name=diloco-bucket-probe", "--nodes=1", "--ntasks=1"]
+    options += [f"--account={slurm.account}"] if slurm.account else []
+    options += [f"--qos={slurm.qos}"] if slurm.qos else []
+    options += ["--cpus-per-task=1", "--time=5", f"--output={output}", *slurm.sbatch_options]
+    wrap = "\n".join([*slurm.setup, command])
+    submitted = run(
+        client,
+        f"mkdir -p {shlex.quote(folder)} && rm -f {shlex.quote(output)} && "
+        f"sbatch --parsable {' '.join(shlex.quote(o) for o in options)} --wrap {shlex.quote(wrap)}",
+        timeout=60,
+    )
+    job = submitted.stdout.strip().split(";")[0]
+    if submitted.code != 0 or not job.isdigit():
+        said = (submitted.stderr.strip() or submitted.stdout.strip())[-300:]
+        return "FAIL", f"sbatch refused the bucket probe job: {said}"
+    deadline = time.monotonic() + timeout
+    while (seen := job_states(client, [job]).get(job)) is not None and seen.live:
+        if time.monotonic() > deadline:
+            run(client, f"scancel {job}", timeout=60)
+            return f"probe job {job}", (
+                f"the bucket probe job {job} did not run within {timeout:.0f} s ({seen.describe()}); cancelled it. "
+                "Is the partition full or the request too large? (squeue shows why a job waits)"
+            )
+        time.sleep(1.0)
+    where = f"compute node {seen.node}, probe job {job}" if seen is not None and seen.node else f"probe job {job}"
+    if seen is not None and seen.state == "COMPLETED":
+        return where, None
+    said = run(client, f"tail -n 5 {shlex.quote(output)}", timeout=60).stdout.strip().splitlines()[-1:] or ["?"]
+    state = seen.describe() if seen is not None else "gone from the scheduler"
+    return where, f"on a compute node (probe job {job}, {state}): {said[0]}"

@@ -112,6 +112,10 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
         timeout=900,
     )  # fmt: skip (payloads kept for the audit)
     assert "from Slurm" in started.stdout and "started reducer-east, east-0" in started.stdout, started.stdout
+    # each region's bucket was probed from a compute node, in a job named by its id
+    for host in ("login-east", "login-west"):
+        probe = rf"{host}: bucket ok from compute node {cluster.node}, probe job (\d+)"
+        assert re.search(probe, started.stdout), started.stdout
     record = load_run(runs_dir, "jobs")
     jobs = {p["name"]: p["job"] for p in record.processes if p.get("job")}
     assert set(jobs) == {"east-0", "west-0", "reducer-east", "reducer-west"}, record.processes
@@ -209,7 +213,7 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
 def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_path, host_venv, login_node):
     """An unknown partition, more GPUs than a node has, more memory than a node has: one
     line each naming the region, the host and the key, before anything is
-    submitted."""
+    submitted; and a bucket a compute node cannot use, by the probe job's id."""
     cluster, server = login_node
     before = cluster.jobs()
     cases = [
@@ -230,3 +234,14 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
         assert re.search(expected, refused.stdout + refused.stderr), refused.stdout + refused.stderr
         assert "Traceback" not in refused.stderr
     assert cluster.jobs() == before  # nothing was submitted
+    # a bucket the compute nodes cannot use (here: the jobs' setup fails) is refused by
+    # the probe job, named by its id, before any learner's job is submitted
+    east = {"partition": "east", "setup": ["echo 'no route to the bucket from here'", "exit 3"]}
+    regions = regions_yaml(tmp_path, server, host_venv, east=east)
+    refused = diloco("up", "--regions", str(regions), "--set", "training.num_learners=2", "--name", "probed",
+                     "--runs-dir", str(tmp_path / "runs"), check=False, timeout=600)  # fmt: skip
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "nothing was started" in said, said
+    expected = r"host login-east, region east: on a compute node \(probe job \d+, failed[^:]*\): no route to the bucket"
+    assert re.search(expected, said), said
+    assert cluster.jobs() == before and "Traceback" not in refused.stderr
