@@ -164,6 +164,12 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     jobs["east-0"] = next(p["job"] for p in load_run(runs_dir, "jobs").processes if p["name"] == "east-0")
     assert jobs["east-0"] != east
 
+    # east-0's job completes: status --probe keeps its state in the run's record while
+    # Slurm still shows it (it forgets a finished job within about a minute here)
+    east_state = lambda s: next(row.state for row in s.learners if row.learner == "east-0")  # noqa: E731
+    wait_for(runs_dir, "jobs", lambda s: east_state(s) == "finished", 600, "east-0 finishing")
+    completed = lambda: probed(runs_dir, "jobs")[1]["east-0"]["job_state"] == "completed"  # noqa: E731
+    wait_until(completed, 60, "east-0's job completed")
     status = wait_finished(runs_dir, "jobs", timeout=600)
     assert all(row.state == "finished" for row in status.learners), status.learners
     steps = resumed_at()
@@ -175,8 +181,6 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     audit_ledger(runs_dir / "jobs", load_run(runs_dir, "jobs").secret())
     assert_every_token_accounted(runs_dir, "jobs", heartbeats(runs_dir, "jobs"))
     assert_bases_are_the_syncers(runs_dir, "jobs")
-    completed = lambda: probed(runs_dir, "jobs")[1]["east-0"]["job_state"] == "completed"  # noqa: E731
-    wait_until(completed, 60, "east-0's job completed")  # its last state goes into the run's record
 
     # scale and down: a second run (no time limit) gets one more learner's job; down ends
     # every job, none is requeued

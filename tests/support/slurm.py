@@ -13,7 +13,7 @@ that run here: root, no cgroups).  The node declares 2 GPUs (two character devic
 its own, as ``/dev/null``) so that GPU requests are checked as on a real cluster, and the
 partitions ``east`` and ``west`` oversubscribe the 2 cores (jobs do not wait for each
 other).  No accounting storage: ``sacct`` does not answer; ``scontrol show job`` keeps a
-finished job for ``MinJobAge`` (30) seconds, then forgets it within a minute.  A requeued
+finished job for ``MinJobAge`` (60) seconds, then forgets it within a minute.  A requeued
 job waits ``cred_expire`` (10 s; two minutes by default) before it may start again, and
 the scheduler looks at the queue every 2 s, so requeues come back within seconds.  On
 exit every job is cancelled and the daemons stopped.  Needs root.
@@ -113,7 +113,7 @@ MpiDefault=none
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=2,sched_interval=2
 KillWait=30
-MinJobAge=30
+MinJobAge=60
 NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} RealMemory=4000 Gres=gpu:{NODE_GPUS} State=UNKNOWN
 {partitions}
 """
