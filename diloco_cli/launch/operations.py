@@ -3,6 +3,7 @@ them, probe their supervisors, restart what is down (their logs: launch/logs.py)
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import asdict
 
@@ -63,9 +64,15 @@ def probe_run(record: RunRecord, remote: bool = True) -> list[dict]:
             continue
         try:
             jobs = {process["name"]: process["job"] for process in processes if process.get("job")}
-            states = supervisor_states(client, remote_paths(client, host, record.name), jobs)
+            kept = record.jobs_seen() if jobs else {}
+            states = supervisor_states(client, remote_paths(client, host, record.name), jobs, kept)
         finally:
             client.close()
+        if jobs:  # finished jobs leave the scheduler's view within minutes: keep what it showed
+            from diloco_cli.launch.slurm import last_seen
+
+            shown = {state["job"]: state["job_shown"] for state in states.values() if state.get("job_shown")}
+            record.keep_jobs_seen(last_seen(shown, kept, time.time()))
         for process in processes:
             state = states.get(process["name"], {})
             rows.append(_probe_row(process, host_name, "ok", state, bool(state.get("supervisor_alive"))))

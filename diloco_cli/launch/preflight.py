@@ -168,25 +168,36 @@ def preflight(regions: RegionsFile, accept_new_host_keys: bool) -> list[HostRepo
 
 
 def probe_buckets_from_hosts(
-    reports: list[HostReport], roots: dict[str, tuple[str, dict]], venvs: dict[str, str]
+    reports: list[HostReport], roots: dict[str, tuple[str, dict]], venvs: dict[str, str], run_dirs: dict[str, str]
 ) -> None:
-    """From each host, write, read and delete a probe object in each of its regions' buckets."""
+    """From each host, write, read and delete a probe object in each of its regions'
+    buckets; from a Slurm login node, in a short job on a compute node (where its jobs
+    run), its output in the run's folder there (``run_dirs``)."""
 
     def probe(report: HostReport) -> None:
         host = report.host
+        where = "ok"
         for region in report.regions:
             root, options = roots[region]
             command = (
                 f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in host.env.items())} "
                 f"{shlex.quote(venvs[host.name])}/bin/python -m diloco_cli _probe "
                 f"--url {shlex.quote(root)} --storage-options {shlex.quote(json.dumps(options))}"
-            )
-            result = run(report.client, command.strip(), timeout=120)
+            ).strip()
+            if host.slurm is not None:
+                from diloco_cli.launch.slurm import run_probe_job
+
+                where, problem = run_probe_job(report.client, host, command, f"{run_dirs[host.name]}/logs")
+                if problem is not None:
+                    report.fail("bucket", f"host {host.name}, region {region}: {problem}")
+                    return
+                continue
+            result = run(report.client, command, timeout=120)
             if result.code != 0:
                 message = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["?"]
                 report.fail("bucket", f"host {host.name}, region {region}: {message[0]}")
                 return
-        report.checks["bucket"] = "ok"
+        report.checks["bucket"] = "ok" if where == "ok" else f"ok from {where}"
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(reports)))) as pool:
         list(pool.map(probe, [r for r in reports if r.problem is None]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import paramiko
@@ -161,14 +161,16 @@ def stop_remote(
 
 
 def supervisor_states(
-    client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str] | None = None
+    client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str] | None = None, kept: Mapping | None = None
 ) -> dict[str, dict]:
     """Each supervised process's recorded state on the host; for processes that are
     Slurm jobs (``jobs``: name -> job id) whether the job still runs or waits to, with
     the scheduler's word for it (``job``: its id, ``job_state``: running on node-3,
-    pending (Resources) ...)."""
+    pending (Resources) ...; ``job_shown``: the :class:`~diloco_cli.launch.slurm.JobState`
+    the scheduler showed, None when it no longer knows the job and its state ``kept``
+    from earlier, by job id, is shown instead)."""
     if jobs:
-        return _job_states(client, paths, jobs)
+        return _job_states(client, paths, jobs, kept or {})
     script = (
         f"for f in {shlex.quote(paths.run_dir)}/processes/*.json; do "
         '[ -f "$f" ] && printf \'%s\\t\' "$(basename "$f" .json)" && cat "$f" && echo; done'
@@ -211,19 +213,23 @@ def connect_recorded_host(record_hosts: dict, ssh_settings: dict, name: str) -> 
     return connect(target), host
 
 
-def _job_states(client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str]) -> dict[str, dict]:
-    from diloco_cli.launch.slurm import job_states
+def _job_states(client: paramiko.SSHClient, paths: RemotePaths, jobs: dict[str, str], kept: Mapping) -> dict[str, dict]:
+    from diloco_cli.launch.slurm import LIVE_STATES, job_states
 
     recorded = supervisor_states(client, paths)
     scheduled = job_states(client, list(jobs.values()))
     states = {}
     for name, job in jobs.items():
         state = dict(recorded.get(name, {}))
-        seen = scheduled.get(job)
-        state["job"] = job
+        seen = scheduled.get(job, kept.get(job))
+        state["job"], state["job_shown"] = job, scheduled.get(job)
         state["job_state"] = seen.describe() if seen is not None else "gone from the scheduler"
         state["supervisor_alive"] = seen is not None and seen.live
-        if seen is not None and seen.state == "PENDING":
-            state.setdefault("state", "pending")
+        if seen is None or state.get("state") == "finished" or seen.state == "COMPLETED":
+            pass  # the supervisor's word (a job completes after its supervisor finished or was stopped)
+        elif seen.live and seen.state == "PENDING":
+            state["state"] = "pending"  # queued (again: requeued, held), not the supervisor that ran before
+        elif not seen.live:  # cancelled (from outside too), failed, timed out, or gone while it ran or waited
+            state["state"] = "gone" if seen.state in LIVE_STATES else seen.state.lower()
         states[name] = state
     return states

@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ from diloco_cli.config.errors import ConfigError
 from diloco_cli.launch.processes import belongs_to, is_running
 
 if TYPE_CHECKING:
+    from diloco_cli.launch.slurm import JobState
     from diloco_cli.store.run_spec import RunSpec
 
 SYNCER_SILENT_SECONDS = 30.0
@@ -90,6 +91,23 @@ class RunRecord:
     def save(self) -> None:
         """Write the run record back (after processes were started again)."""
         write_run_record(self.directory, self.document)
+
+    def jobs_seen(self) -> dict[str, JobState]:
+        """The last state the scheduler showed of each Slurm job of the run, by job id
+        (``jobs.json``, kept by ``status --probe``: finished jobs leave its view)."""
+        from diloco_cli.launch.slurm import JobState
+
+        try:
+            document = json.loads((self.directory / "jobs.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {job: JobState(**state) for job, state in document.items()}
+
+    def keep_jobs_seen(self, states: dict[str, JobState]) -> None:
+        """Write ``jobs.json`` (several ``status`` may run at once: each replaces it whole)."""
+        temporary = self.directory / f"jobs.json.{os.getpid()}"
+        temporary.write_text(json.dumps({job: asdict(state) for job, state in states.items()}, indent=2))
+        os.replace(temporary, self.directory / "jobs.json")
 
     def process_state(self, process: str) -> dict[str, Any] | None:
         path = self.directory / "processes" / f"{process}.json"

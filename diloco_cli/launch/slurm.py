@@ -10,7 +10,9 @@ an SSH host has not: a job is requeueable and is signalled ``signal_seconds`` be
 time limit; the script passes the signal to the supervisor, whose learner checkpoints
 where it stands (issue: nothing trained twice), and requeues the job unless the run is
 being stopped (:func:`stopping_marker`, written by ``diloco down``), so the job comes
-back and resumes from that checkpoint.
+back and resumes from that checkpoint.  It requeues only a job Slurm still runs: one
+cancelled from outside (``scancel``) stays cancelled until ``diloco resume`` submits it
+again, and one Slurm requeued or preempted comes back as Slurm has it.
 
 The pure parts (the job script, reading ``squeue``) are apart from the calls over SSH
 (submit, cancel, look)."""
@@ -20,7 +22,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import paramiko
 
@@ -56,19 +58,34 @@ class JobState:
     """Why it is pending (``Resources``, ``Priority`` ...), or empty."""
     node: str = ""
     """The node it runs on, once it runs."""
+    seen: float | None = None
+    """When the scheduler last showed it so, for a state kept in the run's record
+    (:func:`last_seen`); None for what it shows now."""
 
     @property
     def live(self) -> bool:
-        return self.state in LIVE_STATES
+        """Whether the job runs or will: a job gone from the scheduler's view never will."""
+        return self.seen is None and self.state in LIVE_STATES
 
     def describe(self) -> str:
-        """``running on node-3``, ``pending (Resources)``, ``failed``."""
+        """``running on node-3``, ``pending (Resources)``, ``failed``; for a job gone from
+        the scheduler's view, its last state and when: ``completed, last seen 14:02:10``."""
         words = self.state.lower().replace("_", " ")
         if self.node and self.state == "RUNNING":
-            return f"{words} on {self.node}"
-        if self.reason and self.reason != "None":
-            return f"{words} ({self.reason})"
+            words = f"{words} on {self.node}"
+        elif self.reason and self.reason != "None":
+            words = f"{words} ({self.reason})"
+        if self.seen is not None:
+            return f"{words}, last seen {time.strftime('%H:%M:%S', time.localtime(self.seen))}"
         return words
+
+
+def last_seen(shown: Mapping[str, JobState], kept: Mapping[str, JobState], now: float) -> dict[str, JobState]:
+    """What to keep of each job: what the scheduler ``shown`` now (seen ``now``), else
+    what was ``kept`` of it before.  Without accounting storage a finished job leaves
+    ``squeue`` and ``scontrol`` within minutes (``MinJobAge``); its last state is kept so
+    that ``status`` can still say how it ended."""
+    return {**kept, **{job: replace(state, seen=now) for job, state in shown.items()}}
 
 
 def stopping_marker(run_dir: str, name: str) -> str:
@@ -88,7 +105,8 @@ def job_script(
     """The ``sbatch`` script of process ``name``: the host's resources (a learner's GPUs,
     CPUs and memory; one CPU for the reducer and the syncer), requeueable, signalled before
     its time limit; it runs ``supervisor`` (the supervisor's command line) with ``env``,
-    passes SIGTERM on, and requeues itself after a signal unless the run is stopping."""
+    passes SIGTERM on, and after a signal requeues itself if Slurm still runs it (the
+    time limit's signal) and the run is not stopping."""
     options = [f"--job-name=diloco-{run}-{name}", f"--partition={slurm.partition}"]
     options += [f"--account={slurm.account}"] if slurm.account else []
     options += [f"--qos={slurm.qos}"] if slurm.qos else []
@@ -121,8 +139,10 @@ def job_script(
         "on_signal() {",
         '  kill -TERM "$supervisor" 2>/dev/null',
         '  wait "$supervisor"',
-        f"  if [ ! -e {marker} ]; then",
-        '    echo "diloco: signalled before the time limit or preempted: requeueing job $SLURM_JOB_ID"',
+        # requeue only a job the scheduler still runs (signalled before its time limit): one
+        # it cancelled (scancel), requeued or preempted itself is left as the scheduler has it
+        f"  if [ ! -e {marker} ] && scontrol -o show job \"$SLURM_JOB_ID\" | grep -q 'JobState=RUNNING'; then",
+        '    echo "diloco: signalled before the time limit: requeueing job $SLURM_JOB_ID"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "  fi",
         "  exit 0",
@@ -275,3 +295,50 @@ def check_cluster(client: paramiko.SSHClient, host: HostConfig, regions: Sequenc
         )
     gpus = f", {slurm.gpus_per_learner} GPU(s) a learner" if slurm.gpus_per_learner else ""
     return f"partition {slurm.partition}{gpus}", None
+
+
+PROBE_WAIT_SECONDS = 300.0
+"""How long preflight waits for its bucket probe job (queued, then run) on a cluster."""
+
+
+def run_probe_job(
+    client: paramiko.SSHClient, host: HostConfig, command: str, folder: str, timeout: float = PROBE_WAIT_SECONDS
+) -> tuple[str, str | None]:
+    """Run ``command`` (preflight's bucket probe) as a short job where the host's jobs run
+    (its partition, account and QoS; one CPU, as a reducer's job; its ``setup`` lines
+    first), with its output in ``folder``, and wait for it.  Returns where it ran
+    (``compute node node-3, probe job 14``) and the problem (None: the command succeeded), which says
+    the job's id; a job still queued after ``timeout`` is cancelled and said so."""
+    slurm = host.slurm
+    assert slurm is not None
+    output = f"{folder}/bucket-probe-{host.name}.slurm.log"  # hosts may share the folder
+    options = [f"--partition={slurm.partition}", "--job-name=diloco-bucket-probe", "--nodes=1", "--ntasks=1"]
+    options += [f"--account={slurm.account}"] if slurm.account else []
+    options += [f"--qos={slurm.qos}"] if slurm.qos else []
+    options += ["--cpus-per-task=1", "--time=5", f"--output={output}", *slurm.sbatch_options]
+    wrap = "\n".join([*slurm.setup, command])
+    submitted = run(
+        client,
+        f"mkdir -p {shlex.quote(folder)} && rm -f {shlex.quote(output)} && "
+        f"sbatch --parsable {' '.join(shlex.quote(o) for o in options)} --wrap {shlex.quote(wrap)}",
+        timeout=60,
+    )
+    job = submitted.stdout.strip().split(";")[0]
+    if submitted.code != 0 or not job.isdigit():
+        said = (submitted.stderr.strip() or submitted.stdout.strip())[-300:]
+        return "FAIL", f"sbatch refused the bucket probe job: {said}"
+    deadline = time.monotonic() + timeout
+    while (seen := job_states(client, [job]).get(job)) is not None and seen.live:
+        if time.monotonic() > deadline:
+            run(client, f"scancel {job}", timeout=60)
+            return f"probe job {job}", (
+                f"the bucket probe job {job} did not run within {timeout:.0f} s ({seen.describe()}); cancelled it. "
+                "Is the partition full or the request too large? (squeue shows why a job waits)"
+            )
+        time.sleep(1.0)
+    where = f"compute node {seen.node}, probe job {job}" if seen is not None and seen.node else f"probe job {job}"
+    if seen is not None and seen.state == "COMPLETED":
+        return where, None
+    said = run(client, f"tail -n 5 {shlex.quote(output)}", timeout=60).stdout.strip().splitlines()[-1:] or ["?"]
+    state = seen.describe() if seen is not None else "gone from the scheduler"
+    return where, f"on a compute node (probe job {job}, {state}): {said[0]}"

@@ -240,11 +240,16 @@ def _install_everywhere(
     with ThreadPoolExecutor(max_workers=min(16, len(reports))) as pool:
         list(pool.map(install, reports))
     roots = {region.name: (region.root, region.storage_options) for region in spec.regions}
-    venvs = {report.host.name: remote_paths(report.client, report.host, spec.run).venv for report in reports}
-    probe_buckets_from_hosts(reports, roots, venvs)
+    paths = {report.host.name: remote_paths(report.client, report.host, spec.run) for report in reports}
+    probe_buckets_from_hosts(
+        reports, roots, {name: p.venv for name, p in paths.items()}, {name: p.run_dir for name, p in paths.items()}
+    )
     if any(report.problem for report in reports):
         show_preflight(reports)
         raise StartError("a bucket cannot be used from a host; nothing was started")
+    for report in reports:  # a cluster's bucket was probed in a job: say which
+        if report.host.slurm is not None:
+            emit(f"  {report.host.name}: bucket {report.checks['bucket']}")
 
 
 def _start_on_hosts(reports: list[HostReport], spec: RunSpec, secret, emit: Emit, records: list[ProcessRecord]) -> None:

@@ -240,8 +240,10 @@ def collect_status(
     evaluations = [e.model_dump() for e in read.syncer.evaluations] if read.syncer else []
     down = processes_down(processes)
     for row in rows:  # a supervisor also counts the kills that came before a first heartbeat
-        recorded = next((p.get("restarts", 0) for p in processes or [] if p["process"] == row.learner), 0)
-        row.restarts = max(row.restarts, recorded)
+        process = next((p for p in processes or [] if p["process"] == row.learner), {})
+        row.restarts = max(row.restarts, process.get("restarts", 0))
+        if process.get("supervisor") == "pending" and row.state not in ("finished", "drained"):
+            row.state = process["job_state"]  # queued (again): "pending (Resources)", not silent or dead
     state = run_state(syncers, now)
     names_down = {shard.name for shard in shards} & set(down)
     if names_down and state not in ("finished", "stopped"):
@@ -387,7 +389,7 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
         elif down.get(name) == "gone":
             job = f" (Slurm job {process['job']}: {process.get('job_state')})" if process.get("job") else ""
             found.append(f"{name} is down{job or ' (its supervisor is gone)'}; `diloco resume {run}` restarts it")
-        elif process.get("job") and (process.get("job_state") or "").startswith("pending"):
+        elif process["supervisor"] == "pending":
             found.append(f"{name} waits in Slurm's queue: job {process['job']} {process['job_state']}")
         elif process["supervisor"] in ("running", "restarting") and (line := restart_line(process, run)):
             found.append(line)

@@ -2,6 +2,7 @@
 partitions as two regions), its login node a real sshd in front of it, learners and
 reducers as jobs submitted with sbatch over SSH."""
 
+import json
 import re
 import time
 
@@ -62,18 +63,41 @@ def regions_yaml(tmp_path, server, venv, east=None, west=None):
     )
 
 
+def probed(runs_dir, run):
+    """``status RUN --probe -o json``: the run's status with its processes' rows by name."""
+    document = json.loads(diloco("status", run, "--probe", "-o", "json", "--runs-dir", str(runs_dir)).stdout)
+    return document, {row["process"]: row for row in document["probe"]}
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.5)
+    return found
+
+
 def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, host_venv, login_node):
     """up submits one job per learner and reducer (GPUs asked of the scheduler), status
-    shows each job and where it runs, a learner requeued by the scheduler comes back
-    from its checkpoint, the run finishes with a clean ledger, and down cancels what is
-    left of another run without requeueing it."""
+    shows each job and where it runs; east-0 requeued and held by the scheduler shows as
+    pending with Slurm's reason, comes back from its checkpoint once released, and once
+    cancelled from outside is submitted again by resume and goes on from its checkpoint;
+    west's jobs have a one-minute time limit: signalled before it, they checkpoint,
+    requeue themselves and go on; the run finishes with a clean ledger, status keeps each
+    job's last state after the scheduler forgot the job, and down cancels what is left of
+    another run without requeueing it."""
     cluster, server = login_node
     runs_dir = tmp_path / "runs"
-    regions = regions_yaml(tmp_path, server, host_venv, east={"partition": "east", "gpus_per_learner": 1})
-    recipe = write_yaml(
-        tmp_path / "tiny.yaml",
-        deep_update(SSH_RECIPE, {"training": {"inner_steps": 4000, "checkpoint_every_steps": 1000}}),
-    )
+    west = {"partition": "west", "time_limit": "1", "signal_seconds": 10}
+    regions = regions_yaml(tmp_path, server, host_venv, east={"partition": "east", "gpus_per_learner": 1}, west=west)
+    # the tiny model publishes several versions a second: east-0, held or cancelled for
+    # ~20 s, would come back more than the default W=32 versions behind and be told to
+    # resync, reinstalling the version it had just installed after a send from it, which
+    # the token count below cannot tell from a send superseded (tokens_merged keeps one
+    # send per base version); a window of 1000 keeps these pauses within it, as a pause
+    # of minutes is within it at the version rate of a real model
+    changes = {"training": {"inner_steps": 3000, "checkpoint_every_steps": 1000}, "sync": {"window_versions": 1000}}
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(SSH_RECIPE, changes))
     started = diloco(
         "up",
         str(recipe),
@@ -88,42 +112,92 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
         timeout=900,
     )  # fmt: skip (payloads kept for the audit)
     assert "from Slurm" in started.stdout and "started reducer-east, east-0" in started.stdout, started.stdout
+    # each region's bucket was probed from a compute node, in a job named by its id
+    for host in ("login-east", "login-west"):
+        probe = rf"{host}: bucket ok from compute node {cluster.node}, probe job (\d+)"
+        assert re.search(probe, started.stdout), started.stdout
     record = load_run(runs_dir, "jobs")
     jobs = {p["name"]: p["job"] for p in record.processes if p.get("job")}
     assert set(jobs) == {"east-0", "west-0", "reducer-east", "reducer-west"}, record.processes
-    script = (tmp_path / "shared-home" / "jobs" / "processes" / "east-0.sbatch").read_text()
+    home = tmp_path / "shared-home" / "jobs"
+    script = (home / "processes" / "east-0.sbatch").read_text()
     assert "#SBATCH --partition=east" in script and "#SBATCH --gres=gpu:1" in script and "--requeue" in script
+    assert "#SBATCH --time=1" in (home / "processes" / "west-0.sbatch").read_text()
     queued = cluster.run("squeue", "-h", "-o", "%i %P %j").stdout
     assert re.search(rf"{jobs['west-0']}\s+west\s+diloco-jobs-west-0", queued), queued
 
-    wait_for(runs_dir, "jobs", lambda s: s.learners[0].step >= 20, 300, "east-0 training")
+    east_step = lambda s: next(row.step for row in s.learners if row.learner == "east-0")  # noqa: E731
+    wait_for(runs_dir, "jobs", lambda s: east_step(s) >= 20, 300, "east-0 training")
     shown = diloco("status", "jobs", "--probe", "--runs-dir", str(runs_dir)).stdout
     assert "slurm job" in shown and re.search(rf"{jobs['east-0']} running on {cluster.node}", shown), shown
 
-    # the scheduler requeues east-0 (as a preemption would): SIGTERM, it checkpoints where
-    # it stands, the job waits out Slurm's requeue delay (here cut short) and comes back
-    cluster.run("scontrol", "requeue", jobs["east-0"])
-    time.sleep(3)
-    cluster.run("scontrol", "update", f"JobId={jobs['east-0']}", "StartTime=now", check=False)
+    # the scheduler requeues east-0 and holds it (as an admin or a preemption would):
+    # SIGTERM, it checkpoints where it stands, and it waits in the queue with a reason
+    east = jobs["east-0"]
+    cluster.run("scontrol", "requeuehold", east)
+    pending = lambda: "PENDING" in cluster.run("squeue", "-h", "-o", "%T", "-j", east).stdout  # noqa: E731
+    wait_until(pending, 60, "east-0 pending")
+    document, rows = probed(runs_dir, "jobs")
+    learner = next(row for row in document["learners"] if row["learner"] == "east-0")
+    assert learner["state"] == "pending (job requeued in held state)", learner
+    assert rows["east-0"]["supervisor"] == "pending" and rows["east-0"]["supervisor_alive"], rows["east-0"]
+    assert f"east-0 waits in Slurm's queue: job {east} pending (job requeued in held state)" in document["problems"]
+    assert not any("east-0 is down" in problem for problem in document["problems"]), document["problems"]
+    cluster.run("scontrol", "release", east)  # it runs again after Slurm's requeue delay
+    log = home / "logs" / "east-0.log"
+    resumed_at = lambda: [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", log.read_text())]  # noqa: E731
+    first = wait_until(resumed_at, 120, "east-0 back from its checkpoint")[0]
+    assert 0 < first < 3000 and first % 1000, log.read_text()[-3000:]  # where it stood, not a periodic one
+    assert "Restarts=1" in cluster.run("scontrol", "-o", "show", "job", east).stdout
+
+    # cancelled from outside: the job does not requeue itself, status says it is down,
+    # and resume submits it again; it goes on from the checkpoint it wrote on the signal
+    wait_for(runs_dir, "jobs", lambda s: east_step(s) >= first + 50, 300, "east-0 training again")
+    cluster.run("scancel", east)
+    wait_until(lambda: not cluster.run("squeue", "-h", "-j", east, check=False).stdout.strip(), 90, "east-0 gone")
+    assert "JobState=CANCELLED" in cluster.run("scontrol", "-o", "show", "job", east).stdout
+    document, rows = probed(runs_dir, "jobs")
+    assert rows["east-0"]["supervisor"] == "cancelled" and not rows["east-0"]["supervisor_alive"], rows["east-0"]
+    assert any(f"east-0 is down (Slurm job {east}: cancelled)" in p for p in document["problems"]), document
+    resumed = diloco("resume", "jobs", "--runs-dir", str(runs_dir), timeout=300).stdout
+    assert re.search(r"east-0\s+login-east\s+started again", resumed) and "west-0" not in resumed, resumed
+    jobs["east-0"] = next(p["job"] for p in load_run(runs_dir, "jobs").processes if p["name"] == "east-0")
+    assert jobs["east-0"] != east
+
+    # east-0's job completes: status --probe keeps its state in the run's record while
+    # Slurm still shows it (it forgets a finished job within about a minute here)
+    east_state = lambda s: next(row.state for row in s.learners if row.learner == "east-0")  # noqa: E731
+    wait_for(runs_dir, "jobs", lambda s: east_state(s) == "finished", 600, "east-0 finishing")
+    completed = lambda: probed(runs_dir, "jobs")[1]["east-0"]["job_state"] == "completed"  # noqa: E731
+    wait_until(completed, 60, "east-0's job completed")
     status = wait_finished(runs_dir, "jobs", timeout=600)
     assert all(row.state == "finished" for row in status.learners), status.learners
-    restarts = cluster.run("scontrol", "-o", "show", "job", jobs["east-0"]).stdout
-    assert "Restarts=1" in restarts or "Restarts=2" in restarts, restarts
-    log = (tmp_path / "shared-home" / "jobs" / "logs" / "east-0.log").read_text()
-    assert "checkpointing where it stands, then stopping" in log, log[-3000:]
-    resumed = re.search(r"resumed from checkpoint at step (\d+)", log)
-    assert resumed and 0 < int(resumed[1]) < 4000 and int(resumed[1]) % 1000, log[
-        -3000:
-    ]  # where it stood, not a periodic one
+    steps = resumed_at()
+    assert len(steps) == 2 and first < steps[1] < 3000, log.read_text()[-3000:]
+    # west-0 was signalled before its time limit, checkpointed and requeued itself
+    west_log = (home / "logs" / "west-0.log").read_text()
+    assert "checkpointing where it stands" in west_log and "resumed from checkpoint at step" in west_log, west_log
+    assert "signalled before the time limit: requeueing job" in (home / "logs" / "west-0.slurm.log").read_text()
     audit_ledger(runs_dir / "jobs", load_run(runs_dir, "jobs").secret())
     assert_every_token_accounted(runs_dir, "jobs", heartbeats(runs_dir, "jobs"))
     assert_bases_are_the_syncers(runs_dir, "jobs")
 
-    # down: every job of a second run ends, none is requeued
+    # scale and down: a second run (no time limit) gets one more learner's job; down ends
+    # every job, none is requeued
+    regions = regions_yaml(tmp_path, server, host_venv)
     diloco("up", str(recipe), "--regions", str(regions), "--name", "stopped", "--runs-dir", str(runs_dir),
            "--set", "training.inner_steps=100000", timeout=900)  # fmt: skip
     wait_for(runs_dir, "stopped", lambda s: s.learners[0].step >= 5, 300, "training")
+    # scale: a learner added to a Slurm region is one more job there, and it trains
+    scaled = diloco("scale", "stopped", "--region", "west", "--learners", "+1", "--runs-dir", str(runs_dir)).stdout
+    assert re.search(r"west-1\s+login-west\s+added", scaled), scaled
     second = {p["name"]: p["job"] for p in load_run(runs_dir, "stopped").processes if p.get("job")}
+    assert (
+        "west-1" in second
+        and f"{second['west-1']} west diloco-stopped-west-1" in cluster.run("squeue", "-h", "-o", "%i %P %j").stdout
+    )
+    west_1 = lambda s: next(row.step for row in s.learners if row.learner == "west-1")  # noqa: E731
+    wait_for(runs_dir, "stopped", lambda s: west_1(s) >= 5, 300, "west-1 training")
     diloco("down", "stopped", "--runs-dir", str(runs_dir), timeout=300)
     time.sleep(2)
     left = cluster.run("squeue", "-h", "-o", "%i", "-j", ",".join(second.values()), check=False).stdout.split()
@@ -131,11 +205,19 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     states = [cluster.run("scontrol", "-o", "show", "job", job).stdout for job in second.values()]
     assert all("Restarts=0" in state for state in states), states
 
+    # without accounting storage the scheduler forgets a finished job (MinJobAge):
+    # status shows the last state the run's record kept
+    gone = lambda: cluster.run("scontrol", "show", "job", jobs["east-0"], check=False).returncode != 0  # noqa: E731
+    wait_until(gone, 180, "Slurm forgetting east-0's job")
+    _, rows = probed(runs_dir, "jobs")
+    assert re.fullmatch(r"completed, last seen \d\d:\d\d:\d\d", rows["east-0"]["job_state"]), rows["east-0"]
+    assert rows["east-0"]["supervisor"] == "finished", rows["east-0"]
+
 
 def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_path, host_venv, login_node):
     """An unknown partition, more GPUs than a node has, more memory than a node has: one
     line each naming the region, the host and the key, before anything is
-    submitted."""
+    submitted; and a bucket a compute node cannot use, by the probe job's id."""
     cluster, server = login_node
     before = cluster.jobs()
     cases = [
@@ -156,3 +238,14 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
         assert re.search(expected, refused.stdout + refused.stderr), refused.stdout + refused.stderr
         assert "Traceback" not in refused.stderr
     assert cluster.jobs() == before  # nothing was submitted
+    # a bucket the compute nodes cannot use (here: the jobs' setup fails) is refused by
+    # the probe job, named by its id, before any learner's job is submitted
+    east = {"partition": "east", "setup": ["echo 'no route to the bucket from here'", "exit 3"]}
+    regions = regions_yaml(tmp_path, server, host_venv, east=east)
+    refused = diloco("up", "--regions", str(regions), "--set", "training.num_learners=2", "--name", "probed",
+                     "--runs-dir", str(tmp_path / "runs"), check=False, timeout=600)  # fmt: skip
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "nothing was started" in said, said
+    expected = r"host login-east, region east: on a compute node \(probe job \d+, failed[^:]*\): no route to the bucket"
+    assert re.search(expected, said), said
+    assert cluster.jobs() == before and "Traceback" not in refused.stderr

@@ -13,8 +13,10 @@ that run here: root, no cgroups).  The node declares 2 GPUs (two character devic
 its own, as ``/dev/null``) so that GPU requests are checked as on a real cluster, and the
 partitions ``east`` and ``west`` oversubscribe the 2 cores (jobs do not wait for each
 other).  No accounting storage: ``sacct`` does not answer; ``scontrol show job`` keeps a
-finished job for ``MinJobAge`` seconds.  On exit every job is cancelled and the daemons
-stopped.  Needs root.
+finished job for ``MinJobAge`` (60) seconds, then forgets it within a minute.  A requeued
+job waits ``cred_expire`` (10 s; two minutes by default) before it may start again, and
+the scheduler looks at the queue every 2 s, so requeues come back within seconds.  On
+exit every job is cancelled and the daemons stopped.  Needs root.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ SlurmUser=root
 SlurmdUser=root
 {ports}
 AuthType=auth/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=10
 StateSaveLocation={directory}/state
 SlurmdSpoolDir={directory}/spool
 SlurmctldPidFile={directory}/slurmctld.pid
@@ -109,8 +111,9 @@ GresTypes=gpu
 ReturnToService=2
 MpiDefault=none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=2,sched_interval=2
 KillWait=30
-MinJobAge=600
+MinJobAge=60
 NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} RealMemory=4000 Gres=gpu:{NODE_GPUS} State=UNKNOWN
 {partitions}
 """

@@ -1,12 +1,24 @@
 """Slurm regions without a cluster: the region file's slurm section, the job script, and
 reading what squeue and scontrol say (tests/integration/test_slurm.py runs a real one)."""
 
+import re
+import time
+from pathlib import Path
+
 import pytest
 
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.config.files import load_regions
 from diloco_cli.config.regions import SlurmJobs
-from diloco_cli.launch.slurm import _gpus_per_node, job_script, parse_scontrol, parse_squeue, stopping_marker
+from diloco_cli.launch.slurm import (
+    JobState,
+    _gpus_per_node,
+    job_script,
+    last_seen,
+    parse_scontrol,
+    parse_squeue,
+    stopping_marker,
+)
 from tests.support.runs import write_yaml
 
 
@@ -77,7 +89,12 @@ def test_a_learners_job_asks_for_its_resources_is_requeueable_and_requeues_itsel
     assert lines.index("module load cuda/12.4") < next(i for i, line in enumerate(lines) if "supervisor" in line)
     assert "env A='b c' /venv/bin/python -m diloco_cli.launch.supervisor log state -- python -m x &" in lines
     assert "trap on_signal TERM" in lines and '    scontrol requeue "$SLURM_JOB_ID"' in lines
-    assert f"  if [ ! -e {stopping_marker('/home/u/runs/run-1', 'east-0')} ]; then" in lines
+    # it requeues itself only while the scheduler still runs it (a time limit's signal),
+    # never once it is stopping, or cancelled, requeued or preempted by the scheduler
+    marker = stopping_marker("/home/u/runs/run-1", "east-0")
+    assert (
+        f"  if [ ! -e {marker} ] && scontrol -o show job \"$SLURM_JOB_ID\" | grep -q 'JobState=RUNNING'; then" in lines
+    )
     # a reducer's or the syncer's job: one CPU, no GPU, no memory of a learner's
     reducer = job_script(slurm, "run-1", "reducer-east", "reducer", "/r", ["p"], {})
     assert "#SBATCH --cpus-per-task=1" in reducer and "--gres" not in reducer and "--mem" not in reducer
@@ -92,8 +109,35 @@ def test_what_squeue_and_scontrol_say_is_read_per_job():
     assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
 
 
+def test_a_jobs_last_state_is_kept_once_the_scheduler_forgot_it():
+    kept = {"7": JobState("7", "RUNNING", "None", "node-1", seen=100.0), "8": JobState("8", "PENDING", "Priority")}
+    shown = {"8": JobState("8", "COMPLETED", "None", "node-2")}
+    seen = last_seen(shown, {job: state for job, state in kept.items() if job == "7"}, now=200.0)
+    assert seen == {"7": kept["7"], "8": JobState("8", "COMPLETED", "None", "node-2", seen=200.0)}
+    # as shown now it runs or waits; as kept it is gone: never live again, and said with when
+    assert kept["8"].live and not seen["7"].live and not seen["8"].live
+    at = time.strftime("%H:%M:%S", time.localtime(100.0))
+    assert seen["7"].describe() == f"running on node-1, last seen {at}"
+
+
 @pytest.mark.parametrize(
     ("gres", "gpus"), [("gpu:2", 2), ("gpu:a100:4(S:0-1)", 4), ("(null)", 0), ("gpu:1,gpu:v100:8", 8), ("shard:4", 0)]
 )
 def test_the_gpus_of_a_partitions_nodes_are_read_from_sinfo(gres, gpus):
     assert _gpus_per_node(gres) == gpus
+
+
+def test_the_slurm_region_docs_regions_md_shows_loads_and_asks_for_what_it_says(tmp_path):
+    """docs/regions.md's worked example (the README points at it) is a region file as written."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "regions.md").read_text()
+    section = docs[docs.index("## A region on a Slurm cluster") :]
+    example = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert example is not None
+    (tmp_path / "lab.yaml").write_text(example[1])
+    (host,) = load_regions(tmp_path / "lab.yaml").regions[0].hosts
+    assert host.slurm is not None and host.learners == 4
+    script = job_script(host.slurm, "run", "lab-0", "learner", "/runs/run", ["python"], {})
+    for option in ("--partition=gpu", "--account=my-project", "--qos=normal", "--time=12:00:00", "--gres=gpu:1",
+                   "--cpus-per-task=8", "--mem=64G", "--signal=B:TERM@300", "--constraint=a100"):  # fmt: skip
+        assert f"#SBATCH {option}\n" in script, option
+    assert "\nmodule load cuda/12.4\n" in script

@@ -197,3 +197,21 @@ def test_counts_read_as_words_and_piped_lines_never_wrap_mid_phrase(tmp_path):
     assert next(line for line in text.splitlines() if line.startswith("st/s: ")).endswith("rst: restarts")
     status.state = "finished"
     assert "; 1 merge; quorum" in render_plain(status)
+
+
+def test_a_learner_whose_slurm_job_waits_shows_as_pending_and_one_cancelled_as_down(tmp_path):
+    """Issue 33: a learner queued again (requeued and held) is pending with Slurm's reason,
+    not the stopped learner its last heartbeat says; a job cancelled from outside is down."""
+    runs_dir, spec = make_run(tmp_path)
+    syncer_status(spec)
+    beat(spec, "local-a-0", 50, state="stopped")  # it checkpointed on the scheduler's signal
+    beat(spec, "local-a-1", 50, state="stopped")
+    pending = {**supervisor_row("local-a-0", "pending"), "job": "12", "job_state": "pending (JobHeldAdmin)"}
+    cancelled = {**supervisor_row("local-a-1", "cancelled"), "supervisor_alive": False, "job": "13"}
+    status = collect_status(spec, run_secret(spec), [pending, {**cancelled, "job_state": "cancelled"}])
+    states = {row.learner: row.state for row in status.learners}
+    assert states["local-a-0"] == "pending (JobHeldAdmin)" and states["local-a-1"] == "stopped"
+    assert status.problems == [
+        "local-a-0 waits in Slurm's queue: job 12 pending (JobHeldAdmin)",
+        "local-a-1 is down (Slurm job 13: cancelled); `diloco resume viewed` restarts it",
+    ]
