@@ -24,10 +24,12 @@ def test_hetero_benchmark_quick(tmp_path):
         assert 0 < row["merged_share"] <= 1
         # slower learners take fewer steps (on 2 shared cores a sleeping learner also lends
         # the others its core, so the ratios are not exactly the speeds, and under other
-        # load one full-speed learner may be starved for a while: their mean is compared)
+        # load one full-speed learner may be starved for a while, below the 0.8 learner:
+        # seen at 126 steps against its 153, the other full-speed learner 168)
         steps = row["steps"]
-        full_speed = (steps["local-a-0"] + steps["local-a-1"]) / 2
-        assert steps["local-b-1"] < steps["local-b-0"] < full_speed, steps
+        full_speed = (steps["local-a-0"], steps["local-a-1"])
+        assert steps["local-b-1"] < min(steps["local-b-0"], *full_speed), steps
+        assert steps["local-b-0"] < max(full_speed), steps
         assert 0.25 < steps["local-b-1"] / steps["local-a-0"] < 0.8, steps
     # K=1 merges whoever arrives: more versions than waiting for all four in the same time
     assert rows["K=1 grace"]["versions"] > rows["K=M"]["versions"]
