@@ -91,7 +91,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench._common import benchmark_parser, write_result
+from bench._common import write_result
 from bench.ddp_launch import launch_local
 from bench.quality_runs import InProcess, train_in_process
 from bench.wan_diloco import (
@@ -115,13 +115,13 @@ from bench.wan_equal_loss import (
 )
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
+from bench.wan_options import parse_args
 from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_show import show, show_sweep
-from bench.wan_sweep import LABELS, dp_reference, replanned, sweep
+from bench.wan_sweep import dp_reference, replanned, sweep
 from diloco_cli.config.files import load_recipe
 from diloco_cli.config.recipe import Recipe
 
-TARGET_COMM_TO_COMPUTE = 30.0
 # Measurement settings, not training ones: one thread per learner (2 cores, 4 learners) and an
 # evaluation of the global model at every version (time to the target needs them close).
 QUICK = [*QUICK_RUN, "training.num_learners=2", "training.inner_steps=30"]
@@ -219,112 +219,6 @@ def _print_dp_wan(measured: dict) -> None:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = benchmark_parser(__doc__, "a tiny model and budget, 2 regions x 1 learner (~1 minute)")
-    add_race_options(parser)
-    add_sweep_options(parser)
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the working directory (logs, runs) and print where it is"
-    )
-    args = parser.parse_args(argv)
-    if (args.sweep or args.sweep_from or args.check_link_rate) and args.quick:
-        parser.error("--sweep, --sweep-from and --check-link-rate are for the full mode only")
-    if args.learners is not None and (args.learners < 2 or args.learners % len(REGIONS)):
-        parser.error(f"--learners {args.learners}: give a multiple of {len(REGIONS)}, one share per region")
-    if args.replan and (args.settings or not args.sweep_from):
-        parser.error("--replan plans the rows of an earlier sweep again: give --sweep-from RESULT, no --settings")
-    if args.longer <= 1:
-        parser.error(f"--longer {args.longer:g}: give a factor above 1 (the budget's run is the first)")
-    if args.settings and not args.sweep_from:
-        parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
-    return args
-
-
-def add_race_options(parser: argparse.ArgumentParser) -> None:
-    """The race's options: the WAN (latency, link rate), the runs, the learners and where the syncer runs."""
-    parser.add_argument(
-        "--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3"
-    )
-    parser.add_argument(
-        "--comm-ratio",
-        type=float,
-        default=TARGET_COMM_TO_COMPUTE,
-        help="the link rate makes a data-parallel step communicate this many times longer than it computes",
-    )
-    parser.add_argument("--link-mbit", type=float, help="use this link rate instead of the calibrated one")
-    parser.add_argument(
-        "--dp-wan-seconds",
-        type=float,
-        help="training seconds of data-parallel on the WAN (default 60; quick: 3 steps instead)",
-    )
-    parser.add_argument(
-        "--dp-eval-every", type=int, help="data-parallel (loopback) evaluates every E steps (default 10; quick 5)"
-    )
-    parser.add_argument("--timeout", type=float, help="seconds any one run may take (default 3600; quick 240)")
-    parser.add_argument(
-        "--longer",
-        type=float,
-        default=2.0,
-        help="where DiLoCo's run at the budget never reaches data-parallel's final loss, run it again on a schedule "
-        "of this many times the budget's inner steps, stopped at its first evaluation at or below it (default 2)",
-    )
-    parser.add_argument(
-        "--diloco-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=(
-            "a recipe override for the DiLoCo run (and the plan) only, e.g. sync.update_codec.codec=int4 (repeatable): "
-            "a setting named for a slow WAN"
-        ),
-    )
-    parser.add_argument(
-        "--learners",
-        type=int,
-        help="learners (data-parallel ranks) in all, split evenly between the two regions: 8 for 2 x 4 "
-        "(default: the recipe's 4; quick 2)",
-    )
-    parser.add_argument(
-        "--syncer-in",
-        default=REGIONS[0],
-        choices=[*REGIONS, SYNCER],
-        help=f"where the syncer runs: a region (default {REGIONS[0]!r}, as a default run places it) or {SYNCER!r}, "
-        "a place of its own behind its own link (the placement before reducers)",
-    )
-
-
-def add_sweep_options(parser: argparse.ArgumentParser) -> None:
-    """The options of what follows the race: the settings sweep and the link-rate check (full mode)."""
-    parser.add_argument(
-        "--sweep", action="store_true", help="also the settings sweep of WAN bytes per token (full mode only)"
-    )
-    parser.add_argument(
-        "--check-link-rate",
-        action="store_true",
-        help="also run DiLoCo at the plan's link rate for 90%% computing and at half of it (full mode only)",
-    )
-    parser.add_argument(
-        "--sweep-from",
-        type=Path,
-        metavar="RESULT",
-        help="run only the sweep, against the data-parallel results of an earlier full run's JSON (written back there)",
-    )
-    parser.add_argument(
-        "--settings",
-        action="append",
-        default=[],
-        choices=LABELS,
-        metavar="SETTING",
-        help="with --sweep-from: run only this setting of the sweep (repeatable), keeping the others' rows",
-    )
-    parser.add_argument(
-        "--replan",
-        action="store_true",
-        help="with --sweep-from: run no setting, plan each row again at this commit (from its learners' step and "
-        "start-up) beside what it measured",
-    )
 
 
 def sweep_only(args: argparse.Namespace) -> dict:
@@ -679,7 +573,7 @@ def race_limits(args: argparse.Namespace) -> tuple[int, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    args = parse_args(argv)
+    args = parse_args(__doc__, argv)
     if args.sweep_from:
         return sweep_only(args)
     if os.geteuid() != 0:
