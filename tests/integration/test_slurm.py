@@ -88,7 +88,9 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     another run without requeueing it."""
     cluster, server = login_node
     runs_dir = tmp_path / "runs"
-    west = {"partition": "west", "time_limit": "1", "signal_seconds": 10}
+    # signalled 30 s into each minute: on an idle machine the tiny model trains its 3000
+    # steps in about 40 s, so a later signal could come after it had finished
+    west = {"partition": "west", "time_limit": "1", "signal_seconds": 30}
     regions = regions_yaml(tmp_path, server, host_venv, east={"partition": "east", "gpus_per_learner": 1}, west=west)
     # the tiny model publishes several versions a second: east-0, held or cancelled for
     # ~20 s, would come back more than the default W=32 versions behind and be told to
@@ -237,7 +239,7 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
         assert refused.returncode != 0, refused.stdout
         assert re.search(expected, refused.stdout + refused.stderr), refused.stdout + refused.stderr
         assert "Traceback" not in refused.stderr
-    assert cluster.jobs() == before  # nothing was submitted
+    assert set(cluster.jobs()) <= set(before)  # nothing was submitted (earlier jobs may have left the queue)
     # a bucket the compute nodes cannot use (here: the jobs' setup fails) is refused by
     # the probe job, named by its id, before any learner's job is submitted
     east = {"partition": "east", "setup": ["echo 'no route to the bucket from here'", "exit 3"]}
@@ -248,4 +250,4 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
     assert refused.returncode != 0 and "nothing was started" in said, said
     expected = r"host login-east, region east: on a compute node \(probe job \d+, failed[^:]*\): no route to the bucket"
     assert re.search(expected, said), said
-    assert cluster.jobs() == before and "Traceback" not in refused.stderr
+    assert set(cluster.jobs()) <= set(before) and "Traceback" not in refused.stderr
