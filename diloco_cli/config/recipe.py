@@ -240,7 +240,8 @@ class SyncConfig(BaseModel):
 
     give_up_seconds: float = Field(default=600.0, ge=0)
     """The run ends without a learner that has failed, stopped or been silent this long
-    once every other learner has finished (``diloco resume`` can bring it back)."""
+    once every other learner has finished (``diloco resume`` can bring it back); one
+    never heard from (a queued job) is not waited for once the others are done."""
 
     window_versions: int = Field(default=32, ge=1)
     """W: updates kept per fragment to anchor stale learners; older bases must resync."""

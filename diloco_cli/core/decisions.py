@@ -496,16 +496,26 @@ class RunEnd:
 def run_end(state: DecisionState, learners: Iterable[LearnerId], now: float) -> RunEnd:
     """The run is over when every learner has finished, or has been gone (failed,
     stopped, or silent past the liveness timeout) for at least ``give_up_seconds``:
-    a learner whose supervisor gave up must not hold the others' work hostage."""
+    a learner whose supervisor gave up must not hold the others' work hostage.
+
+    A learner never heard from (a scheduler's job still queued, a host that never
+    started it) holds up nobody once every learner heard from is done: it is given up
+    as soon as it has been silent past the liveness timeout, without the further wait
+    for a restart that a learner which trained gets."""
     policy = state.policy
+    learners = list(learners)
     given_up: dict[LearnerId, str] = {}
     over = True
+    never_heard: list[LearnerId] = []
     for learner in learners:
         view = state.learners.get(learner)
-        if view is not None and view.state == "finished":
+        if view is None:
+            never_heard.append(learner)
             continue
-        silent_since = (view.last_seen if view else state.started_at) + policy.liveness_timeout_seconds
-        if view is not None and view.gone:
+        if view.state == "finished":
+            continue
+        silent_since = view.last_seen + policy.liveness_timeout_seconds
+        if view.gone:
             gone_since, why = view.state_since, view.state
         elif now >= silent_since:
             gone_since, why = silent_since, "silent"
@@ -514,6 +524,17 @@ def run_end(state: DecisionState, learners: Iterable[LearnerId], now: float) -> 
             continue
         if now - gone_since >= policy.give_up_seconds:
             given_up[learner] = f"{why} for {now - gone_since:.0f} s"
+        else:
+            over = False
+    silent_since = state.started_at + policy.liveness_timeout_seconds
+    others_done = over and len(never_heard) < len(learners)
+    for learner in never_heard:
+        if now < silent_since:
+            over = False
+        elif others_done:
+            given_up[learner] = f"never started ({now - state.started_at:.0f} s since the run began)"
+        elif now - silent_since >= policy.give_up_seconds:
+            given_up[learner] = f"silent for {now - silent_since:.0f} s"
         else:
             over = False
     return RunEnd(over=over, given_up=given_up)

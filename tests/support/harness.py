@@ -34,11 +34,13 @@ class Harness:
         storage_options=None,
         shards=1,
         chaos=None,
+        started=("east-0", "east-1"),
         **sync,
     ):
         """``bucket`` (a URL, file:// in ``tmp_path`` by default) and its storage options;
-        ``chaos`` the run's chaos plan (``--chaos`` text); ``sync`` changes the recipe's
-        sync section."""
+        ``chaos`` the run's chaos plan (``--chaos`` text); ``started`` the learners made
+        and started at once (``harness.learners``); ``sync`` changes the recipe's sync
+        section."""
         changes = {
             "training": {"num_learners": 2, "checkpoint_every_steps": checkpoint_every},
             "sync": {
@@ -70,7 +72,7 @@ class Harness:
             reducer.start()
             reducer.turn()  # version 0 of the region, built from the seed
         self.bucket = self.spec.bucket("east", secret)
-        self.learners = [self.learner(name) for name in ("east-0", "east-1")]
+        self.learners = [self.learner(name) for name in started]
 
     def learner(self, name, start=True):
         """A learner's sync side, with the built-in loop behind it as ``.loop``; it polls

@@ -210,12 +210,36 @@ def test_the_run_ends_when_every_learner_finished_or_was_gone_long_enough():
     assert not run_end(state, learners, now=150.0).over
 
 
-def test_a_learner_never_heard_from_is_given_up_after_silence_plus_the_give_up_time():
-    state = initial_state(now=0.0, policy=policy(num_learners=2, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+def test_a_learner_never_heard_from_holds_up_nobody_once_the_others_are_done():
+    """A Slurm job still queued when the others finished: the run ends once it has been
+    silent past the liveness timeout, not after the give-up time as well."""
+    state = initial_state(now=0.0, policy=policy(num_learners=3, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+    learners = [LearnerId(m) for m in "abc"]
     state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="finished")], now=1.0)
-    assert not run_end(state, [LearnerId("a"), LearnerId("b")], now=109.0).over
-    end = run_end(state, [LearnerId("a"), LearnerId("b")], now=110.0)
-    assert end.over and end.given_up == {"b": "silent for 100 s"}
+    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), 1.0)], now=1.0)
+    assert not run_end(state, learners, now=9.0).over  # c may still be starting
+    assert not run_end(state, learners, now=50.0).over  # b trains: c may still start
+    state, _ = step(state, [HeartbeatSeen(LearnerId("b"), 50.0, state="finished")], now=50.0)
+    end = run_end(state, learners, now=50.0)
+    assert end.over and end.given_up == {"c": "never started (50 s since the run began)"}
+
+
+def test_a_run_nobody_was_heard_from_is_given_up_after_silence_plus_the_give_up_time():
+    state = initial_state(now=0.0, policy=policy(num_learners=2, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+    learners = [LearnerId("a"), LearnerId("b")]
+    assert not run_end(state, learners, now=109.0).over
+    end = run_end(state, learners, now=110.0)
+    assert end.over and end.given_up == {"a": "silent for 100 s", "b": "silent for 100 s"}
+
+
+def test_a_learner_never_heard_from_waits_for_a_learner_that_failed_to_come_back():
+    """The give-up time still holds for a learner that trained and failed: while it may
+    be restarted, the one never heard from is not given up either."""
+    state = initial_state(now=0.0, policy=policy(num_learners=2, liveness_timeout_seconds=10.0, give_up_seconds=100.0))
+    state, _ = step(state, [HeartbeatSeen(LearnerId("a"), 1.0, state="failed")], now=1.0)
+    assert not run_end(state, [LearnerId("a"), LearnerId("b")], now=50.0).over
+    end = run_end(state, [LearnerId("a"), LearnerId("b")], now=101.0)
+    assert end.over and end.given_up == {"a": "failed for 100 s", "b": "never started (101 s since the run began)"}
 
 
 def test_a_late_arrival_does_not_undo_a_finished_heartbeat():

@@ -2,6 +2,8 @@
 merge, in the buckets too.  Driven step by step over a file:// bucket with the tampering
 harness; a storage failure is injected into one scan."""
 
+import time
+
 from diloco_cli.store.filesystem import StorageError
 from diloco_cli.store.home import tokens_merged
 
@@ -72,3 +74,30 @@ def test_once_a_learner_is_due_to_finish_the_syncer_reads_heartbeats_every_few_s
     now[0] += END_READ_SECONDS
     syncer.turn()
     assert syncer.observer.heartbeats[learner.me.id].state is LearnerState.FINISHED
+
+
+def test_a_learner_never_started_holds_up_nobody_and_trains_nothing_when_it_starts_after_the_end(tmp_path, secret):
+    """A Slurm job still queued when the others finished: the run ends once it has been
+    silent past the liveness timeout (not the give-up time as well), saying why; when
+    the job starts after all, its learner sees the finished head, trains nothing and stops."""
+    from diloco_cli.runtime.coordinator import EXIT_FINISHED, EXIT_STOPPED
+    from tests.support.harness import Harness
+
+    harness = Harness(tmp_path, secret, started=("east-0",), liveness_timeout_seconds=0.5, give_up_seconds=3600)
+    try:
+        (learner,) = harness.learners
+        harness.train(learner, learner.total_steps)
+        assert learner.finish() == EXIT_FINISHED
+        time.sleep(0.6)  # east-1 silent past the liveness timeout since the run began
+        for _ in range(20):
+            harness.reducer.turn(read_heartbeats=True)
+            harness.syncer.turn(read_heartbeats=True)
+            if harness.syncer.finished:
+                break
+        assert harness.syncer.finished, "a learner never heard from held up the end"
+        assert set(harness.syncer.given_up) == {"east-1"} and "never started" in harness.syncer.given_up["east-1"]
+        late = harness.learner("east-1")
+        assert late.stop_requested and late.step == 0
+        assert late.finish() == EXIT_STOPPED and late.step == 0
+    finally:
+        harness.close()

@@ -162,6 +162,12 @@ class LearnerSync:
         resume = ResumePoint(None)
         initial = full_parameters(self.model, self.parameter_names, self.group)  # version 0, if it is the syncer's
         if self.group.is_storage_rank:
+            if self._run_over():
+                log.warning(
+                    "the run ended before this learner started (every syncer finished; a queued job started late, "
+                    "or the learner was given up): it trains nothing and stops"
+                )
+                self._stop_signalled = True
             self.poller.initial = initial
             resume = self.checkpoints.resume_point(self.tokens_per_step, self._refused)
             self.progress.step, self.progress.tokens = resume.step, resume.tokens
@@ -191,6 +197,15 @@ class LearnerSync:
             self.poller.initial = None
             self.heartbeats.beat(LearnerState.TRAINING)
         return start.step
+
+    def _run_over(self) -> bool:
+        """Every syncer shard's head says the run finished (a head not read is not)."""
+        try:
+            heads = [reader.head() for reader in self.poller.readers]
+        except StorageError as error:
+            log.warning("could not read the head to see whether the run is over: %s", error)
+            return False
+        return all(head is not None and head.finished for head in heads)
 
     @property
     def _device(self) -> torch.device:
