@@ -61,6 +61,9 @@ class JobState:
     seen: float | None = None
     """When the scheduler last showed it so, for a state kept in the run's record
     (:func:`last_seen`); None for what it shows now."""
+    accounting: bool = False
+    """Told by ``sacct`` (the site's accounting, or its job completion log) after
+    ``squeue`` and ``scontrol`` forgot the job: how it ended, though nobody looked then."""
 
     @property
     def live(self) -> bool:
@@ -75,6 +78,8 @@ class JobState:
             words = f"{words} on {self.node}"
         elif self.reason and self.reason != "None":
             words = f"{words} ({self.reason})"
+        if self.accounting:
+            words = f"{words} (sacct)"
         if self.seen is not None:
             return f"{words}, last seen {time.strftime('%H:%M:%S', time.localtime(self.seen))}"
         return words
@@ -195,10 +200,31 @@ def parse_scontrol(text: str) -> JobState | None:
     )
 
 
+def parse_sacct(text: str) -> dict[str, JobState]:
+    """``sacct -n -P -o JobID,State,NodeList`` lines, by job id: a job requeued has a line
+    per run, the last one says how it ended (``CANCELLED by 0`` is ``CANCELLED``)."""
+    states = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0].isdigit() and parts[1]:
+            node = "" if parts[2] in ("", "None assigned", "(null)") else parts[2]
+            states[parts[0]] = JobState(parts[0], parts[1].split()[0], node=node, accounting=True)
+    return states
+
+
+SACCT_QUERIES = (
+    "sacct -n -X -P -o JobID,State,NodeList -j {jobs}",
+    "sacct -c -n -P -o jobid,state,nodelist -j {jobs}",
+)
+"""The site's accounting storage (``-X``: the job, not its steps), else its job completion
+log (``JobCompType``, read with ``-c``); a site with neither answers no query."""
+
+
 def job_states(client: paramiko.SSHClient, jobs: Sequence[str]) -> dict[str, JobState]:
     """What the scheduler says of ``jobs``: ``squeue`` for those it still queues or runs,
-    ``scontrol show job`` for the rest (finished ones stay a few minutes); a job known to
-    neither is absent from the answer."""
+    ``scontrol show job`` for the rest (finished ones stay a few minutes), ``sacct`` for
+    those both forgot where the site keeps accounting or a job completion log; a job known
+    to none is absent from the answer."""
     if not jobs:
         return {}
     listed = run(client, f"squeue -h -o '%i|%T|%r|%N' -j {','.join(jobs)}", timeout=60)
@@ -208,6 +234,12 @@ def job_states(client: paramiko.SSHClient, jobs: Sequence[str]) -> dict[str, Job
         state = parse_scontrol(shown.stdout) if shown.code == 0 else None
         if state is not None:
             states[job] = state
+    forgotten = [job for job in jobs if job not in states]
+    for query in SACCT_QUERIES if forgotten else ():
+        accounted = run(client, query.format(jobs=",".join(forgotten)), timeout=60)
+        if accounted.code == 0:
+            states.update({job: state for job, state in parse_sacct(accounted.stdout).items() if job in forgotten})
+            break
     return states
 
 

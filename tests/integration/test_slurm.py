@@ -83,9 +83,10 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     pending with Slurm's reason, comes back from its checkpoint once released, and once
     cancelled from outside is submitted again by resume and goes on from its checkpoint;
     west's jobs have a one-minute time limit: signalled before it, they checkpoint,
-    requeue themselves and go on; the run finishes with a clean ledger, status keeps each
-    job's last state after the scheduler forgot the job, and down cancels what is left of
-    another run without requeueing it."""
+    requeue themselves and go on; the run finishes with a clean ledger, status reads how
+    a job ended from sacct after the scheduler forgot it; in another run scale adds a
+    learner's job and drains it again (the job completes), and down cancels what is left
+    without requeueing it."""
     cluster, server = login_node
     runs_dir = tmp_path / "runs"
     # signalled 30 s into each minute: on an idle machine the tiny model trains its 3000
@@ -184,8 +185,8 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     assert_every_token_accounted(runs_dir, "jobs", heartbeats(runs_dir, "jobs"))
     assert_bases_are_the_syncers(runs_dir, "jobs")
 
-    # scale and down: a second run (no time limit) gets one more learner's job; down ends
-    # every job, none is requeued
+    # scale and down: a second run (no time limit) gets one more learner's job, drains it
+    # again; down ends every job, none is requeued
     regions = regions_yaml(tmp_path, server, host_venv)
     diloco("up", str(recipe), "--regions", str(regions), "--name", "stopped", "--runs-dir", str(runs_dir),
            "--set", "training.inner_steps=100000", timeout=900)  # fmt: skip
@@ -200,6 +201,15 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     )
     west_1 = lambda s: next(row.step for row in s.learners if row.learner == "west-1")  # noqa: E731
     wait_for(runs_dir, "stopped", lambda s: west_1(s) >= 5, 300, "west-1 training")
+    # scale -1 drains west-1: it sends what it trained and stops, and its job completes
+    # without requeueing itself
+    drained = diloco("scale", "stopped", "--region", "west", "--learners", "-1", "--runs-dir", str(runs_dir)).stdout
+    assert re.search(r"west-1\s+login-west\s+draining", drained), drained
+    west_1_job = lambda: cluster.run("squeue", "-h", "-j", second["west-1"], check=False).stdout.strip()  # noqa: E731
+    wait_until(lambda: not west_1_job(), 180, "west-1's job ending after its drain")
+    ended = cluster.run("scontrol", "-o", "show", "job", second["west-1"]).stdout
+    assert "JobState=COMPLETED" in ended and "Restarts=0" in ended, ended
+    second.pop("west-1")
     diloco("down", "stopped", "--runs-dir", str(runs_dir), timeout=300)
     time.sleep(2)
     left = cluster.run("squeue", "-h", "-o", "%i", "-j", ",".join(second.values()), check=False).stdout.split()
@@ -207,12 +217,14 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     states = [cluster.run("scontrol", "-o", "show", "job", job).stdout for job in second.values()]
     assert all("Restarts=0" in state for state in states), states
 
-    # without accounting storage the scheduler forgets a finished job (MinJobAge):
-    # status shows the last state the run's record kept
+    # squeue and scontrol forget a finished job (MinJobAge): status asks sacct (here the
+    # job completion log) how it ended, and keeps that in the run's record
     gone = lambda: cluster.run("scontrol", "show", "job", jobs["east-0"], check=False).returncode != 0  # noqa: E731
     wait_until(gone, 180, "Slurm forgetting east-0's job")
     _, rows = probed(runs_dir, "jobs")
-    assert re.fullmatch(r"completed, last seen \d\d:\d\d:\d\d", rows["east-0"]["job_state"]), rows["east-0"]
+    assert rows["east-0"]["job_state"] == "completed (sacct)", rows["east-0"]
+    kept = json.loads((runs_dir / "jobs" / "jobs.json").read_text())[jobs["east-0"]]
+    assert kept["state"] == "COMPLETED" and kept["accounting"], kept
     assert rows["east-0"]["supervisor"] == "finished", rows["east-0"]
 
 

@@ -12,8 +12,9 @@ spool and logs in a fresh folder (``../shared/spec/machine-notes.md`` has the se
 that run here: root, no cgroups).  The node declares 2 GPUs (two character devices of
 its own, as ``/dev/null``) so that GPU requests are checked as on a real cluster, and the
 partitions ``east`` and ``west`` oversubscribe the 2 cores (jobs do not wait for each
-other).  No accounting storage: ``sacct`` does not answer; ``scontrol show job`` keeps a
-finished job for ``MinJobAge`` (60) seconds, then forgets it within a minute.  A requeued
+other).  No accounting storage, but a job completion log (``jobcomp/filetxt``), which
+``sacct -c`` reads; ``squeue`` and ``scontrol show job`` keep a finished job for
+``MinJobAge`` (60) seconds, then forget it within a minute.  A requeued
 job waits ``cred_expire`` (10 s; two minutes by default) before it may start again, and
 the scheduler looks at the queue every 2 s, so requeues come back within seconds.  On
 exit every job is cancelled and the daemons stopped.  Needs root.
@@ -114,6 +115,8 @@ SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=2,sched_interval=2
 KillWait=30
 MinJobAge=60
+JobCompType=jobcomp/filetxt
+JobCompLoc={directory}/jobcomp.txt
 NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} RealMemory=4000 Gres=gpu:{NODE_GPUS} State=UNKNOWN
 {partitions}
 """

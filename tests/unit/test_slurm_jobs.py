@@ -15,6 +15,7 @@ from diloco_cli.launch.slurm import (
     _gpus_per_node,
     job_script,
     last_seen,
+    parse_sacct,
     parse_scontrol,
     parse_squeue,
     stopping_marker,
@@ -107,6 +108,16 @@ def test_what_squeue_and_scontrol_say_is_read_per_job():
     shown = parse_scontrol("JobId=14 JobName=x JobState=COMPLETED Reason=None NodeList=node-1 Restarts=1")
     assert shown is not None and shown.state == "COMPLETED" and not shown.live and shown.describe() == "completed"
     assert parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+
+
+def test_what_sacct_says_of_a_job_the_scheduler_forgot_is_its_last_run():
+    """Accounting (or the job completion log) lists a requeued job once per run: the
+    last line says how it ended; ``CANCELLED by 0`` is cancelled; a step's line is not a job."""
+    accounted = parse_sacct("21|COMPLETED|node-1\n22|PREEMPTED|node-2\n22|CANCELLED by 0|node-2\n22.batch|CANCELLED|node-2\n23|PENDING|None assigned\n")
+    assert accounted["21"].describe() == "completed (sacct)" and not accounted["21"].live
+    assert accounted["22"].state == "CANCELLED" and accounted["22"].node == "node-2"
+    assert accounted["23"].node == "" and accounted["23"].live  # what accounting says still waits, waits
+    assert set(accounted) == {"21", "22", "23"}
 
 
 def test_a_jobs_last_state_is_kept_once_the_scheduler_forgot_it():
