@@ -113,7 +113,8 @@ def test_what_squeue_and_scontrol_say_is_read_per_job():
 def test_what_sacct_says_of_a_job_the_scheduler_forgot_is_its_last_run():
     """Accounting (or the job completion log) lists a requeued job once per run: the
     last line says how it ended; ``CANCELLED by 0`` is cancelled; a step's line is not a job."""
-    accounted = parse_sacct("21|COMPLETED|node-1\n22|PREEMPTED|node-2\n22|CANCELLED by 0|node-2\n22.batch|CANCELLED|node-2\n23|PENDING|None assigned\n")
+    lines = ["21|COMPLETED|node-1", "22|PREEMPTED|node-2", "22|CANCELLED by 0|node-2", "22.batch|CANCELLED|node-2"]
+    accounted = parse_sacct("\n".join([*lines, "23|PENDING|None assigned", ""]))
     assert accounted["21"].describe() == "completed (sacct)" and not accounted["21"].live
     assert accounted["22"].state == "CANCELLED" and accounted["22"].node == "node-2"
     assert accounted["23"].node == "" and accounted["23"].live  # what accounting says still waits, waits
