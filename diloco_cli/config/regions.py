@@ -49,11 +49,18 @@ class SlurmJobs(BaseModel):
     """How long before the time limit the job is signalled (``--signal=B:TERM@...``)."""
 
     gpus_per_learner: int = Field(default=0, ge=0)
-    """GPUs each learner's job asks for (``--gres=gpu:N``); its processes share them."""
+    """GPUs each learner's job asks for on each of its nodes (``--gres=gpu:N``); its
+    processes there share them."""
+
+    nodes_per_learner: int = Field(default=1, ge=1)
+    """Nodes each learner's job spans (``--nodes``).  Above 1 the learner is one
+    ``torchrun`` group over them: ``srun`` starts a ``torchrun`` of the host's
+    ``processes_per_learner`` processes on each node, rank 0 (the one that talks to
+    storage) on the job's first node, where the others meet it."""
 
     cpus_per_task: int = Field(default=1, ge=1)
-    """CPUs each learner's job asks for (``--cpus-per-task``); the reducer's and the
-    syncer's jobs ask for one."""
+    """CPUs each learner's job asks for (``--cpus-per-task``, on each of its nodes); the
+    reducer's and the syncer's jobs ask for one."""
 
     memory: str | None = Field(default=None, pattern=r"^\d+[KMGT]?$")
     """Memory per learner's job (``--mem``, e.g. ``64G``); default: the partition's."""

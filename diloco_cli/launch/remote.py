@@ -62,7 +62,8 @@ def start_services(
     threads = learner_threads(spec, host.name, cores) if host.slurm is None else host.slurm.cpus_per_task
     records = []
     for service in services(spec, names):
-        command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret")
+        nodes = host.slurm.nodes_per_learner if host.slurm is not None and service.kind == "learner" else 1
+        command = service.command(paths.python, f"{paths.run_dir}/run.json", f"{paths.run_dir}/secret", nodes)
         env = {"OMP_NUM_THREADS": "1" if service.single_threaded else str(threads), **dict(service.environment)}
         if host.slurm is not None:
             records.append(submit_job(client, host, paths, spec.run, service.name, service.kind, command, env))

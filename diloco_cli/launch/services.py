@@ -37,9 +37,15 @@ class Service:
         """A CPU process of one thread (the syncer and reducers), not a learner."""
         return self.kind != "learner"
 
-    def command(self, python: str, manifest: str, secret_file: str) -> list[str]:
-        """The command line, with ``python`` the interpreter to run it with."""
+    def command(self, python: str, manifest: str, secret_file: str, nodes: int = 1) -> list[str]:
+        """The command line, with ``python`` the interpreter to run it with.  A learner
+        spanning ``nodes`` > 1 nodes of a Slurm job: ``srun`` starts one task per node,
+        each that node's ``torchrun`` (:mod:`diloco_cli.launch.slurm_node`); a task that
+        fails ends the others, so its supervisor sees one failure and restarts them all."""
         arguments = ["-m", "diloco_cli", *self.arguments, "--manifest", manifest, "--secret-file", secret_file]
+        if nodes > 1:
+            node = [python, "-m", "diloco_cli.launch.slurm_node", str(self.processes), "--", *arguments]
+            return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *node]
         if self.processes > 1:
             return [
                 python,

@@ -116,6 +116,7 @@ def job_script(
     options += [f"--account={slurm.account}"] if slurm.account else []
     options += [f"--qos={slurm.qos}"] if slurm.qos else []
     options += [f"--time={slurm.time_limit}"] if slurm.time_limit else []
+    nodes = slurm.nodes_per_learner if kind == "learner" else 1
     if kind == "learner":
         options.append(f"--cpus-per-task={slurm.cpus_per_task}")
         options += [f"--mem={slurm.memory}"] if slurm.memory else []
@@ -123,8 +124,8 @@ def job_script(
     else:
         options.append("--cpus-per-task=1")
     options += [
-        "--nodes=1",
-        "--ntasks=1",
+        f"--nodes={nodes}",
+        "--ntasks=1" if nodes == 1 else "--ntasks-per-node=1",
         "--requeue",
         f"--signal=B:TERM@{slurm.signal_seconds}",
         f"--output={run_dir}/logs/{name}.slurm.log",

@@ -236,7 +236,7 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
     before = cluster.jobs()
     cases = [
         ({"partition": "gpux"}, r"region east, host login-east: slurm.partition 'gpux' does not exist there "
-                                r"\(its partitions: east, west\)"),
+                                r"\(its partitions: east, pair, west\)"),
         ({"partition": "east", "gpus_per_learner": 3}, r"region east, host login-east: slurm.gpus_per_learner is 3, "
                                                        r"and no node of partition east has more than 2 GPUs"),
         ({"partition": "east", "memory": "999G"}, r"region east, host login-east: Slurm refuses a learner's job: "
@@ -263,3 +263,45 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
     expected = r"host login-east, region east: on a compute node \(probe job \d+, failed[^:]*\): no route to the bucket"
     assert re.search(expected, said), said
     assert set(cluster.jobs()) <= set(before) and "Traceback" not in refused.stderr
+
+
+def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, host_venv, login_node):
+    """slurm.nodes_per_learner 2: east-0's one job holds both nodes of partition pair, srun
+    starts a torchrun on each, and the learner trains as one group of two processes (rank
+    0 on the first node talks to storage); the run finishes with every token accounted for
+    and the bases bit-equal to the syncer's."""
+    cluster, server = login_node
+    runs_dir = tmp_path / "runs"
+    east = host_entry(server, "login-east", host_venv, tmp_path, 1, work_dir=str(tmp_path / "shared-home"))
+    east |= {"processes_per_learner": 1, "slurm": {"partition": "pair", "nodes_per_learner": 2}}
+    regions = write_yaml(
+        tmp_path / "regions.yaml",
+        {
+            "regions": [
+                {"name": "east", "bucket": f"file://{tmp_path}/buckets/east", "hosts": [east]},
+                {"name": "west", "bucket": f"file://{tmp_path}/buckets/west", "hosts": [{"name": "local"}]},
+            ],
+            "syncer": {"host": "local"},
+            "ssh": {"known_hosts": str(known_hosts_of(tmp_path, server))},
+        },
+    )
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(SSH_RECIPE, {"training": {"inner_steps": 300}}))
+    diloco("up", str(recipe), "--regions", str(regions), "--name", "pair", "--runs-dir", str(runs_dir), timeout=900)
+    job = next(p["job"] for p in load_run(runs_dir, "pair").processes if p["name"] == "east-0")
+    script = (tmp_path / "shared-home" / "pair" / "processes" / "east-0.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script, script
+
+    def nodes_of_the_job():
+        listed = cluster.run("squeue", "-h", "-o", "%T %N", "-j", job, check=False).stdout.split()
+        if len(listed) != 2 or listed[0] != "RUNNING":
+            return None
+        return cluster.run("scontrol", "show", "hostnames", listed[1]).stdout.split()
+
+    assert wait_until(nodes_of_the_job, 300, "east-0's job running") == list(cluster.nodes)
+    wait_finished(runs_dir, "pair", timeout=600)
+    beats = heartbeats(runs_dir, "pair")
+    assert beats["east-0"].processes == 2 and beats["west-0"].processes == 1, beats
+    log = (tmp_path / "shared-home" / "pair" / "logs" / "east-0.log").read_text()
+    assert "srun --nodes=2" in log and "diloco_cli.launch.slurm_node" in log and "finished at step 300" in log, log
+    assert_every_token_accounted(runs_dir, "pair", beats)
+    assert_bases_are_the_syncers(runs_dir, "pair")

@@ -1,4 +1,4 @@
-"""A real Slurm cluster for tests: one node (this machine), two partitions.
+"""A real Slurm cluster for tests: two nodes (both this machine), three partitions.
 
     from tests.support.slurm import slurm_cluster
 
@@ -9,15 +9,17 @@
 Debian's packages (``apt-get install -y slurm-wlm munge``): ``munged`` on a socket of its
 own with a key of its own, ``slurmctld`` and ``slurmd`` on free ports with their state,
 spool and logs in a fresh folder (``../shared/spec/machine-notes.md`` has the settings
-that run here: root, no cgroups).  The node declares 2 GPUs (two character devices of
-its own, as ``/dev/null``) so that GPU requests are checked as on a real cluster, and the
-partitions ``east`` and ``west`` oversubscribe the 2 cores (jobs do not wait for each
-other).  No accounting storage, but a job completion log (``jobcomp/filetxt``), which
-``sacct -c`` reads; ``squeue`` and ``scontrol show job`` keep a finished job for
-``MinJobAge`` (60) seconds, then forget it within a minute.  A requeued
-job waits ``cred_expire`` (10 s; two minutes by default) before it may start again, and
-the scheduler looks at the queue every 2 s, so requeues come back within seconds.  On
-exit every job is cancelled and the daemons stopped.  Needs root.
+that run here: root, no cgroups).  Two ``slurmd`` (``-N``), each a node of its own name
+on a port of its own: the partitions ``east`` and ``west`` hold the first node, ``pair``
+both (for a job that spans two nodes).  Each node declares 2 GPUs (two character devices
+of its own, as ``/dev/null``) so that GPU requests are checked as on a real cluster, and
+the partitions oversubscribe the 2 cores (jobs do not wait for each other).  No
+accounting storage, but a job completion log (``jobcomp/filetxt``), which ``sacct -c``
+reads; ``squeue`` and ``scontrol show job`` keep a finished job for ``MinJobAge`` (60)
+seconds, then forget it within a minute.  A requeued job waits ``cred_expire`` (10 s;
+two minutes by default) before it may start again, and the scheduler looks at the queue
+every 2 s, so requeues come back within seconds.  On exit every job is cancelled and the
+daemons stopped.  Needs root.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from pathlib import Path
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 INSTALL_HINT = "apt-get install -y slurm-wlm munge"
-PARTITIONS = ("east", "west")
+PARTITIONS = {"east": 1, "west": 1, "pair": 2}
+"""Each partition and how many nodes it has (the first, or both)."""
 NODE_GPUS = 2
 
 
@@ -48,7 +51,12 @@ class SlurmCluster:
     directory: Path
     conf: Path
     node: str
+    """The first node (every partition has it)."""
     processes: list[subprocess.Popen]
+
+    @property
+    def nodes(self) -> tuple[str, str]:
+        return (self.node, f"{self.node}-2")
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,12 +91,18 @@ def _require() -> None:
         raise SlurmUnavailable("slurm_cluster needs root (its daemons run as root)")
 
 
-def _config(directory: Path, node: str, munge_socket: Path) -> str:
-    ports = f"SlurmctldPort={_free_port()}\nSlurmdPort={_free_port()}"
+def _config(directory: Path, nodes: tuple[str, str], munge_socket: Path) -> str:
+    node = nodes[0]
+    ports = f"SlurmctldPort={_free_port()}"
     partitions = "\n".join(
-        f"PartitionName={name} Nodes={node} MaxTime=INFINITE State=UP OverSubscribe=FORCE:8"
-        + (" Default=YES" if name == PARTITIONS[0] else "")
-        for name in PARTITIONS
+        f"PartitionName={name} Nodes={','.join(nodes[:count])} MaxTime=INFINITE State=UP OverSubscribe=FORCE:8"
+        + (" Default=YES" if name == "east" else "")
+        for name, count in PARTITIONS.items()
+    )
+    declared = "\n".join(
+        f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={os.cpu_count() or 2} RealMemory=4000 "
+        f"Gres=gpu:{NODE_GPUS} State=UNKNOWN"
+        for name in nodes
     )
     return f"""ClusterName=diloco-test
 SlurmctldHost={node}(127.0.0.1)
@@ -98,11 +112,11 @@ SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket={munge_socket},cred_expire=10
 StateSaveLocation={directory}/state
-SlurmdSpoolDir={directory}/spool
+SlurmdSpoolDir={directory}/spool/%n
 SlurmctldPidFile={directory}/slurmctld.pid
-SlurmdPidFile={directory}/slurmd.pid
+SlurmdPidFile={directory}/slurmd.%n.pid
 SlurmctldLogFile={directory}/slurmctld.log
-SlurmdLogFile={directory}/slurmd.log
+SlurmdLogFile={directory}/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -117,7 +131,7 @@ KillWait=30
 MinJobAge=60
 JobCompType=jobcomp/filetxt
 JobCompLoc={directory}/jobcomp.txt
-NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} RealMemory=4000 Gres=gpu:{NODE_GPUS} State=UNKNOWN
+{declared}
 {partitions}
 """
 
@@ -130,12 +144,15 @@ def slurm_cluster(tmp_dir, start_timeout: float = 30.0) -> Iterator[SlurmCluster
     for folder in ("state", "spool"):
         (directory / folder).mkdir()
     node = socket.gethostname().split(".")[0]
+    nodes = (node, f"{node}-2")
+    for name in nodes:
+        (directory / "spool" / name).mkdir()
     key = directory / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o400)
     munge_socket = directory / "munge.sock"
     conf = directory / "slurm.conf"
-    conf.write_text(_config(directory, node, munge_socket))
+    conf.write_text(_config(directory, nodes, munge_socket))
     devices = []
     for index in range(NODE_GPUS):  # GPUs the node declares: character devices as /dev/null
         device = directory / f"gpu{index}"
@@ -154,15 +171,15 @@ def slurm_cluster(tmp_dir, start_timeout: float = 30.0) -> Iterator[SlurmCluster
         for command in (
             munge,
             ["/usr/sbin/slurmctld", "-D", "-f", str(conf)],
-            ["/usr/sbin/slurmd", "-D", "-f", str(conf)],
+            *(["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", name] for name in nodes),
         ):
-            log = open(directory / f"{Path(command[0]).name}.out", "ab")
+            log = open(directory / f"{Path(command[0]).name}{'.' + command[-1] if '-N' in command else ''}.out", "ab")
             processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
             time.sleep(0.5)
         deadline = time.monotonic() + start_timeout
         while True:
-            shown = cluster.run("sinfo", "-h", "-o", "%P %t", check=False).stdout.split()
-            if shown.count("idle") + shown.count("mix") >= len(PARTITIONS):
+            shown = cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split("\n")
+            if len({line.split()[0] for line in shown if line.endswith(("idle", "mix"))}) == len(nodes):
                 break
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
                 logs = "\n".join(

@@ -101,6 +101,41 @@ def test_a_learners_job_asks_for_its_resources_is_requeueable_and_requeues_itsel
     assert "#SBATCH --cpus-per-task=1" in reducer and "--gres" not in reducer and "--mem" not in reducer
 
 
+def test_a_learner_spanning_nodes_is_one_torchrun_group_started_by_srun_on_each():
+    """nodes_per_learner 2: the job asks for 2 nodes (one task each, GPUs per node), the
+    supervisor runs srun, whose task on each node becomes that node's torchrun, ranked by
+    the node's place in the job and meeting at the first node on a port of the job's."""
+    from diloco_cli.launch.services import Service
+    from diloco_cli.launch.slurm_node import PORTS, torchrun_command
+
+    slurm = SlurmJobs(partition="gpu", gpus_per_learner=8, nodes_per_learner=2)
+    options = job_script(slurm, "r", "east-0", "learner", "/runs/r", ["p"], {}).splitlines()
+    assert "#SBATCH --nodes=2" in options and "#SBATCH --ntasks-per-node=1" in options
+    assert "#SBATCH --gres=gpu:8" in options and "#SBATCH --ntasks=1" not in options
+    assert "#SBATCH --nodes=1" in job_script(slurm, "r", "reducer-east", "reducer", "/r", ["p"], {}).splitlines()
+    learner = Service("east-0", "learner", "login", ("_learner", "--learner", "east-0"), processes=8)
+    command = learner.command("/venv/bin/python", "/runs/r/run.json", "/runs/r/secret", nodes=2)
+    learner_arguments = ["-m", "diloco_cli", "_learner", "--learner", "east-0"]
+    learner_arguments += ["--manifest", "/runs/r/run.json", "--secret-file", "/runs/r/secret"]
+    assert command == [
+        "srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "/venv/bin/python", "-m", "diloco_cli.launch.slurm_node", "8", "--", *learner_arguments,
+    ]  # fmt: skip
+    environ = {
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_ID": "20017",
+        "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5",
+    }
+    second = torchrun_command("/venv/bin/python", 8, learner_arguments, environ)
+    assert second == [
+        "/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
+        "--master-addr", "10.0.0.5", "--master-port", str(PORTS[0] + 17), "--nproc-per-node=8", *learner_arguments,
+    ]  # fmt: skip
+    with pytest.raises(SystemExit, match="runs under srun in a Slurm job .*SLURM_NNODES"):
+        torchrun_command("python", 8, learner_arguments, {})
+
+
 def test_what_squeue_and_scontrol_say_is_read_per_job():
     listed = parse_squeue("12|RUNNING|None|node-3\n13|PENDING|Resources|\n\n")
     assert listed["12"].describe() == "running on node-3" and listed["12"].live
