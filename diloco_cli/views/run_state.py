@@ -410,7 +410,13 @@ def problems(status: RunStatus, processes: list[dict] | None) -> list[str]:
             f"{region} up when a probe reaches it; its learners keep training and keep their unsent payloads"
         )
     for learner, why in sorted(status.syncer.given_up.items()):
-        found.append(f"the run went on without {learner} ({why}); `diloco resume {run}` brings it back")
+        if why.startswith("never started"):  # a scheduler's job still queued, most likely
+            found.append(
+                f"the run went on without {learner}: it {why}; a Slurm job of it may still wait in the queue "
+                f"(`diloco status {run} --probe` shows it, `diloco down {run}` cancels it)"
+            )
+        else:
+            found.append(f"the run went on without {learner} ({why}); `diloco resume {run}` brings it back")
     return found
 
 

@@ -266,14 +266,17 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
 
 
 def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, host_venv, login_node):
-    """slurm.nodes_per_learner 2: east-0's one job holds both nodes of partition pair, srun
-    starts a torchrun on each, and the learner trains as one group of two processes (rank
-    0 on the first node talks to storage); the run finishes with every token accounted for
-    and the bases bit-equal to the syncer's."""
+    """slurm.nodes_per_learner 2: east-0's one job holds both nodes of partition pair (and
+    every GPU of them), srun starts a torchrun on each, and the learner trains as one group
+    of two processes (rank 0 on the first node talks to storage).  A learner added with
+    scale waits in the queue for lack of GPUs: status shows it pending with Slurm's reason
+    (Resources), and the run ends without waiting for it (never started), every token
+    accounted for and the bases bit-equal to the syncer's; once the GPUs are free its job
+    starts, and its learner sees the run over, trains nothing and leaves."""
     cluster, server = login_node
     runs_dir = tmp_path / "runs"
     east = host_entry(server, "login-east", host_venv, tmp_path, 1, work_dir=str(tmp_path / "shared-home"))
-    east |= {"processes_per_learner": 1, "slurm": {"partition": "pair", "nodes_per_learner": 2}}
+    east |= {"processes_per_learner": 1, "slurm": {"partition": "pair", "nodes_per_learner": 2, "gpus_per_learner": 2}}
     regions = write_yaml(
         tmp_path / "regions.yaml",
         {
@@ -298,10 +301,25 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
         return cluster.run("scontrol", "show", "hostnames", listed[1]).stdout.split()
 
     assert wait_until(nodes_of_the_job, 300, "east-0's job running") == list(cluster.nodes)
-    wait_finished(runs_dir, "pair", timeout=600)
+    # one more learner's job: east-0 holds every GPU of the partition, so it waits
+    scaled = diloco("scale", "pair", "--region", "east", "--learners", "+1", "--runs-dir", str(runs_dir)).stdout
+    assert re.search(r"east-1\s+login-east\s+added", scaled), scaled
+    added = next(p["job"] for p in load_run(runs_dir, "pair").processes if p["name"] == "east-1")
+    waiting = f"east-1 waits in Slurm's queue: job {added} pending (Resources)"
+    wait_until(lambda: waiting in probed(runs_dir, "pair")[0]["problems"], 120, "east-1 shown pending (Resources)")
+    status = wait_finished(runs_dir, "pair", timeout=600)
+    shown = diloco("status", "pair", "--runs-dir", str(runs_dir)).stdout
+    assert re.search(r"the run went on without east-1: it never started \(\d+ s since the run began\)", shown), shown
+    assert {row.learner: row.state for row in status.learners}["east-0"] == "finished"
+    # east-0's job done, east-1's starts: its learner sees the run over, trains nothing, stops
+    wait_until(lambda: not cluster.run("squeue", "-h", "-j", added, check=False).stdout.strip(), 180, "east-1's job")
+    late = (tmp_path / "shared-home" / "pair" / "logs" / "east-1.log").read_text()
+    assert "the run ended before this learner started" in late and "finished at step 0" in late, late
     beats = heartbeats(runs_dir, "pair")
     assert beats["east-0"].processes == 2 and beats["west-0"].processes == 1, beats
+    assert beats["east-1"].state.value == "finished" and beats["east-1"].tokens == 0, beats["east-1"]
     log = (tmp_path / "shared-home" / "pair" / "logs" / "east-0.log").read_text()
     assert "srun --nodes=2" in log and "diloco_cli.launch.slurm_node" in log and "finished at step 300" in log, log
-    assert_every_token_accounted(runs_dir, "pair", beats)
-    assert_bases_are_the_syncers(runs_dir, "pair")
+    trained = {learner: beat for learner, beat in beats.items() if learner != "east-1"}
+    assert_every_token_accounted(runs_dir, "pair", trained)
+    assert_bases_are_the_syncers(runs_dir, "pair", learners=trained)

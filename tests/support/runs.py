@@ -158,9 +158,9 @@ def histories(spec, secret):
     return [home.history() for home in spec.homes(secret)]
 
 
-def assert_bases_are_the_syncers(runs_dir, name):
-    """Each learner's final bases equal the committed weights, at those versions, of the
-    syncer (shard) that syncs each fragment."""
+def assert_bases_are_the_syncers(runs_dir, name, learners=None):
+    """Each learner's (of ``learners``, default every one) final bases equal the committed
+    weights, at those versions, of the syncer (shard) that syncs each fragment."""
     record = load_run(runs_dir, name)
     secret = record.secret()
     homes = record.spec.homes(secret)
@@ -168,6 +168,8 @@ def assert_bases_are_the_syncers(runs_dir, name):
     fragments = fragments_of_model(record.spec.recipe.model.build(), record.spec.recipe.sync.num_fragments)
     initial = decode_payload(homes[0].read_initial(), secret).tensors
     for learner in record.spec.learners:
+        if learners is not None and learner.id not in learners:
+            continue
         checkpoint = final_checkpoint(record.spec.bucket(learner.region, secret), learner.id, secret)
         bases = {name.removeprefix("base/"): t for name, t in checkpoint.tensors.items() if name.startswith("base/")}
         for fragment, version in checkpoint.meta["fragments"]["base_version"].items():

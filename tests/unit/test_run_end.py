@@ -79,8 +79,8 @@ def test_once_a_learner_is_due_to_finish_the_syncer_reads_heartbeats_every_few_s
 def test_a_learner_never_started_holds_up_nobody_and_trains_nothing_when_it_starts_after_the_end(tmp_path, secret):
     """A Slurm job still queued when the others finished: the run ends once it has been
     silent past the liveness timeout (not the give-up time as well), saying why; when
-    the job starts after all, its learner sees the finished head, trains nothing and stops."""
-    from diloco_cli.runtime.coordinator import EXIT_FINISHED, EXIT_STOPPED
+    the job starts after all, its learner sees the finished head, trains nothing and leaves."""
+    from diloco_cli.runtime.coordinator import EXIT_FINISHED
     from tests.support.harness import Harness
 
     harness = Harness(tmp_path, secret, started=("east-0",), liveness_timeout_seconds=0.5, give_up_seconds=3600)
@@ -97,7 +97,9 @@ def test_a_learner_never_started_holds_up_nobody_and_trains_nothing_when_it_star
         assert harness.syncer.finished, "a learner never heard from held up the end"
         assert set(harness.syncer.given_up) == {"east-1"} and "never started" in harness.syncer.given_up["east-1"]
         late = harness.learner("east-1")
-        assert late.stop_requested and late.step == 0
-        assert late.finish() == EXIT_STOPPED and late.step == 0
+        assert late.leaving and late.step == 0
+        assert late.finish() == EXIT_FINISHED and late.step == 0  # it left as a drained learner does
+        beat = harness.bucket.read_heartbeat("east-1")
+        assert beat.state.value == "finished" and beat.tokens == 0
     finally:
         harness.close()

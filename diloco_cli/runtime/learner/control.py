@@ -106,19 +106,21 @@ class StepControl:
 
 @dataclass(frozen=True)
 class StartPoint:
-    """Where every process starts: the step, whether from a checkpoint, and whether a
-    stop (``diloco down``) came while the learner was starting."""
+    """Where every process starts: the step, whether from a checkpoint, whether a stop
+    (``diloco down``) came while the learner was starting, and whether the run was over
+    before it started (it then leaves at once, as a drained learner does)."""
 
     step: int
     from_checkpoint: bool
     stop: bool = False
+    run_over: bool = False
 
     def to_ints(self) -> list[int]:
-        return [self.step, int(self.from_checkpoint), int(self.stop)]
+        return [self.step, int(self.from_checkpoint), int(self.stop), int(self.run_over)]
 
     @classmethod
     def from_ints(cls, values: list[int]) -> StartPoint:
-        return cls(values[0], bool(values[1]), bool(values[2]))
+        return cls(values[0], bool(values[1]), bool(values[2]), bool(values[3]))
 
 
 @dataclass(frozen=True)

@@ -160,14 +160,14 @@ class LearnerSync:
         global weights (keeping the step count of the newest checkpoint it had); every
         process ends up with the same parameters, AdamW state and step.  Returns the step."""
         resume = ResumePoint(None)
+        run_over = False
         initial = full_parameters(self.model, self.parameter_names, self.group)  # version 0, if it is the syncer's
         if self.group.is_storage_rank:
-            if self._run_over():
+            if run_over := self._run_over():
                 log.warning(
                     "the run ended before this learner started (every syncer finished; a queued job started late, "
-                    "or the learner was given up): it trains nothing and stops"
+                    "or the learner was given up): it trains nothing and leaves"
                 )
-                self._stop_signalled = True
             self.poller.initial = initial
             resume = self.checkpoints.resume_point(self.tokens_per_step, self._refused)
             self.progress.step, self.progress.tokens = resume.step, resume.tokens
@@ -176,10 +176,12 @@ class LearnerSync:
             else:
                 self.installs.wait_for_global_weights(self.heartbeats, lambda: self._stop_signalled)
         start = share(
-            self.group, StartPoint(resume.step, resume.checkpoint is not None, self._stop_signalled), self._device
+            self.group,
+            StartPoint(resume.step, resume.checkpoint is not None, self._stop_signalled, run_over),
+            self._device,
         )
         self.progress.step = self.start_step = start.step
-        self.installs.instructions = replace(self.instructions, stop=start.stop)
+        self.installs.instructions = replace(self.instructions, stop=start.stop, drain=start.run_over)
         self.resumed_at_the_end = start.step >= self.total_steps
         checkpoint = resume.checkpoint
         if start.from_checkpoint:
@@ -195,7 +197,8 @@ class LearnerSync:
         self.progress.training_since = time.time()
         if self.group.is_storage_rank:
             self.poller.initial = None
-            self.heartbeats.beat(LearnerState.TRAINING)
+            if not start.stop and not start.run_over:  # it reports how it left, at its finish
+                self.heartbeats.beat(LearnerState.TRAINING)
         return start.step
 
     def _run_over(self) -> bool:
