@@ -3,7 +3,10 @@
 Each log is given whole (headed by its process when there are several); with ``follow``
 what it gains is given too, until its process is done (its supervisor exited: finished,
 stopped, or gave up) or the reader stops (Ctrl-C).  A log on an SSH host is followed by
-``tail --pid`` of its supervisor there, so it ends the same way.
+``tail --pid`` of its supervisor there, so it ends the same way.  A Slurm job's log (on
+the file system its login node shares with the compute nodes) is followed until the
+scheduler no longer runs or queues the job, and Slurm's own output of the job (its
+``.slurm.log``: requeues, cancellations, srun's errors) comes after it.
 """
 
 from __future__ import annotations
@@ -80,17 +83,58 @@ def _remote_log(record: RunRecord, name: str, follow: bool) -> Iterator[str]:
     client, host = connect_recorded_host(record.hosts, record.ssh, record.placement()[name])
     try:
         paths = remote_paths(client, host, record.name)
-        pid = next((p["pid"] for p in record.processes if p["name"] == name), None)
-        until = f"--pid={int(pid)} -F" if follow and pid else ""
-        channel = client.get_transport().open_session()
-        channel.exec_command(f"tail -n +1 {until} {shlex.quote(paths.log(name))}")
-        try:
-            while not (channel.exit_status_ready() and not channel.recv_ready()):
-                if channel.recv_ready():
-                    yield channel.recv(65536).decode(errors="replace")
-                else:
-                    time.sleep(0.1)
-        finally:
-            channel.close()
+        process = next((p for p in record.processes if p["name"] == name), {})
+        log = shlex.quote(paths.log(name))
+        if job := process.get("job"):
+            yield from _job_log(client, job, log, f"{paths.run_dir}/logs/{name}.slurm.log", follow)
+            return
+        until = f"--pid={int(process['pid'])} -F" if follow and process.get("pid") else ""
+        yield from _command_output(client, f"tail -n +1 {until} {log}", lambda: True)
     finally:
         client.close()
+
+
+JOB_LOOK_SECONDS = 2.0
+"""How often a followed job's state is asked of the scheduler."""
+
+
+def _job_log(client, job: str, log: str, slurm_log: str, follow: bool) -> Iterator[str]:
+    """A Slurm job's log (followed while the scheduler runs or queues the job), then
+    Slurm's own output of it, headed, where there is any."""
+    from diloco_cli.launch.slurm import job_states
+
+    if follow:
+        looked = [time.monotonic()]
+
+        def job_live() -> bool:
+            if time.monotonic() - looked[0] < JOB_LOOK_SECONDS:
+                return True
+            looked[0] = time.monotonic()
+            state = job_states(client, [job]).get(job)
+            return state is not None and state.live
+
+        yield from _command_output(client, f"tail -n +1 -F {log} 2>/dev/null", job_live)
+    else:
+        yield from _command_output(client, f"tail -n +1 {log}", lambda: True)
+    heading, path = f"==> Slurm's output of job {job} ({slurm_log}) <==", shlex.quote(slurm_log)
+    yield from _command_output(client, f"[ -s {path} ] && echo {shlex.quote(heading)} && cat {path}", lambda: True)
+
+
+def _command_output(client, command: str, going_on) -> Iterator[str]:
+    """What ``command`` prints over SSH as it comes, until it exits or ``going_on()`` says
+    no more (then what it printed so far is given, and it is closed)."""
+    channel = client.get_transport().open_session()
+    channel.exec_command(command)
+    try:
+        while not (channel.exit_status_ready() and not channel.recv_ready()):
+            if channel.recv_ready():
+                yield channel.recv(65536).decode(errors="replace")
+            elif not going_on():
+                time.sleep(0.5)  # what the job wrote as it ended
+                while channel.recv_ready():
+                    yield channel.recv(65536).decode(errors="replace")
+                return
+            else:
+                time.sleep(0.1)
+    finally:
+        channel.close()

@@ -181,6 +181,9 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     west_log = (home / "logs" / "west-0.log").read_text()
     assert "checkpointing where it stands" in west_log and "resumed from checkpoint at step" in west_log, west_log
     assert "signalled before the time limit: requeueing job" in (home / "logs" / "west-0.slurm.log").read_text()
+    shown = diloco("logs", "jobs", "west-0", "--runs-dir", str(runs_dir)).stdout
+    assert "resumed from checkpoint at step" in shown and f"==> Slurm's output of job {jobs['west-0']}" in shown
+    assert "signalled before the time limit: requeueing job" in shown.split("==> Slurm's output")[1], shown
     audit_ledger(runs_dir / "jobs", load_run(runs_dir, "jobs").secret())
     assert_every_token_accounted(runs_dir, "jobs", heartbeats(runs_dir, "jobs"))
     assert_bases_are_the_syncers(runs_dir, "jobs")
@@ -272,7 +275,8 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
     scale waits in the queue for lack of GPUs: status shows it pending with Slurm's reason
     (Resources), and the run ends without waiting for it (never started), every token
     accounted for and the bases bit-equal to the syncer's; once the GPUs are free its job
-    starts, and its learner sees the run over, trains nothing and leaves."""
+    starts, and its learner sees the run over, trains nothing and leaves (logs --follow
+    follows it until the job ends); rm cleans the run's folder on the cluster."""
     cluster, server = login_node
     runs_dir = tmp_path / "runs"
     east = host_entry(server, "login-east", host_venv, tmp_path, 1, work_dir=str(tmp_path / "shared-home"))
@@ -311,10 +315,11 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
     shown = diloco("status", "pair", "--runs-dir", str(runs_dir)).stdout
     assert re.search(r"the run went on without east-1: it never started \(\d+ s since the run began\)", shown), shown
     assert {row.learner: row.state for row in status.learners}["east-0"] == "finished"
-    # east-0's job done, east-1's starts: its learner sees the run over, trains nothing, stops
-    wait_until(lambda: not cluster.run("squeue", "-h", "-j", added, check=False).stdout.strip(), 180, "east-1's job")
-    late = (tmp_path / "shared-home" / "pair" / "logs" / "east-1.log").read_text()
+    # east-0's job done, east-1's starts: its learner sees the run over, trains nothing and
+    # leaves; logs --follow follows its job's log over SSH until the scheduler is done with it
+    late = diloco("logs", "pair", "east-1", "--follow", "--runs-dir", str(runs_dir), timeout=300).stdout
     assert "the run ended before this learner started" in late and "finished at step 0" in late, late
+    assert not cluster.run("squeue", "-h", "-j", added, check=False).stdout.strip()
     beats = heartbeats(runs_dir, "pair")
     assert beats["east-0"].processes == 2 and beats["west-0"].processes == 1, beats
     assert beats["east-1"].state.value == "finished" and beats["east-1"].tokens == 0, beats["east-1"]
@@ -323,3 +328,6 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
     trained = {learner: beat for learner, beat in beats.items() if learner != "east-1"}
     assert_every_token_accounted(runs_dir, "pair", trained)
     assert_bases_are_the_syncers(runs_dir, "pair", learners=trained)
+    # rm cleans what the jobs left on the cluster's shared file system
+    diloco("rm", "pair", "--runs-dir", str(runs_dir), timeout=300)
+    assert not (tmp_path / "shared-home" / "pair").exists() and not (runs_dir / "pair").exists()
