@@ -266,6 +266,16 @@ def test_preflight_refuses_what_the_cluster_cannot_run_by_region_and_key(tmp_pat
     expected = r"host login-east, region east: on a compute node \(probe job \d+, failed[^:]*\): no route to the bucket"
     assert re.search(expected, said), said
     assert set(cluster.jobs()) <= set(before) and "Traceback" not in refused.stderr
+    # a login host whose sessions do not find Slurm's commands (no module loaded)
+    with sshd_server(tmp_path, extra_config=["SetEnv PATH=/nowhere"]) as bare:
+        regions = regions_yaml(tmp_path, bare, host_venv)
+        refused = diloco(
+            "up", "--regions", str(regions), "--set", "training.num_learners=2", "--dry-run",
+            "--runs-dir", str(tmp_path / "runs"), check=False,
+        )  # fmt: skip
+    said = refused.stdout + refused.stderr
+    missing = "sbatch, squeue, scontrol, scancel, sinfo not found on the login node's PATH; is it a Slurm login node?"
+    assert refused.returncode != 0 and f"region east, host login-east: {missing}" in said, said
 
 
 def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, host_venv, login_node):
