@@ -76,6 +76,9 @@ TARGETS = {
 LEVERS = {
     "AdamW beta2 0.99": lambda setting, steps: {"training": {"betas": [0.9, 0.99]}},
     "warmup 5% of the steps": lambda setting, steps: {"training": {"warmup_steps": max(1, steps // 20)}},
+    "outer lr 1.4 (the anchors' rises with M)": lambda setting, steps: {
+        "sync": {"outer_learning_rate": 1.4 * setting.outer_learning_rate}
+    },
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [
