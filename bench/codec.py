@@ -37,7 +37,7 @@ def real_outer_gradients(steps_per_round: int, seed: int = 0) -> dict[str, torch
     torch.manual_seed(seed)
     model = byte_gpt()
     optimizer = make_inner_optimizer(model, 3e-3, 0.1, (0.9, 0.95))
-    shard = TextSplit.of(builtin_corpus("shakespeare"), 0.05, 128).shard(0, 4)
+    shard = TextSplit.of(builtin_corpus("shakespeare"), 0.05, 128).share(0, 4, seed=0)
     generator = torch.Generator().manual_seed(seed)
 
     def train(steps: int) -> None:

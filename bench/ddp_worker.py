@@ -289,7 +289,7 @@ def set_up(args: argparse.Namespace) -> RankSetup:
             training.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction
         ),
         loss_fn=resolve_loss(training.loss),
-        shard=split.shard(args.rank, args.world_size),  # learner r's shard of W, read by its rank 0
+        shard=split.share(args.rank, args.world_size, training.seed),  # rank r's share of W, as a learner's
         generator=data_generator(training.seed, args.rank, 0, 0),
         heldout=heldout,
         reducer=GradientReducer(parameters, WIRE_DTYPES[args.dtype], int(args.bucket_mb * 2**20), args.world_size),

@@ -75,8 +75,9 @@ class DataConfig(BaseModel):
     global model (a token dataset names its own held-out shard)."""
 
     chunk_megabytes: float = Field(default=4.0, gt=0)
-    """Tokens only: size of one ranged read of a shard; the next chunk is prefetched
-    while the current one trains."""
+    """Size of one ranged read of a token dataset's shard (the next chunk is prefetched
+    while the current one trains), and the largest block the data is dealt to learners
+    in (text too: at least 64 blocks per process where the data allows)."""
 
     cache_megabytes: float = Field(default=64.0, gt=0)
     """Tokens only: the most shard data a learner process keeps in memory at once."""

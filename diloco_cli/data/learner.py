@@ -1,8 +1,8 @@
 """A learner's training batches and the syncer's held-out batches, from text or tokens.
 
 Text (the built-in corpus, or a text file at an fsspec URL) is loaded whole and trained
-byte by byte: each learner draws random windows from its own contiguous slice, with a
-generator whose state travels in the checkpoint.  A token dataset (``diloco prepare``)
+byte by byte: each process draws random windows from its own share, blocks of the text
+dealt out as a token dataset's are, with a generator whose state travels in the checkpoint.  A token dataset (``diloco prepare``)
 is streamed: each process reads only its own blocks, dealt from the whole dataset, by
 ranged reads, the batch of step s being a pure function of s, so a resumed learner
 resumes its data exactly.
@@ -138,11 +138,9 @@ def open_learner_data(
             read_retry=retried_reads(spec.recipe.storage, source),
         )
         return TokenWindows(batches, data.sequence_length)
-    text = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length).shard(
-        shard, num_shards
-    )
-    rank_size = len(text) // world_size
-    return TextWindows(text[rank * rank_size : (rank + 1) * rank_size], data.sequence_length, seed, shard, rank)
+    split = TextSplit.of(load_text(source, options), data.heldout_fraction, data.sequence_length)
+    share = split.share(shard, num_shards, seed, rank, world_size, int(data.chunk_megabytes * MEGABYTE))
+    return TextWindows(share, data.sequence_length, seed, shard, rank)
 
 
 def heldout_batches(recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:

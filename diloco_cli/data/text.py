@@ -1,8 +1,11 @@
-"""Byte-level text data: the built-in corpus, disjoint shards and random batches.
+"""Byte-level text data: the built-in corpus, disjoint shares and random batches.
 
-Every learner reads only its own shard (a contiguous slice of the training text), so no
-two learners see the same bytes; the last part of the text is held out for evaluating
-the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
+Every process of every learner reads only its own share of the training text, so no two
+see the same bytes: the text is cut into blocks dealt out like cards, as a token
+dataset's are (:func:`~diloco_cli.data.tokens.ranges.process_blocks`), so that each
+share holds an even part of every stretch of the text (a contiguous quarter of a corpus
+is another kind of text than the next: Shakespeare's plays one after the other).  The
+last part of the text is held out for evaluating the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
 the built-in corpus (``builtin:shakespeare``), which ships with the package and is
 checked by hash: nothing is fetched from a hub at run time (:mod:`~diloco_cli.data.corpora`).
 """
@@ -45,12 +48,17 @@ class TextSplit:
             raise DataError(f"the text has {len(tokens)} bytes, too few for a context of {context}")
         return cls(train=tokens[:-heldout_length], heldout=tokens[-heldout_length:])
 
-    def shard(self, index: int, count: int) -> torch.Tensor:
-        """Learner ``index`` of ``count``'s disjoint, contiguous slice of the training text."""
-        if not 0 <= index < count:
-            raise ValueError(f"shard {index} of {count} does not exist")
-        size = len(self.train) // count
-        return self.train[index * size : (index + 1) * size]
+    def share(
+        self, shard: int, num_shards: int, seed: int, rank: int = 0, world_size: int = 1, block_bytes: int = 1 << 22
+    ) -> torch.Tensor:
+        """Process ``rank`` of ``world_size`` of learner ``shard`` of ``num_shards``: its
+        blocks of the training text (at most ``block_bytes`` each, at least 64 per process
+        where the text allows), in the order ``seed`` draws, one after the other."""
+        from diloco_cli.data.tokens.ranges import process_blocks
+
+        blocks = process_blocks(len(self.train), shard, num_shards, rank, world_size, block_bytes, seed)
+        size = blocks.block_tokens
+        return torch.cat([self.train[block * size : (block + 1) * size] for block in blocks.blocks])
 
 
 def random_batch(
