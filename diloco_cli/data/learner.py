@@ -2,11 +2,11 @@
 
 Text (the built-in corpus, or a text file at an fsspec URL) is loaded whole and trained
 byte by byte: each process draws random windows from its own share, blocks of the text
-dealt out as a token dataset's are, with a generator whose state travels in the checkpoint.  A token dataset (``diloco prepare``)
-is streamed: each process reads only its own blocks, dealt from the whole dataset, by
-ranged reads, the batch of step s being a pure function of s, so a resumed learner
-resumes its data exactly.
-Either way a learner reads its region's copy of the data when the region names one.
+dealt out as a token dataset's are, with a generator whose state travels in the
+checkpoint. A token dataset (``diloco prepare``) is streamed: each process reads only
+its own blocks, dealt from the whole dataset, by ranged reads, the batch of step s being
+a pure function of s, so a resumed learner resumes its data exactly. Either way a
+learner reads its region's copy of the data when the region names one.
 """
 
 from __future__ import annotations

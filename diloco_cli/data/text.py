@@ -4,10 +4,11 @@ Every process of every learner reads only its own share of the training text, so
 see the same bytes: the text is cut into blocks dealt out like cards, as a token
 dataset's are (:func:`~diloco_cli.data.tokens.ranges.process_blocks`), so that each
 share holds an even part of every stretch of the text (a contiguous quarter of a corpus
-is another kind of text than the next: Shakespeare's plays one after the other).  The
-last part of the text is held out for evaluating the global model.  Data can be any text at an fsspec URL (``s3://bucket/corpus.txt``) or
-the built-in corpus (``builtin:shakespeare``), which ships with the package and is
-checked by hash: nothing is fetched from a hub at run time (:mod:`~diloco_cli.data.corpora`).
+is another kind of text than the next: Shakespeare's plays one after the other). The
+last part of the text is held out for evaluating the global model. Data can be any text
+at an fsspec URL (``s3://bucket/corpus.txt``) or the built-in corpus
+(``builtin:shakespeare``), which ships with the package and is checked by hash: nothing
+is fetched from a hub at run time (:mod:`~diloco_cli.data.corpora`).
 """
 
 from __future__ import annotations
