@@ -302,7 +302,8 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
             "ssh": {"known_hosts": str(known_hosts_of(tmp_path, server))},
         },
     )
-    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(SSH_RECIPE, {"training": {"inner_steps": 300}}))
+    # 1500 steps: east-0 still trains (about 25 s on an idle machine) when east-1 is shown waiting
+    recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(SSH_RECIPE, {"training": {"inner_steps": 1500}}))
     diloco("up", str(recipe), "--regions", str(regions), "--name", "pair", "--runs-dir", str(runs_dir), timeout=900)
     job = next(p["job"] for p in load_run(runs_dir, "pair").processes if p["name"] == "east-0")
     script = (tmp_path / "shared-home" / "pair" / "processes" / "east-0.sbatch").read_text()
@@ -321,12 +322,16 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
     added = next(p["job"] for p in load_run(runs_dir, "pair").processes if p["name"] == "east-1")
     waiting = f"east-1 waits in Slurm's queue: job {added} pending (Resources)"
     wait_until(lambda: waiting in probed(runs_dir, "pair")[0]["problems"], 120, "east-1 shown pending (Resources)")
+    # held, so that it stays queued once east-0's job frees the GPUs (on an idle machine the
+    # tiny run ends within the liveness timeout, and east-1 would start before its end)
+    cluster.run("scontrol", "hold", added)
     status = wait_finished(runs_dir, "pair", timeout=600)
     shown = diloco("status", "pair", "--runs-dir", str(runs_dir)).stdout
     assert re.search(r"the run went on without east-1: it never started \(\d+ s since the run began\)", shown), shown
     assert {row.learner: row.state for row in status.learners}["east-0"] == "finished"
-    # east-0's job done, east-1's starts: its learner sees the run over, trains nothing and
-    # leaves; logs --follow follows its job's log over SSH until the scheduler is done with it
+    # east-1's job released: its learner sees the run over, trains nothing and leaves;
+    # logs --follow follows its job's log over SSH until the scheduler is done with it
+    cluster.run("scontrol", "release", added)
     late = diloco("logs", "pair", "east-1", "--follow", "--runs-dir", str(runs_dir), timeout=300).stdout
     assert "the run ended before this learner started" in late and "finished at step 0" in late, late
     assert not cluster.run("squeue", "-h", "-j", added, check=False).stdout.strip()
@@ -334,7 +339,7 @@ def test_a_learner_spanning_two_nodes_trains_as_one_torchrun_group(tmp_path, hos
     assert beats["east-0"].processes == 2 and beats["west-0"].processes == 1, beats
     assert beats["east-1"].state.value == "finished" and beats["east-1"].tokens == 0, beats["east-1"]
     log = (tmp_path / "shared-home" / "pair" / "logs" / "east-0.log").read_text()
-    assert "srun --nodes=2" in log and "diloco_cli.launch.slurm_node" in log and "finished at step 300" in log, log
+    assert "srun --nodes=2" in log and "diloco_cli.launch.slurm_node" in log and "finished at step 1500" in log, log
     trained = {learner: beat for learner, beat in beats.items() if learner != "east-1"}
     assert_every_token_accounted(runs_dir, "pair", trained)
     assert_bases_are_the_syncers(runs_dir, "pair", learners=trained)
