@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from diloco_cli.config.errors import ConfigError
 from diloco_cli.launch.processes import belongs_to, is_running
@@ -89,7 +89,7 @@ def _remote_log(record: RunRecord, name: str, follow: bool) -> Iterator[str]:
             yield from _job_log(client, job, log, f"{paths.run_dir}/logs/{name}.slurm.log", follow)
             return
         until = f"--pid={int(process['pid'])} -F" if follow and process.get("pid") else ""
-        yield from _command_output(client, f"tail -n +1 {until} {log}", lambda: True)
+        yield from _command_output(client, f"tail -n +1 {until} {log}")
     finally:
         client.close()
 
@@ -115,12 +115,12 @@ def _job_log(client, job: str, log: str, slurm_log: str, follow: bool) -> Iterat
 
         yield from _command_output(client, f"tail -n +1 -F {log} 2>/dev/null", job_live)
     else:
-        yield from _command_output(client, f"tail -n +1 {log}", lambda: True)
+        yield from _command_output(client, f"tail -n +1 {log}")
     heading, path = f"==> Slurm's output of job {job} ({slurm_log}) <==", shlex.quote(slurm_log)
-    yield from _command_output(client, f"[ -s {path} ] && echo {shlex.quote(heading)} && cat {path}", lambda: True)
+    yield from _command_output(client, f"[ -s {path} ] && echo {shlex.quote(heading)} && cat {path}")
 
 
-def _command_output(client, command: str, going_on) -> Iterator[str]:
+def _command_output(client, command: str, going_on: Callable[[], bool] = lambda: True) -> Iterator[str]:
     """What ``command`` prints over SSH as it comes, until it exits or ``going_on()`` says
     no more (then what it printed so far is given, and it is closed)."""
     channel = client.get_transport().open_session()
