@@ -39,7 +39,8 @@ import math
 import re
 import statistics
 import tempfile
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -55,7 +56,7 @@ from bench.quality_runs import (
     train_diloco,
     train_in_process,
 )
-from bench.quality_tuning import DATA_PARALLEL_SIDE, Setting, full_knobs, quick_knobs, tune
+from bench.quality_tuning import DATA_PARALLEL_SIDE, DILOCO_SIDE, Setting, full_knobs, quick_knobs, tune
 from diloco_cli.config.recipe import Recipe
 
 FRACTIONS = (0.25, 0.5, 1.0)
@@ -73,11 +74,14 @@ TARGETS = {
     "DiLoCo M=1 K=M vs data-parallel": 0.0,
     "Decoupled K=1 of 4 vs DiLoCo M=4 K=M": 0.01,
 }
-LEVERS = {
+LEVERS: dict[str, Callable[[Setting, int], dict]] = {
     "AdamW beta2 0.99": lambda setting, steps: {"training": {"betas": [0.9, 0.99]}},
     "warmup 5% of the steps": lambda setting, steps: {"training": {"warmup_steps": max(1, steps // 20)}},
     "outer lr 1.4 (the anchors' rises with M)": lambda setting, steps: {
-        "sync": {"outer_learning_rate": 1.4 * setting.outer_learning_rate}
+        "setting": {"outer_learning_rate": 1.4 * setting.outer_learning_rate}
+    },
+    "outer momentum 0.6 at lr 0.4 (the same long-run step, tens of rounds in)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.4 * setting.outer_learning_rate, "outer_momentum": 0.6}
     },
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
@@ -89,8 +93,13 @@ LEVERS = {
     },
 }
 """``--levers``: what the anchors use beyond the tuned settings, each tried alone on the
-tuned M=4 K=M run at a quarter of the budget (``sections`` of the recipe, given the
-setting and the learners' inner steps)."""
+tuned M=4 K=M run at a quarter of the budget, given the setting and the learners' inner
+steps: recipe sections, and under ``setting`` the fields of :class:`Setting` it changes
+(the outer learning rate there, so that the K < M rows scale it as they scale the tuned
+one).  Those that beat the tuned run by more than ``LEVER_GAIN`` are tried together,
+and the better of that and the best one alone is what the rows run."""
+LEVER_GAIN = 0.01
+"""Two runs of one setting at a quarter of the budget differ by about 1%."""
 LEVER_FRACTION = 0.25
 WAN_TOKEN_OVERHEAD = 1.3
 """The WAN recipe reaches data-parallel's final loss within this many times its tokens."""
@@ -176,6 +185,7 @@ def diloco_recipe(
     length = base.data.sequence_length
     steps = max(1, round(tokens / (learners * setting.batch_per_learner * length)))
     quorum = quorum or learners
+    sections = merged(lever_changes(setting.levers, setting, steps)[1], sections)
     sync = sections.pop("sync", {})
     interval = sync.get("sync_interval", setting.sync_interval)
     versions = steps / interval * sync.get("num_fragments", base.sync.num_fragments) * learners / quorum
@@ -199,6 +209,45 @@ def diloco_recipe(
     for section, values in sections.items():
         document[section] |= values
     return Recipe.model_validate(document)
+
+
+def losses_of(evaluations: list[list[float]], tokens: float) -> dict[str, float]:
+    """A curve's losses at the fractions of its budget."""
+    return {f"loss_{f}": loss_at(evaluations, f * tokens) for f in FRACTIONS}
+
+
+def merged(sections: dict, overrides: dict) -> dict:
+    """Recipe sections with ``overrides``' keys replacing theirs, section by section."""
+    return {name: sections.get(name, {}) | overrides.get(name, {}) for name in {**sections, **overrides}}
+
+
+def lever_changes(names: tuple[str, ...], setting: Setting, steps: int) -> tuple[Setting, dict]:
+    """``setting`` with the levers ``names`` applied together: the setting they make and
+    the recipe sections they add."""
+    changes: dict = {}
+    sections: dict = {}
+    for name in names:
+        made = dict(LEVERS[name](setting, steps))
+        changes |= made.pop("setting", {})
+        sections = merged(sections, made)
+    return replace(setting, **changes), sections
+
+
+def chosen_levers(levers: list[dict], tuned: Setting) -> tuple[str, ...]:
+    """What the rows run of the levers measured at ``tuned``: those that beat the tuned
+    run by more than ``LEVER_GAIN``, together if that was measured better than the best
+    of them alone, else the best alone."""
+    measured = {lever["lever"]: lever["loss"] for lever in levers if Setting.of(lever["setting"]) == tuned}
+    if "tuned" not in measured:
+        return ()
+    winners = sorted(
+        (name for name in LEVERS if name in measured and measured[name] < measured["tuned"] * (1 - LEVER_GAIN)),
+        key=measured.__getitem__,
+    )
+    together = " + ".join(sorted(winners))
+    if len(winners) > 1 and measured.get(together, math.inf) < measured[winners[0]]:
+        return tuple(sorted(winners))
+    return tuple(winners[:1])
 
 
 def wan_sync() -> dict:
@@ -260,7 +309,7 @@ class Quality:
             slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
             result = train_diloco(recipe, f"q-{slug}-{seed}", self.workdir)
         record |= result
-        record |= {f"loss_{f}": loss_at(result["evaluations"], f * result["tokens"]) for f in FRACTIONS}
+        record |= losses_of(result["evaluations"], result["tokens"])
         if name == rows.tokens:
             record["bytes_per_token"] = self.tokens_dataset[1]
         return record
@@ -285,17 +334,20 @@ class Quality:
         ``LEVER_FRACTION`` of the budget (quick runs go to their end)."""
         learners = self.rows.learners
         steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
-        sections = LEVERS[name](setting, steps) if name in LEVERS else {}
-        recipe = diloco_recipe(self.base, setting, 0, self.budget, learners, **sections)
+        names = () if name == "tuned" else tuple(name.split(" + "))
+        changed, sections = lever_changes(names, setting, steps)
+        recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
         stop = 1.0 if self.args.quick else LEVER_FRACTION
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
         loss = loss_at(result["evaluations"], stop * diloco_tokens(recipe))
         return {
             "lever": name,
             "sections": sections,
+            "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
             "setting": asdict(setting),
             "loss": loss,
             "seconds": result["seconds"],
+            "evaluations": result["evaluations"],
         }
 
     def settings(self) -> dict:
@@ -336,16 +388,27 @@ class Quality:
 
 
 def run_levers(quality: Quality, setting: Setting, levers: list[dict], save) -> None:
-    """Each lever not yet tried at ``setting``, and the tuned run it is compared with."""
-    for name in ["tuned", *LEVERS]:
-        if any(lever["lever"] == name and lever["setting"] == asdict(setting) for lever in levers):
-            continue
+    """Each lever not yet tried at ``setting``, the tuned run it is compared with, and
+    the winners together."""
+
+    def measured(name: str) -> bool:
+        return any(lever["lever"] == name and Setting.of(lever["setting"]) == setting for lever in levers)
+
+    def run(name: str) -> None:
         levers.append(quality.lever(name, setting))
         print(f"  lever {name}: {levers[-1]['loss']:.4f}", flush=True)
         save(setting)
-    tuned = next(lever["loss"] for lever in levers if lever["lever"] == "tuned" and lever["setting"] == asdict(setting))
+
+    for name in ["tuned", *LEVERS]:
+        if not measured(name):
+            run(name)
+    here = [lever for lever in levers if Setting.of(lever["setting"]) == setting]
+    tuned = next(lever["loss"] for lever in here if lever["lever"] == "tuned")
+    winners = sorted({lever["lever"] for lever in here if lever["loss"] < tuned * (1 - LEVER_GAIN)} & set(LEVERS))
+    if len(winners) > 1 and not measured(" + ".join(winners)):
+        run(" + ".join(winners))
     for lever in levers:
-        if lever["setting"] == asdict(setting):
+        if Setting.of(lever["setting"]) == setting:
             lever["vs_tuned"] = lever["loss"] / tuned - 1
 
 
@@ -363,15 +426,37 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict
     if changed:
         raise SystemExit(f"--resume: {path} measured other settings ({', '.join(changed)}); rerun without --resume")
     results = document["results"]
-    return results["rows"], results.get("tuning", []), results.get("levers", [])
+    rows = [row | losses_of(row["evaluations"], row["tokens"]) for row in results["rows"]]
+    levers = [lever for lever in results.get("levers", []) if "evaluations" in lever]  # read at one point: rerun
+    return rows, results.get("tuning", []), levers
+
+
+def depends_on(label: str, setting: Setting) -> tuple:
+    """What a row's runs depend on: data-parallel's setting, or a learner's (the floor),
+    or DiLoCo's; each with the levers it takes (the training section's are everyone's,
+    for both methods run the same inner optimizer and schedule)."""
+    everyone = tuple(name for name in setting.levers if "training" in LEVERS[name](setting, 1))
+    if label == DATA_PARALLEL:
+        return (*setting.of_side(DATA_PARALLEL_SIDE).items(), everyone)
+    if label == FLOOR:
+        return (setting.inner_learning_rate, setting.batch_per_learner, everyone)
+    return (*setting.of_side(DILOCO_SIDE).items(), setting.levers)
 
 
 def check_kept_rows(rows: list[dict], setting: Setting) -> None:
-    stale = sorted({row["row"] for row in rows if row["setting"] != asdict(setting)})
+    """Every kept row was measured at what it depends on now."""
+    stale = sorted(
+        {
+            row["row"]
+            for row in rows
+            if depends_on(row["row"], Setting.of(row["setting"])) != depends_on(row["row"], setting)
+        }
+    )
     if stale:
         raise SystemExit(
-            f"--resume: the rows {', '.join(stale)} were measured at other settings than tuning chose now "
-            f"({asdict(setting)}); rerun without --resume, or with a --rows that leaves them out"
+            f"--resume: the rows {', '.join(stale)} were measured at other settings than tuning and the levers "
+            f"chose now ({asdict(setting)}); remove them from the result file and rerun them, or rerun without "
+            "--resume"
         )
 
 
@@ -470,6 +555,9 @@ def main(argv: list[str] | None = None) -> dict:
         setting = tune(default_setting(quality.base), knobs, trials, quality.trial, after=save)
         if args.levers:
             run_levers(quality, setting, levers, save)
+        steps = diloco_recipe(quality.base, setting, 0, quality.budget, quality.rows.learners).training.inner_steps
+        chosen = chosen_levers(levers, setting)
+        setting = replace(lever_changes(chosen, setting, steps)[0], levers=chosen)
         check_kept_rows(rows, setting)
         while not args.levers and (plan := quality.plan(rows, summarize(rows, quality.rows))):
             label, seed = plan[0]

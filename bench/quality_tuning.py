@@ -34,11 +34,21 @@ class Setting:
     """``sync.install`` at K = M: ``overwrite`` loses what a learner trained on a fragment
     between its send and the new version's arrival; ``keep-unsent`` keeps it.  The K < M
     rows keep the recipe's ``auto`` (keep-unsent)."""
+    levers: tuple[str, ...] = ()
+    """Recipe changes chosen after tuning (``bench.quality.LEVERS``), applied to DiLoCo's
+    runs: tuning never sets them, so its trials do not depend on them."""
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> Setting:
+        """A setting as a result file keeps it (JSON: lists for tuples, no levers before
+        there were any)."""
+        return cls(**{**fields, "levers": tuple(fields.get("levers", ()))})
 
     def of_side(self, side: str) -> dict[str, Any]:
         """The fields that decide a trial of ``side`` (a data-parallel trial does not
         depend on DiLoCo's settings, nor the reverse)."""
         fields = asdict(self)
+        del fields["levers"]
         if side == DATA_PARALLEL_SIDE:
             return {key: value for key, value in fields.items() if key.startswith("dp_")}
         return {key: value for key, value in fields.items() if not key.startswith("dp_")}

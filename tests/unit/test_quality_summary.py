@@ -18,12 +18,13 @@ def row(label, seed, curve, **extra):
     return {"row": label, "seed": seed, "tokens": tokens, "seconds": 10.0, "evaluations": curve, **losses, **extra}
 
 
-def test_tokens_to_reach_interpolates_between_the_evaluations_that_straddle_the_target():
+def test_tokens_to_reach_and_loss_at_interpolate_between_the_evaluations_that_straddle_them():
     curve = [[100, 3.0], [200, 2.0], [300, 1.5]]
     assert tokens_to_reach(curve, 2.5) == pytest.approx(150)
     assert tokens_to_reach(curve, 3.0) == 100
     assert tokens_to_reach(curve, 1.4) is None
-    assert loss_at(curve, 150) == 2.0  # the first evaluation at or past the tokens
+    assert loss_at(curve, 150) == pytest.approx(2.5)  # linear between the evaluations that straddle it
+    assert loss_at(curve, 200) == 2.0 and loss_at(curve, 50) == 3.0 and loss_at(curve, 400) == 1.5
 
 
 def test_gaps_spread_overhead_and_floor_are_read_against_data_parallels_final_loss():
@@ -104,3 +105,77 @@ def test_rows_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_names(t
     assert {label for label, _ in quality_sitting(tmp_path, "data-parallel").plan([], {})} == {DATA_PARALLEL}
     with pytest.raises(SystemExit, match="no row named 'DiLoCo M=3 K=M'.*floor: one learner alone"):
         quality_sitting(tmp_path, "DiLoCo M=3 K=M").plan([], {})
+
+
+TUNED = dict(
+    dp_learning_rate=6e-3,
+    dp_batch=32,
+    inner_learning_rate=6e-3,
+    outer_learning_rate=1.0,
+    outer_momentum=0.0,
+    sync_interval=25,
+    batch_per_learner=8,
+    install="keep-unsent",
+)
+BETA2, WARMUP, OUTER, SCHEDULE = (
+    "AdamW beta2 0.99",
+    "warmup 5% of the steps",
+    "outer lr 1.4 (the anchors' rises with M)",
+    "H/4 then H/2 over the first tenth",
+)
+
+
+def lever(name, loss, setting=TUNED):
+    return {"lever": name, "setting": setting, "loss": loss}
+
+
+def test_the_rows_take_the_levers_that_beat_the_tuned_run_by_more_than_one_percent_together_if_that_is_better():
+    from bench.quality import chosen_levers
+    from bench.quality_tuning import Setting
+
+    tuned = Setting.of(TUNED)
+    levers = [lever("tuned", 2.0), lever(BETA2, 1.99), lever(OUTER, 1.95), lever(SCHEDULE, 1.90)]
+    assert chosen_levers(levers[:2], tuned) == ()  # 0.5%: within two runs' difference
+    assert chosen_levers(levers, tuned) == (SCHEDULE,)  # the best alone until both were measured together
+    together = " + ".join(sorted([OUTER, SCHEDULE]))
+    assert chosen_levers([*levers, lever(together, 1.85)], tuned) == tuple(sorted([OUTER, SCHEDULE]))
+    assert chosen_levers([*levers, lever(together, 1.92)], tuned) == (SCHEDULE,)
+    elsewhere = {**TUNED, "sync_interval": 50}  # measured at another tuned setting: not evidence here
+    assert chosen_levers([lever("tuned", 2.0, elsewhere), lever(SCHEDULE, 1.5, elsewhere)], tuned) == ()
+
+
+def test_a_lever_changes_the_setting_or_adds_recipe_sections_and_the_k_below_m_rows_scale_its_outer_step():
+    from dataclasses import replace
+
+    from bench.quality import base_recipe, diloco_recipe, lever_changes
+    from bench.quality_tuning import Setting
+
+    tuned, base = Setting.of(TUNED), base_recipe(quick=False)
+    changed, sections = lever_changes((OUTER, SCHEDULE), tuned, 1000)
+    assert changed.outer_learning_rate == pytest.approx(1.4) and changed.sync_interval == 25
+    assert sections == {"sync": {"sync_interval_schedule": [[50, 6], [100, 12]]}}
+    setting = replace(changed, levers=(OUTER, SCHEDULE))
+    m4 = diloco_recipe(base, setting, 0, 4 * 1000 * 8 * 128, 4)
+    assert m4.sync.sync_interval_schedule == ((50, 6), (100, 12))
+    assert m4.sync.outer_learning_rate == pytest.approx(1.4)  # applied once, at the choice
+    k1 = diloco_recipe(base, setting, 0, 4 * 1000 * 8 * 128, 4, quorum=1)
+    assert k1.sync.outer_learning_rate == pytest.approx(1.4 * 0.5)  # sqrt(K/M) as for the tuned one
+    beta2 = diloco_recipe(base, replace(tuned, levers=(BETA2,)), 0, 4 * 1000 * 8 * 128, 4)
+    assert tuple(beta2.training.betas) == (0.9, 0.99)
+
+
+def test_resuming_refuses_only_the_rows_whose_own_settings_the_levers_changed():
+    from dataclasses import asdict, replace
+
+    from bench.quality import check_kept_rows
+    from bench.quality_tuning import Setting
+
+    tuned = Setting.of(TUNED)
+    rows = [{"row": label, "setting": TUNED} for label in (DATA_PARALLEL, FLOOR, NAMES.sync)]
+    check_kept_rows(rows, tuned)  # a result file from before there were levers
+    sync_only = replace(tuned, outer_learning_rate=1.4, levers=(OUTER,))
+    with pytest.raises(SystemExit, match=f"the rows {NAMES.sync} were measured"):
+        check_kept_rows(rows, sync_only)  # data-parallel and the floor do not sync
+    check_kept_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only)
+    with pytest.raises(SystemExit, match=f"{NAMES.sync}, {DATA_PARALLEL}, {FLOOR}"):
+        check_kept_rows(rows, replace(tuned, levers=(BETA2,)))  # the inner optimizer is everyone's
