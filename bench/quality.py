@@ -83,6 +83,15 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
     "outer momentum 0.6 at lr 0.4 (the same long-run step, tens of rounds in)": lambda setting, steps: {
         "setting": {"outer_learning_rate": 0.4 * setting.outer_learning_rate, "outer_momentum": 0.6}
     },
+    "fp32 up and down (no quantization)": lambda setting, steps: {
+        "sync": {"learner_codec": {"codec": "fp32"}, "update_codec": {"codec": "fp32"}}
+    },
+    "outer lr 0.8 (a step short of the average)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.8 * setting.outer_learning_rate}
+    },
+    "outer momentum 0.8 at lr 0.2 (the same long-run step, longer memory)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.2 * setting.outer_learning_rate, "outer_momentum": 0.8}
+    },
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [
@@ -143,7 +152,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="try the levers that may close the gap (tuned M=4 K=M, a quarter of the budget) instead of the rows",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="keep the rows and tuning trials in the result file; run the rest"
+        "--adopt",
+        metavar="LEVERS",
+        help="comma-separated levers the rows run, whatever --levers measured (default: those that beat the "
+        f"tuned run by more than {LEVER_GAIN:.0%})",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows, tuning trials and levers in the result file (a row measured at other settings than "
+        "are chosen now moves to superseded_rows, and is rerun); run the rest",
     )
     return parser.parse_args(argv)
 
@@ -231,6 +249,15 @@ def lever_changes(names: tuple[str, ...], setting: Setting, steps: int) -> tuple
         changes |= made.pop("setting", {})
         sections = merged(sections, made)
     return replace(setting, **changes), sections
+
+
+def adopted(names: str) -> tuple[str, ...]:
+    """``--adopt``'s levers, by name."""
+    chosen = tuple(sorted(name.strip() for name in names.split(",") if name.strip()))
+    unknown = [name for name in chosen if name not in LEVERS]
+    if unknown:
+        raise SystemExit(f"--adopt: no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(LEVERS)}")
+    return chosen
 
 
 def chosen_levers(levers: list[dict], tuned: Setting) -> tuple[str, ...]:
@@ -412,11 +439,12 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], save) -> 
             lever["vs_tuned"] = lever["loss"] / tuned - 1
 
 
-def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], list[dict]]:
-    """The rows, tuning trials and levers of the result file, if it measured the same settings."""
+def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """The rows, tuning trials, levers and superseded rows of the result file, if it
+    measured the same settings."""
     path = result_path("quality", args.quick, args.output)
     if not path.exists():
-        return [], [], []
+        return [], [], [], []
     document = json.loads(path.read_text())
     changed = [
         key
@@ -428,7 +456,7 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict
     results = document["results"]
     rows = [row | losses_of(row["evaluations"], row["tokens"]) for row in results["rows"]]
     levers = [lever for lever in results.get("levers", []) if "evaluations" in lever]  # read at one point: rerun
-    return rows, results.get("tuning", []), levers
+    return rows, results.get("tuning", []), levers, results.get("superseded_rows", [])
 
 
 def depends_on(label: str, setting: Setting) -> tuple:
@@ -443,21 +471,11 @@ def depends_on(label: str, setting: Setting) -> tuple:
     return (*setting.of_side(DILOCO_SIDE).items(), setting.levers)
 
 
-def check_kept_rows(rows: list[dict], setting: Setting) -> None:
-    """Every kept row was measured at what it depends on now."""
-    stale = sorted(
-        {
-            row["row"]
-            for row in rows
-            if depends_on(row["row"], Setting.of(row["setting"])) != depends_on(row["row"], setting)
-        }
-    )
-    if stale:
-        raise SystemExit(
-            f"--resume: the rows {', '.join(stale)} were measured at other settings than tuning and the levers "
-            f"chose now ({asdict(setting)}); remove them from the result file and rerun them, or rerun without "
-            "--resume"
-        )
+def stale_rows(rows: list[dict], setting: Setting) -> list[dict]:
+    """The kept rows measured at other settings than those they depend on now."""
+    return [
+        row for row in rows if depends_on(row["row"], Setting.of(row["setting"])) != depends_on(row["row"], setting)
+    ]
 
 
 def summarize(rows: list[dict], names: Rows) -> dict:
@@ -534,7 +552,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="diloco-quality-") as directory:
         quality = Quality(args, Path(directory))
         settings = quality.settings()
-        rows, trials, levers = earlier_results(args, settings) if args.resume else ([], [], [])
+        rows, trials, levers, superseded = earlier_results(args, settings) if args.resume else ([], [], [], [])
 
         def results(setting: Setting | None) -> dict:
             summary = summarize(rows, quality.rows)
@@ -545,7 +563,11 @@ def main(argv: list[str] | None = None) -> dict:
                 "tuned": setting and asdict(setting),
                 "tuning": trials,
                 "levers": levers,
+                "levers_chosen_by": "--adopt"
+                if args.adopt is not None
+                else f"beating the tuned run by {LEVER_GAIN:.0%}",
                 "rows": rows,
+                "superseded_rows": superseded,
             }
 
         def save(setting: Setting | None = None) -> Path:
@@ -556,9 +578,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.levers:
             run_levers(quality, setting, levers, save)
         steps = diloco_recipe(quality.base, setting, 0, quality.budget, quality.rows.learners).training.inner_steps
-        chosen = chosen_levers(levers, setting)
+        chosen = adopted(args.adopt) if args.adopt is not None else chosen_levers(levers, setting)
         setting = replace(lever_changes(chosen, setting, steps)[0], levers=chosen)
-        check_kept_rows(rows, setting)
+        for row in stale_rows(rows, setting):  # kept beside the rows they are rerun for
+            print(f"  {row['row']} seed {row['seed']}: measured at another setting, superseded", flush=True)
+            rows.remove(row)
+            superseded.append(row)
         while not args.levers and (plan := quality.plan(rows, summarize(rows, quality.rows))):
             label, seed = plan[0]
             rows.append(quality.run_row(label, seed, setting))

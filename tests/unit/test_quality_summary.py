@@ -164,18 +164,24 @@ def test_a_lever_changes_the_setting_or_adds_recipe_sections_and_the_k_below_m_r
     assert tuple(beta2.training.betas) == (0.9, 0.99)
 
 
-def test_resuming_refuses_only_the_rows_whose_own_settings_the_levers_changed():
+def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed():
     from dataclasses import asdict, replace
 
-    from bench.quality import check_kept_rows
+    from bench.quality import stale_rows
     from bench.quality_tuning import Setting
 
     tuned = Setting.of(TUNED)
     rows = [{"row": label, "setting": TUNED} for label in (DATA_PARALLEL, FLOOR, NAMES.sync)]
-    check_kept_rows(rows, tuned)  # a result file from before there were levers
+    assert stale_rows(rows, tuned) == []  # a result file from before there were levers
     sync_only = replace(tuned, outer_learning_rate=1.4, levers=(OUTER,))
-    with pytest.raises(SystemExit, match=f"the rows {NAMES.sync} were measured"):
-        check_kept_rows(rows, sync_only)  # data-parallel and the floor do not sync
-    check_kept_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only)
-    with pytest.raises(SystemExit, match=f"{NAMES.sync}, {DATA_PARALLEL}, {FLOOR}"):
-        check_kept_rows(rows, replace(tuned, levers=(BETA2,)))  # the inner optimizer is everyone's
+    assert stale_rows(rows, sync_only) == rows[2:]  # data-parallel and the floor do not sync
+    assert stale_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only) == []
+    assert stale_rows(rows, replace(tuned, levers=(BETA2,))) == rows  # the inner optimizer is everyone's
+
+
+def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
+    from bench.quality import adopted
+
+    assert adopted(f"{SCHEDULE}, {BETA2}") == (BETA2, SCHEDULE) and adopted("") == ()
+    with pytest.raises(SystemExit, match="no lever named 'momentum'.*AdamW beta2 0.99"):
+        adopted("momentum")
