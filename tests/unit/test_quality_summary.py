@@ -185,3 +185,32 @@ def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
     assert adopted(f"{SCHEDULE}, {BETA2}") == (BETA2, SCHEDULE) and adopted("") == ()
     with pytest.raises(SystemExit, match="no lever named 'momentum'.*AdamW beta2 0.99"):
         adopted("momentum")
+
+
+def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_tokens_per_parameter(tmp_path):
+    """recipes/compute-optimal.yaml serves the horizon bench.quality measures: its
+    settings are those the result file's rows ran (tuned, with the levers chosen: the
+    recipe sections they add are part of the measured recipe) and its budget the
+    harness's."""
+    import json
+    from pathlib import Path
+
+    from bench.quality import base_recipe, diloco_recipe
+    from bench.quality_tuning import Setting
+    from diloco_cli.config.loading import load_model
+    from diloco_cli.config.recipe import Recipe
+
+    root = Path(__file__).resolve().parents[2]
+    results = json.loads((root / "bench" / "results" / "quality.json").read_text())
+    tuned = Setting.of(results["results"]["tuned"])
+    recipe = load_model(Recipe, root / "recipes" / "compute-optimal.yaml")
+    base = base_recipe(quick=False)
+    parameters = sum(p.numel() for p in base.model.build().parameters())
+    measured = diloco_recipe(base, tuned, 0, 20 * parameters, 4)
+    for section, keys in {
+        "training": ("num_learners", "batch_size", "inner_steps", "learning_rate", "betas", "warmup_steps"),
+        "sync": ("sync_interval", "sync_interval_schedule", "outer_momentum", "learner_codec", "update_codec"),
+    }.items():
+        for key in keys:
+            assert getattr(getattr(recipe, section), key) == getattr(getattr(measured, section), key), key
+    assert recipe.outer_learning_rate == measured.outer_learning_rate and recipe.keeps_unsent_work
