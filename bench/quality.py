@@ -148,8 +148,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", default="", help="comma-separated row names to run (default: every row)")
     parser.add_argument(
         "--levers",
-        action="store_true",
-        help="try the levers that may close the gap (tuned M=4 K=M, a quarter of the budget) instead of the rows",
+        nargs="?",
+        const="",
+        metavar="NAMES",
+        help="try the levers that may close the gap on the tuned M=4 K=M run instead of the rows: every lever, or "
+        "those named (comma-separated)",
+    )
+    parser.add_argument(
+        "--lever-fraction",
+        type=float,
+        default=LEVER_FRACTION,
+        help=f"budget fraction of a lever run (default {LEVER_FRACTION}; at 1 the tuned run is the M=4 row's seed 0)",
     )
     parser.add_argument(
         "--adopt",
@@ -262,17 +271,13 @@ def adopted(names: str) -> tuple[str, ...]:
 
 def chosen_levers(levers: list[dict], tuned: Setting) -> tuple[str, ...]:
     """What the rows run of the levers measured at ``tuned``: those that beat the tuned
-    run by more than ``LEVER_GAIN``, together if that was measured better than the best
-    of them alone, else the best alone."""
-    measured = {lever["lever"]: lever["loss"] for lever in levers if Setting.of(lever["setting"]) == tuned}
-    if "tuned" not in measured:
-        return ()
-    winners = sorted(
-        (name for name in LEVERS if name in measured and measured[name] < measured["tuned"] * (1 - LEVER_GAIN)),
-        key=measured.__getitem__,
-    )
+    run by more than ``LEVER_GAIN`` (at the longest fraction of the budget each was
+    measured), together if that was measured better than the best of them alone, else
+    the best alone."""
+    ratios = lever_ratios(levers, tuned)
+    winners = sorted((name for name in LEVERS if ratios.get(name, 1.0) < 1 - LEVER_GAIN), key=ratios.__getitem__)
     together = " + ".join(sorted(winners))
-    if len(winners) > 1 and measured.get(together, math.inf) < measured[winners[0]]:
+    if len(winners) > 1 and ratios.get(together, math.inf) < ratios[winners[0]]:
         return tuple(sorted(winners))
     return tuple(winners[:1])
 
@@ -357,18 +362,19 @@ class Quality:
         return diloco_recipe(base, setting, seed, tokens, learners)
 
     def lever(self, name: str, setting: Setting) -> dict:
-        """One lever (or ``tuned``, the baseline) on the tuned M=4 K=M run, stopped at
-        ``LEVER_FRACTION`` of the budget (quick runs go to their end)."""
+        """One lever (or ``tuned``, the baseline) on the tuned M=4 K=M run at seed 0,
+        stopped at ``--lever-fraction`` of the budget (quick runs go to their end)."""
         learners = self.rows.learners
         steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
         names = () if name == "tuned" else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
-        stop = 1.0 if self.args.quick else LEVER_FRACTION
+        stop = 1.0 if self.args.quick else self.args.lever_fraction
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
         loss = loss_at(result["evaluations"], stop * diloco_tokens(recipe))
         return {
             "lever": name,
+            "fraction": stop,
             "sections": sections,
             "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
             "setting": asdict(setting),
@@ -414,29 +420,63 @@ class Quality:
         return [step for step in plan if step not in finished and (not chosen or step[0] in chosen)]
 
 
-def run_levers(quality: Quality, setting: Setting, levers: list[dict], save) -> None:
-    """Each lever not yet tried at ``setting``, the tuned run it is compared with, and
-    the winners together."""
+def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: list[dict], save) -> None:
+    """Each lever (``--levers``' names, or all) not yet tried at ``setting`` and
+    ``--lever-fraction``, the tuned run it is compared with (at the full budget, the M=4
+    row's seed 0: the same run), and the winners together."""
+    args = quality.args
+    fraction = 1.0 if args.quick else args.lever_fraction
 
     def measured(name: str) -> bool:
-        return any(lever["lever"] == name and Setting.of(lever["setting"]) == setting for lever in levers)
+        return any(lever["lever"] == name for lever in levers_at(levers, setting, fraction))
 
     def run(name: str) -> None:
         levers.append(quality.lever(name, setting))
         print(f"  lever {name}: {levers[-1]['loss']:.4f}", flush=True)
         save(setting)
 
-    for name in ["tuned", *LEVERS]:
+    row = next(
+        (r for r in rows if (r["row"], r["seed"]) == (quality.rows.sync, 0) and Setting.of(r["setting"]) == setting),
+        None,
+    )
+    if not measured("tuned") and fraction == 1.0 and row is not None:
+        record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": row["seconds"]}
+        levers.append({"lever": "tuned", "fraction": 1.0, "loss": row["loss_1.0"], "from_row": row["row"]} | record)
+        levers[-1]["evaluations"] = row["evaluations"]
+    names = adopted(args.levers) if args.levers else tuple(LEVERS)
+    for name in ["tuned", *names]:
         if not measured(name):
             run(name)
-    here = [lever for lever in levers if Setting.of(lever["setting"]) == setting]
-    tuned = next(lever["loss"] for lever in here if lever["lever"] == "tuned")
-    winners = sorted({lever["lever"] for lever in here if lever["loss"] < tuned * (1 - LEVER_GAIN)} & set(LEVERS))
-    if len(winners) > 1 and not measured(" + ".join(winners)):
+    ratios = lever_ratios(levers, setting)
+    winners = sorted(name for name in LEVERS if ratios.get(name, 1.0) < 1 - LEVER_GAIN)
+    if len(winners) > 1 and " + ".join(winners) not in ratios:
         run(" + ".join(winners))
-    for lever in levers:
-        if Setting.of(lever["setting"]) == setting:
-            lever["vs_tuned"] = lever["loss"] / tuned - 1
+    for fraction_measured in {lever.get("fraction", LEVER_FRACTION) for lever in levers}:
+        group = levers_at(levers, setting, fraction_measured)
+        tuned = next((lever["loss"] for lever in group if lever["lever"] == "tuned"), None)
+        for lever in group:
+            lever["vs_tuned"] = tuned and lever["loss"] / tuned - 1
+
+
+def levers_at(levers: list[dict], setting: Setting, fraction: float) -> list[dict]:
+    """The lever runs measured at ``setting`` and ``fraction`` of the budget (those kept
+    from before fractions were recorded ran at ``LEVER_FRACTION``)."""
+    return [
+        lever
+        for lever in levers
+        if Setting.of(lever["setting"]) == setting and lever.get("fraction", LEVER_FRACTION) == fraction
+    ]
+
+
+def lever_ratios(levers: list[dict], setting: Setting) -> dict[str, float]:
+    """Each lever's loss over the tuned run's, at the largest fraction of the budget at
+    which both were measured: a longer run's verdict replaces a shorter one's."""
+    ratios: dict[str, float] = {}
+    for fraction in sorted({lever.get("fraction", LEVER_FRACTION) for lever in levers}):
+        group = {lever["lever"]: lever["loss"] for lever in levers_at(levers, setting, fraction)}
+        if "tuned" in group:
+            ratios |= {name: loss / group["tuned"] for name, loss in group.items() if name != "tuned"}
+    return ratios
 
 
 def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
@@ -575,8 +615,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         knobs = quick_knobs() if args.quick else full_knobs()
         setting = tune(default_setting(quality.base), knobs, trials, quality.trial, after=save)
-        if args.levers:
-            run_levers(quality, setting, levers, save)
+        if args.levers is not None:
+            run_levers(quality, setting, levers, rows, save)
         steps = diloco_recipe(quality.base, setting, 0, quality.budget, quality.rows.learners).training.inner_steps
         chosen = adopted(args.adopt) if args.adopt is not None else chosen_levers(levers, setting)
         setting = replace(lever_changes(chosen, setting, steps)[0], levers=chosen)
@@ -584,7 +624,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {row['row']} seed {row['seed']}: measured at another setting, superseded", flush=True)
             rows.remove(row)
             superseded.append(row)
-        while not args.levers and (plan := quality.plan(rows, summarize(rows, quality.rows))):
+        while args.levers is None and (plan := quality.plan(rows, summarize(rows, quality.rows))):
             label, seed = plan[0]
             rows.append(quality.run_row(label, seed, setting))
             print(f"  {label} seed {seed}: {rows[-1]['loss_1.0']:.4f} ({rows[-1]['seconds']:.0f} s)", flush=True)

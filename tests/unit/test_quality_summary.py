@@ -214,3 +214,15 @@ def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_to
         for key in keys:
             assert getattr(getattr(recipe, section), key) == getattr(getattr(measured, section), key), key
     assert recipe.outer_learning_rate == measured.outer_learning_rate and recipe.keeps_unsent_work
+
+
+def test_a_levers_verdict_at_a_longer_fraction_of_the_budget_replaces_its_shorter_one():
+    from bench.quality import chosen_levers, lever_ratios
+    from bench.quality_tuning import Setting
+
+    tuned = Setting.of(TUNED)
+    quarter = [lever("tuned", 2.0), lever(OUTER, 1.99), lever(SCHEDULE, 1.90)]
+    full = [{**lever("tuned", 1.50), "fraction": 1.0}, {**lever(OUTER, 1.40), "fraction": 1.0}]
+    assert lever_ratios(quarter + full, tuned) == pytest.approx({OUTER: 1.40 / 1.50, SCHEDULE: 0.95})
+    assert chosen_levers(quarter + full, tuned) == (OUTER,)  # 6.7% at the full budget beats 5% at a quarter
+    assert chosen_levers(quarter + [{**lever(OUTER, 1.40), "fraction": 1.0}], tuned) == (SCHEDULE,)  # no tuned there
