@@ -49,12 +49,14 @@ import yaml
 from bench._common import benchmark_parser, print_table, result_path, write_result
 from bench.quality_runs import (
     InProcess,
+    Lockstep,
     diloco_tokens,
     loss_at,
     prepare_tokens,
     tokens_to_reach,
     train_diloco,
     train_in_process,
+    train_lockstep,
 )
 from bench.quality_tuning import DATA_PARALLEL_SIDE, DILOCO_SIDE, Setting, full_knobs, quick_knobs, tune
 from diloco_cli.config.recipe import Recipe
@@ -107,6 +109,9 @@ steps: recipe sections, and under ``setting`` the fields of :class:`Setting` it 
 (the outer learning rate there, so that the K < M rows scale it as they scale the tuned
 one).  Those that beat the tuned run by more than ``LEVER_GAIN`` are tried together,
 and the better of that and the best one alone is what the rows run."""
+LOCKSTEP = "lockstep reference: one process, no delay, fp32, whole model, i.i.d. data"
+"""Not a lever but the yardstick of one (``bench.quality_runs.Lockstep``): the tuned
+setting's mathematics without the system around it; run by naming it in ``--levers``."""
 LEVER_GAIN = 0.01
 """Two runs of one setting at a quarter of the budget differ by about 1%."""
 LEVER_FRACTION = 0.25
@@ -260,12 +265,13 @@ def lever_changes(names: tuple[str, ...], setting: Setting, steps: int) -> tuple
     return replace(setting, **changes), sections
 
 
-def adopted(names: str) -> tuple[str, ...]:
-    """``--adopt``'s levers, by name."""
+def adopted(names: str, *others: str) -> tuple[str, ...]:
+    """Levers by name (``--adopt``'s, or ``--levers``' with ``others`` allowed too)."""
     chosen = tuple(sorted(name.strip() for name in names.split(",") if name.strip()))
-    unknown = [name for name in chosen if name not in LEVERS]
+    known = [*LEVERS, *others]
+    unknown = [name for name in chosen if name not in known]
     if unknown:
-        raise SystemExit(f"--adopt: no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(LEVERS)}")
+        raise SystemExit(f"no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(known)}")
     return chosen
 
 
@@ -365,11 +371,26 @@ class Quality:
         """One lever (or ``tuned``, the baseline) on the tuned M=4 K=M run at seed 0,
         stopped at ``--lever-fraction`` of the budget (quick runs go to their end)."""
         learners = self.rows.learners
+        stop = 1.0 if self.args.quick else self.args.lever_fraction
+        if name == LOCKSTEP:
+            run = Lockstep(
+                learners,
+                setting.inner_learning_rate,
+                setting.batch_per_learner,
+                setting.sync_interval,
+                setting.outer_learning_rate,
+                setting.outer_momentum,
+                self.budget,
+                stop,
+            )
+            result = train_lockstep(diloco_recipe(self.base, setting, 0, self.budget, learners), run)
+            loss = loss_at(result["evaluations"], stop * result["tokens"])
+            record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": result["seconds"]}
+            return {"lever": name, "fraction": stop, "loss": loss, "evaluations": result["evaluations"]} | record
         steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
         names = () if name == "tuned" else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
-        stop = 1.0 if self.args.quick else self.args.lever_fraction
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
         loss = loss_at(result["evaluations"], stop * diloco_tokens(recipe))
         return {
@@ -443,7 +464,7 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: lis
         record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": row["seconds"]}
         levers.append({"lever": "tuned", "fraction": 1.0, "loss": row["loss_1.0"], "from_row": row["row"]} | record)
         levers[-1]["evaluations"] = row["evaluations"]
-    names = adopted(args.levers) if args.levers else tuple(LEVERS)
+    names = adopted(args.levers, LOCKSTEP) if args.levers else (*LEVERS, LOCKSTEP)
     for name in ["tuned", *names]:
         if not measured(name):
             run(name)

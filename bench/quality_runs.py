@@ -12,6 +12,7 @@ over learners, loss in nats per byte or token on the held-out split).
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import torch
 
 from bench._common import local_regions
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.core.outer import nesterov_step_
 from diloco_cli.data.corpora import builtin_corpus
 from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.launch.operations import stop_run
@@ -70,6 +72,70 @@ def train_in_process(recipe: Recipe, run: InProcess) -> dict:
         if step in marks:
             evaluations.append([step * run.batch * length, evaluate(model, heldout)])
     return {"tokens": steps * run.batch * length, "seconds": time.monotonic() - started, "evaluations": evaluations}
+
+
+@dataclass(frozen=True)
+class Lockstep:
+    """DiLoCo's mathematics alone, in this process: M learners step in lockstep, every
+    H steps all of them are averaged into the global model (whole, in fp32, at once)
+    by the Nesterov outer step, and each starts again from it; each samples the whole
+    text.  No delay, quantization, fragments or dealt shares: what is left of a row's
+    gap to data-parallel here is the algorithm's, the rest the system's."""
+
+    learners: int
+    learning_rate: float
+    batch: int
+    """Per learner."""
+    sync_interval: int
+    outer_learning_rate: float
+    outer_momentum: float
+    tokens: float
+    stop: float = 1.0
+
+
+def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
+    """Train ``run`` on ``recipe``'s model, data and inner schedule, evaluating the global
+    model ``CURVE_POINTS`` times (it is the last merge's between merges)."""
+    torch.manual_seed(recipe.training.seed)
+    training, length = recipe.training, recipe.data.sequence_length
+    global_model = recipe.model.build()
+    split = TextSplit.of(load_text(recipe.data.source), recipe.data.heldout_fraction, length)
+    heldout = evaluation_batches(split.heldout, training.batch_size, length, recipe.sync.evaluation_batches)
+    steps = max(1, round(run.tokens / (run.learners * run.batch * length)))
+    models = [copy.deepcopy(global_model) for _ in range(run.learners)]
+    optimizers = [make_inner_optimizer(m, run.learning_rate, training.weight_decay, training.betas) for m in models]
+    schedule = InnerSchedule(run.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
+    generators = [torch.Generator().manual_seed(training.seed * 1000 + i) for i in range(run.learners)]
+    buffers = [torch.zeros_like(p) for p in global_model.parameters()]
+    last = max(1, round(steps * run.stop))
+    marks = {max(1, round(steps * point / CURVE_POINTS)) for point in range(1, CURVE_POINTS + 1)} | {last}
+    evaluations, merges, started = [], 0, time.monotonic()
+    for step in range(1, last + 1):
+        for model, optimizer, generator in zip(models, optimizers, generators):
+            inputs, targets = random_batch(split.train, run.batch, length, generator)
+            inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
+        if step % run.sync_interval == 0 or step == last:
+            with torch.no_grad():
+                for index, parameter in enumerate(global_model.parameters()):
+                    learners = [list(m.parameters())[index] for m in models]
+                    outer_gradient = parameter - torch.stack(learners).mean(0)
+                    parameter.copy_(
+                        nesterov_step_(
+                            outer_gradient,
+                            buffers[index],
+                            parameter,
+                            run.outer_learning_rate,
+                            run.outer_momentum,
+                            first=merges == 0,
+                        )
+                    )
+                for model in models:
+                    model.load_state_dict(global_model.state_dict())
+            merges += 1
+        if step in marks:
+            evaluations.append([step * run.learners * run.batch * length, evaluate(global_model, heldout)])
+    tokens = steps * run.learners * run.batch * length
+    return {"tokens": tokens, "seconds": time.monotonic() - started, "evaluations": evaluations}
 
 
 def train_diloco(recipe: Recipe, name: str, workdir: Path, stop: float = 1.0) -> dict:

@@ -226,3 +226,25 @@ def test_a_levers_verdict_at_a_longer_fraction_of_the_budget_replaces_its_shorte
     assert lever_ratios(quarter + full, tuned) == pytest.approx({OUTER: 1.40 / 1.50, SCHEDULE: 0.95})
     assert chosen_levers(quarter + full, tuned) == (OUTER,)  # 6.7% at the full budget beats 5% at a quarter
     assert chosen_levers(quarter + [{**lever(OUTER, 1.40), "fraction": 1.0}], tuned) == (SCHEDULE,)  # no tuned there
+
+
+def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_alone():
+    """The lockstep reference against the in-process trainer, computed apart: one
+    learner averaged with itself every H steps (outer lr 1, no momentum) is the learner
+    alone, up to the rounding of Theta - (Theta - theta); two learners are not."""
+    from bench.quality import base_recipe
+    from bench.quality_runs import InProcess, Lockstep, train_in_process, train_lockstep
+
+    recipe = base_recipe(quick=True)
+    tokens = 24 * 8 * 64  # 24 steps of 8 sequences of 64 bytes
+    alone = train_in_process(recipe, InProcess(6e-3, 8, tokens))
+    one = train_lockstep(recipe, Lockstep(1, 6e-3, 8, 5, 1.0, 0.0, tokens))
+    assert [at for at, _ in one["evaluations"]] == [at for at, _ in alone["evaluations"]]
+    merged = [index for index in range(24) if (index + 1) % 5 == 0 or index == 23]  # between merges: the last one's
+    assert [one["evaluations"][i][1] for i in merged] == pytest.approx(
+        [alone["evaluations"][i][1] for i in merged], abs=1e-4
+    )
+    assert one["evaluations"][0][1] == one["evaluations"][3][1] != alone["evaluations"][0][1]  # the initial model
+    two = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens))
+    assert two["tokens"] == 2 * tokens and two["evaluations"][-1][0] == 2 * tokens
+    assert two["evaluations"][-1][1] != pytest.approx(alone["evaluations"][-1][1], abs=1e-4)
