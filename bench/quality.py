@@ -109,7 +109,7 @@ steps: recipe sections, and under ``setting`` the fields of :class:`Setting` it 
 (the outer learning rate there, so that the K < M rows scale it as they scale the tuned
 one).  Those that beat the tuned run by more than ``LEVER_GAIN`` are tried together,
 and the better of that and the best one alone is what the rows run."""
-LOCKSTEP = "lockstep reference: one process, no delay, fp32, whole model, i.i.d. data"
+LOCKSTEP = "lockstep reference (one process: no delay, fp32, whole model, i.i.d. data)"
 """Not a lever but the yardstick of one (``bench.quality_runs.Lockstep``): the tuned
 setting's mathematics without the system around it; run by naming it in ``--levers``."""
 LEVER_GAIN = 0.01
@@ -157,7 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         const="",
         metavar="NAMES",
         help="try the levers that may close the gap on the tuned M=4 K=M run instead of the rows: every lever, or "
-        "those named (comma-separated)",
+        "those named (separated by semicolons: names hold commas)",
     )
     parser.add_argument(
         "--lever-fraction",
@@ -168,8 +168,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--adopt",
         metavar="LEVERS",
-        help="comma-separated levers the rows run, whatever --levers measured (default: those that beat the "
-        f"tuned run by more than {LEVER_GAIN:.0%})",
+        help="the levers the rows run (separated by semicolons), whatever --levers measured (default: those "
+        f"that beat the tuned run by more than {LEVER_GAIN:.0%})",
     )
     parser.add_argument(
         "--resume",
@@ -267,7 +267,7 @@ def lever_changes(names: tuple[str, ...], setting: Setting, steps: int) -> tuple
 
 def adopted(names: str, *others: str) -> tuple[str, ...]:
     """Levers by name (``--adopt``'s, or ``--levers``' with ``others`` allowed too)."""
-    chosen = tuple(sorted(name.strip() for name in names.split(",") if name.strip()))
+    chosen = tuple(sorted(name.strip() for name in names.split(";") if name.strip()))
     known = [*LEVERS, *others]
     unknown = [name for name in chosen if name not in known]
     if unknown:

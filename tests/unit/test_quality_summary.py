@@ -182,7 +182,7 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
     from bench.quality import adopted
 
-    assert adopted(f"{SCHEDULE}, {BETA2}") == (BETA2, SCHEDULE) and adopted("") == ()
+    assert adopted(f"{SCHEDULE}; {BETA2}") == (BETA2, SCHEDULE) and adopted("") == ()
     with pytest.raises(SystemExit, match="no lever named 'momentum'.*AdamW beta2 0.99"):
         adopted("momentum")
 
