@@ -112,6 +112,8 @@ and the better of that and the best one alone is what the rows run."""
 LOCKSTEP = "lockstep reference (one process: no delay, fp32, whole model, i.i.d. data)"
 """Not a lever but the yardstick of one (``bench.quality_runs.Lockstep``): the tuned
 setting's mathematics without the system around it; run by naming it in ``--levers``."""
+LOCKSTEP_RDA = "lockstep reference with the product's merge (RDA)"
+LOCKSTEPS = {LOCKSTEP: "mean", LOCKSTEP_RDA: "rda"}
 LEVER_GAIN = 0.01
 """Two runs of one setting at a quarter of the budget differ by about 1%."""
 LEVER_FRACTION = 0.25
@@ -372,7 +374,7 @@ class Quality:
         stopped at ``--lever-fraction`` of the budget (quick runs go to their end)."""
         learners = self.rows.learners
         stop = 1.0 if self.args.quick else self.args.lever_fraction
-        if name == LOCKSTEP:
+        if name in LOCKSTEPS:
             run = Lockstep(
                 learners,
                 setting.inner_learning_rate,
@@ -382,6 +384,7 @@ class Quality:
                 setting.outer_momentum,
                 self.budget,
                 stop,
+                merge=LOCKSTEPS[name],
             )
             result = train_lockstep(diloco_recipe(self.base, setting, 0, self.budget, learners), run)
             loss = loss_at(result["evaluations"], stop * result["tokens"])
@@ -464,7 +467,7 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: lis
         record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": row["seconds"]}
         levers.append({"lever": "tuned", "fraction": 1.0, "loss": row["loss_1.0"], "from_row": row["row"]} | record)
         levers[-1]["evaluations"] = row["evaluations"]
-    names = adopted(args.levers, LOCKSTEP) if args.levers else (*LEVERS, LOCKSTEP)
+    names = adopted(args.levers, *LOCKSTEPS) if args.levers else (*LEVERS, *LOCKSTEPS)
     for name in ["tuned", *names]:
         if not measured(name):
             run(name)

@@ -24,6 +24,8 @@ import torch
 
 from bench._common import local_regions
 from diloco_cli.config.recipe import Recipe
+from diloco_cli.core.fragments import embedding_parameter_names
+from diloco_cli.core.merge import radial_directional_average
 from diloco_cli.core.outer import nesterov_step_
 from diloco_cli.data.corpora import builtin_corpus
 from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
@@ -77,9 +79,9 @@ def train_in_process(recipe: Recipe, run: InProcess) -> dict:
 @dataclass(frozen=True)
 class Lockstep:
     """DiLoCo's mathematics alone, in this process: M learners step in lockstep, every
-    H steps all of them are averaged into the global model (whole, in fp32, at once)
-    by the Nesterov outer step, and each starts again from it; each samples the whole
-    text.  No delay, quantization, fragments or dealt shares: what is left of a row's
+    H steps their outer gradients are merged (whole, in fp32, at once) and the global
+    model takes the Nesterov outer step, and each starts again from it; each samples
+    the whole text.  No delay, quantization, fragments or dealt shares: what is left of a row's
     gap to data-parallel here is the algorithm's, the rest the system's."""
 
     learners: int
@@ -91,6 +93,9 @@ class Lockstep:
     outer_momentum: float
     tokens: float
     stop: float = 1.0
+    merge: str = "mean"
+    """``mean``: the plain mean of the learners' outer gradients; ``rda``: the product's
+    merge (the embedding's mean, radial-directional averaging for every other tensor)."""
 
 
 def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
@@ -107,6 +112,7 @@ def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
     schedule = InnerSchedule(run.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
     generators = [torch.Generator().manual_seed(training.seed * 1000 + i) for i in range(run.learners)]
     buffers = [torch.zeros_like(p) for p in global_model.parameters()]
+    embeddings = embedding_parameter_names(global_model)
     last = max(1, round(steps * run.stop))
     marks = {max(1, round(steps * point / CURVE_POINTS)) for point in range(1, CURVE_POINTS + 1)} | {last}
     evaluations, merges, started = [], 0, time.monotonic()
@@ -116,9 +122,12 @@ def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
             inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
         if step % run.sync_interval == 0 or step == last:
             with torch.no_grad():
-                for index, parameter in enumerate(global_model.parameters()):
-                    learners = [list(m.parameters())[index] for m in models]
-                    outer_gradient = parameter - torch.stack(learners).mean(0)
+                for index, (name, parameter) in enumerate(global_model.named_parameters()):
+                    outer_gradients = [parameter - list(m.parameters())[index] for m in models]
+                    if run.merge == "rda" and name not in embeddings:
+                        outer_gradient = radial_directional_average(outer_gradients, [1.0] * run.learners)
+                    else:
+                        outer_gradient = torch.stack(outer_gradients).mean(0)
                     parameter.copy_(
                         nesterov_step_(
                             outer_gradient,

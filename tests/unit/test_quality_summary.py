@@ -228,7 +228,7 @@ def test_a_levers_verdict_at_a_longer_fraction_of_the_budget_replaces_its_shorte
     assert chosen_levers(quarter + [{**lever(OUTER, 1.40), "fraction": 1.0}], tuned) == (SCHEDULE,)  # no tuned there
 
 
-def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_alone():
+def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_alone_by_either_merge():
     """The lockstep reference against the in-process trainer, computed apart: one
     learner averaged with itself every H steps (outer lr 1, no momentum) is the learner
     alone, up to the rounding of Theta - (Theta - theta); two learners are not."""
@@ -245,6 +245,12 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
         [alone["evaluations"][i][1] for i in merged], abs=1e-4
     )
     assert one["evaluations"][0][1] == one["evaluations"][3][1] != alone["evaluations"][0][1]  # the initial model
+    one_rda = train_lockstep(recipe, Lockstep(1, 6e-3, 8, 5, 1.0, 0.0, tokens, merge="rda"))
+    assert [one_rda["evaluations"][i][1] for i in merged] == pytest.approx(  # the RDA of one is itself
+        [alone["evaluations"][i][1] for i in merged], abs=1e-4
+    )
     two = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens))
     assert two["tokens"] == 2 * tokens and two["evaluations"][-1][0] == 2 * tokens
     assert two["evaluations"][-1][1] != pytest.approx(alone["evaluations"][-1][1], abs=1e-4)
+    two_rda = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens, merge="rda"))
+    assert two_rda["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
