@@ -94,6 +94,7 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
     "outer momentum 0.8 at lr 0.2 (the same long-run step, longer memory)": lambda setting, steps: {
         "setting": {"outer_learning_rate": 0.2 * setting.outer_learning_rate, "outer_momentum": 0.8}
     },
+    "merge by the plain mean (DiLoCo's) instead of RDA": lambda setting, steps: {"sync": {"merge": "mean"}},
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [

@@ -227,6 +227,13 @@ class SyncConfig(BaseModel):
     """Nesterov momentum of the outer step (DiLoCo uses 0.9 at large scale; at this
     scale 0.0 was measured best)."""
 
+    merge: Literal["rda", "mean"] = "rda"
+    """How arrivals' outer gradients are merged, tensor by tensor: ``rda``
+    (radial-directional averaging: the weighted mean's direction at the weighted mean of
+    the norms, so the step does not shrink with how many learners happened to arrive;
+    the embedding takes the mean) or ``mean`` (the weighted mean of every tensor,
+    DiLoCo's own rule)."""
+
     grace_gamma: float = Field(default=0.5, ge=0, le=1)
     """gamma of the grace window gamma * max(0, tau*xi_step - xi_quorum - xi_sync)."""
 

@@ -15,7 +15,7 @@ version chain, window, outer momentum and round), so each shard syncs its own.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from diloco_cli.core.types import FragmentIndex
@@ -31,8 +31,10 @@ class Fragment:
     index: FragmentIndex
     parameter_names: tuple[str, ...]
     num_bytes: int
-    embedding_names: frozenset[str]
-    """The parameters of this fragment that are merged with the weighted mean."""
+    mean_names: frozenset[str]
+    """The parameters of this fragment that are merged with the weighted mean (the
+    embedding's under ``sync.merge: rda``, every one under ``mean``); the rest take
+    radial-directional averaging."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def split_into_fragments(
             index=FragmentIndex(index),
             parameter_names=tuple(group),
             num_bytes=sum(size_of[name] for name in group),
-            embedding_names=frozenset(group) & embeddings,
+            mean_names=frozenset(group) & embeddings,
         )
         for index, group in enumerate(groups)
     )
@@ -137,15 +139,20 @@ def embedding_parameter_names(model: torch.nn.Module) -> set[str]:
     return {name for name, parameter in model.named_parameters() if id(parameter) in embedding_weights}
 
 
-def fragments_of_model(model: torch.nn.Module, num_fragments: int) -> tuple[Fragment, ...]:
-    """The fragments of a model's trainable parameters (see :func:`split_into_fragments`)."""
+def fragments_of_model(model: torch.nn.Module, num_fragments: int, merge: str = "rda") -> tuple[Fragment, ...]:
+    """The fragments of a model's trainable parameters (see :func:`split_into_fragments`),
+    each merging its embedding by the weighted mean (``merge: rda``) or every tensor
+    (``merge: mean``)."""
     sizes = [
         (name, parameter.numel() * parameter.element_size())
         for name, parameter in model.named_parameters()
         if parameter.requires_grad
     ]
     trainable = {name for name, _ in sizes}
-    return split_into_fragments(sizes, num_fragments, embedding_parameter_names(model) & trainable)
+    fragments = split_into_fragments(sizes, num_fragments, embedding_parameter_names(model) & trainable)
+    if merge == "mean":
+        return tuple(replace(fragment, mean_names=frozenset(fragment.parameter_names)) for fragment in fragments)
+    return fragments
 
 
 def fragment_offset(fragment: int, sync_interval: int, num_fragments: int) -> int:

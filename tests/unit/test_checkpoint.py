@@ -75,7 +75,7 @@ def test_a_damaged_checkpoint_is_refused(secret):
 def _scalar_fragments(keep_unsent):
     from diloco_cli.core.fragments import Fragment
 
-    fragment = Fragment(index=0, parameter_names=("w",), num_bytes=4, embedding_names=frozenset())
+    fragment = Fragment(index=0, parameter_names=("w",), num_bytes=4, mean_names=frozenset())
     return LearnerFragments((fragment,), {"w": torch.Size([1])}, keep_unsent=keep_unsent)
 
 

@@ -28,7 +28,7 @@ class TiedModel(torch.nn.Module):
 def test_embedding_and_tied_head_form_their_own_fragment():
     fragments = fragments_of_model(TiedModel(), 3)
     assert fragments[0].parameter_names == ("embed.weight",)
-    assert fragments[0].embedding_names == {"embed.weight"}
+    assert fragments[0].mean_names == {"embed.weight"}
     names = [name for fragment in fragments for name in fragment.parameter_names]
     assert sorted(names) == sorted(name for name, _ in TiedModel().named_parameters())
     assert len(names) == len(set(names))
@@ -45,8 +45,14 @@ def test_greedy_packing_balances_bytes_deterministically():
 
 def test_one_fragment_holds_everything_and_keeps_embedding_marks():
     (fragment,) = fragments_of_model(TiedModel(), 1)
-    assert fragment.embedding_names == {"embed.weight"}
+    assert fragment.mean_names == {"embed.weight"}
     assert len(fragment.parameter_names) == len(list(TiedModel().parameters()))
+
+
+def test_under_merge_mean_every_tensor_of_every_fragment_is_merged_by_the_mean():
+    fragments = fragments_of_model(TiedModel(), 2, merge="mean")
+    assert [f.mean_names for f in fragments] == [frozenset(f.parameter_names) for f in fragments]
+    assert fragments_of_model(TiedModel(), 2)[1].mean_names == frozenset()  # rda: the embedding's alone
 
 
 def test_too_many_fragments_is_a_clear_error():

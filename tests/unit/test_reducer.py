@@ -402,7 +402,7 @@ def test_a_merge_of_relayed_sends_is_the_merge_of_the_learners_payloads_bit_for_
         optimizer,
         publisher,
         secret,
-        mean_names=syncer.fragments[fragment].embedding_names,
+        mean_names=syncer.fragments[fragment].mean_names,
     )
     before = syncer.state.fragment_versions[fragment]
     syncer_turns_until(reduced, lambda: syncer.state.fragment_versions[fragment] > before)
@@ -420,11 +420,14 @@ def learner_payload(secret, learner, delta, spec):
     return encode_payload(delta.items(), spec, secret, meta)
 
 
-def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_merge():
+@pytest.mark.parametrize("mean_names", [{"embed"}, {"embed", "w", "b"}], ids=["rda", "mean"])
+def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_merge(mean_names):
     """Two regions of one learner each: the syncer merging the two payloads itself, and
     merging the two regions' aggregates, give the same weights (fp32 aggregates: within
     float rounding, 1e-6 relative; the stated tolerance).  Outer step with Nesterov
-    momentum 0.9, embedding merged by weighted mean, the rest by RDA."""
+    momentum 0.9, embedding merged by weighted mean, the rest by RDA (``sync.merge:
+    rda``) or every tensor by the mean (``mean``: then the golden by hand, the first
+    Nesterov step of the mean delta, Theta - 0.7 * (1 + 0.9) * mean)."""
     secret = RunSecret(bytes(range(32)))
     spec = CodecSpec(codec="fp32", zstd_level=0)
     generator = torch.Generator().manual_seed(5)
@@ -447,7 +450,7 @@ def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_m
             NesterovOuterOptimizer(0.7, 0.9),
             ExactPublisher(spec, secret),
             secret,
-            mean_names={"embed"},
+            mean_names=mean_names,
             aggregates=parts,
         )
         return parameters
@@ -455,7 +458,7 @@ def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_m
     direct = merged(arrivals=inputs)
     parts = []
     for i, arrival in enumerate(inputs):  # each region's reducer: its one learner into an aggregate
-        accumulator = MergeAccumulator(shapes, {"embed"})
+        accumulator = MergeAccumulator(shapes, mean_names)
         accumulate_arrivals(FragmentIndex(0), [arrival], shapes, UpdateWindow(4), secret, accumulator)
         blob = encode_aggregate(accumulator.partial(), spec, secret, {"fragment": 0, "anchor": 0, "serial": i})
         parts.append(AggregateInput(f"r{i}:aggregates/000-{i:012d}.dlc", lambda b=blob: b))
@@ -464,6 +467,8 @@ def test_with_one_learner_per_region_merging_through_reducers_gives_the_direct_m
         moved = (direct[name] - theta[name]).abs().max()
         assert moved > 1e-4, name  # the merge moved the weights
         assert torch.allclose(through_reducers[name], direct[name], rtol=1e-6, atol=1e-6 * float(moved)), name
+        by_hand = theta[name] - 0.7 * 1.9 * (deltas[0][name] + deltas[1][name]) / 2
+        assert torch.allclose(direct[name], by_hand, atol=1e-6) == (name in mean_names), name
 
 
 def test_an_aggregate_decodes_to_the_sums_it_was_made_of_and_carries_its_quantization_error():

@@ -86,7 +86,7 @@ class Aggregation:
 
     def _names(self, fragment: FragmentIndex) -> list[str]:
         spec = self.fragments[fragment]
-        return residual_names(spec.parameter_names, spec.embedding_names)
+        return residual_names(spec.parameter_names, spec.mean_names)
 
     def _zeros(self, fragment: FragmentIndex, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
         spec = self.fragments[fragment]
@@ -151,7 +151,7 @@ class Aggregation:
             )
             inputs.append(arrival)
             by_input[id(arrival)] = record
-        accumulator = MergeAccumulator(shapes, self.fragments[fragment].embedding_names, self.workspace)
+        accumulator = MergeAccumulator(shapes, self.fragments[fragment].mean_names, self.workspace)
         accumulated = accumulate_arrivals(fragment, inputs, shapes, window, self.secret, accumulator, self.workspace)
         problems = []
         for arrival, error in accumulated.rejected:

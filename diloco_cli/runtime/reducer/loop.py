@@ -121,7 +121,7 @@ class Reducer:
         self.liveness = Liveness(started_at=self.clock())
         torch.manual_seed(self.recipe.training.seed)
         model = self.recipe.model.build()
-        fragments = fragments_of_model(model, sync.num_fragments)
+        fragments = fragments_of_model(model, sync.num_fragments, sync.merge)
         owned = self.shard.of(fragments)
         initial = {name: parameter.detach() for name, parameter in model.named_parameters()}
         epoch = self.bucket.read_epoch(self.bucket.layout.reducer_name) + 1

@@ -71,7 +71,7 @@ def build_syncer(
     recipe, sync, shard = context.recipe, context.recipe.sync, context.shard
     torch.manual_seed(recipe.training.seed)
     model = recipe.model.build()
-    fragments = fragments_of_model(model, sync.num_fragments)
+    fragments = fragments_of_model(model, sync.num_fragments, sync.merge)
     initial = {name: p.detach() for name, p in model.named_parameters()}
     evaluator = _evaluator(spec, context, model, fragments)
     state = restore_state(

@@ -171,7 +171,7 @@ class Merger:
             state.optimizer,
             state.publisher,
             secret,
-            mean_names=self.fragments[fragment].embedding_names,
+            mean_names=self.fragments[fragment].mean_names,
             meta={"time": time.time(), "previous_version": previous_version},
             aggregates=aggregate_inputs,
             workspace=self.workspace,
