@@ -209,7 +209,7 @@ def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_to
     measured = diloco_recipe(base, tuned, 0, 20 * parameters, 4)
     for section, keys in {
         "training": ("num_learners", "batch_size", "inner_steps", "learning_rate", "betas", "warmup_steps"),
-        "sync": ("sync_interval", "sync_interval_schedule", "outer_momentum", "learner_codec", "update_codec"),
+        "sync": ("sync_interval", "sync_interval_schedule", "outer_momentum", "merge", "learner_codec", "update_codec"),
     }.items():
         for key in keys:
             assert getattr(getattr(recipe, section), key) == getattr(getattr(measured, section), key), key
