@@ -114,7 +114,19 @@ LOCKSTEP = "lockstep reference (one process: no delay, fp32, whole model, i.i.d.
 """Not a lever but the yardstick of one (``bench.quality_runs.Lockstep``): the tuned
 setting's mathematics without the system around it; run by naming it in ``--levers``."""
 LOCKSTEP_RDA = "lockstep reference with the product's merge (RDA)"
-LOCKSTEPS = {LOCKSTEP: "mean", LOCKSTEP_RDA: "rda"}
+LOCKSTEPS: dict[str, dict] = {
+    LOCKSTEP: {"merge": "mean"},
+    LOCKSTEP_RDA: {"merge": "rda"},
+    "lockstep reference with RDA and installs 5 steps after the send": {"merge": "rda", "delay_steps": 5},
+    "lockstep reference with RDA and 2 staggered fragments": {"merge": "rda", "fragments": 2},
+    "lockstep reference with RDA, 2 fragments and installs 5 steps late": {
+        "merge": "rda",
+        "fragments": 2,
+        "delay_steps": 5,
+    },
+}
+"""The yardsticks by name: the product's parts put back one at a time (the delay: about
+5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
 LEVER_GAIN = 0.01
 """Two runs of one setting at a quarter of the budget differ by about 1%."""
 LEVER_FRACTION = 0.25
@@ -385,7 +397,7 @@ class Quality:
                 setting.outer_momentum,
                 self.budget,
                 stop,
-                merge=LOCKSTEPS[name],
+                **LOCKSTEPS[name],
             )
             result = train_lockstep(diloco_recipe(self.base, setting, 0, self.budget, learners), run)
             loss = loss_at(result["evaluations"], stop * result["tokens"])

@@ -24,7 +24,7 @@ import torch
 
 from bench._common import local_regions
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.core.fragments import embedding_parameter_names
+from diloco_cli.core.fragments import fragments_due, fragments_of_model
 from diloco_cli.core.merge import radial_directional_average
 from diloco_cli.core.outer import nesterov_step_
 from diloco_cli.data.corpora import builtin_corpus
@@ -79,10 +79,11 @@ def train_in_process(recipe: Recipe, run: InProcess) -> dict:
 @dataclass(frozen=True)
 class Lockstep:
     """DiLoCo's mathematics alone, in this process: M learners step in lockstep, every
-    H steps their outer gradients are merged (whole, in fp32, at once) and the global
-    model takes the Nesterov outer step, and each starts again from it; each samples
-    the whole text.  No delay, quantization, fragments or dealt shares: what is left of a row's
-    gap to data-parallel here is the algorithm's, the rest the system's."""
+    H steps their outer gradients are merged (in fp32, all learners at once) and the
+    global model takes the Nesterov outer step, and each goes on from it; each samples
+    the whole text.  No quantization, no dealt shares, no processes or buckets: what is
+    left of a row's gap to data-parallel here is the algorithm's, the rest the system's.
+    ``fragments`` and ``delay_steps`` put back two parts of the system one at a time."""
 
     learners: int
     learning_rate: float
@@ -96,11 +97,26 @@ class Lockstep:
     merge: str = "mean"
     """``mean``: the plain mean of the learners' outer gradients; ``rda``: the product's
     merge (the embedding's mean, radial-directional averaging for every other tensor)."""
+    fragments: int = 1
+    """Streamed fragments, sent on the product's staggered schedule (fragment p at the
+    steps where ``(step - p*H//P) % H == 0``)."""
+    delay_steps: int = 0
+    """Steps between a merge and its install: a learner then keeps what it trained since
+    its send, as the product's ``sync.install: keep-unsent`` does."""
+
+
+@dataclass
+class _Install:
+    at_step: int
+    indices: list[int]
+    sent: list[list[torch.Tensor]]
+    """Per learner, its values of the fragment's tensors when it sent them."""
+    merged: list[torch.Tensor]
 
 
 def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
     """Train ``run`` on ``recipe``'s model, data and inner schedule, evaluating the global
-    model ``CURVE_POINTS`` times (it is the last merge's between merges)."""
+    model ``CURVE_POINTS`` times (between merges it is the last ones')."""
     torch.manual_seed(recipe.training.seed)
     training, length = recipe.training, recipe.data.sequence_length
     global_model = recipe.model.build()
@@ -111,36 +127,48 @@ def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
     optimizers = [make_inner_optimizer(m, run.learning_rate, training.weight_decay, training.betas) for m in models]
     schedule = InnerSchedule(run.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
     generators = [torch.Generator().manual_seed(training.seed * 1000 + i) for i in range(run.learners)]
-    buffers = [torch.zeros_like(p) for p in global_model.parameters()]
-    embeddings = embedding_parameter_names(global_model)
+    names = [name for name, _ in global_model.named_parameters()]
+    parameters = [list(model.parameters()) for model in models]
+    global_parameters = list(global_model.parameters())
+    buffers = [torch.zeros_like(p) for p in global_parameters]
+    fragments = fragments_of_model(global_model, run.fragments, run.merge)
+    stepped: set[int] = set()
+    pending: list[_Install] = []
     last = max(1, round(steps * run.stop))
     marks = {max(1, round(steps * point / CURVE_POINTS)) for point in range(1, CURVE_POINTS + 1)} | {last}
-    evaluations, merges, started = [], 0, time.monotonic()
+    evaluations, started = [], time.monotonic()
     for step in range(1, last + 1):
         for model, optimizer, generator in zip(models, optimizers, generators):
             inputs, targets = random_batch(split.train, run.batch, length, generator)
             inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
-        if step % run.sync_interval == 0 or step == last:
-            with torch.no_grad():
-                for index, (name, parameter) in enumerate(global_model.named_parameters()):
-                    outer_gradients = [parameter - list(m.parameters())[index] for m in models]
-                    if run.merge == "rda" and name not in embeddings:
-                        outer_gradient = radial_directional_average(outer_gradients, [1.0] * run.learners)
-                    else:
+        due = range(run.fragments) if step == last else fragments_due(step, run.sync_interval, run.fragments)
+        with torch.no_grad():
+            for fragment in (fragments[p] for p in due):
+                indices = [names.index(name) for name in fragment.parameter_names]
+                sent = [[learner[i].detach().clone() for i in indices] for learner in parameters]
+                for k, i in enumerate(indices):
+                    outer_gradients = [global_parameters[i] - values[k] for values in sent]
+                    if names[i] in fragment.mean_names:
                         outer_gradient = torch.stack(outer_gradients).mean(0)
-                    parameter.copy_(
-                        nesterov_step_(
-                            outer_gradient,
-                            buffers[index],
-                            parameter,
-                            run.outer_learning_rate,
-                            run.outer_momentum,
-                            first=merges == 0,
-                        )
+                    else:
+                        outer_gradient = radial_directional_average(outer_gradients, [1.0] * run.learners)
+                    new = nesterov_step_(
+                        outer_gradient,
+                        buffers[i],
+                        global_parameters[i],
+                        run.outer_learning_rate,
+                        run.outer_momentum,
+                        first=i not in stepped,
                     )
-                for model in models:
-                    model.load_state_dict(global_model.state_dict())
-            merges += 1
+                    global_parameters[i].copy_(new)
+                    stepped.add(i)
+                merged = [global_parameters[i].detach().clone() for i in indices]
+                pending.append(_Install(step + run.delay_steps, indices, sent, merged))
+            for install in [install for install in pending if install.at_step <= step or step == last]:
+                for learner, sent in zip(parameters, install.sent):  # keep what was trained since the send
+                    for k, i in enumerate(install.indices):
+                        learner[i].copy_(install.merged[k] + (learner[i] - sent[k]))
+                pending.remove(install)
         if step in marks:
             evaluations.append([step * run.learners * run.batch * length, evaluate(global_model, heldout)])
     tokens = steps * run.learners * run.batch * length

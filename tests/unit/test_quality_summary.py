@@ -228,7 +228,7 @@ def test_a_levers_verdict_at_a_longer_fraction_of_the_budget_replaces_its_shorte
     assert chosen_levers(quarter + [{**lever(OUTER, 1.40), "fraction": 1.0}], tuned) == (SCHEDULE,)  # no tuned there
 
 
-def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_alone_by_either_merge():
+def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_alone_by_any_merge_delay_or_fragments():
     """The lockstep reference against the in-process trainer, computed apart: one
     learner averaged with itself every H steps (outer lr 1, no momentum) is the learner
     alone, up to the rounding of Theta - (Theta - theta); two learners are not."""
@@ -254,3 +254,8 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
     assert two["evaluations"][-1][1] != pytest.approx(alone["evaluations"][-1][1], abs=1e-4)
     two_rda = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens, merge="rda"))
     assert two_rda["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
+    # a delayed install keeps what was trained since the send: one learner is still itself
+    late = train_lockstep(recipe, Lockstep(1, 6e-3, 8, 6, 1.0, 0.0, tokens, fragments=2, delay_steps=2))
+    assert late["evaluations"][-1][1] == pytest.approx(alone["evaluations"][-1][1], abs=1e-4)
+    two_late = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens, delay_steps=2))
+    assert two_late["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
