@@ -1,0 +1,126 @@
+"""The levers of ``bench.quality``: recipe changes tried on the tuned DiLoCo run, the
+lockstep yardsticks beside them, and the rule that picks what the rows run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from bench.quality_tuning import Setting
+
+LEVERS: dict[str, Callable[[Setting, int], dict]] = {
+    "AdamW beta2 0.99": lambda setting, steps: {"training": {"betas": [0.9, 0.99]}},
+    "warmup 5% of the steps": lambda setting, steps: {"training": {"warmup_steps": max(1, steps // 20)}},
+    "outer lr 1.4 (the anchors' rises with M)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 1.4 * setting.outer_learning_rate}
+    },
+    "outer momentum 0.6 at lr 0.4 (the same long-run step, tens of rounds in)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.4 * setting.outer_learning_rate, "outer_momentum": 0.6}
+    },
+    "fp32 up and down (no quantization)": lambda setting, steps: {
+        "sync": {"learner_codec": {"codec": "fp32"}, "update_codec": {"codec": "fp32"}}
+    },
+    "outer lr 0.8 (a step short of the average)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.8 * setting.outer_learning_rate}
+    },
+    "outer momentum 0.8 at lr 0.2 (the same long-run step, longer memory)": lambda setting, steps: {
+        "setting": {"outer_learning_rate": 0.2 * setting.outer_learning_rate, "outer_momentum": 0.8}
+    },
+    "merge by the plain mean (DiLoCo's) instead of RDA": lambda setting, steps: {"sync": {"merge": "mean"}},
+    "H/4 then H/2 over the first tenth": lambda setting, steps: {
+        "sync": {
+            "sync_interval_schedule": [
+                [max(1, steps // 20), max(1, setting.sync_interval // 4)],
+                [max(2, steps // 10), max(1, setting.sync_interval // 2)],
+            ]
+        }
+    },
+}
+"""``--levers``: what the anchors use beyond the tuned settings, each tried alone on the
+tuned M=4 K=M run at a quarter of the budget, given the setting and the learners' inner
+steps: recipe sections, and under ``setting`` the fields of :class:`Setting` it changes
+(the outer learning rate there, so that the K < M rows scale it as they scale the tuned
+one).  Those that beat the tuned run by more than ``LEVER_GAIN`` are tried together,
+and the better of that and the best one alone is what the rows run."""
+LOCKSTEP = "lockstep reference (one process: no delay, fp32, whole model, i.i.d. data)"
+"""Not a lever but the yardstick of one (``bench.quality_runs.Lockstep``): the tuned
+setting's mathematics without the system around it; run by naming it in ``--levers``."""
+LOCKSTEP_RDA = "lockstep reference with the product's merge (RDA)"
+LOCKSTEPS: dict[str, dict] = {
+    LOCKSTEP: {"merge": "mean"},
+    LOCKSTEP_RDA: {"merge": "rda"},
+    "lockstep reference with RDA and installs 5 steps after the send": {"merge": "rda", "delay_steps": 5},
+    "lockstep reference with RDA and 2 staggered fragments": {"merge": "rda", "fragments": 2},
+    "lockstep reference with RDA, 2 fragments and installs 5 steps late": {
+        "merge": "rda",
+        "fragments": 2,
+        "delay_steps": 5,
+    },
+}
+"""The yardsticks by name: the product's parts put back one at a time (the delay: about
+5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
+LEVER_GAIN = 0.01
+"""Two runs of one setting at a quarter of the budget differ by about 1%."""
+LEVER_FRACTION = 0.25
+
+
+def merged(sections: dict, overrides: dict) -> dict:
+    """Recipe sections with ``overrides``' keys replacing theirs, section by section."""
+    return {name: sections.get(name, {}) | overrides.get(name, {}) for name in {**sections, **overrides}}
+
+
+def lever_changes(names: tuple[str, ...], setting: Setting, steps: int) -> tuple[Setting, dict]:
+    """``setting`` with the levers ``names`` applied together: the setting they make and
+    the recipe sections they add."""
+    changes: dict = {}
+    sections: dict = {}
+    for name in names:
+        made = dict(LEVERS[name](setting, steps))
+        changes |= made.pop("setting", {})
+        sections = merged(sections, made)
+    return replace(setting, **changes), sections
+
+
+def adopted(names: str, *others: str) -> tuple[str, ...]:
+    """Levers by name (``--adopt``'s, or ``--levers``' with ``others`` allowed too)."""
+    chosen = tuple(sorted(name.strip() for name in names.split(";") if name.strip()))
+    known = [*LEVERS, *others]
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise SystemExit(f"no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(known)}")
+    return chosen
+
+
+def chosen_levers(levers: list[dict], tuned: Setting) -> tuple[str, ...]:
+    """What the rows run of the levers measured at ``tuned``: those that beat the tuned
+    run by more than ``LEVER_GAIN`` (at the longest fraction of the budget each was
+    measured), together if that was measured better than the best of them alone, else
+    the best alone."""
+    ratios = lever_ratios(levers, tuned)
+    winners = sorted((name for name in LEVERS if ratios.get(name, 1.0) < 1 - LEVER_GAIN), key=ratios.__getitem__)
+    together = " + ".join(sorted(winners))
+    if len(winners) > 1 and ratios.get(together, math.inf) < ratios[winners[0]]:
+        return tuple(sorted(winners))
+    return tuple(winners[:1])
+
+
+def levers_at(levers: list[dict], setting: Setting, fraction: float) -> list[dict]:
+    """The lever runs measured at ``setting`` and ``fraction`` of the budget (those kept
+    from before fractions were recorded ran at ``LEVER_FRACTION``)."""
+    return [
+        lever
+        for lever in levers
+        if Setting.of(lever["setting"]) == setting and lever.get("fraction", LEVER_FRACTION) == fraction
+    ]
+
+
+def lever_ratios(levers: list[dict], setting: Setting) -> dict[str, float]:
+    """Each lever's loss over the tuned run's, at the largest fraction of the budget at
+    which both were measured: a longer run's verdict replaces a shorter one's."""
+    ratios: dict[str, float] = {}
+    for fraction in sorted({lever.get("fraction", LEVER_FRACTION) for lever in levers}):
+        group = {lever["lever"]: lever["loss"] for lever in levers_at(levers, setting, fraction)}
+        if "tuned" in group:
+            ratios |= {name: loss / group["tuned"] for name, loss in group.items() if name != "tuned"}
+    return ratios
