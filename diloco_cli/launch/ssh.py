@@ -121,6 +121,9 @@ class CommandResult:
     stderr: str
 
 
+EOF_GRACE_SECONDS = 2.0  # how long output is awaited after the exit status (a daemon may hold the streams open)
+
+
 def run(client: paramiko.SSHClient, command: str, timeout: float = 600.0) -> CommandResult:
     """Run a shell command on the host and wait for it.  Both streams are drained as
     they come (reading one to its end first can deadlock on a full other one)."""
@@ -129,6 +132,7 @@ def run(client: paramiko.SSHClient, command: str, timeout: float = 600.0) -> Com
     channel.exec_command(command)
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
+    exited = float("inf")  # sshd may send the exit status before the last of the output
     while True:
         if time.monotonic() > deadline:
             channel.close()
@@ -137,13 +141,13 @@ def run(client: paramiko.SSHClient, command: str, timeout: float = 600.0) -> Com
             out += channel.recv(1 << 16)
         elif channel.recv_stderr_ready():
             err += channel.recv_stderr(1 << 16)
-        elif channel.exit_status_ready():
+        elif not channel.exit_status_ready():
+            channel.status_event.wait(0.05)
+        elif channel.eof_received or time.monotonic() > exited + EOF_GRACE_SECONDS:
             break
         else:
-            channel.status_event.wait(0.05)
-    while channel.recv_ready() or channel.recv_stderr_ready():  # what came with the exit
-        out += channel.recv(1 << 16) if channel.recv_ready() else b""
-        err += channel.recv_stderr(1 << 16) if channel.recv_stderr_ready() else b""
+            exited = min(exited, time.monotonic())
+            time.sleep(0.01)
     code = channel.recv_exit_status()
     channel.close()
     return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))

@@ -580,3 +580,31 @@ def test_the_chaos_driver_signals_a_learner_on_its_ssh_host(tmp_path):
             assert driver.buckets[0].read_chaos_log().events[-1].outcome == "not running"
         finally:
             victim.kill()
+
+
+def test_a_commands_output_arrives_whole_even_when_sshd_sends_the_exit_status_first(tmp_path):
+    """sshd may send a command's exit status before the last of its output (preflight once
+    read "sbatch" of five missing commands); ``run`` waits for the end of the streams, and
+    only briefly where a process left in the background still holds them."""
+    from diloco_cli.launch.ssh import EOF_GRACE_SECONDS, run
+
+    tail = 60_000  # the last write, as large as a pipe holds: sshd may still be reading it at the exit
+    with sshd_server(tmp_path) as server:
+        client = server.connect()
+        try:
+            cut = []
+            for _ in range(120):  # before the fix 5 in 300 came back cut (this catches it 6 times in 7)
+                said = run(
+                    client,
+                    f"for c in a b c; do echo $c; echo $c >&2; done; head -c {tail} /dev/zero | tr '\\0' x",
+                    timeout=30,
+                )
+                if (said.stdout, said.stderr) != ("a\nb\nc\n" + "x" * tail, "a\nb\nc\n"):
+                    cut.append((len(said.stdout), said.stderr))
+            assert not cut, cut
+            started = time.monotonic()
+            held = run(client, "(sleep 30 &); echo started", timeout=30)  # the sleep keeps stdout open
+            assert held.code == 0 and held.stdout == "started\n"
+            assert time.monotonic() - started < EOF_GRACE_SECONDS + 5
+        finally:
+            client.close()
