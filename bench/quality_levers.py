@@ -57,6 +57,7 @@ LOCKSTEPS: dict[str, dict] = {
         "fragments": 2,
         "delay_steps": 5,
     },
+    "lockstep reference with 2 fragments and installs 5 steps late": {"fragments": 2, "delay_steps": 5},
 }
 """The yardsticks by name: the product's parts put back one at a time (the delay: about
 5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
