@@ -57,6 +57,7 @@ from bench.quality_levers import (
     lever_ratios,
     levers_at,
     merged,
+    yardstick,
 )
 from bench.quality_runs import (
     InProcess,
@@ -304,23 +305,29 @@ class Quality:
         stopped at ``--lever-fraction`` of the budget (quick runs go to their end)."""
         learners = self.rows.learners
         stop = 1.0 if self.args.quick else self.args.lever_fraction
-        if name in LOCKSTEPS:
+        steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
+        if measured := yardstick(name, setting, steps):
+            options, changed, sections = measured
             run = Lockstep(
                 learners,
-                setting.inner_learning_rate,
-                setting.batch_per_learner,
-                setting.sync_interval,
-                setting.outer_learning_rate,
-                setting.outer_momentum,
+                changed.inner_learning_rate,
+                changed.batch_per_learner,
+                changed.sync_interval,
+                changed.outer_learning_rate,
+                changed.outer_momentum,
                 self.budget,
                 stop,
-                **LOCKSTEPS[name],
+                **options,
             )
-            result = train_lockstep(diloco_recipe(self.base, setting, 0, self.budget, learners), run)
+            result = train_lockstep(diloco_recipe(self.base, changed, 0, self.budget, learners), run)
             loss = loss_at(result["evaluations"], stop * result["tokens"])
-            record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": result["seconds"]}
-            return {"lever": name, "fraction": stop, "loss": loss, "evaluations": result["evaluations"]} | record
-        steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
+            changes = {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value}
+            record = {"sections": sections, "changes": changes, "setting": asdict(setting)}
+            return (
+                {"lever": name, "fraction": stop, "loss": loss, "evaluations": result["evaluations"]}
+                | record
+                | {"seconds": result["seconds"]}
+            )
         names = () if name == "tuned" else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)

@@ -87,10 +87,23 @@ def adopted(names: str, *others: str) -> tuple[str, ...]:
     """Levers by name (``--adopt``'s, or ``--levers``' with ``others`` allowed too)."""
     chosen = tuple(sorted(name.strip() for name in names.split(";") if name.strip()))
     known = [*LEVERS, *others]
-    unknown = [name for name in chosen if name not in known]
+    unknown = [part for name in chosen for part in name.split(" + ") if part not in known]
     if unknown:
         raise SystemExit(f"no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(known)}")
     return chosen
+
+
+def yardstick(name: str, setting: Setting, steps: int) -> tuple[dict, Setting, dict] | None:
+    """A lockstep yardstick by name, with levers after it (``LOCKSTEP + LEVER + ...``):
+    its options for :class:`bench.quality_runs.Lockstep`, the setting the levers make
+    (naming them) and the recipe sections they add (the lockstep follows the training
+    section's; it merges by its own options, not the sync section); None for a lever
+    of the product."""
+    first, *levers = name.split(" + ")
+    if first not in LOCKSTEPS:
+        return None
+    changed, sections = lever_changes(tuple(levers), setting, steps)
+    return LOCKSTEPS[first], replace(changed, levers=tuple(levers)), sections
 
 
 def chosen_levers(levers: list[dict], tuned: Setting) -> tuple[str, ...]:

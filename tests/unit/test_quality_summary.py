@@ -187,6 +187,25 @@ def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
         adopted("momentum")
 
 
+def test_a_yardstick_named_with_levers_runs_the_setting_and_training_sections_they_make():
+    """``LOCKSTEP + LEVER``: the lockstep with the lever's outer step (and the recipe
+    sections it adds); a lever alone is the product's, and an unknown part is refused."""
+    from bench.quality_levers import LOCKSTEP, LOCKSTEP_RDA, LOCKSTEPS, adopted, yardstick
+    from bench.quality_tuning import Setting
+
+    tuned = Setting(6e-3, 32, 6e-3, 1.0, 0.0, 25, 8, "keep-unsent")
+    momentum = "outer momentum 0.6 at lr 0.4 (the same long-run step, tens of rounds in)"
+    options, changed, sections = yardstick(f"{LOCKSTEP_RDA} + {momentum} + {BETA2}", tuned, 1000)
+    assert options == LOCKSTEPS[LOCKSTEP_RDA] and options["merge"] == "rda"
+    assert (changed.outer_learning_rate, changed.outer_momentum) == (0.4, 0.6)
+    assert changed.levers == (momentum, BETA2) and sections["training"]["betas"][1] == 0.99
+    assert yardstick(LOCKSTEP, tuned, 1000) == (LOCKSTEPS[LOCKSTEP], tuned, {})
+    assert yardstick(momentum, tuned, 1000) is None
+    assert adopted(f"{LOCKSTEP} + {momentum}", *LOCKSTEPS) == (f"{LOCKSTEP} + {momentum}",)
+    with pytest.raises(SystemExit, match="no lever named 'momentum'"):
+        adopted(f"{LOCKSTEP} + momentum", *LOCKSTEPS)
+
+
 def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_tokens_per_parameter(tmp_path):
     """recipes/compute-optimal.yaml serves the horizon bench.quality measures: its
     settings are those the result file's rows ran (tuned, with the levers chosen: the
