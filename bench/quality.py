@@ -88,6 +88,8 @@ TARGETS = {
     "DiLoCo M=1 K=M vs data-parallel": 0.0,
     "Decoupled K=1 of 4 vs DiLoCo M=4 K=M": 0.01,
 }
+SEEDS_WITHIN_SPREAD = 3
+"""Seeds of each row a target within the seed-to-seed spread asks for (issue 34)."""
 WAN_TOKEN_OVERHEAD = 1.3
 """The WAN recipe reaches data-parallel's final loss within this many times its tokens."""
 
@@ -494,7 +496,9 @@ def summarize(rows: list[dict], names: Rows) -> dict:
 
 def targets_of(summary: dict, names: Rows) -> dict:
     """Each target with its measurement; one within the seed-to-seed spread counts as met
-    when the gap is at most max(target, twice the spread), the spread reported either way."""
+    when the gap is at most max(target, twice the spread), the spread reported either way,
+    and says by which (``met_by``) and, met by the spread on fewer than
+    ``SEEDS_WITHIN_SPREAD`` seeds of either row, that more are due (``seeds_due``)."""
     targets = {}
     for (better, baseline), target in zip(
         [(names.sync, DATA_PARALLEL), (names.of_size(1), DATA_PARALLEL), (names.decoupled, names.sync)],
@@ -503,11 +507,17 @@ def targets_of(summary: dict, names: Rows) -> dict:
         if better in summary and baseline in summary:
             gap = summary[better]["loss_1.0"] / summary[baseline]["loss_1.0"] - 1
             spread = max(summary[better]["spread"], summary[baseline]["spread"])
+            seeds = min(len(summary[better]["seeds"]), len(summary[baseline]["seeds"]))
+            met = gap <= max(target, 2 * spread)
+            by_spread = met and gap > target
             targets[f"{better} vs {baseline}"] = {
                 "target": f"gap <= {target:.0%}",
                 "measured": gap,
                 "spread": spread,
-                "met": gap <= max(target, 2 * spread),
+                "seeds": seeds,
+                "met": met,
+                "met_by": None if not met else "twice the spread" if by_spread else "the target",
+                "seeds_due": by_spread and seeds < SEEDS_WITHIN_SPREAD,
             }
     if names.wan in summary and "token_overhead" in summary[names.wan]:
         overhead = summary[names.wan]["token_overhead"]
@@ -575,6 +585,9 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0", "gap_vs_dp", "token_overhead", "seconds"])
     for name, target in report["targets"].items():
         verdict = "met" if target["met"] else "MISSED"
+        if target.get("met_by") == "twice the spread":
+            verdict += f" only within twice the spread ({target['spread']:.1%}, {target['seeds']} seeds)"
+            verdict += f"; {SEEDS_WITHIN_SPREAD} seeds of each row are due" if target["seeds_due"] else ""
         print(f"{name}: {target.get('measured', target.get('failing'))} ({target['target']}): {verdict}")
     print(f"wrote {path}")
     return report

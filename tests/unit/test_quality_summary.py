@@ -54,6 +54,8 @@ def test_gaps_spread_overhead_and_floor_are_read_against_data_parallels_final_lo
         "met": False,
     }
     assert targets[f"{NAMES.sync} vs data-parallel"]["met"]  # ahead of it
+    assert targets[f"{NAMES.sync} vs data-parallel"]["met_by"] == "the target"
+    assert not targets[f"{NAMES.sync} vs data-parallel"]["seeds_due"]
     decoupled = targets[f"{NAMES.decoupled} vs {NAMES.sync}"]
     assert decoupled["measured"] == pytest.approx(0.3) and not decoupled["met"]
 
@@ -69,6 +71,7 @@ def test_a_gap_within_twice_the_seed_spread_counts_as_met_and_a_longer_run_gives
     target = targets_of(summary, NAMES)[f"{NAMES.sync} vs data-parallel"]
     assert target["measured"] == pytest.approx(2.10 / 2.02 - 1) and target["met"]
     assert target["spread"] == pytest.approx(0.04 / 2.02)
+    assert target["met_by"] == "twice the spread" and target["seeds"] == 1 and target["seeds_due"]
     assert summary[NAMES.sync]["tokens_to_dp_loss"] == pytest.approx(600)
     assert summary[NAMES.sync]["tokens_to_dp_loss_from"] == NAMES.sync + EXTENDED
     rows[3] = row(NAMES.sync, 1, [[400, 2.30]])  # a second seed far apart widens the spread
