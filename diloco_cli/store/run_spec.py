@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from diloco_cli import __version__
 from diloco_cli.codec import RunSecret
@@ -236,7 +237,12 @@ class RunSpec(BaseModel):
         return [self.home(secret, shard) for shard in range(len(self.syncer_shards))]
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
+        try:
+            return self.model_dump_json(indent=2)
+        except PydanticSerializationError as error:  # pydantic wraps a Ctrl-C that lands inside it
+            if "KeyboardInterrupt" in str(error):
+                raise KeyboardInterrupt from None
+            raise
 
 
 def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> RunSpec:

@@ -1,8 +1,10 @@
 """What ``diloco up`` checks before it starts anything, and ``up --dry-run`` the same:
 the run's name, the files given, the buckets."""
 
+import json
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from diloco_cli.cli.app import app
@@ -130,3 +132,32 @@ def test_a_regions_own_copy_of_the_data_is_checked_as_its_learners_read_it(tmp_p
     refused = one_line_error(runner.invoke(app, [*arguments, *tokens, "--set", "training.num_learners=4"]))
     assert refused.startswith(f"error: {tmp_path}/regions.yaml: region 'west' data_source: no dataset index at ")
     assert f"{tmp_path}/west-copy/index.json" in refused
+
+
+def test_a_ctrl_c_that_pydantic_wraps_while_the_run_spec_is_written_is_a_ctrl_c_again(tmp_path, monkeypatch):
+    """pydantic turns a KeyboardInterrupt raised inside its serializer into a
+    PydanticSerializationError (CI once saw `up` print that traceback when Ctrl-C came as
+    the run's folder appeared); ``RunSpec.to_json`` gives the Ctrl-C back, so that `up`
+    says "interrupted" and leaves nothing half-made."""
+    from pydantic import BaseModel, field_serializer
+    from pydantic_core import PydanticSerializationError
+
+    from diloco_cli.config.recipe import Recipe
+    from diloco_cli.config.regions import RegionsFile
+    from diloco_cli.launch.resolve import resolve_run
+    from diloco_cli.store.run_spec import RunSpec
+
+    class Interrupted(BaseModel):
+        value: int = 0
+
+        @field_serializer("value")
+        def interrupt(self, value: int) -> int:
+            raise KeyboardInterrupt
+
+    with pytest.raises(PydanticSerializationError, match="KeyboardInterrupt"):  # what pydantic does
+        Interrupted().model_dump_json()
+    spec = resolve_run(Recipe(), RegionsFile(), "interrupted", tmp_path)
+    assert json.loads(spec.to_json())["run"] == "interrupted"
+    monkeypatch.setattr(RunSpec, "model_dump_json", lambda self, **_: Interrupted().model_dump_json())
+    with pytest.raises(KeyboardInterrupt):
+        spec.to_json()
