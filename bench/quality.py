@@ -323,13 +323,16 @@ class Quality:
             )
             result = train_lockstep(diloco_recipe(self.base, changed, 0, self.budget, learners), run)
             loss = loss_at(result["evaluations"], stop * result["tokens"])
-            changes = {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value}
-            record = {"sections": sections, "changes": changes, "setting": asdict(setting)}
-            return (
-                {"lever": name, "fraction": stop, "loss": loss, "evaluations": result["evaluations"]}
-                | record
-                | {"seconds": result["seconds"]}
-            )
+            return {
+                "lever": name,
+                "fraction": stop,
+                "loss": loss,
+                "evaluations": result["evaluations"],
+                "sections": sections,
+                "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
+                "setting": asdict(setting),
+                "seconds": result["seconds"],
+            }
         names = () if name == "tuned" else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
