@@ -24,7 +24,7 @@ below the floor's fails, whatever else it shows.
 
     python -m bench.quality                  # the full form: several hours, in sittings
     python -m bench.quality --resume         # keep what the result file has, run the rest
-    python -m bench.quality --rows "data-parallel,DiLoCo M=4 K=M" --resume
+    python -m bench.quality --rows "data-parallel; DiLoCo M=4 K=M" --resume
     python -m bench.quality --quick          # a tiny model and budget, 2 learners (the tests)
 
 Every finished trial and row is written at once, so a sitting that is stopped loses only
@@ -125,7 +125,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=2, help="seeds of data-parallel, the floor, M=4 and K=1")
     parser.add_argument("--other-seeds", type=int, default=1, help="seeds of the other rows")
     parser.add_argument("--tuning-fraction", type=float, default=0.125, help="budget fraction of each tuning run")
-    parser.add_argument("--rows", default="", help="comma-separated row names to run (default: every row)")
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="the row names to run, separated by semicolons (names hold commas; default: every row)",
+    )
     parser.add_argument(
         "--levers",
         nargs="?",
@@ -378,7 +382,7 @@ class Quality:
             label for label in rows.headline if summary.get(label, {}).get("loss_1.0", -math.inf) > (target or math.inf)
         ]
         plan += [(label + EXTENDED, 0) for label in behind]
-        chosen = [label.strip() for label in args.rows.split(",") if label.strip()]
+        chosen = [label.strip() for label in args.rows.split(";") if label.strip()]
         unknown = sorted(set(chosen) - set(rows.all()))
         if unknown:
             raise SystemExit(f"--rows: no row named {', '.join(map(repr, unknown))}; the rows: {', '.join(rows.all())}")

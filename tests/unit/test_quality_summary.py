@@ -106,6 +106,8 @@ def test_the_full_form_is_20_tokens_per_parameter_and_runs_the_most_informative_
 
 def test_rows_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_names(tmp_path):
     assert {label for label, _ in quality_sitting(tmp_path, "data-parallel").plan([], {})} == {DATA_PARALLEL}
+    chosen = quality_sitting(tmp_path, f"{DATA_PARALLEL}; {NAMES.wan}").plan([], {})
+    assert {label for label, _ in chosen} == {DATA_PARALLEL, NAMES.wan}  # a name that holds a comma
     with pytest.raises(SystemExit, match="no row named 'DiLoCo M=3 K=M'.*floor: one learner alone"):
         quality_sitting(tmp_path, "DiLoCo M=3 K=M").plan([], {})
 
