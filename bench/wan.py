@@ -36,6 +36,11 @@ the delaying proxy on the region's WAN address.
    started; compute share = sum of the learners' compute_seconds / sum of (time -
    started_at) in their final heartbeats; bytes per link from the run's report (``diloco
    report``'s JSON, built in-process), from the proxies' counters and from the WAN devices'.
+   With ``--reference RESULT`` (a ``bench.quality`` result of the same model, tokens, global
+   batch and learning rate, e.g. at 20 tokens per parameter), data-parallel's curve is the
+   mean of that result's tuned data-parallel seeds instead (the floor its floor row), and
+   data-parallel on loopback runs ``--calibration-steps`` only, for c and B: its whole
+   budget there took about an hour a seed.
 5. The target loss: data-parallel's final held-out evaluation at the budget (1, this run):
    is DiLoCo's model as good as data-parallel's, and what does it cost to get there?  At
    the target (``equal_loss`` in the JSON, ``bench.wan_equal_loss``): DiLoCo's learner
@@ -72,6 +77,8 @@ the delaying proxy on the region's WAN address.
     python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
     python -m bench.wan --sweep-from bench/results/wan.json --settings "H=100, int2 uploads, int4 updates"
     python -m bench.wan --learners 8     # 2 regions x 4 learners (~20 min)
+    python -m bench.wan --recipe recipes/wan.yaml --reference bench/results/quality.json
+                                         # at 20 tokens per parameter (~1 h, more with the longer run)
     python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
 
 Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
@@ -111,11 +118,12 @@ from bench.wan_equal_loss import (
     dp_steps_to_target,
     equal_loss,
     first_at_or_below,
+    quality_reference,
     target_loss,
 )
 from bench.wan_link_rate import check_diloco_rate, dp_rate_for_target
 from bench.wan_link_rate import summarize as summarize_link_rates
-from bench.wan_options import parse_args
+from bench.wan_options import parse_args, recipe_overrides
 from bench.wan_plan import plan_prediction, plan_vs_measured
 from bench.wan_show import show, show_sweep
 from bench.wan_sweep import dp_reference, replanned, sweep
@@ -258,6 +266,8 @@ def race_settings(
     world, steps = recipe.training.num_learners, recipe.training.inner_steps
     sync = recipe.sync
     return {
+        "recipe": str(args.recipe or "the default recipe"),
+        "reference": str(args.reference) if args.reference else None,
         "recipe_overrides": overrides,
         "diloco_overrides": args.diloco_set,
         "model": recipe.model.model_dump(),
@@ -473,7 +483,8 @@ def race_result(
         "target": {
             "loss": target,
             "source": TARGET_SOURCE,
-            "rule": "data-parallel's final held-out evaluation at the budget, measured in this run",
+            "rule": "data-parallel's final held-out evaluation at the budget, "
+            + (f"the mean of its seeds in {args.reference}" if args.reference else "measured in this run"),
             "diloco_final": diloco["final_loss"],
             "dp_final": dp["final_loss"],
             "floor_final": floor["final_loss"],
@@ -513,15 +524,28 @@ def race(args: argparse.Namespace, recipe: Recipe, overrides: Sequence[str], wor
     world, steps = recipe.training.num_learners, recipe.training.inner_steps
     eval_every, timeout = race_limits(args)
     phase = PhaseClock(results["phase_seconds"])
-    phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
-    loopback = dp_summary(
-        launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
-    )
+    if args.reference:
+        reference = quality_reference(json.loads(args.reference.read_text()), str(args.reference), recipe)
+        phase(
+            "dp_loopback",
+            f"data-parallel on loopback: {world} ranks, {args.calibration_steps} steps for c and B "
+            f"(its curve and the floor: {args.reference})",
+        )
+        loopback = dp_summary(
+            launch_local(world, args.calibration_steps, overrides=overrides, timeout=timeout, workdir=workdir)
+        )
+        loopback |= {"evaluations": reference.pop("evaluations"), "reference": reference}
+        floor = reference.pop("floor")
+    else:
+        phase("dp_loopback", f"data-parallel on loopback: {world} ranks, {steps} steps")
+        loopback = dp_summary(
+            launch_local(world, steps, overrides=overrides, eval_every=eval_every, timeout=timeout, workdir=workdir)
+        )
+        phase("floor", f"the floor: one learner alone on 1/{world} of the tokens, in this process")
+        floor = floor_run(load_recipe(None, [*overrides, *args.diloco_set]))
     calibrated = results["calibration"] = calibration(args, loopback)
     target = target_loss(loopback["evaluations"])
-    phase("floor", f"the floor: one learner alone on 1/{world} of the tokens, in this process")
-    floor = floor_run(load_recipe(None, [*overrides, *args.diloco_set]))
-    print(f"  final loss {floor['final_loss']:.4f} (data-parallel's, the target: {target:.4f})", flush=True)
+    print(f"  the floor's final loss {floor['final_loss']:.4f}; the target, data-parallel's: {target:.4f}", flush=True)
     rate, syncer_rate = calibrated["link_mbit"], calibrated["syncer_link_mbit"]
     phase("emulation")
     with emulated_wan(
@@ -583,7 +607,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     os.environ.update(S3_ENV)  # this process prepares and reads the buckets (moto takes any key)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a TERM cleans up as Ctrl-C does
-    overrides = overrides_for(args.quick) + ([f"training.num_learners={args.learners}"] if args.learners else [])
+    overrides = [*recipe_overrides(args.recipe), *overrides_for(args.quick)]
+    overrides += [f"training.num_learners={args.learners}"] if args.learners else []
     recipe = load_recipe(None, overrides)
     eval_every, timeout = race_limits(args)
     workdir = Path(tempfile.mkdtemp(prefix="bench-wan-"))

@@ -16,13 +16,68 @@ share of the tokens: a DiLoCo run whose final loss is not below it is failing.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.quality_runs import tokens_to_reach
+from bench.quality_runs import loss_at, tokens_to_reach
 
 TARGET_SOURCE = "data-parallel's final loss"
 """Where the target comes from (``results.equal_loss.target_source``)."""
+
+
+REFERENCE_ROWS = ("data-parallel", "floor: one learner alone")
+"""The rows of a ``bench.quality`` result the race takes with ``--reference``."""
+
+
+def quality_reference(result: dict, source: str, recipe: Any) -> dict[str, Any]:
+    """Data-parallel's curve and the floor from a ``bench.quality`` result (``--reference``):
+    the curve is the mean of its data-parallel seeds' (each read at the first seed's
+    evaluations), labelled by step of the race's global batch, so its final point is the
+    seeds' mean final loss, the harness's figure; the floor is the mean of its floor
+    seeds' final losses.  Refused, naming what differs, unless its data-parallel trained
+    the race's model, sequence length, tokens (within 1%), global batch and learning rate."""
+    dp_name, floor_name = REFERENCE_ROWS
+    rows = result["results"]["rows"]
+    dp_rows = [row for row in rows if row["row"] == dp_name]
+    floor_rows = [row for row in rows if row["row"] == floor_name]
+    if not dp_rows or not floor_rows:
+        raise SystemExit(f"--reference {source}: no {dp_name!r} or {floor_name!r} row; run bench.quality first")
+    training, settings = recipe.training, result["settings"]
+    tokens_per_step = training.num_learners * training.batch_size * recipe.data.sequence_length
+    tokens = training.inner_steps * tokens_per_step
+    model = recipe.model.model_dump(mode="json")
+    found = {
+        "model": (settings["model"], {key: model.get(key) for key in settings["model"]}),
+        "sequence length": (settings["sequence_length"], recipe.data.sequence_length),
+        "global batch": (dp_rows[0]["setting"]["dp_batch"], training.num_learners * training.batch_size),
+        "learning rate": (dp_rows[0]["setting"]["dp_learning_rate"], training.learning_rate),
+    }
+    differences = [f"{what} {theirs} there, {ours} here" for what, (theirs, ours) in found.items() if theirs != ours]
+    if abs(dp_rows[0]["tokens"] - tokens) > 0.01 * tokens:
+        differences.append(f"tokens {dp_rows[0]['tokens']:,} there, {tokens:,} here")
+    if differences:
+        raise SystemExit(
+            f"--reference {source}: its data-parallel is not this race's: {'; '.join(differences)}; "
+            "give the recipe it measured (--recipe), or race without --reference"
+        )
+    points = [at for at, _ in dp_rows[0]["evaluations"]]
+    curve = [
+        {"step": at / tokens_per_step, "loss": statistics.fmean(loss_at(row["evaluations"], at) for row in dp_rows)}
+        for at in points
+    ]
+    return {
+        "source": source,
+        "dp_seeds": [row["seed"] for row in dp_rows],
+        "dp_final_losses": [row["evaluations"][-1][1] for row in dp_rows],
+        "evaluations": curve,
+        "floor": {
+            "source": source,
+            "seeds": [row["seed"] for row in floor_rows],
+            "final_loss": statistics.fmean(row["evaluations"][-1][1] for row in floor_rows),
+            "evaluations": floor_rows[0]["evaluations"],
+        },
+    }
 
 
 def target_loss(dp_evaluations: Sequence[dict]) -> float:

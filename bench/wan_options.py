@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
+
+import yaml
 
 from bench._common import benchmark_parser
 from bench.wan_diloco import REGIONS, SYNCER
@@ -34,11 +37,55 @@ def parse_args(doc: str, argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--longer {args.longer:g}: give a factor above 1 (the budget's run is the first)")
     if args.settings and not args.sweep_from:
         parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
+    if args.reference and args.quick:
+        parser.error("--reference takes data-parallel's curve from a full bench.quality result: the full mode only")
     return args
 
 
+def recipe_overrides(path: Path | None) -> list[str]:
+    """A recipe file as the ``--set`` overrides it makes over the default recipe (each
+    leaf of its YAML as ``section.key=value``), so every run of the race (data-parallel's
+    ranks, the learners, the plan) takes it the one way they take overrides."""
+    if path is None:
+        return []
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict):
+        raise SystemExit(f"--recipe {path}: not a recipe (a YAML mapping of sections)")
+
+    def leaves(node: dict, prefix: str) -> list[str]:
+        found = []
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                found += leaves(value, f"{prefix}{key}.")
+            else:  # JSON is YAML: strings, numbers, lists and null read back as they were
+                found.append(f"{prefix}{key}={json.dumps(value)}")
+        return found
+
+    return leaves(document, "")
+
+
 def add_race_options(parser: argparse.ArgumentParser) -> None:
-    """The race's options: the WAN (latency, link rate), the runs, the learners and where the syncer runs."""
+    """The race's options: the recipe and the reference, the WAN (latency, link rate), the
+    runs, the learners and where the syncer runs."""
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        help="the recipe both methods train (default: the default recipe's 300-step demo), e.g. "
+        "recipes/wan.yaml at 20 tokens per parameter",
+    )
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="a bench.quality result (bench/results/quality.json) of the same model, tokens, batch and learning "
+        "rate: the target is its tuned data-parallel's final loss (the mean of its seeds' curves) and the floor its "
+        "floor row; data-parallel on loopback then runs --calibration-steps only, for c and B (full mode only)",
+    )
+    parser.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=60,
+        help="with --reference: data-parallel's steps on loopback that measure c and B (default 60)",
+    )
     parser.add_argument(
         "--latency-ms", type=float, default=40.0, help="one-way latency the proxies add in front of each remote S3"
     )

@@ -3,6 +3,8 @@ curves: the target, each side's tokens to it, DiLoCo's runs (the budget's, then 
 longer schedule's), the baselines' bytes and time, the token overhead and the floor.
 Every expected figure is worked out by hand in the comments."""
 
+from pathlib import Path
+
 import pytest
 
 from bench.wan_equal_loss import (
@@ -14,6 +16,7 @@ from bench.wan_equal_loss import (
     target_loss,
 )
 
+REPOSITORY = Path(__file__).resolve().parents[2]
 DP = [{"step": 0, "loss": 5.0}, {"step": 10, "loss": 3.0}, {"step": 20, "loss": 2.5}, {"step": 30, "loss": 2.4}]
 
 
@@ -131,3 +134,57 @@ def test_a_run_not_below_the_floor_fails_and_one_that_never_reaches_the_target_h
     assert not equal["diloco_reached"] and equal["diloco_token_overhead"] is None
     assert equal["wan_bytes_flat_ring_over_diloco"] is None and equal["time_to_target_hierarchical_over_diloco"] is None
     assert "never reached" in equal["rule"]
+
+
+def quality_result(dp_batch=32):
+    """A made-up bench.quality result: two data-parallel seeds, one floor seed."""
+    setting = {"dp_batch": dp_batch, "dp_learning_rate": 6e-3}
+    model = {
+        "factory": "diloco_cli.models.gpt:byte_gpt",
+        "kwargs": {"num_layers": 4, "width": 128, "num_heads": 4, "context": 128},
+    }
+
+    def row(name, seed, evaluations):
+        return {"row": name, "seed": seed, "setting": setting, "tokens": 16_850_944, "evaluations": evaluations}
+
+    return {
+        "settings": {"model": model, "sequence_length": 128},
+        "results": {
+            "rows": [
+                row("data-parallel", 0, [[4096, 3.0], [8192, 2.0], [16_850_944, 1.4]]),
+                row("floor: one learner alone", 0, [[1024, 3.5], [4_212_736, 1.7]]),
+                row("data-parallel", 1, [[2048, 3.2], [8192, 2.2], [16_850_944, 1.6]]),  # other points: interpolated
+                row("DiLoCo M=4 K=M", 0, [[16_850_944, 1.3]]),
+            ]
+        },
+    }
+
+
+def test_a_quality_results_data_parallel_seeds_give_the_target_curve_by_step_and_its_floor_the_floor():
+    from bench.wan_equal_loss import quality_reference
+    from diloco_cli.config.files import load_recipe
+
+    recipe = load_recipe(REPOSITORY / "recipes" / "compute-optimal.yaml")  # 4 x 8 sequences of 128: 4096 per step
+    reference = quality_reference(quality_result(), "q.json", recipe)
+    # seed 1 at 4096 tokens: 3.2 + (2.2 - 3.2) x (4096 - 2048) / (8192 - 2048) = 2.8666...; the mean with 3.0
+    assert [e["step"] for e in reference["evaluations"]] == [1, 2, 4114]
+    assert [e["loss"] for e in reference["evaluations"]] == pytest.approx([(3.0 + 3.2 - 1 / 3) / 2, 2.1, 1.5])
+    assert target_loss(reference["evaluations"]) == pytest.approx(1.5)  # the seeds' mean final loss
+    assert reference["floor"]["final_loss"] == 1.7 and reference["dp_seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match=r"q.json: .*global batch 64 there, 32 here.*--recipe"):
+        quality_reference(quality_result(dp_batch=64), "q.json", recipe)
+    with pytest.raises(SystemExit, match=r"global batch 32 there, 64 here; tokens 16,850,944 there, 2,457,600 here"):
+        quality_reference(
+            quality_result(), "q.json", load_recipe(None)
+        )  # the default recipe: 300 steps x 4 x 16 sequences x 128
+
+
+def test_a_recipe_file_as_overrides_of_the_default_recipe_is_the_recipe():
+    from bench.wan_options import recipe_overrides
+    from diloco_cli.config.files import load_recipe
+
+    for name in ("compute-optimal.yaml", "wan.yaml"):
+        path = REPOSITORY / "recipes" / name
+        overrides = recipe_overrides(path)
+        assert load_recipe(None, overrides) == load_recipe(path), name
+        assert load_recipe(None, overrides) != load_recipe(None)
