@@ -240,6 +240,40 @@ def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_to
     assert recipe.outer_learning_rate == measured.outer_learning_rate and recipe.keeps_unsent_work
 
 
+def test_the_wan_recipe_is_the_rows_recipe_bench_quality_measures_it_by():
+    """recipes/wan.yaml serves the same horizon: its training and merging are those of
+    the harness's "Decoupled K=1 of 4, recipes/wan.yaml" row at the tuned setting."""
+    import json
+    from pathlib import Path
+
+    from bench.quality import Quality, parse_args
+    from bench.quality_tuning import Setting
+    from diloco_cli.config.files import load_recipe
+
+    root = Path(__file__).resolve().parents[2]
+    results = json.loads((root / "bench" / "results" / "quality.json").read_text())
+    tuned = Setting.of(results["results"]["tuned"])
+    quality = Quality(parse_args([]), root)
+    measured = quality.row_recipe(NAMES.wan, tuned, 0, quality.budget)
+    recipe = load_recipe(root / "recipes" / "wan.yaml")
+    for section, keys in {
+        "training": ("num_learners", "batch_size", "inner_steps", "learning_rate", "betas", "warmup_steps"),
+        "sync": (
+            "quorum",
+            "sync_interval",
+            "num_fragments",
+            "outer_momentum",
+            "merge",
+            "learner_codec",
+            "update_codec",
+        ),
+    }.items():
+        for key in keys:
+            assert getattr(getattr(recipe, section), key) == getattr(getattr(measured, section), key), key
+    assert recipe.outer_learning_rate == measured.outer_learning_rate == 0.5
+    assert recipe.keeps_unsent_work == measured.keeps_unsent_work
+
+
 def test_a_levers_verdict_at_a_longer_fraction_of_the_budget_replaces_its_shorter_one():
     from bench.quality import chosen_levers, lever_ratios
     from bench.quality_tuning import Setting
