@@ -581,6 +581,7 @@ def floor_run(recipe: Recipe) -> dict[str, Any]:
         torch.set_num_threads(threads)
     return {
         "learners_share": f"1/{training.num_learners}",
+        "how": f"in-process AdamW, {training.inner_steps} steps of batch {run.batch}",
         "learning_rate": run.learning_rate,
         "batch": run.batch,
         "inner_steps": training.inner_steps,

@@ -72,7 +72,8 @@ def quality_reference(result: dict, source: str, recipe: Any) -> dict[str, Any]:
         "dp_final_losses": [row["evaluations"][-1][1] for row in dp_rows],
         "evaluations": curve,
         "floor": {
-            "source": source,
+            "learners_share": f"1/{training.num_learners}",
+            "how": f"bench.quality's floor row, seeds {[row['seed'] for row in floor_rows]}, in {source}",
             "seeds": [row["seed"] for row in floor_rows],
             "final_loss": statistics.fmean(row["evaluations"][-1][1] for row in floor_rows),
             "evaluations": floor_rows[0]["evaluations"],

@@ -37,8 +37,6 @@ def parse_args(doc: str, argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--longer {args.longer:g}: give a factor above 1 (the budget's run is the first)")
     if args.settings and not args.sweep_from:
         parser.error("--settings reruns settings of an earlier sweep: give --sweep-from RESULT")
-    if args.reference and args.quick:
-        parser.error("--reference takes data-parallel's curve from a full bench.quality result: the full mode only")
     return args
 
 
@@ -78,7 +76,7 @@ def add_race_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="a bench.quality result (bench/results/quality.json) of the same model, tokens, batch and learning "
         "rate: the target is its tuned data-parallel's final loss (the mean of its seeds' curves) and the floor its "
-        "floor row; data-parallel on loopback then runs --calibration-steps only, for c and B (full mode only)",
+        "floor row; data-parallel on loopback then runs --calibration-steps only, for c and B",
     )
     parser.add_argument(
         "--calibration-steps",

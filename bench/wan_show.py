@@ -66,7 +66,7 @@ def show_race(results: dict) -> None:
         {
             "method": f"floor: one learner alone ({floor['learners_share']} of the tokens)",
             "final loss": floor["final_loss"],
-            "how": f"in-process AdamW, {floor['inner_steps']} steps of batch {floor['batch']}",
+            "how": floor["how"],
         }
     )
     columns = ["method", "time to target s", "tokens to target", "compute share", "WAN B/token"]

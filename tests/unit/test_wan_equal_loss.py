@@ -171,6 +171,9 @@ def test_a_quality_results_data_parallel_seeds_give_the_target_curve_by_step_and
     assert [e["loss"] for e in reference["evaluations"]] == pytest.approx([(3.0 + 3.2 - 1 / 3) / 2, 2.1, 1.5])
     assert target_loss(reference["evaluations"]) == pytest.approx(1.5)  # the seeds' mean final loss
     assert reference["floor"]["final_loss"] == 1.7 and reference["dp_seeds"] == [0, 1]
+    assert (
+        reference["floor"]["learners_share"] == "1/4" and "floor row, seeds [0], in q.json" in reference["floor"]["how"]
+    )
     with pytest.raises(SystemExit, match=r"q.json: .*global batch 64 there, 32 here.*--recipe"):
         quality_reference(quality_result(dp_batch=64), "q.json", recipe)
     with pytest.raises(SystemExit, match=r"global batch 32 there, 64 here; tokens 16,850,944 there, 2,457,600 here"):
