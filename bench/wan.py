@@ -39,8 +39,7 @@ the delaying proxy on the region's WAN address.
    With ``--reference RESULT`` (a ``bench.quality`` result of the same model, tokens, global
    batch and learning rate, e.g. at 20 tokens per parameter), data-parallel's curve is the
    mean of that result's tuned data-parallel seeds instead (the floor its floor row), and
-   data-parallel on loopback runs ``--calibration-steps`` only, for c and B: its whole
-   budget there took about an hour a seed.
+   data-parallel on loopback runs ``--calibration-steps`` only, for c and B.
 5. The target loss: data-parallel's final held-out evaluation at the budget (1, this run):
    is DiLoCo's model as good as data-parallel's, and what does it cost to get there?  At
    the target (``equal_loss`` in the JSON, ``bench.wan_equal_loss``): DiLoCo's learner
