@@ -46,9 +46,11 @@ def reported(function: Function) -> Function:
         except Exception as error:
             # imported here, not at start: `diloco --help` must not pay for them
             from diloco_cli.codec.errors import PayloadError
-            from diloco_cli.config.errors import ConfigError
+            from diloco_cli.config.errors import ConfigError, wraps_an_interrupt
             from diloco_cli.store.filesystem import StorageError
 
+            if wraps_an_interrupt(error):  # a Ctrl-C inside pydantic's serializer is a Ctrl-C
+                raise KeyboardInterrupt from None
             if not isinstance(error, ConfigError | StorageError | PayloadError | OSError):
                 raise
             click.echo(f"error: {error}", err=True)

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticSerializationError
 
 from diloco_cli import __version__
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.chaos import ChaosPlan
-from diloco_cli.config.errors import ConfigError
+from diloco_cli.config.errors import ConfigError, wraps_an_interrupt
 from diloco_cli.config.recipe import Recipe, RetryPolicy
 from diloco_cli.core.fragments import SyncerShard
 from diloco_cli.core.types import LearnerId, RegionName
@@ -239,8 +238,8 @@ class RunSpec(BaseModel):
     def to_json(self) -> str:
         try:
             return self.model_dump_json(indent=2)
-        except PydanticSerializationError as error:  # pydantic wraps a Ctrl-C that lands inside it
-            if "KeyboardInterrupt" in str(error):
+        except Exception as error:  # `up` cleans up after a Ctrl-C, also one that lands inside pydantic
+            if wraps_an_interrupt(error):
                 raise KeyboardInterrupt from None
             raise
 

@@ -1,6 +1,7 @@
 """The command line's front door, in-process (in processes of its own:
 tests/integration/test_cli_processes.py)."""
 
+import pytest
 from click.testing import CliRunner
 
 from diloco_cli import __version__
@@ -90,3 +91,29 @@ def test_runs_and_status_say_the_same_where_no_run_was_started(tmp_path):
         assert (result.exit_code, result.stdout) == (0, said), command
     as_json = runner.invoke(app, ["status", "-o", "json", "--runs-dir", str(runs_dir)])
     assert (as_json.exit_code, as_json.stdout, as_json.stderr) == (0, "null\n", said)
+
+
+def test_a_ctrl_c_that_pydantic_wraps_while_a_command_writes_json_is_one_line_and_exit_130(monkeypatch):
+    """A KeyboardInterrupt raised inside pydantic's serializer comes out as a
+    PydanticSerializationError; every command says "interrupted" and exits 130 for it, as
+    for any Ctrl-C, instead of a traceback (here `simulate goodput -o json`, whose grid
+    pydantic writes)."""
+    from pydantic import BaseModel, field_serializer
+    from pydantic_core import PydanticSerializationError
+
+    from diloco_cli.simulate.grid import GoodputGrid
+
+    class Interrupted(BaseModel):
+        value: int = 0
+
+        @field_serializer("value")
+        def interrupt(self, value: int) -> int:
+            raise KeyboardInterrupt
+
+    with pytest.raises(PydanticSerializationError, match="KeyboardInterrupt"):  # what pydantic does
+        Interrupted().model_dump_json()
+    arguments = ["simulate", "goodput", "-n", "150k", "-m", "1", "-o", "json"]
+    assert CliRunner().invoke(app, arguments).exit_code == 0
+    monkeypatch.setattr(GoodputGrid, "model_dump_json", lambda self, **_: Interrupted().model_dump_json())
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 130 and result.stderr.strip() == "interrupted", result.output
