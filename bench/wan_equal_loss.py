@@ -138,7 +138,16 @@ def diloco_to_target(runs: Mapping[str, dict | None], target: float) -> dict[str
             "bytes_counted": bytes_counted(run, hit),
         }
     empty = ("schedule", "tokens_to_target", "version_at_target", "time_to_target_seconds", "bytes_counted")
-    return {"reached": False, **dict.fromkeys(empty), "wan_bytes_to_target": None, "wire_wan_bytes_to_target": None}
+    trained = max(
+        (run["evaluations"][-1]["tokens"] for run in runs.values() if run and run["evaluations"]), default=None
+    )
+    return {
+        "reached": False,
+        **dict.fromkeys(empty),
+        "wan_bytes_to_target": None,
+        "wire_wan_bytes_to_target": None,
+        "tokens_without_reaching": trained,
+    }
 
 
 def bytes_counted(run: dict, hit: dict) -> str:
@@ -173,6 +182,9 @@ def equal_loss(dp: dict, diloco: dict, diloco_final: float, floor_final: float) 
         "diloco_schedule_at_target": diloco["schedule"],
         "diloco_tokens_to_target": diloco["tokens_to_target"],
         "diloco_token_overhead": ratio(diloco["tokens_to_target"], dp_tokens),
+        "diloco_token_overhead_above": None
+        if diloco["reached"]
+        else ratio(diloco["tokens_without_reaching"], dp_tokens),
         "diloco_version_at_target": diloco["version_at_target"],
         "diloco_wan_bytes": diloco["wan_bytes_to_target"],
         "diloco_wire_wan_bytes": diloco["wire_wan_bytes_to_target"],

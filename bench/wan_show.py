@@ -71,8 +71,13 @@ def show_race(results: dict) -> None:
     )
     columns = ["method", "time to target s", "tokens to target", "compute share", "WAN B/token"]
     print_table(rows, [*columns, "WAN bytes to target", "final loss", "how"])
+    overhead = (
+        f"{_fmt(equal['diloco_token_overhead'], '.3f')}x"
+        if equal["diloco_reached"]
+        else f"above {_fmt(equal.get('diloco_token_overhead_above'), '.3f')}x (never reached)"
+    )
     print(
-        f"DiLoCo's token overhead: {_fmt(equal['diloco_token_overhead'], '.3f')}x data-parallel's tokens to its "
+        f"DiLoCo's token overhead: {overhead} data-parallel's tokens to its "
         f"final loss; DiLoCo's WAN bytes counted {equal['diloco_bytes_counted'] or '-'}"
     )
     if not equal["diloco_beats_floor"]:

@@ -85,6 +85,7 @@ def test_a_run_that_never_reaches_the_target_has_no_figures_to_it():
     reached = diloco_to_target({"budget": BUDGET, "2x the budget": LONGER}, 2.0)
     assert not reached["reached"]
     assert reached["tokens_to_target"] is None and reached["wan_bytes_to_target"] is None
+    assert reached["tokens_without_reaching"] == 3000  # the longer run's last evaluation: the most it trained
 
 
 def measured(all_reduce, per_step, wire_per_step, step_seconds):
@@ -132,6 +133,8 @@ def test_a_run_not_below_the_floor_fails_and_one_that_never_reaches_the_target_h
     equal = equal_loss(dp_side(), reached, diloco_final=2.6, floor_final=2.6)
     assert not equal["diloco_beats_floor"]  # equal to the floor is not below it
     assert not equal["diloco_reached"] and equal["diloco_token_overhead"] is None
+    # it trained 2000 tokens without reaching 2.4; data-parallel needs 30 steps x 50 = 1500
+    assert equal["diloco_token_overhead_above"] == pytest.approx(2000 / 1500)
     assert equal["wan_bytes_flat_ring_over_diloco"] is None and equal["time_to_target_hierarchical_over_diloco"] is None
     assert "never reached" in equal["rule"]
 
