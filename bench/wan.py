@@ -73,11 +73,11 @@ the delaying proxy on the region's WAN address.
 
     python -m bench.wan                  # the full race (~10 min on 2 cores, more with the longer run; root, iproute2)
     python -m bench.wan --sweep          # and the settings sweep (~25 min more)
-    python -m bench.wan --sweep-from bench/results/wan.json   # the sweep alone, against that run
-    python -m bench.wan --sweep-from bench/results/wan.json --settings "H=100, int2 uploads, int4 updates"
+    python -m bench.wan --sweep-from bench/results/wan.demo-horizon.json   # the sweep alone, against that run
+    python -m bench.wan --sweep-from bench/results/wan.demo-horizon.json --settings "H=100, int2 uploads, int4 updates"
     python -m bench.wan --learners 8     # 2 regions x 4 learners (~20 min)
     python -m bench.wan --recipe recipes/wan.yaml --reference bench/results/quality.json
-                                         # at 20 tokens per parameter (~1 h, more with the longer run)
+                                         # at 20 tokens per parameter (62 min with the longer run)
     python -m bench.wan --quick          # a tiny model and budget (the test suite, ~1 min)
 
 Results: ``bench/results/wan.json`` (``wan.quick.json``), and a table.
