@@ -71,22 +71,7 @@ def show_race(results: dict) -> None:
     )
     columns = ["method", "time to target s", "tokens to target", "compute share", "WAN B/token"]
     print_table(rows, [*columns, "WAN bytes to target", "final loss", "how"])
-    overhead = (
-        f"{_fmt(equal['diloco_token_overhead'], '.3f')}x"
-        if equal["diloco_reached"]
-        else f"above {_fmt(equal.get('diloco_token_overhead_above'), '.3f')}x (never reached)"
-    )
-    print(
-        f"DiLoCo's token overhead: {overhead} data-parallel's tokens to its "
-        f"final loss; DiLoCo's WAN bytes counted {equal['diloco_bytes_counted'] or '-'}"
-    )
-    if not equal["diloco_beats_floor"]:
-        print(
-            f"FAILING: DiLoCo's final loss {equal['diloco_final_loss']:.4f} is not below the floor's "
-            f"{equal['floor_loss']:.4f} (one learner alone), whatever its ratios"
-        )
-    else:
-        print(f"DiLoCo's final loss {equal['diloco_final_loss']:.4f} beats the floor's {equal['floor_loss']:.4f}")
+    _print_overhead_and_floor(equal)
     ratios = results["ratios"]
     for name in dp["baselines"]:
         print(
@@ -104,6 +89,27 @@ def show_race(results: dict) -> None:
         f"+ {dp['latency_not_emulated_seconds_per_step']:.2f} s per step "
         f"would make its time to target {_fmt(dp['time_to_target_seconds_with_latency'], '.4g')} s"
     )
+
+
+def _print_overhead_and_floor(equal: dict) -> None:
+    """DiLoCo's token overhead (a lower bound where it never reached the target) and
+    the floor's verdict: FAILING where DiLoCo's final loss is not below the floor's."""
+    overhead = (
+        f"{_fmt(equal['diloco_token_overhead'], '.3f')}x"
+        if equal["diloco_reached"]
+        else f"above {_fmt(equal.get('diloco_token_overhead_above'), '.3f')}x (never reached)"
+    )
+    print(
+        f"DiLoCo's token overhead: {overhead} data-parallel's tokens to its "
+        f"final loss; DiLoCo's WAN bytes counted {equal['diloco_bytes_counted'] or '-'}"
+    )
+    if not equal["diloco_beats_floor"]:
+        print(
+            f"FAILING: DiLoCo's final loss {equal['diloco_final_loss']:.4f} is not below the floor's "
+            f"{equal['floor_loss']:.4f} (one learner alone), whatever its ratios"
+        )
+    else:
+        print(f"DiLoCo's final loss {equal['diloco_final_loss']:.4f} beats the floor's {equal['floor_loss']:.4f}")
 
 
 def show_links(dp: dict, diloco: dict) -> None:
