@@ -1,7 +1,6 @@
 """The command line's front door, in-process (in processes of its own:
 tests/integration/test_cli_processes.py)."""
 
-import pytest
 from click.testing import CliRunner
 
 from diloco_cli import __version__
@@ -98,22 +97,15 @@ def test_a_ctrl_c_that_pydantic_wraps_while_a_command_writes_json_is_one_line_an
     PydanticSerializationError; every command says "interrupted" and exits 130 for it, as
     for any Ctrl-C, instead of a traceback (here `simulate goodput -o json`, whose grid
     pydantic writes)."""
-    from pydantic import BaseModel, field_serializer
     from pydantic_core import PydanticSerializationError
 
     from diloco_cli.simulate.grid import GoodputGrid
+    from tests.support.interrupts import pydantic_wrapped_interrupt, raise_wrapped_interrupt
 
-    class Interrupted(BaseModel):
-        value: int = 0
-
-        @field_serializer("value")
-        def interrupt(self, value: int) -> int:
-            raise KeyboardInterrupt
-
-    with pytest.raises(PydanticSerializationError, match="KeyboardInterrupt"):  # what pydantic does
-        Interrupted().model_dump_json()
+    error = pydantic_wrapped_interrupt()  # what pydantic does
+    assert isinstance(error, PydanticSerializationError) and "KeyboardInterrupt" in str(error)
     arguments = ["simulate", "goodput", "-n", "150k", "-m", "1", "-o", "json"]
     assert CliRunner().invoke(app, arguments).exit_code == 0
-    monkeypatch.setattr(GoodputGrid, "model_dump_json", lambda self, **_: Interrupted().model_dump_json())
+    monkeypatch.setattr(GoodputGrid, "model_dump_json", raise_wrapped_interrupt)
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 130 and result.stderr.strip() == "interrupted", result.output

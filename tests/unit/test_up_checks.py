@@ -139,25 +139,18 @@ def test_a_ctrl_c_that_pydantic_wraps_while_the_run_spec_is_written_is_a_ctrl_c_
     PydanticSerializationError (CI once saw `up` print that traceback when Ctrl-C came as
     the run's folder appeared); ``RunSpec.to_json`` gives the Ctrl-C back, so that `up`
     says "interrupted" and leaves nothing half-made."""
-    from pydantic import BaseModel, field_serializer
     from pydantic_core import PydanticSerializationError
 
     from diloco_cli.config.recipe import Recipe
     from diloco_cli.config.regions import RegionsFile
     from diloco_cli.launch.resolve import resolve_run
     from diloco_cli.store.run_spec import RunSpec
+    from tests.support.interrupts import pydantic_wrapped_interrupt, raise_wrapped_interrupt
 
-    class Interrupted(BaseModel):
-        value: int = 0
-
-        @field_serializer("value")
-        def interrupt(self, value: int) -> int:
-            raise KeyboardInterrupt
-
-    with pytest.raises(PydanticSerializationError, match="KeyboardInterrupt"):  # what pydantic does
-        Interrupted().model_dump_json()
+    error = pydantic_wrapped_interrupt()  # what pydantic does
+    assert isinstance(error, PydanticSerializationError) and "KeyboardInterrupt" in str(error)
     spec = resolve_run(Recipe(), RegionsFile(), "interrupted", tmp_path)
     assert json.loads(spec.to_json())["run"] == "interrupted"
-    monkeypatch.setattr(RunSpec, "model_dump_json", lambda self, **_: Interrupted().model_dump_json())
+    monkeypatch.setattr(RunSpec, "model_dump_json", raise_wrapped_interrupt)
     with pytest.raises(KeyboardInterrupt):
         spec.to_json()
