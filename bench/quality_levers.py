@@ -28,6 +28,15 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
         "setting": {"outer_learning_rate": 0.2 * setting.outer_learning_rate, "outer_momentum": 0.8}
     },
     "merge by the plain mean (DiLoCo's) instead of RDA": lambda setting, steps: {"sync": {"merge": "mean"}},
+    "inner lr halved (tuned at an eighth of the budget; the full one has 8x the rounds)": lambda setting, steps: {
+        "setting": {"inner_learning_rate": setting.inner_learning_rate / 2}
+    },
+    "H doubled (half the rounds, each twice as long)": lambda setting, steps: {
+        "setting": {"sync_interval": 2 * setting.sync_interval}
+    },
+    "batch per learner doubled (the anchors find DiLoCo's best batch larger)": lambda setting, steps: {
+        "setting": {"batch_per_learner": 2 * setting.batch_per_learner}
+    },
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [
