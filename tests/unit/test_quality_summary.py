@@ -211,6 +211,32 @@ def test_a_yardstick_named_with_levers_runs_the_setting_and_training_sections_th
         adopted(f"{LOCKSTEP} + momentum", *LOCKSTEPS)
 
 
+def test_the_levers_of_diloco_own_setting_change_the_inner_lr_h_or_batch_and_the_steps_follow_the_batch():
+    """The levers tried at the full budget in the lockstep: each changes one field of the
+    tuned setting, and a doubled batch per learner trains the same tokens in half the steps."""
+    from bench.quality import base_recipe, diloco_recipe
+    from bench.quality_levers import LOCKSTEP, yardstick
+    from bench.quality_tuning import Setting
+
+    tuned, base = Setting.of(TUNED), base_recipe(quick=False)
+    changes = {
+        "inner lr halved (tuned at an eighth of the budget; the full one has 8x the rounds)": {
+            "inner_learning_rate": 3e-3
+        },
+        "H doubled (half the rounds, each twice as long)": {"sync_interval": 50},
+        "batch per learner doubled (the anchors find DiLoCo's best batch larger)": {"batch_per_learner": 16},
+    }
+    for lever, fields in changes.items():
+        _, changed, _ = yardstick(f"{LOCKSTEP} + {lever}", tuned, 1000)
+        assert {k: v for k, v in vars(changed).items() if k != "levers" and getattr(tuned, k) != v} == fields
+    doubled = yardstick(
+        f"{LOCKSTEP} + batch per learner doubled (the anchors find DiLoCo's best batch larger)", tuned, 1
+    )[1]
+    tokens = 4 * 1000 * tuned.batch_per_learner * base.data.sequence_length
+    assert diloco_recipe(base, doubled, 0, tokens, 4).training.inner_steps == 500
+    assert diloco_recipe(base, tuned, 0, tokens, 4).training.inner_steps == 1000
+
+
 def test_the_compute_optimal_recipe_is_what_bench_quality_tuned_and_trains_20_tokens_per_parameter(tmp_path):
     """recipes/compute-optimal.yaml serves the horizon bench.quality measures: its
     settings are those the result file's rows ran (tuned, with the levers chosen: the
