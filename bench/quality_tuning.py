@@ -84,13 +84,13 @@ def full_knobs() -> tuple[Knob, ...]:
     learning_rates = (3e-3, 6e-3, 1e-2)
     return (
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
-        Knob(DATA_PARALLEL_SIDE, "dp_batch", (32, 64, 128)),
+        Knob(DATA_PARALLEL_SIDE, "dp_batch", (16, 32, 64, 128)),
         Knob(DATA_PARALLEL_SIDE, "dp_learning_rate", learning_rates),
         Knob(DILOCO_SIDE, "install", ("overwrite", "keep-unsent")),
         Knob(DILOCO_SIDE, "outer", ((1.0, 0.0), (1.0, 0.5), (0.7, 0.9), (0.3, 0.9))),
         Knob(DILOCO_SIDE, "sync_interval", (10, 25, 50)),
         Knob(DILOCO_SIDE, "inner_learning_rate", learning_rates),
-        Knob(DILOCO_SIDE, "batch_per_learner", (8, 16, 32)),
+        Knob(DILOCO_SIDE, "batch_per_learner", (4, 8, 16, 32)),
     )
 
 
