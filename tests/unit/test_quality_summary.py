@@ -341,3 +341,11 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
     assert late["evaluations"][-1][1] == pytest.approx(alone["evaluations"][-1][1], abs=1e-4)
     two_late = train_lockstep(recipe, Lockstep(2, 6e-3, 8, 5, 1.0, 0.0, 2 * tokens, delay_steps=2))
     assert two_late["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
+
+
+def test_every_lever_and_yardstick_can_be_named_on_the_command_line():
+    """``--levers`` and ``--adopt`` split their names on semicolons: no name may hold one."""
+    from bench.quality_levers import LEVERS, LOCKSTEPS, adopted
+
+    for name in [*LEVERS, *LOCKSTEPS]:
+        assert adopted(name, *LOCKSTEPS) == (name,)
