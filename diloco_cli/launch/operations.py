@@ -94,17 +94,54 @@ def _probe_row(process: dict, host: str, ssh: str, state: dict, alive: bool) -> 
     }
 
 
-def resume_run(record: RunRecord, emit=lambda line: None) -> list[str]:
+HEADS_REOPEN_SECONDS = 120.0
+"""How long ``resume`` waits for restarted syncer shards to republish their heads before
+it starts the learners anyway (a shard imports torch and restores its state first)."""
+
+
+def resume_run(record: RunRecord, emit=lambda line: None, reopen_seconds: float = HEADS_REOPEN_SECONDS) -> list[str]:
     """Start again every process of the run that is down (its supervisor gone, or given
     up), here and on SSH hosts, from the run's durable state; the syncer (every shard) and
-    the reducers too when a learner comes back after they finished.  Returns the names started."""
+    the reducers too when a learner comes back after they finished, and those first: a
+    learner that read the heads of the run's first end would take the run as over and
+    leave.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
     coordinators = [*(shard.name for shard in record.spec.syncer_shards), *(r.name for r in record.spec.reducers)]
-    if any(name not in (*coordinators, CHAOS_PROCESS) for name in down):
-        # learners come back after the syncer and reducers finished: they must merge what they send
-        down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]
-    return start_processes(record, down, "started again", emit)
+    if not any(name not in (*coordinators, CHAOS_PROCESS) for name in down):
+        return start_processes(record, down, "started again", emit)
+    # learners come back after the syncer and reducers finished: they must merge what they send
+    down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]
+    first = [name for name in down if name in coordinators]
+    started = start_processes(record, first, "started again", emit)
+    if first and not wait_for_open_heads(record, reopen_seconds):
+        emit(
+            f"  the syncer has not republished its head in every region within {reopen_seconds:.0f} s: a learner "
+            f"that reads the old one leaves; if `diloco status {record.name}` shows one down, resume again"
+        )
+    learners = [name for name in down if name not in first]
+    return sorted(started + start_processes(record, learners, "started again", emit))
+
+
+def wait_for_open_heads(record: RunRecord, timeout: float, poll_seconds: float = 0.5) -> bool:
+    """Wait until every region holds an unfinished head of every syncer shard (or none),
+    as a restarted shard republishes it at its start; False when ``timeout`` passes first."""
+    from diloco_cli.codec import PayloadError
+    from diloco_cli.store.filesystem import StorageError
+
+    spec, secret = record.spec, record.secret()
+    views = [view for bucket in spec.buckets(secret) for view in bucket.syncer_shards(len(spec.syncer_shards))]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            heads = [view.read_head() for view in views]
+            if all(head is None or not head.finished for head in heads):
+                return True
+        except (StorageError, PayloadError):
+            pass  # a region not read now is read again until the deadline
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_seconds)
 
 
 def start_processes(record: RunRecord, names: list[str], how: str, emit=lambda line: None) -> list[str]:

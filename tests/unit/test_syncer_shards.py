@@ -294,9 +294,12 @@ def test_chaos_kills_random_syncer_shards_and_moves_no_other_event():
     assert rename(one) == rename(two)
 
 
-def test_resume_starts_every_shard_again_when_learners_come_back(tmp_path, monkeypatch):
+def test_resume_starts_every_shard_again_when_learners_come_back_and_the_learners_after_their_heads(
+    tmp_path, monkeypatch
+):
     """Learners restarted after the syncer shards finished need them to merge what they
-    send: resume starts the shards and the reducers with them."""
+    send: resume starts the shards and the reducers with them, first, and the learners
+    only once the shards republished their heads (one that read the old end would leave)."""
     from diloco_cli.launch import operations
 
     spec = resolve_run(recipe(shards=2), regions(shard_hosts=["local", "local"]), "r", tmp_path)
@@ -305,9 +308,34 @@ def test_resume_starts_every_shard_again_when_learners_come_back(tmp_path, monke
         {"process": name, "supervisor_alive": False, "supervisor": "finished" if name != "east-0" else "failed"}
         for name in processes
     ]
-    record = type("Record", (), {"spec": spec})()
+    record = type("Record", (), {"spec": spec, "name": "r"})()
     monkeypatch.setattr(operations, "probe_run", lambda record: rows)
-    started = []
-    monkeypatch.setattr(operations, "start_processes", lambda record, names, how, emit: started.extend(names))
-    operations.resume_run(record)
-    assert sorted(started) == sorted(["east-0", "syncer-0", "syncer-1", "reducer-east"])
+    calls = []
+    start = lambda record, names, how, emit: calls.append(sorted(names)) or names  # noqa: E731
+    monkeypatch.setattr(operations, "start_processes", start)
+    monkeypatch.setattr(operations, "wait_for_open_heads", lambda record, timeout: calls.append("wait") or True)
+    assert operations.resume_run(record) == sorted(["east-0", "syncer-0", "syncer-1", "reducer-east"])
+    assert calls == [sorted(["syncer-0", "syncer-1", "reducer-east"]), "wait", ["east-0"]]
+    lines = []
+    monkeypatch.setattr(operations, "wait_for_open_heads", lambda record, timeout: False)
+    operations.resume_run(record, emit=lines.append)
+    assert any("has not republished its head" in line and "diloco status r" in line for line in lines), lines
+
+
+def test_resume_waits_for_a_head_that_says_the_run_goes_on(tmp_path):
+    """The wait reads every region's head as the learners will: the first end's head
+    (finished) holds it back, the one a restarted syncer republishes lets it go."""
+    from diloco_cli.launch.operations import wait_for_open_heads
+    from diloco_cli.launch.runs import load_run
+    from tests.support.runs_on_disk import published_run
+
+    runs_dir, _ = published_run(tmp_path, finished=True)
+    record = load_run(runs_dir, "made")
+    buckets = record.spec.buckets(record.secret())
+    head = buckets[0].read_head()
+    assert head is not None and not head.finished
+    assert wait_for_open_heads(record, timeout=0)
+    buckets[-1].write_head(head.model_copy(update={"finished": True}))
+    assert not wait_for_open_heads(record, timeout=0.3, poll_seconds=0.1)
+    buckets[-1].write_head(head)
+    assert wait_for_open_heads(record, timeout=0)
