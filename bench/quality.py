@@ -47,6 +47,7 @@ import yaml
 
 from bench._common import benchmark_parser, print_table, result_path, write_result
 from bench.quality_levers import (
+    DATA_PARALLEL_LEVERS,
     LEVER_FRACTION,
     LEVER_GAIN,
     LEVERS,
@@ -241,6 +242,23 @@ def budget_of(args: argparse.Namespace, base: Recipe) -> float:
     return TOKENS_PER_PARAMETER * sum(p.numel() for p in base.model.build().parameters())
 
 
+def lever_record(
+    name: str, stop: float, setting: Setting, changed: Setting, sections: dict, result: dict, tokens: float
+) -> dict:
+    """What a lever's run measured: its loss at ``stop`` of the ``tokens`` its schedule
+    spans, and what it changed of ``setting``."""
+    return {
+        "lever": name,
+        "fraction": stop,
+        "sections": sections,
+        "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
+        "setting": asdict(setting),
+        "loss": loss_at(result["evaluations"], stop * tokens),
+        "seconds": result["seconds"],
+        "evaluations": result["evaluations"],
+    }
+
+
 class Quality:
     """One sitting of the benchmark: its settings, its workdir, what it has measured."""
 
@@ -312,6 +330,11 @@ class Quality:
         learners = self.rows.learners
         stop = 1.0 if self.args.quick else self.args.lever_fraction
         steps = diloco_recipe(self.base, setting, 0, self.budget, learners).training.inner_steps
+        if name in DATA_PARALLEL_LEVERS:
+            changed = DATA_PARALLEL_LEVERS[name](setting)
+            run = InProcess(changed.dp_learning_rate, changed.dp_batch, self.budget, stop=stop)
+            result = train_in_process(diloco_recipe(self.base, setting, 0, self.budget, learners), run)
+            return lever_record(name, stop, setting, changed, {}, result, result["tokens"])
         if measured := yardstick(name, setting, steps):
             options, changed, sections = measured
             run = Lockstep(
@@ -326,32 +349,12 @@ class Quality:
                 **options,
             )
             result = train_lockstep(diloco_recipe(self.base, changed, 0, self.budget, learners), run)
-            loss = loss_at(result["evaluations"], stop * result["tokens"])
-            return {
-                "lever": name,
-                "fraction": stop,
-                "loss": loss,
-                "evaluations": result["evaluations"],
-                "sections": sections,
-                "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
-                "setting": asdict(setting),
-                "seconds": result["seconds"],
-            }
+            return lever_record(name, stop, setting, changed, sections, result, result["tokens"])
         names = () if name == "tuned" else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
-        loss = loss_at(result["evaluations"], stop * diloco_tokens(recipe))
-        return {
-            "lever": name,
-            "fraction": stop,
-            "sections": sections,
-            "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
-            "setting": asdict(setting),
-            "loss": loss,
-            "seconds": result["seconds"],
-            "evaluations": result["evaluations"],
-        }
+        return lever_record(name, stop, setting, changed, sections, result, diloco_tokens(recipe))
 
     def settings(self) -> dict:
         """What a result measured: a resumed sitting must measure the same."""
@@ -413,7 +416,8 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: lis
         record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": row["seconds"]}
         levers.append({"lever": "tuned", "fraction": 1.0, "loss": row["loss_1.0"], "from_row": row["row"]} | record)
         levers[-1]["evaluations"] = row["evaluations"]
-    names = adopted(args.levers, *LOCKSTEPS) if args.levers else (*LEVERS, *LOCKSTEPS)
+    yardsticks = (*LOCKSTEPS, *DATA_PARALLEL_LEVERS)
+    names = adopted(args.levers, *yardsticks) if args.levers else (*LEVERS, *yardsticks)
     for name in ["tuned", *names]:
         if not measured(name):
             run(name)
@@ -424,8 +428,23 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: lis
     for fraction_measured in {lever.get("fraction", LEVER_FRACTION) for lever in levers}:
         group = levers_at(levers, setting, fraction_measured)
         tuned = next((lever["loss"] for lever in group if lever["lever"] == "tuned"), None)
+        data_parallel = data_parallel_loss(rows, setting, fraction_measured)
         for lever in group:
-            lever["vs_tuned"] = tuned and lever["loss"] / tuned - 1
+            if lever["lever"] in DATA_PARALLEL_LEVERS:
+                lever["vs_data_parallel"] = data_parallel and lever["loss"] / data_parallel - 1
+            else:
+                lever["vs_tuned"] = tuned and lever["loss"] / tuned - 1
+
+
+def data_parallel_loss(rows: list[dict], setting: Setting, fraction: float) -> float | None:
+    """Data-parallel's loss at ``fraction`` of its budget in its row at seed 0 with
+    ``setting``'s data-parallel fields: what its yardsticks are compared with."""
+
+    def same_side(row: dict) -> bool:
+        return Setting.of(row["setting"]).of_side(DATA_PARALLEL_SIDE) == setting.of_side(DATA_PARALLEL_SIDE)
+
+    row = next((r for r in rows if (r["row"], r["seed"]) == (DATA_PARALLEL, 0) and same_side(r)), None)
+    return None if row is None else loss_at(row["evaluations"], fraction * row["tokens"])
 
 
 def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict], list[dict], list[dict], list[dict]]:

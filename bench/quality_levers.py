@@ -70,6 +70,15 @@ LOCKSTEPS: dict[str, dict] = {
 }
 """The yardsticks by name: the product's parts put back one at a time (the delay: about
 5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
+DATA_PARALLEL_LEVERS: dict[str, Callable[[Setting], Setting]] = {
+    "data-parallel at half its learning rate": lambda setting: replace(
+        setting, dp_learning_rate=setting.dp_learning_rate / 2
+    ),
+}
+"""The other side's yardsticks: data-parallel's own setting changed (its row at seed 0,
+compared with that row at the same fraction of the budget), so that a lever DiLoCo wins
+at the full budget because both sides were tuned at a fraction of it (the inner
+learning rate) is tried on data-parallel too before anything is called a gain."""
 LEVER_GAIN = 0.01
 """Two runs of one setting at a quarter of the budget differ by about 1%."""
 LEVER_FRACTION = 0.25

@@ -3,6 +3,7 @@ loss, the spread over seeds, tokens to reach a loss, the floor, and the targets'
 (a gap within the seed-to-seed spread counts as met up to twice the spread)."""
 
 import math
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -345,7 +346,30 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
 
 def test_every_lever_and_yardstick_can_be_named_on_the_command_line():
     """``--levers`` and ``--adopt`` split their names on semicolons: no name may hold one."""
-    from bench.quality_levers import LEVERS, LOCKSTEPS, adopted
+    from bench.quality_levers import DATA_PARALLEL_LEVERS, LEVERS, LOCKSTEPS, adopted
 
-    for name in [*LEVERS, *LOCKSTEPS]:
-        assert adopted(name, *LOCKSTEPS) == (name,)
+    for name in [*LEVERS, *LOCKSTEPS, *DATA_PARALLEL_LEVERS]:
+        assert adopted(name, *LOCKSTEPS, *DATA_PARALLEL_LEVERS) == (name,)
+
+
+def test_a_data_parallel_yardstick_trains_data_parallel_at_its_changed_rate_read_against_its_own_row(tmp_path):
+    """The other side of a lever tuned at a fraction of the budget: data-parallel run at
+    half its learning rate, compared with the data-parallel row (not DiLoCo's tuned run)."""
+    from bench.quality import Quality, data_parallel_loss, default_setting, diloco_recipe, parse_args, run_levers
+    from bench.quality_runs import InProcess, train_in_process
+
+    sitting = Quality(parse_args(["--quick", "--levers", "data-parallel at half its learning rate"]), tmp_path)
+    setting = default_setting(sitting.base)
+    row = sitting.run_row(DATA_PARALLEL, 0, setting)
+    sync = {"row": sitting.rows.sync, "seed": 0, "setting": asdict(setting), "loss_1.0": 9.0, "seconds": 1.0}
+    levers: list[dict] = []
+    run_levers(sitting, setting, levers, [row, sync | {"evaluations": [[1, 9.0]]}], save=lambda setting: None)
+    (lever,) = [lever for lever in levers if lever["lever"] != "tuned"]
+    assert lever["changes"] == {"dp_learning_rate": setting.dp_learning_rate / 2}
+    recipe = diloco_recipe(sitting.base, setting, 0, sitting.budget, sitting.rows.learners)
+    half = train_in_process(recipe, InProcess(setting.dp_learning_rate / 2, setting.dp_batch, sitting.budget))
+    assert lever["loss"] == pytest.approx(half["evaluations"][-1][1], rel=1e-6)
+    assert lever["loss"] != pytest.approx(row["loss_1.0"], rel=1e-4)
+    assert lever["vs_data_parallel"] == pytest.approx(lever["loss"] / row["loss_1.0"] - 1)
+    assert "vs_tuned" not in lever  # DiLoCo's tuned run is not its yardstick
+    assert data_parallel_loss([row], replace(setting, dp_batch=2 * setting.dp_batch), 1.0) is None
