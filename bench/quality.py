@@ -52,6 +52,7 @@ from bench.quality_levers import (
     LEVER_GAIN,
     LEVERS,
     LOCKSTEPS,
+    REPEATS,
     adopted,
     chosen_levers,
     lever_changes,
@@ -350,7 +351,7 @@ class Quality:
             )
             result = train_lockstep(diloco_recipe(self.base, changed, 0, self.budget, learners), run)
             return lever_record(name, stop, setting, changed, sections, result, result["tokens"])
-        names = () if name == "tuned" else tuple(name.split(" + "))
+        names = () if name == "tuned" or name in REPEATS else tuple(name.split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)
@@ -416,7 +417,7 @@ def run_levers(quality: Quality, setting: Setting, levers: list[dict], rows: lis
         record = {"sections": {}, "changes": {}, "setting": asdict(setting), "seconds": row["seconds"]}
         levers.append({"lever": "tuned", "fraction": 1.0, "loss": row["loss_1.0"], "from_row": row["row"]} | record)
         levers[-1]["evaluations"] = row["evaluations"]
-    yardsticks = (*LOCKSTEPS, *DATA_PARALLEL_LEVERS)
+    yardsticks = (*LOCKSTEPS, *DATA_PARALLEL_LEVERS, *REPEATS)
     names = adopted(args.levers, *yardsticks) if args.levers else (*LEVERS, *yardsticks)
     for name in ["tuned", *names]:
         if not measured(name):

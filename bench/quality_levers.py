@@ -31,6 +31,12 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
     "inner lr halved (tuned at an eighth of the budget, 8x fewer rounds)": lambda setting, steps: {
         "setting": {"inner_learning_rate": setting.inner_learning_rate / 2}
     },
+    "inner and data-parallel lr halved (both tuned at an eighth of the budget)": lambda setting, steps: {
+        "setting": {
+            "inner_learning_rate": setting.inner_learning_rate / 2,
+            "dp_learning_rate": setting.dp_learning_rate / 2,
+        }
+    },
     "H doubled (half the rounds, each twice as long)": lambda setting, steps: {
         "setting": {"sync_interval": 2 * setting.sync_interval}
     },
@@ -70,6 +76,10 @@ LOCKSTEPS: dict[str, dict] = {
 }
 """The yardsticks by name: the product's parts put back one at a time (the delay: about
 5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
+REPEATS = ("tuned again (no change: the product's run-to-run spread)", "tuned a third time (no change)")
+"""The tuned run again, unchanged: an asynchronous run is not deterministic even at one
+seed (which learner's send lands first moves with the machine's load), so a product
+lever's verdict is judged against how far two runs of the same setting differ."""
 DATA_PARALLEL_LEVERS: dict[str, Callable[[Setting], Setting]] = {
     "data-parallel at half its learning rate": lambda setting: replace(
         setting, dp_learning_rate=setting.dp_learning_rate / 2

@@ -173,7 +173,7 @@ def test_a_lever_changes_the_setting_or_adds_recipe_sections_and_the_k_below_m_r
 def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed():
     from dataclasses import asdict, replace
 
-    from bench.quality import stale_rows
+    from bench.quality import lever_changes, stale_rows
     from bench.quality_tuning import Setting
 
     tuned = Setting.of(TUNED)
@@ -183,6 +183,13 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
     assert stale_rows(rows, sync_only) == rows[2:]  # data-parallel and the floor do not sync
     assert stale_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only) == []
     assert stale_rows(rows, replace(tuned, levers=(BETA2,))) == rows  # the inner optimizer is everyone's
+    both = "inner and data-parallel lr halved (both tuned at an eighth of the budget)"
+    rates, _ = lever_changes((both,), tuned, 1000)
+    assert (rates.dp_learning_rate, rates.inner_learning_rate) == (
+        tuned.dp_learning_rate / 2,
+        tuned.inner_learning_rate / 2,
+    )
+    assert stale_rows(rows, replace(rates, levers=(both,))) == rows  # data-parallel retuned with DiLoCo
 
 
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
@@ -346,10 +353,11 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
 
 def test_every_lever_and_yardstick_can_be_named_on_the_command_line():
     """``--levers`` and ``--adopt`` split their names on semicolons: no name may hold one."""
-    from bench.quality_levers import DATA_PARALLEL_LEVERS, LEVERS, LOCKSTEPS, adopted
+    from bench.quality_levers import DATA_PARALLEL_LEVERS, LEVERS, LOCKSTEPS, REPEATS, adopted
 
-    for name in [*LEVERS, *LOCKSTEPS, *DATA_PARALLEL_LEVERS]:
-        assert adopted(name, *LOCKSTEPS, *DATA_PARALLEL_LEVERS) == (name,)
+    yardsticks = [*LOCKSTEPS, *DATA_PARALLEL_LEVERS, *REPEATS]
+    for name in [*LEVERS, *yardsticks]:
+        assert adopted(name, *yardsticks) == (name,)
 
 
 def test_a_data_parallel_yardstick_trains_data_parallel_at_its_changed_rate_read_against_its_own_row(tmp_path):
