@@ -114,6 +114,8 @@ def resume_run(record: RunRecord, emit=lambda line: None, reopen_seconds: float 
     down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]
     first = [name for name in down if name in coordinators]
     started = start_processes(record, first, "started again", emit)
+    if first:
+        emit("  waiting for the syncer to say in every region that the run goes on; the learners start then")
     if first and not wait_for_open_heads(record, reopen_seconds):
         emit(
             f"  the syncer has not republished its head in every region within {reopen_seconds:.0f} s: a learner "

@@ -319,6 +319,7 @@ def test_resume_starts_every_shard_again_when_learners_come_back_and_the_learner
     lines = []
     monkeypatch.setattr(operations, "wait_for_open_heads", lambda record, timeout: False)
     operations.resume_run(record, emit=lines.append)
+    assert lines[0].strip().startswith("waiting for the syncer"), lines
     assert any("has not republished its head" in line and "diloco status r" in line for line in lines), lines
 
 
