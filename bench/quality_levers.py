@@ -90,7 +90,10 @@ compared with that row at the same fraction of the budget), so that a lever DiLo
 at the full budget because both sides were tuned at a fraction of it (the inner
 learning rate) is tried on data-parallel too before anything is called a gain."""
 LEVER_GAIN = 0.01
-"""Two runs of one setting at a quarter of the budget differ by about 1%."""
+"""Set when two runs of one setting at a quarter of the budget differed by 0.8%; three
+runs of the tuned setting at one seed later spanned 1.8% at a quarter and 2.6% at the
+full budget (``REPEATS``), so a product lever's verdict from one run a side is read only
+beyond about 3% (docs/benchmarks.md).  No lever cleared even 1%, so none was adopted."""
 LEVER_FRACTION = 0.25
 
 
