@@ -57,6 +57,7 @@ from bench.quality_levers import (
     chosen_levers,
     lever_changes,
     lever_ratios,
+    lever_record,
     levers_at,
     merged,
     yardstick,
@@ -241,23 +242,6 @@ def budget_of(args: argparse.Namespace, base: Recipe) -> float:
     if args.quick:
         return 2 * 40 * 8 * 64  # 2 learners, 40 steps of 8 sequences of 64 bytes
     return TOKENS_PER_PARAMETER * sum(p.numel() for p in base.model.build().parameters())
-
-
-def lever_record(
-    name: str, stop: float, setting: Setting, changed: Setting, sections: dict, result: dict, tokens: float
-) -> dict:
-    """What a lever's run measured: its loss at ``stop`` of the ``tokens`` its schedule
-    spans, and what it changed of ``setting``."""
-    return {
-        "lever": name,
-        "fraction": stop,
-        "sections": sections,
-        "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
-        "setting": asdict(setting),
-        "loss": loss_at(result["evaluations"], stop * tokens),
-        "seconds": result["seconds"],
-        "evaluations": result["evaluations"],
-    }
 
 
 class Quality:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 
+from bench.quality_runs import loss_at
 from bench.quality_tuning import Setting
 
 LEVERS: dict[str, Callable[[Setting, int], dict]] = {
@@ -169,3 +170,20 @@ def lever_ratios(levers: list[dict], setting: Setting) -> dict[str, float]:
         if "tuned" in group:
             ratios |= {name: loss / group["tuned"] for name, loss in group.items() if name != "tuned"}
     return ratios
+
+
+def lever_record(
+    name: str, stop: float, setting: Setting, changed: Setting, sections: dict, result: dict, tokens: float
+) -> dict:
+    """What a lever's run measured: its loss at ``stop`` of the ``tokens`` its schedule
+    spans, and what it changed of ``setting``."""
+    return {
+        "lever": name,
+        "fraction": stop,
+        "sections": sections,
+        "changes": {key: value for key, value in asdict(changed).items() if getattr(setting, key) != value},
+        "setting": asdict(setting),
+        "loss": loss_at(result["evaluations"], stop * tokens),
+        "seconds": result["seconds"],
+        "evaluations": result["evaluations"],
+    }

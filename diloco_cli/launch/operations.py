@@ -116,11 +116,11 @@ def resume_run(record: RunRecord, emit=lambda line: None, reopen_seconds: float 
     started = start_processes(record, first, "started again", emit)
     if first:
         emit("  waiting for the syncer to say in every region that the run goes on; the learners start then")
-    if first and not wait_for_open_heads(record, reopen_seconds):
-        emit(
-            f"  the syncer has not republished its head in every region within {reopen_seconds:.0f} s: a learner "
-            f"that reads the old one leaves; if `diloco status {record.name}` shows one down, resume again"
-        )
+        if not wait_for_open_heads(record, reopen_seconds):
+            emit(
+                f"  the syncer has not republished its head in every region within {reopen_seconds:.0f} s: a learner "
+                f"that reads the old one leaves; if `diloco status {record.name}` shows one down, resume again"
+            )
     learners = [name for name in down if name not in first]
     return sorted(started + start_processes(record, learners, "started again", emit))
 

@@ -171,8 +171,6 @@ def test_a_lever_changes_the_setting_or_adds_recipe_sections_and_the_k_below_m_r
 
 
 def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed():
-    from dataclasses import asdict, replace
-
     from bench.quality import lever_changes, stale_rows
     from bench.quality_tuning import Setting
 
