@@ -74,6 +74,18 @@ LOCKSTEPS: dict[str, dict] = {
         "delay_steps": 5,
     },
     "lockstep reference with 2 fragments and installs 5 steps late": {"fragments": 2, "delay_steps": 5},
+    "lockstep reference with RDA, 2 fragments, installs 5 steps late and the product's codecs": {
+        "merge": "rda",
+        "fragments": 2,
+        "delay_steps": 5,
+        "codecs": True,
+    },
+    "lockstep reference with RDA, 2 fragments, installs 5 steps late and the text dealt as the product deals it": {
+        "merge": "rda",
+        "fragments": 2,
+        "delay_steps": 5,
+        "dealt": True,
+    },
 }
 """The yardsticks by name: the product's parts put back one at a time (the delay: about
 5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""

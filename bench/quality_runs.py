@@ -23,11 +23,15 @@ from pathlib import Path
 import torch
 
 from bench._common import local_regions
+from diloco_cli.codec import RunSecret, decode_payload, encode_payload
+from diloco_cli.codec.aggregate import decode_aggregate, encode_aggregate, residual_names
+from diloco_cli.codec.exact import ExactPublisher, apply_update
 from diloco_cli.config.recipe import Recipe
 from diloco_cli.core.fragments import fragments_due, fragments_of_model
-from diloco_cli.core.merge import radial_directional_average
+from diloco_cli.core.merge import MergeAccumulator, radial_directional_average
 from diloco_cli.core.outer import nesterov_step_
 from diloco_cli.data.corpora import builtin_corpus
+from diloco_cli.data.learner import MEGABYTE
 from diloco_cli.data.text import TextSplit, evaluation_batches, load_text, random_batch
 from diloco_cli.launch.operations import stop_run
 from diloco_cli.launch.runs import load_run
@@ -103,6 +107,61 @@ class Lockstep:
     delay_steps: int = 0
     """Steps between a merge and its install: a learner then keeps what it trained since
     its send, as the product's ``sync.install: keep-unsent`` does."""
+    dealt: bool = False
+    """Each learner draws its windows from its own share of the text, the blocks dealt
+    to it as the product deals them (``TextSplit.share``), instead of from the whole."""
+    codecs: bool = False
+    """The product's codecs on the way: each learner's outer gradient in
+    ``sync.learner_codec`` with its error feedback, each region's aggregate of them (the
+    learners split over two regions as a local run splits them) in the same codec with
+    its reducer's error feedback, and the update in ``sync.update_codec``, applied
+    exactly with its carry (:class:`LockstepCodecs`)."""
+
+
+class LockstepCodecs:
+    """The product's quantization of one round, with the product's own functions: a
+    learner's send (:func:`encode_payload` with its residual), its region's aggregate
+    (:func:`encode_aggregate` with the reducer's residual) and the published update
+    (:class:`ExactPublisher` and :func:`apply_update`)."""
+
+    def __init__(self, recipe: Recipe, learners: int) -> None:
+        self.secret = RunSecret(bytes(range(32)))
+        self.learner_codec = recipe.sync.learner_codec
+        self.publisher = ExactPublisher(recipe.sync.update_codec, self.secret)
+        first_region = learners - learners // 2  # local-a takes the odd one (bench._common.local_regions)
+        self.regions = [range(first_region), range(first_region, learners)]
+        self.learner_residuals: dict[tuple[int, str], torch.Tensor] = {}
+        self.region_residuals: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def merged(self, fragment, outer_gradients: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The merged outer gradient of ``fragment`` as the syncer reads it from the
+        regions' aggregates of the learners' quantized sends (equal weights)."""
+        shapes = {name: tuple(tensor.shape) for name, tensor in outer_gradients[0].items()}
+        syncer = MergeAccumulator(shapes, fragment.mean_names)
+        for region, members in enumerate(self.regions):
+            reducer = MergeAccumulator(shapes, fragment.mean_names)
+            for learner in members:
+                residuals = {
+                    name: self.learner_residuals.setdefault((learner, name), torch.zeros(shape))
+                    for name, shape in shapes.items()
+                }
+                sent = ((name, tensor + residuals[name]) for name, tensor in outer_gradients[learner].items())
+                payload = encode_payload(sent, self.learner_codec, self.secret, residuals_into=residuals)
+                reducer.add(decode_payload(payload, self.secret).tensors, 1.0)
+            names = residual_names(shapes, fragment.mean_names)
+            residuals = self.region_residuals.setdefault(
+                (region, fragment.index),
+                {name: torch.zeros(shapes[name.split("/", 1)[1]]) for name in names},
+            )
+            payload = encode_aggregate(reducer.partial(), self.learner_codec, self.secret, {}, residuals=residuals)
+            syncer.add_partial(decode_aggregate(payload, self.secret)[0])
+        return syncer.result()
+
+    def publish(self, fragment, parameters: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:
+        """``parameters`` moved towards ``new`` by the quantized update, as every holder
+        of the global weights moves them."""
+        update = {name: new[name] - parameters[name] for name in new}
+        apply_update(parameters, self.publisher.encode_update(fragment.index, update), self.secret)
 
 
 @dataclass
@@ -127,41 +186,62 @@ def train_lockstep(recipe: Recipe, run: Lockstep) -> dict:
     optimizers = [make_inner_optimizer(m, run.learning_rate, training.weight_decay, training.betas) for m in models]
     schedule = InnerSchedule(run.learning_rate, training.warmup_steps, steps, training.final_learning_rate_fraction)
     generators = [torch.Generator().manual_seed(training.seed * 1000 + i) for i in range(run.learners)]
+    texts = [
+        split.share(i, run.learners, training.seed, block_bytes=int(recipe.data.chunk_megabytes * MEGABYTE))
+        if run.dealt
+        else split.train
+        for i in range(run.learners)
+    ]
     names = [name for name, _ in global_model.named_parameters()]
     parameters = [list(model.parameters()) for model in models]
     global_parameters = list(global_model.parameters())
     buffers = [torch.zeros_like(p) for p in global_parameters]
     fragments = fragments_of_model(global_model, run.fragments, run.merge)
+    codecs = LockstepCodecs(recipe, run.learners) if run.codecs else None
     stepped: set[int] = set()
     pending: list[_Install] = []
     last = max(1, round(steps * run.stop))
     marks = {max(1, round(steps * point / CURVE_POINTS)) for point in range(1, CURVE_POINTS + 1)} | {last}
     evaluations, started = [], time.monotonic()
     for step in range(1, last + 1):
-        for model, optimizer, generator in zip(models, optimizers, generators):
-            inputs, targets = random_batch(split.train, run.batch, length, generator)
+        for model, optimizer, generator, text in zip(models, optimizers, generators, texts):
+            inputs, targets = random_batch(text, run.batch, length, generator)
             inner_step(model, optimizer, inputs, targets, schedule.learning_rate(step - 1), training.gradient_clip)
         due = range(run.fragments) if step == last else fragments_due(step, run.sync_interval, run.fragments)
         with torch.no_grad():
             for fragment in (fragments[p] for p in due):
                 indices = [names.index(name) for name in fragment.parameter_names]
                 sent = [[learner[i].detach().clone() for i in indices] for learner in parameters]
-                for k, i in enumerate(indices):
-                    outer_gradients = [global_parameters[i] - values[k] for values in sent]
-                    if names[i] in fragment.mean_names:
-                        outer_gradient = torch.stack(outer_gradients).mean(0)
-                    else:
-                        outer_gradient = radial_directional_average(outer_gradients, [1.0] * run.learners)
-                    new = nesterov_step_(
-                        outer_gradient,
+                outer_gradients = [
+                    {names[i]: global_parameters[i] - values[k] for k, i in enumerate(indices)} for values in sent
+                ]
+                if codecs is not None:
+                    merged_gradients = codecs.merged(fragment, outer_gradients)
+                else:
+                    merged_gradients = {
+                        name: torch.stack([gradients[name] for gradients in outer_gradients]).mean(0)
+                        if name in fragment.mean_names
+                        else radial_directional_average(
+                            [gradients[name] for gradients in outer_gradients], [1.0] * run.learners
+                        )
+                        for name in outer_gradients[0]
+                    }
+                stepped_to = {}
+                for i in indices:
+                    stepped_to[names[i]] = nesterov_step_(
+                        merged_gradients[names[i]],
                         buffers[i],
                         global_parameters[i],
                         run.outer_learning_rate,
                         run.outer_momentum,
                         first=i not in stepped,
                     )
-                    global_parameters[i].copy_(new)
                     stepped.add(i)
+                if codecs is not None:
+                    codecs.publish(fragment, {names[i]: global_parameters[i].data for i in indices}, stepped_to)
+                else:
+                    for i in indices:
+                        global_parameters[i].copy_(stepped_to[names[i]])
                 merged = [global_parameters[i].detach().clone() for i in indices]
                 pending.append(_Install(step + run.delay_steps, indices, sent, merged))
             for install in [install for install in pending if install.at_step <= step or step == last]:

@@ -349,6 +349,30 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
     assert two_late["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
 
 
+def test_the_lockstep_through_the_products_codecs_is_the_lockstep_in_fp32_and_not_in_int4():
+    """The product's quantization on the lockstep's way (learner sends, the regions'
+    aggregates, the exact update, each with its error feedback): with fp32 codecs it is
+    the plain lockstep's arithmetic up to float rounding; with the default int4 and int8
+    it is not."""
+    from bench.quality import base_recipe
+    from bench.quality_runs import Lockstep, LockstepCodecs, train_lockstep
+    from diloco_cli.config.recipe import Recipe
+
+    recipe = base_recipe(quick=True)
+    fp32 = {"learner_codec": {"codec": "fp32"}, "update_codec": {"codec": "fp32"}}
+    exact = Recipe.model_validate({**recipe.model_dump(), "sync": {**recipe.sync.model_dump(), **fp32}})
+    run = Lockstep(3, 6e-3, 8, 6, 0.7, 0.5, 3 * 24 * 8 * 64, merge="rda", fragments=2, delay_steps=2)
+    plain = train_lockstep(exact, run)
+    through = train_lockstep(exact, replace(run, codecs=True))
+    assert [loss for _, loss in through["evaluations"]] == pytest.approx(
+        [loss for _, loss in plain["evaluations"]], abs=1e-4
+    )
+    quantized = train_lockstep(recipe, replace(run, codecs=True))
+    assert quantized["evaluations"][-1][1] != pytest.approx(plain["evaluations"][-1][1], abs=1e-4)
+    codecs = LockstepCodecs(recipe, 3)
+    assert [list(region) for region in codecs.regions] == [[0, 1], [2]]  # as bench._common.local_regions splits 3
+
+
 def test_every_lever_and_yardstick_can_be_named_on_the_command_line():
     """``--levers`` and ``--adopt`` split their names on semicolons: no name may hold one."""
     from bench.quality_levers import DATA_PARALLEL_LEVERS, LEVERS, LOCKSTEPS, REPEATS, adopted
