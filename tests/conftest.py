@@ -22,23 +22,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-SHARED_GROUPS = {
-    "test_slurm.py": "hosts installed from one shared environment (host_venv)",
-    "test_ssh.py": "hosts installed from one shared environment (host_venv)",
-}
-"""Files whose tests share a session fixture too costly to build once per worker: they
-run on one worker (every other file's tests run on one worker each, as their module
-fixtures are built once)."""
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, the default addopts), keep each
-    file's tests on one worker, and the files of :data:`SHARED_GROUPS` together."""
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, str(item.path))))
-
 
 def pytest_sessionstart(session):
     """Install the system tools the tests need where this machine allows it (root with
