@@ -85,9 +85,11 @@ class Lockstep:
     """DiLoCo's mathematics alone, in this process: M learners step in lockstep, every
     H steps their outer gradients are merged (in fp32, all learners at once) and the
     global model takes the Nesterov outer step, and each goes on from it; each samples
-    the whole text.  No quantization, no dealt shares, no processes or buckets: what is
-    left of a row's gap to data-parallel here is the algorithm's, the rest the system's.
-    ``fragments`` and ``delay_steps`` put back two parts of the system one at a time."""
+    the whole text.  By default no quantization, no dealt shares, no processes or
+    buckets: what is left of a row's gap to data-parallel here is the algorithm's, the
+    rest the system's.
+    ``fragments``, ``delay_steps``, ``dealt`` and ``codecs`` put back parts of the system
+    one at a time."""
 
     learners: int
     learning_rate: float

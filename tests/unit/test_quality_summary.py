@@ -349,7 +349,7 @@ def test_lockstep_diloco_of_one_learner_at_outer_lr_1_is_that_learner_trained_al
     assert two_late["evaluations"][-1][1] != pytest.approx(two["evaluations"][-1][1], abs=1e-4)
 
 
-def test_the_lockstep_through_the_products_codecs_is_the_lockstep_in_fp32_and_not_in_int4():
+def test_the_lockstep_through_the_products_codecs_is_the_lockstep_in_fp32_and_not_in_int4_nor_on_dealt_text():
     """The product's quantization on the lockstep's way (learner sends, the regions'
     aggregates, the exact update, each with its error feedback): with fp32 codecs it is
     the plain lockstep's arithmetic up to float rounding; with the default int4 and int8
@@ -369,6 +369,8 @@ def test_the_lockstep_through_the_products_codecs_is_the_lockstep_in_fp32_and_no
     )
     quantized = train_lockstep(recipe, replace(run, codecs=True))
     assert quantized["evaluations"][-1][1] != pytest.approx(plain["evaluations"][-1][1], abs=1e-4)
+    dealt = train_lockstep(exact, replace(run, dealt=True))  # each learner on its own share of the text
+    assert dealt["evaluations"][-1][1] != pytest.approx(plain["evaluations"][-1][1], abs=1e-4)
     codecs = LockstepCodecs(recipe, 3)
     assert [list(region) for region in codecs.regions] == [[0, 1], [2]]  # as bench._common.local_regions splits 3
 
