@@ -9,11 +9,7 @@ The budget is 20 tokens per parameter (Chinchilla's; 16.8M tokens for the built-
   of the M=4 learners trains: what a learner reaches without communicating, which every
   communicating method must beat;
 - ``DiLoCo M=1 K=M`` ... ``DiLoCo M=8 K=M``: the real learners, reducers and syncer
-  (``diloco up`` on this machine, ``file://`` buckets), the global batch fixed: the
-  tuned M=4 one (4 learners of ``batch_per_learner``) split over M learners, as the
-  anchor's sweep over M keeps its global batch, so that every M takes as many inner
-  steps (at 8 learners of the M=4 batch, each took half the steps and spent the first
-  quarter of the budget on the plateau a byte model starts on);
+  (``diloco up`` on this machine, ``file://`` buckets), the batch per learner fixed;
 - ``Decoupled K=1 of 4``: the grace window, through the reducers, the default codecs;
 - ``Decoupled K=1 of 4, recipes/wan.yaml``: the same with the WAN recipe's H and codecs;
 - ``DiLoCo M=4 K=M on BPE tokens``: the same model on a 512-token BPE that ``diloco
@@ -201,8 +197,7 @@ def diloco_recipe(
     learning rate for K < M is the K=M one scaled as ``auto`` scales it, by sqrt(K/M);
     the syncer evaluates about 32 times in the run."""
     length = base.data.sequence_length
-    batch = learner_batch(setting, base.training.num_learners, learners)
-    steps = max(1, round(tokens / (learners * batch * length)))
+    steps = max(1, round(tokens / (learners * setting.batch_per_learner * length)))
     quorum = quorum or learners
     sections = merged(lever_changes(setting.levers, setting, steps)[1], sections)
     sync = sections.pop("sync", {})
@@ -214,7 +209,7 @@ def diloco_recipe(
         "num_learners": learners,
         "inner_steps": steps,
         "learning_rate": setting.inner_learning_rate,
-        "batch_size": batch,
+        "batch_size": setting.batch_per_learner,
     }
     document["sync"] |= {
         "sync_interval": setting.sync_interval,
@@ -228,12 +223,6 @@ def diloco_recipe(
     for section, values in sections.items():
         document[section] |= values
     return Recipe.model_validate(document)
-
-
-def learner_batch(setting: Setting, headline: int, learners: int) -> int:
-    """Sequences per learner at M = ``learners``: the tuned global batch (``headline``
-    learners of ``setting.batch_per_learner``) split over them, at least one."""
-    return max(1, setting.batch_per_learner * headline // learners)
 
 
 def losses_of(evaluations: list[list[float]], tokens: float) -> dict[str, float]:
@@ -296,7 +285,6 @@ class Quality:
         else:
             recipe = self.row_recipe(name, setting, seed, tokens)
             record |= {"learners": recipe.training.num_learners, "quorum": recipe.quorum}
-            record |= {"batch_per_learner": recipe.training.batch_size}
             record |= {"outer_lr": recipe.outer_learning_rate, "outer_momentum": recipe.sync.outer_momentum}
             slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
             result = train_diloco(recipe, f"q-{slug}-{seed}", self.workdir)
@@ -476,19 +464,11 @@ def depends_on(label: str, setting: Setting) -> tuple:
     return (*setting.of_side(DILOCO_SIDE).items(), setting.levers)
 
 
-def stale_rows(rows: list[dict], setting: Setting, headline: int) -> list[dict]:
-    """The kept rows measured at other settings than those they depend on now, or (a
-    DiLoCo row) at another batch per learner than its M takes now (``headline``: the M
-    the setting was tuned at; a row from before the batch was recorded took the setting's)."""
-
-    def stale(row: dict) -> bool:
-        measured_at = Setting.of(row["setting"])
-        if depends_on(row["row"], measured_at) != depends_on(row["row"], setting):
-            return True
-        batch = row.get("batch_per_learner", measured_at.batch_per_learner)
-        return "learners" in row and batch != learner_batch(setting, headline, row["learners"])
-
-    return [row for row in rows if stale(row)]
+def stale_rows(rows: list[dict], setting: Setting) -> list[dict]:
+    """The kept rows measured at other settings than those they depend on now."""
+    return [
+        row for row in rows if depends_on(row["row"], Setting.of(row["setting"])) != depends_on(row["row"], setting)
+    ]
 
 
 def summarize(rows: list[dict], names: Rows) -> dict:
@@ -601,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
         steps = diloco_recipe(quality.base, setting, 0, quality.budget, quality.rows.learners).training.inner_steps
         chosen = adopted(args.adopt) if args.adopt is not None else chosen_levers(levers, setting)
         setting = replace(lever_changes(chosen, setting, steps)[0], levers=chosen)
-        for row in stale_rows(rows, setting, quality.rows.learners):  # kept beside the rows they are rerun for
+        for row in stale_rows(rows, setting):  # kept beside the rows they are rerun for
             print(f"  {row['row']} seed {row['seed']}: measured at another setting, superseded", flush=True)
             rows.remove(row)
             superseded.append(row)

@@ -176,33 +176,18 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
 
     tuned = Setting.of(TUNED)
     rows = [{"row": label, "setting": TUNED} for label in (DATA_PARALLEL, FLOOR, NAMES.sync)]
-    assert stale_rows(rows, tuned, 4) == []  # a result file from before there were levers
+    assert stale_rows(rows, tuned) == []  # a result file from before there were levers
     sync_only = replace(tuned, outer_learning_rate=1.4, levers=(OUTER,))
-    assert stale_rows(rows, sync_only, 4) == rows[2:]  # data-parallel and the floor do not sync
-    assert stale_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only, 4) == []
-    assert stale_rows(rows, replace(tuned, levers=(BETA2,)), 4) == rows  # the inner optimizer is everyone's
+    assert stale_rows(rows, sync_only) == rows[2:]  # data-parallel and the floor do not sync
+    assert stale_rows([{"row": NAMES.sync, "setting": asdict(sync_only)}], sync_only) == []
+    assert stale_rows(rows, replace(tuned, levers=(BETA2,))) == rows  # the inner optimizer is everyone's
     both = "inner and data-parallel lr halved (both tuned at an eighth of the budget)"
     rates, _ = lever_changes((both,), tuned, 1000)
     assert (rates.dp_learning_rate, rates.inner_learning_rate) == (
         tuned.dp_learning_rate / 2,
         tuned.inner_learning_rate / 2,
     )
-    assert stale_rows(rows, replace(rates, levers=(both,)), 4) == rows  # data-parallel retuned with DiLoCo
-
-
-def test_the_sweep_over_m_keeps_the_tuned_global_batch_and_resuming_reruns_rows_measured_at_another():
-    from bench.quality import base_recipe, diloco_recipe, stale_rows
-    from bench.quality_tuning import Setting
-
-    tuned, base = Setting.of(TUNED), base_recipe(quick=False)
-    tokens = 4 * 1000 * 8 * 128  # 1000 steps of 4 learners of 8 sequences
-    for learners, batch in [(1, 32), (2, 16), (4, 8), (8, 4)]:
-        recipe = diloco_recipe(base, tuned, 0, tokens, learners)
-        assert (recipe.training.batch_size, recipe.training.inner_steps) == (batch, 1000)  # every M as many steps
-    m8 = {"row": "DiLoCo M=8 K=M", "setting": TUNED, "learners": 8}
-    assert stale_rows([m8], tuned, 4) == [m8]  # from before: 8 learners of the M=4 batch
-    assert stale_rows([m8 | {"batch_per_learner": 4}], tuned, 4) == []
-    assert stale_rows([{"row": NAMES.decoupled, "setting": TUNED, "learners": 4}], tuned, 4) == []
+    assert stale_rows(rows, replace(rates, levers=(both,))) == rows  # data-parallel retuned with DiLoCo
 
 
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
