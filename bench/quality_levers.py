@@ -44,6 +44,10 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
     "batch per learner doubled (the anchors find DiLoCo's best batch larger)": lambda setting, steps: {
         "setting": {"batch_per_learner": 2 * setting.batch_per_learner}
     },
+    "polls 5x as often (learners every 0.2 s, the syncer and reducers every 0.15 s)": lambda setting, steps: {
+        "training": {"poll_seconds": 0.2},
+        "sync": {"poll_seconds": 0.15},
+    },
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [
