@@ -56,6 +56,7 @@ from bench.quality_levers import (
     adopted,
     chosen_levers,
     lever_changes,
+    lever_of,
     lever_ratios,
     lever_record,
     levers_at,
@@ -335,7 +336,7 @@ class Quality:
             )
             result = train_lockstep(diloco_recipe(self.base, changed, 0, self.budget, learners), run)
             return lever_record(name, stop, setting, changed, sections, result, result["tokens"])
-        names = () if name == "tuned" or name in REPEATS else tuple(name.split(" + "))
+        names = () if name == "tuned" or name in REPEATS else tuple(lever_of(name).split(" + "))
         changed, sections = lever_changes(names, setting, steps)
         recipe = diloco_recipe(self.base, replace(changed, levers=names), 0, self.budget, learners)
         result = train_diloco(recipe, f"lever-{len(list(self.workdir.glob('lever-*.json')))}", self.workdir, stop=stop)

@@ -97,6 +97,17 @@ REPEATS = ("tuned again (no change: the product's run-to-run spread)", "tuned a 
 """The tuned run again, unchanged: an asynchronous run is not deterministic even at one
 seed (which learner's send lands first moves with the machine's load), so a product
 lever's verdict is judged against how far two runs of the same setting differ."""
+AGAIN = ", run "
+"""A product lever's name followed by ``, run 2`` (3, ...) runs that lever again, as
+``REPEATS`` runs the tuned setting again: one run of a lever is read against the
+product's own run-to-run span, and a verdict inside it needs more runs a side."""
+
+
+def lever_of(name: str) -> str:
+    """The lever a run by this name runs (itself, or the lever it runs again)."""
+    return name.split(AGAIN)[0]
+
+
 DATA_PARALLEL_LEVERS: dict[str, Callable[[Setting], Setting]] = {
     "data-parallel at half its learning rate": lambda setting: replace(
         setting, dp_learning_rate=setting.dp_learning_rate / 2
@@ -135,7 +146,7 @@ def adopted(names: str, *others: str) -> tuple[str, ...]:
     """Levers by name (``--adopt``'s, or ``--levers``' with ``others`` allowed too)."""
     chosen = tuple(sorted(name.strip() for name in names.split(";") if name.strip()))
     known = [*LEVERS, *others]
-    unknown = [part for name in chosen for part in name.split(" + ") if part not in known]
+    unknown = [part for name in chosen for part in lever_of(name).split(" + ") if part not in known]
     if unknown:
         raise SystemExit(f"no lever named {', '.join(map(repr, unknown))}; the levers: {', '.join(known)}")
     return chosen

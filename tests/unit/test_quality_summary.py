@@ -192,8 +192,12 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
 
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
     from bench.quality import adopted
+    from bench.quality_levers import lever_of
 
     assert adopted(f"{SCHEDULE}; {BETA2}") == (BETA2, SCHEDULE) and adopted("") == ()
+    assert adopted(f"{BETA2}, run 2") == (f"{BETA2}, run 2",) and lever_of(f"{BETA2}, run 2") == BETA2
+    with pytest.raises(SystemExit, match="no lever named 'momentum'"):
+        adopted("momentum, run 2")
     with pytest.raises(SystemExit, match="no lever named 'momentum'.*AdamW beta2 0.99"):
         adopted("momentum")
 
