@@ -78,6 +78,11 @@ LOCKSTEPS: dict[str, dict] = {
         "delay_steps": 5,
     },
     "lockstep reference with 2 fragments and installs 5 steps late": {"fragments": 2, "delay_steps": 5},
+    "lockstep reference with RDA, 2 fragments and installs 10 steps late (the product's median delay)": {
+        "merge": "rda",
+        "fragments": 2,
+        "delay_steps": 10,
+    },
     "lockstep reference with RDA, 2 fragments, installs 5 steps late and the product's codecs": {
         "merge": "rda",
         "fragments": 2,
@@ -92,7 +97,9 @@ LOCKSTEPS: dict[str, dict] = {
     },
 }
 """The yardsticks by name: the product's parts put back one at a time (the delay: about
-5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second)."""
+5 of a learner's steps here, a round trip of 1-2 s at 3-4.5 steps a second, was the first
+guess; read from a run's logs, a learner installs a merge a median 8-11 of its steps
+after its send at the default polls, docs/benchmarks.md)."""
 REPEATS = ("tuned again (no change: the product's run-to-run spread)", "tuned a third time (no change)")
 """The tuned run again, unchanged: an asynchronous run is not deterministic even at one
 seed (which learner's send lands first moves with the machine's load), so a product

@@ -7,8 +7,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from bench.quality import DATA_PARALLEL, EXTENDED, FLOOR, Rows, summarize, targets_of
 from bench.quality_runs import loss_at, tokens_to_reach
+from bench.quality_summary import DATA_PARALLEL, EXTENDED, FLOOR, Rows, summarize, targets_of
 
 NAMES = Rows(4, quick=False)
 
