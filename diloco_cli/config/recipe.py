@@ -166,6 +166,12 @@ class TrainingConfig(BaseModel):
     poll_seconds: float = Field(default=1.0, gt=0)
     """How often a learner looks for newer global versions."""
 
+    awaiting_poll_seconds: float = Field(default=0.2, gt=0)
+    """How often it looks instead while a send of its awaits the merge (from the send to
+    the install of a newer version of that fragment): a merge installed sooner, counted in
+    the learner's steps, is work trained on fresher weights (docs/benchmarks.md); the
+    window is the round trip, a small share of a round where steps are slow."""
+
     seed: int = 0
     """Seeds the initial model and every learner's data order (mixed with its shard index)."""
 

@@ -80,7 +80,7 @@ class Harness:
         loop = Learner(self.spec, name, self.secret)
         loop.setup()
         loop.sync.loop = loop
-        loop.sync.poller.poll_seconds = float("inf")
+        loop.sync.poller.poll_seconds = loop.sync.poller.awaiting_seconds = float("inf")
         if start:
             loop.sync.start()
         return loop.sync

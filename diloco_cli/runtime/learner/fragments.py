@@ -72,6 +72,12 @@ class LearnerFragments:
         """Whether every fragment holds some global version."""
         return all(version >= 0 for version in self.base_version.values())
 
+    @property
+    def awaiting_merge(self) -> bool:
+        """Whether a send awaits its merge: some fragment was sent with steps in it since
+        its last install."""
+        return any(steps > 0 for steps in self.sent_steps.values())
+
     def count_step(self, tokens: int) -> None:
         for fragment in self.c_steps:
             self.c_steps[fragment] += 1

@@ -45,12 +45,15 @@ class Poll:
 
 
 class GlobalPoller:
-    """The learner's looks for newer global weights: one at a time, every ``poll_seconds``.
-    ``readers``: one per syncer shard, in shard order (one with a single syncer)."""
+    """The learner's looks for newer global weights: one at a time, every ``poll_seconds``,
+    or every ``awaiting_seconds`` while a send of the learner awaits its merge (where it is
+    the shorter).  ``readers``: one per syncer shard, in shard order (one with a single syncer)."""
 
-    def __init__(self, readers: Sequence[GlobalReader], learner: LearnerId, poll_seconds: float) -> None:
+    def __init__(
+        self, readers: Sequence[GlobalReader], learner: LearnerId, poll_seconds: float, awaiting_seconds: float
+    ) -> None:
         self.readers, self.learner = list(readers), learner
-        self.poll_seconds = poll_seconds
+        self.poll_seconds, self.awaiting_seconds = poll_seconds, awaiting_seconds
         self.newest_head = {reader.shard.index: Version(-1) for reader in self.readers}
         """Per syncer shard, the newest head installed from: an older one is a replay."""
         self.resync_seen = {reader.shard.index: 0 for reader in self.readers}
@@ -74,11 +77,13 @@ class GlobalPoller:
     def _bases(self, base_versions: Mapping[FragmentIndex, Version]) -> dict[FragmentIndex, Version]:
         return {p: Version(-1) if p in self.needs_snapshot else v for p, v in base_versions.items()}
 
-    def start_if_due(self, base_versions: Mapping[FragmentIndex, Version]) -> None:
+    def start_if_due(self, base_versions: Mapping[FragmentIndex, Version], awaiting: bool = False) -> None:
         """Start a look from these bases (every install so far applied) unless one is in
-        flight or the last one started less than ``poll_seconds`` ago."""
+        flight or the last one started less than the interval ago: ``poll_seconds``, or
+        while a send ``awaiting`` its merge the shorter of it and ``awaiting_seconds``."""
         now = time.monotonic()
-        if self._look is None and now - self._last_look >= self.poll_seconds:
+        interval = min(self.poll_seconds, self.awaiting_seconds) if awaiting else self.poll_seconds
+        if self._look is None and now - self._last_look >= interval:
             self._look = self._thread.submit(
                 self.look, self._bases(base_versions), dict(self.newest_head), dict(self.resync_seen)
             )

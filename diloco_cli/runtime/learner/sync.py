@@ -98,7 +98,8 @@ class LearnerSync:
                 GlobalReader(self.bucket, secret, self.fragment_list, shard=spec.syncer_shard(shard.index))
                 for shard in spec.syncer_shards
             ]
-            self.poller = GlobalPoller(readers, self.me.id, self.recipe.training.poll_seconds)
+            training = self.recipe.training
+            self.poller = GlobalPoller(readers, self.me.id, training.poll_seconds, training.awaiting_poll_seconds)
             storage_before = previous.storage if previous is not None else StorageCounters()
             self.heartbeats = Heartbeats(context, self.progress, self.sends, self.refusals, storage_before)
             self.installs = Installs(context, self.model, self.progress, self.poller, self._refused)
@@ -234,7 +235,7 @@ class LearnerSync:
             self._send(fragment)
         self._install(self.poller.take() if storage else None)
         if storage:
-            self.poller.start_if_due(self.fragments.base_version)
+            self.poller.start_if_due(self.fragments.base_version, awaiting=self.fragments.awaiting_merge)
         if storage and self.heartbeats.due():
             self.heartbeats.beat()
             self._follow_chaos()
