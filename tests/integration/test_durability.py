@@ -60,8 +60,9 @@ def test_slow_fetches_with_fast_steps_never_apply_an_update_twice(tmp_path, s3):
     slow = FaultRules(delay_seconds=1.2, delay_methods=frozenset({"GET"}), delay_path_contains="/global/")
     # no snapshots after the first: every install goes through the updates, on the base;
     # enough steps that several polls of many 1.2 s fetches finish while the learners train
+    # (at 600 steps the two learners made 7, 7 and then 5 installs under CI's load)
     recipe = deep_update(
-        TINY_RECIPE, {"training": {"inner_steps": 600, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}}
+        TINY_RECIPE, {"training": {"inner_steps": 1000, "poll_seconds": 0.3}, "sync": {"snapshot_every": 1000}}
     )
     with fault_proxy(s3.endpoint_url, FaultRules()) as proxy:
         regions = s3_regions(tmp_path, [s3], [proxy], learners=(2,))
