@@ -104,13 +104,20 @@ def resume_run(record: RunRecord, emit=lambda line: None, reopen_seconds: float 
     up), here and on SSH hosts, from the run's durable state; the syncer (every shard) and
     the reducers too when a learner comes back after they finished, and those first: a
     learner that read the heads of the run's first end would take the run as over and
-    leave.  Returns the names started."""
+    leave.  A coordinator still finishing that first end is waited for, then started
+    again with the others.  Returns the names started."""
     rows = {row["process"]: row for row in probe_run(record)}
     down = [name for name, row in rows.items() if not row["supervisor_alive"] and row["supervisor"] != "finished"]
     coordinators = [*(shard.name for shard in record.spec.syncer_shards), *(r.name for r in record.spec.reducers)]
     if not any(name not in (*coordinators, CHAOS_PROCESS) for name in down):
         return start_processes(record, down, "started again", emit)
     # learners come back after the syncer and reducers finished: they must merge what they send
+    finishing = [name for name in coordinators if rows.get(name, {}).get("supervisor_alive")]
+    if finishing and _some_head_finished(record):
+        emit(f"  waiting for {', '.join(finishing)} to finish the run's first end; they start again then")
+        rows = _wait_until_down(record, finishing, reopen_seconds)
+        if still := [name for name in finishing if rows.get(name, {}).get("supervisor_alive")]:
+            emit(f"  {', '.join(still)} still running after {reopen_seconds:.0f} s: resume again once it finished")
     down += [name for name in coordinators if name not in down and not rows.get(name, {}).get("supervisor_alive")]
     first = [name for name in down if name in coordinators]
     started = start_processes(record, first, "started again", emit)
@@ -125,22 +132,43 @@ def resume_run(record: RunRecord, emit=lambda line: None, reopen_seconds: float 
     return sorted(started + start_processes(record, learners, "started again", emit))
 
 
-def wait_for_open_heads(record: RunRecord, timeout: float, poll_seconds: float = 0.5) -> bool:
-    """Wait until every region holds an unfinished head of every syncer shard (or none),
-    as a restarted shard republishes it at its start; False when ``timeout`` passes first."""
+def _wait_until_down(record: RunRecord, names: list[str], timeout: float, poll_seconds: float = 0.5) -> dict:
+    """Probe the run until none of ``names`` has a live supervisor or ``timeout`` passes;
+    returns the last probe's rows by process."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = {row["process"]: row for row in probe_run(record)}
+        if not any(rows.get(name, {}).get("supervisor_alive") for name in names) or time.monotonic() >= deadline:
+            return rows
+        time.sleep(poll_seconds)
+
+
+def _heads(record: RunRecord) -> list | None:
+    """The head of every syncer shard in every region (None where one is missing), or None
+    when a region cannot be read now."""
     from diloco_cli.codec import PayloadError
     from diloco_cli.store.filesystem import StorageError
 
     spec, secret = record.spec, record.secret()
     views = [view for bucket in spec.buckets(secret) for view in bucket.syncer_shards(len(spec.syncer_shards))]
+    try:
+        return [view.read_head() for view in views]
+    except (StorageError, PayloadError):
+        return None
+
+
+def _some_head_finished(record: RunRecord) -> bool:
+    return any(head is not None and head.finished for head in _heads(record) or [])
+
+
+def wait_for_open_heads(record: RunRecord, timeout: float, poll_seconds: float = 0.5) -> bool:
+    """Wait until every region holds an unfinished head of every syncer shard (or none),
+    as a restarted shard republishes it at its start; False when ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            heads = [view.read_head() for view in views]
-            if all(head is None or not head.finished for head in heads):
-                return True
-        except (StorageError, PayloadError):
-            pass  # a region not read now is read again until the deadline
+        heads = _heads(record)  # a region not read now is read again until the deadline
+        if heads is not None and all(head is None or not head.finished for head in heads):
+            return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll_seconds)

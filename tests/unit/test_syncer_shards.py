@@ -323,6 +323,42 @@ def test_resume_starts_every_shard_again_when_learners_come_back_and_the_learner
     assert any("has not republished its head" in line and "diloco status r" in line for line in lines), lines
 
 
+def test_resume_waits_for_coordinators_still_finishing_the_first_end_and_starts_them_again(tmp_path, monkeypatch):
+    """Resumed the moment the run ended, the syncer and a reducer may still be writing
+    their last words (alive, the head already finished): resume waits for them to exit
+    and starts them again before the learner, which would otherwise read the first end's
+    head and leave (seen on CI: the learner left, the run never finished again)."""
+    from diloco_cli.launch import operations
+
+    spec = resolve_run(recipe(shards=1), regions(shard_hosts=["local"]), "r", tmp_path)
+    coordinators = [*(s.name for s in spec.syncer_shards), *(r.name for r in spec.reducers)]
+    probes = iter([True, True, False])  # alive at the first probe and the first wait, then gone
+
+    def probe(record):
+        alive = next(probes)
+        rows = [{"process": name, "supervisor_alive": alive, "supervisor": "running"} for name in coordinators]
+        return rows + [{"process": "east-0", "supervisor_alive": False, "supervisor": "failed"}]
+
+    record = type("Record", (), {"spec": spec, "name": "r"})()
+    monkeypatch.setattr(operations, "probe_run", probe)
+    monkeypatch.setattr(operations, "_some_head_finished", lambda record: True)
+    monkeypatch.setattr(operations.time, "sleep", lambda seconds: None)
+    calls = []
+    start = lambda record, names, how, emit: calls.append(sorted(names)) or names  # noqa: E731
+    monkeypatch.setattr(operations, "start_processes", start)
+    monkeypatch.setattr(operations, "wait_for_open_heads", lambda record, timeout: calls.append("wait") or True)
+    lines = []
+    assert operations.resume_run(record, emit=lines.append) == sorted([*coordinators, "east-0"])
+    assert calls == [sorted(coordinators), "wait", ["east-0"]]
+    assert "to finish the run's first end" in lines[0], lines
+    # a run that goes on (no head finished): live coordinators are left running
+    probes = iter([True])
+    monkeypatch.setattr(operations, "_some_head_finished", lambda record: False)
+    calls.clear()
+    assert operations.resume_run(record) == ["east-0"]
+    assert [call for call in calls if call] == [["east-0"]]
+
+
 def test_resume_waits_for_a_head_that_says_the_run_goes_on(tmp_path):
     """The wait reads every region's head as the learners will: the first end's head
     (finished) holds it back, the one a restarted syncer republishes lets it go."""
