@@ -420,11 +420,16 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> tuple[list[dict
     return rows, results.get("tuning", []), levers, results.get("superseded_rows", [])
 
 
+POLLS = {"poll_seconds", "awaiting_poll_seconds"}
+"""The training section's keys that only a syncing learner reads."""
+
+
 def depends_on(label: str, setting: Setting) -> tuple:
     """What a row's runs depend on: data-parallel's setting, or a learner's (the floor),
     or DiLoCo's; each with the levers it takes (the training section's are everyone's,
-    for both methods run the same inner optimizer and schedule)."""
-    everyone = tuple(name for name in setting.levers if "training" in LEVERS[name](setting, 1))
+    for both methods run the same inner optimizer and schedule, but for the learner's
+    polls: neither data-parallel nor the floor syncs)."""
+    everyone = tuple(name for name in setting.levers if set(LEVERS[name](setting, 1).get("training", {})) - POLLS)
     if label == DATA_PARALLEL:
         return (*setting.of_side(DATA_PARALLEL_SIDE).items(), everyone)
     if label == FLOOR:
@@ -448,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows, trials, levers, superseded = earlier_results(args, settings) if args.resume else ([], [], [], [])
 
         def results(setting: Setting | None) -> dict:
-            summary = summarize(rows, quality.rows)
+            summary = summarize(rows, quality.rows, superseded)
             return {
                 "target_source": DATA_PARALLEL,
                 "summary": summary,
@@ -484,13 +489,18 @@ def main(argv: list[str] | None = None) -> dict:
             save(setting)
         path = save(setting)
     report = results(setting)
-    table = [{"row": label, **entry} for label, entry in report["summary"].items()]
+    table = [
+        {**entry, "row": label + (" (an earlier setting)" if "measured_at" in entry else "")}
+        for label, entry in report["summary"].items()
+    ]
     print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0", "gap_vs_dp", "token_overhead", "seconds"])
     for name, target in report["targets"].items():
         verdict = "met" if target["met"] else "MISSED"
         if target.get("met_by") == "twice the spread":
             verdict += f" only within twice the spread ({target['spread']:.1%}, {target['seeds']} seeds)"
             verdict += f"; {SEEDS_WITHIN_SPREAD} seeds of each row are due" if target["seeds_due"] else ""
+        if earlier := target.get("measured_at_an_earlier_setting"):
+            verdict += f"; {' and '.join(earlier)} measured at an earlier setting"
         print(f"{name}: {target.get('measured', target.get('failing'))} ({target['target']}): {verdict}")
     print(f"wrote {path}")
     return report

@@ -52,10 +52,24 @@ def losses_of(evaluations: list[list[float]], tokens: float) -> dict[str, float]
     return {f"loss_{f}": loss_at(evaluations, f * tokens) for f in FRACTIONS}
 
 
-def summarize(rows: list[dict], names: Rows) -> dict:
+EARLIER = "an earlier setting (superseded_rows): not rerun yet at the chosen one"
+
+
+def newest_superseded(rows: list[dict], superseded: list[dict]) -> list[dict]:
+    """For each row with no run at the chosen setting, its runs at the setting it was
+    last superseded from (a sitting that reruns some rows shows the others as they were
+    measured, and says so), each marked ``measured_at``."""
+    current = {row["row"] for row in rows}
+    last = {row["row"]: row["setting"] for row in superseded if row["row"] not in current}
+    return [{**row, "measured_at": EARLIER} for row in superseded if last.get(row["row"]) == row["setting"]]
+
+
+def summarize(rows: list[dict], names: Rows, superseded: list[dict] = ()) -> dict:
     """Per row over its seeds: mean losses, the spread of the final loss (max - min over
     the mean), wall time; beside data-parallel's final loss, the gap to it and the
-    tokens needed to reach it (and that over data-parallel's tokens: the overhead)."""
+    tokens needed to reach it (and that over data-parallel's tokens: the overhead).
+    A row not run at the chosen setting is shown from ``superseded``, marked."""
+    rows = [*rows, *newest_superseded(rows, list(superseded))]
     summary: dict[str, dict] = {}
     for label in dict.fromkeys(row["row"] for row in rows):
         group = [row for row in rows if row["row"] == label]
@@ -67,6 +81,8 @@ def summarize(rows: list[dict], names: Rows) -> dict:
             "tokens": group[0]["tokens"],
         }
         summary[label]["seconds"] = sum(row["seconds"] for row in group)
+        if "measured_at" in group[0]:
+            summary[label]["measured_at"] = group[0]["measured_at"]
         if "bytes_per_token" in group[0]:
             summary[label]["bpb_1.0"] = summary[label]["loss_1.0"] / math.log(2) / group[0]["bytes_per_token"]
     dp, floor = summary.get(DATA_PARALLEL), summary.get(FLOOR)
@@ -111,6 +127,8 @@ def targets_of(summary: dict, names: Rows) -> dict:
                 "met_by": None if not met else "twice the spread" if by_spread else "the target",
                 "seeds_due": by_spread and seeds < SEEDS_WITHIN_SPREAD,
             }
+            if earlier := [label for label in (better, baseline) if "measured_at" in summary[label]]:
+                targets[f"{better} vs {baseline}"]["measured_at_an_earlier_setting"] = earlier
     if names.wan in summary and "token_overhead" in summary[names.wan]:
         overhead = summary[names.wan]["token_overhead"]
         targets[f"{names.wan} tokens to data-parallel's loss"] = {

@@ -188,6 +188,33 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
         tuned.inner_learning_rate / 2,
     )
     assert stale_rows(rows, replace(rates, levers=(both,))) == rows  # data-parallel retuned with DiLoCo
+    polls = "polls 5x as often (learners every 0.2 s, the syncer and reducers every 0.15 s)"
+    assert stale_rows(rows, replace(tuned, levers=(polls,))) == rows[2:]  # a learner's polls: only DiLoCo's
+
+
+def test_a_row_not_rerun_at_the_chosen_setting_is_shown_as_last_measured_and_marked():
+    """A sitting that adopts a lever and reruns one row keeps the others in the summary
+    from their newest superseded runs, marked, and a target read across settings says so."""
+    from bench.quality_summary import EARLIER
+
+    old, older, new = {"levers": []}, {"levers": ["x"]}, {"levers": ["polls"]}
+    rows = [
+        row(DATA_PARALLEL, 0, [[400, 2.0]], setting=new),
+        row(NAMES.sync, 0, [[400, 2.04]], setting=new),
+    ]
+    superseded = [
+        row(NAMES.sync, 0, [[400, 2.10]], setting=old),
+        row(NAMES.decoupled, 0, [[400, 2.50]], setting=older),  # an older generation of the row
+        row(NAMES.decoupled, 0, [[400, 2.06]], setting=old),
+        row(NAMES.decoupled, 1, [[400, 2.08]], setting=old),
+    ]
+    summary = summarize(rows, NAMES, superseded)
+    assert summary[NAMES.sync]["loss_1.0"] == pytest.approx(2.04) and "measured_at" not in summary[NAMES.sync]
+    assert summary[NAMES.decoupled]["loss_1.0"] == pytest.approx(2.07)  # the newest generation alone
+    assert summary[NAMES.decoupled]["seeds"] == [0, 1] and summary[NAMES.decoupled]["measured_at"] == EARLIER
+    target = targets_of(summary, NAMES)[f"{NAMES.decoupled} vs {NAMES.sync}"]
+    assert target["measured_at_an_earlier_setting"] == [NAMES.decoupled]
+    assert "measured_at_an_earlier_setting" not in targets_of(summary, NAMES)[f"{NAMES.sync} vs data-parallel"]
 
 
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
