@@ -170,7 +170,8 @@ class TrainingConfig(BaseModel):
     """How often it looks instead while a send of its awaits the merge (from the send to
     the install of a newer version of that fragment): a merge installed sooner, counted in
     the learner's steps, is work trained on fresher weights (docs/benchmarks.md); the
-    window is the round trip, a small share of a round where steps are slow."""
+    window is the round trip, a small share of a round where steps are slow, and ends
+    when the merge is late (3 of the learner's usual round trips, at least 10 s)."""
 
     seed: int = 0
     """Seeds the initial model and every learner's data order (mixed with its shard index)."""

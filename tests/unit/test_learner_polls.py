@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from diloco_cli.codec import CodecSpec
@@ -26,14 +27,14 @@ def test_a_send_awaits_its_merge_from_the_send_to_the_install_of_a_newer_version
     fragments.count_step(8)
     assert not fragments.awaiting_merge  # trained, not sent
     fragments.encode_delta(1, {"w1": torch.tensor([1.0])}, CodecSpec(codec="fp32", zstd_level=0), secret, {})
-    assert fragments.awaiting_merge
+    assert fragments.awaiting_merge == (1,)
     fragments.install(0, Version(1), {"w0": torch.tensor([5.0])})
-    assert fragments.awaiting_merge  # the other fragment's merge came, not this one's
+    assert fragments.awaiting_merge == (1,)  # the other fragment's merge came, not this one's
     fragments.install(1, Version(2), {"w1": torch.tensor([5.0])})
     assert not fragments.awaiting_merge
 
 
-def _looked(poller: GlobalPoller, awaiting: bool) -> bool:
+def _looked(poller: GlobalPoller, awaiting: tuple = ()) -> bool:
     """Whether ``start_if_due`` started a look now (a look with no readers is over at once)."""
     poller.start_if_due({}, awaiting=awaiting)
     deadline = time.monotonic() + 0.5
@@ -51,8 +52,8 @@ def test_the_poller_looks_every_poll_seconds_and_every_awaiting_seconds_while_a_
     monkeypatch.setattr(poller_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
     poller = GlobalPoller([], LearnerId("east-0"), poll_seconds=30.0, awaiting_seconds=0.05)
     try:
-        expected = [(0.0, False, True), (0.1, False, False), (0.1, True, True), (0.12, True, False)]
-        expected += [(29.0, False, False), (30.2, False, True)]  # 30 s after the last look, at 1000.1
+        expected = [(0.0, (), True), (0.1, (), False), (0.1, (0,), True), (0.12, (0,), False)]
+        expected += [(29.0, (), False), (30.2, (), True)]  # 30 s after the last look, at 1000.1
         for at, awaiting, looks in expected:
             now[0] = 1000.0 + at
             assert _looked(poller, awaiting) is looks, (at, awaiting)
@@ -60,8 +61,41 @@ def test_the_poller_looks_every_poll_seconds_and_every_awaiting_seconds_while_a_
         poller.close()
     quick = GlobalPoller([], LearnerId("east-1"), poll_seconds=0.05, awaiting_seconds=30.0)
     try:
-        assert _looked(quick, awaiting=True)
+        assert _looked(quick, awaiting=(0,))
         now[0] += 0.06
-        assert _looked(quick, awaiting=True)  # never slower while awaiting than otherwise
+        assert _looked(quick, awaiting=(0,))  # never slower while awaiting than otherwise
     finally:
         quick.close()
+
+
+def test_a_late_merge_ends_the_often_looks_after_three_usual_round_trips(monkeypatch):
+    """A syncer down or a quorum waiting for a slow learner: a send still unmerged after
+    3 of the learner's usual round trips (at least 10 s) is late, and the learner goes
+    back to its plain interval until the merge comes; a usual round trip of 20 s (a long
+    WAN round) widens the window to 60 s."""
+    import diloco_cli.runtime.learner.poller as poller_module
+
+    now = [0.0]
+    monkeypatch.setattr(poller_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    poller = GlobalPoller([], LearnerId("east-0"), poll_seconds=5.0, awaiting_seconds=0.2)
+    try:
+        assert _looked(poller, (0,))  # sent at 0
+        looks = []
+        for at in (0.3, 0.6, 9.5, 9.8, 10.1, 10.4, 15.1, 15.4):
+            now[0] = at
+            looks.append(_looked(poller, (0,)))
+        # often until 10 s after the send, then every 5 s (9.8, then 15.1)
+        assert looks == [True, True, True, True, False, False, True, False]
+        for _ in range(3):  # three sends, each installed 20 s later
+            now[0] += 100.0
+            poller.start_if_due({}, awaiting=(1,))
+            now[0] += 20.0
+            poller.start_if_due({}, awaiting=())
+            assert _looked(poller)  # the look that started
+        assert poller.awaiting_window() == pytest.approx(60.0)
+        now[0] += 100.0
+        _looked(poller, (1,))
+        now[0] += 59.0
+        assert _looked(poller, (1,))  # 59 s after the send, still expected
+    finally:
+        poller.close()

@@ -73,10 +73,10 @@ class LearnerFragments:
         return all(version >= 0 for version in self.base_version.values())
 
     @property
-    def awaiting_merge(self) -> bool:
-        """Whether a send awaits its merge: some fragment was sent with steps in it since
-        its last install."""
-        return any(steps > 0 for steps in self.sent_steps.values())
+    def awaiting_merge(self) -> tuple[FragmentIndex, ...]:
+        """The fragments whose send awaits its merge: sent with steps in them since their
+        last install."""
+        return tuple(fragment for fragment, steps in self.sent_steps.items() if steps > 0)
 
     def count_step(self, tokens: int) -> None:
         for fragment in self.c_steps:

@@ -13,8 +13,10 @@ the bases as they now are.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -44,10 +46,20 @@ class Poll:
     refusals: list[Refusal] = field(default_factory=list)
 
 
+AWAITING_WINDOW_SECONDS = 10.0
+"""The shortest time after a send the learner looks often for its merge."""
+OVERDUE_ROUND_TRIPS = 3
+"""A send still unmerged after this many of the learner's usual round trips (the median
+of its recent ones) is late: a syncer down, a quorum waiting for a slow learner.  Looking
+often then buys no fresher weights, only requests; the learner goes back to
+``poll_seconds`` until the merge comes."""
+
+
 class GlobalPoller:
     """The learner's looks for newer global weights: one at a time, every ``poll_seconds``,
-    or every ``awaiting_seconds`` while a send of the learner awaits its merge (where it is
-    the shorter).  ``readers``: one per syncer shard, in shard order (one with a single syncer)."""
+    or every ``awaiting_seconds`` while a send of the learner awaits its merge and is not
+    late (where it is the shorter).  ``readers``: one per syncer shard, in shard order (one
+    with a single syncer)."""
 
     def __init__(
         self, readers: Sequence[GlobalReader], learner: LearnerId, poll_seconds: float, awaiting_seconds: float
@@ -63,6 +75,10 @@ class GlobalPoller:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="poll")
         self._look: Future[Poll] | None = None
         self._last_look = float("-inf")
+        self._sent_at: dict[FragmentIndex, float] = {}
+        """When each fragment awaiting its merge was first seen sent (since its last install)."""
+        self._round_trips: deque[float] = deque(maxlen=9)
+        """The latest sends' times from the send to the install."""
 
     @property
     def initial(self) -> Mapping[str, torch.Tensor] | None:
@@ -77,17 +93,31 @@ class GlobalPoller:
     def _bases(self, base_versions: Mapping[FragmentIndex, Version]) -> dict[FragmentIndex, Version]:
         return {p: Version(-1) if p in self.needs_snapshot else v for p, v in base_versions.items()}
 
-    def start_if_due(self, base_versions: Mapping[FragmentIndex, Version], awaiting: bool = False) -> None:
+    def start_if_due(
+        self, base_versions: Mapping[FragmentIndex, Version], awaiting: Collection[FragmentIndex] = ()
+    ) -> None:
         """Start a look from these bases (every install so far applied) unless one is in
         flight or the last one started less than the interval ago: ``poll_seconds``, or
-        while a send ``awaiting`` its merge the shorter of it and ``awaiting_seconds``."""
+        while a send of a fragment in ``awaiting`` waits for its merge, and is not late
+        (:meth:`awaiting_window`), the shorter of it and ``awaiting_seconds``."""
         now = time.monotonic()
-        interval = min(self.poll_seconds, self.awaiting_seconds) if awaiting else self.poll_seconds
+        for fragment in awaiting:
+            self._sent_at.setdefault(fragment, now)
+        for fragment in [f for f in self._sent_at if f not in awaiting]:  # installed since
+            self._round_trips.append(now - self._sent_at.pop(fragment))
+        expected = any(now - sent < self.awaiting_window() for sent in self._sent_at.values())
+        interval = min(self.poll_seconds, self.awaiting_seconds) if expected else self.poll_seconds
         if self._look is None and now - self._last_look >= interval:
             self._look = self._thread.submit(
                 self.look, self._bases(base_versions), dict(self.newest_head), dict(self.resync_seen)
             )
             self._last_look = now
+
+    def awaiting_window(self) -> float:
+        """How long after a send the learner looks often for its merge: ``OVERDUE_ROUND_TRIPS``
+        of its usual round trips, at least ``AWAITING_WINDOW_SECONDS``."""
+        usual = statistics.median(self._round_trips) if self._round_trips else 0.0
+        return max(AWAITING_WINDOW_SECONDS, OVERDUE_ROUND_TRIPS * usual)
 
     def take(self) -> Poll | None:
         """The look that finished since the last call, if one did."""
