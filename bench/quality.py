@@ -493,7 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
         {**entry, "row": label + (" (an earlier setting)" if "measured_at" in entry else "")}
         for label, entry in report["summary"].items()
     ]
-    print_table(table, ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0", "gap_vs_dp", "token_overhead", "seconds"])
+    columns = ["row", "seeds", "loss_0.25", "loss_0.5", "loss_1.0", "gap_vs_dp", "token_overhead", "install_lag_steps"]
+    print_table(table, [*columns, "seconds"])
     for name, target in report["targets"].items():
         verdict = "met" if target["met"] else "MISSED"
         if target.get("met_by") == "twice the spread":

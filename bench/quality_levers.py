@@ -220,4 +220,5 @@ def lever_record(
         "loss": loss_at(result["evaluations"], stop * tokens),
         "seconds": result["seconds"],
         "evaluations": result["evaluations"],
+        "install_lag_steps": result.get("install_lag_steps"),
     }

@@ -282,6 +282,7 @@ def train_diloco(recipe: Recipe, name: str, workdir: Path, stop: float = 1.0) ->
         "versions": status.version,
         "seconds": time.monotonic() - started,
         "evaluations": [[e["tokens"], e["loss"]] for e in status.evaluations],
+        "install_lag_steps": {row.learner: row.install_lag_steps for row in status.learners},
     }
 
 

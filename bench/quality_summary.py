@@ -81,6 +81,9 @@ def summarize(rows: list[dict], names: Rows, superseded: list[dict] = ()) -> dic
             "tokens": group[0]["tokens"],
         }
         summary[label]["seconds"] = sum(row["seconds"] for row in group)
+        lags = [[lag for lag in (row.get("install_lag_steps") or {}).values() if lag is not None] for row in group]
+        if all(lags):  # the product's timing, from its learners' heartbeats: the median learner's, over seeds
+            summary[label]["install_lag_steps"] = statistics.fmean(statistics.median(run) for run in lags)
         if "measured_at" in group[0]:
             summary[label]["measured_at"] = group[0]["measured_at"]
         if "bytes_per_token" in group[0]:

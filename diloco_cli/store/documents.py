@@ -165,6 +165,10 @@ class Heartbeat(Document):
     unsent: int = 0
     """Payloads waiting to be uploaded."""
     installs: int = 0
+    install_lag_steps: float | None = None
+    """The median, over its latest installs, of the steps the learner trained between a
+    send of a fragment and the install that followed it: how stale the global weights it
+    trains on are, in its own steps (the lockstep yardsticks' delay, docs/benchmarks.md)."""
     tokens_overwritten: dict[FragmentIndex, int] = Field(default_factory=dict)
     """Per fragment, tokens trained after its last send that an install then overwrote
     (installing overwrites the fragment; Decoupled DiLoCo's learner step 3)."""

@@ -49,6 +49,8 @@ class LearnerRow:
     staleness: int | None
     """Global versions since the oldest fragment this learner holds (with syncer shards,
     the most any of its fragments is behind its shard's head)."""
+    install_lag_steps: float | None
+    """Steps it trains between a send and the install that follows it (median, latest installs)."""
     last_seen_seconds: float | None
     restarts: int
     """As its supervisor counts them (a kill before the first heartbeat too) when the caller
@@ -351,6 +353,7 @@ def _learner_row(
         steps_per_second=1.0 / beat.step_seconds if beat and beat.step_seconds else None,
         base_version=min(bases) if bases else None,
         staleness=max(head_versions[p % count] - v for p, v in held.items()) if held else None,
+        install_lag_steps=beat.install_lag_steps if beat else None,
         last_seen_seconds=now - beat.time if beat else None,
         restarts=beat.restarts if beat else 0,
         bytes_up=beat.storage.bytes_up if beat else 0,

@@ -34,6 +34,35 @@ def test_a_send_awaits_its_merge_from_the_send_to_the_install_of_a_newer_version
     assert not fragments.awaiting_merge
 
 
+def test_an_install_counts_the_steps_trained_since_the_fragments_send(secret):
+    """The lag a heartbeat reports: steps from a send to the install after it, in the
+    learner's own steps (None where nothing was sent since the last install); the
+    heartbeat carries the median of the latest installs'."""
+    from diloco_cli.runtime.learner.progress import Progress
+
+    fragments = LearnerFragments(
+        (Fragment(index=0, parameter_names=("w",), num_bytes=4, mean_names=frozenset()),),
+        {"w": torch.Size([1])},
+        keep_unsent=True,
+    )
+    fragments.install(0, Version(0), {"w": torch.tensor([0.0])})
+    assert fragments.install_lag[0] is None  # the first install follows no send
+    progress = Progress()
+    for sent_after, installed_after in [(3, 7), (5, 2), (4, 12)]:
+        for _ in range(sent_after):
+            fragments.count_step(8)
+        fragments.encode_delta(0, {"w": torch.tensor([1.0])}, CodecSpec(codec="fp32", zstd_level=0), secret, {})
+        for _ in range(installed_after):
+            fragments.count_step(8)
+        fragments.install(0, Version(fragments.base_version[0] + 1), {"w": torch.tensor([0.0])})
+        assert fragments.install_lag[0] == installed_after
+        progress.count_installs([fragments.install_lag[0]])
+    fragments.install(0, Version(9), {"w": torch.tensor([0.0])})  # a newer merge, nothing sent since
+    assert fragments.install_lag[0] is None
+    progress.count_installs([None])
+    assert progress.installs == 4 and progress.install_lag_steps == 7
+
+
 def _looked(poller: GlobalPoller, awaiting: tuple = ()) -> bool:
     """Whether ``start_if_due`` started a look now (a look with no readers is over at once)."""
     poller.start_if_due({}, awaiting=awaiting)

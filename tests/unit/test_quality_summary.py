@@ -192,6 +192,14 @@ def test_resuming_supersedes_only_the_rows_whose_own_settings_the_levers_changed
     assert stale_rows(rows, replace(tuned, levers=(polls,))) == rows[2:]  # a learner's polls: only DiLoCo's
 
 
+def test_the_install_lag_of_a_row_is_its_median_learners_averaged_over_seeds():
+    lags = [{"a": 4.0, "b": 6.0, "c": 20.0, "d": None}, {"a": 3.0, "b": 5.0}]
+    rows = [row(NAMES.sync, seed, [[400, 2.0]], install_lag_steps=lag) for seed, lag in enumerate(lags)]
+    assert summarize(rows, NAMES)[NAMES.sync]["install_lag_steps"] == pytest.approx((6.0 + 4.0) / 2)
+    rows[1]["install_lag_steps"] = {"a": None}  # a run none of whose learners installed after a send
+    assert "install_lag_steps" not in summarize(rows, NAMES)[NAMES.sync]
+
+
 def test_a_row_not_rerun_at_the_chosen_setting_is_shown_as_last_measured_and_marked():
     """A sitting that adopts a lever and reruns one row keeps the others in the summary
     from their newest superseded runs, marked, and a target read across settings says so."""

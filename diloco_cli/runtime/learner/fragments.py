@@ -61,6 +61,10 @@ class LearnerFragments:
         """``c_steps`` at the fragment's last send since its last install."""
         self.tokens_overwritten = {fragment.index: 0 for fragment in fragments}
         self.install_serial = {fragment.index: 0 for fragment in fragments}
+        self.install_lag: dict[FragmentIndex, int | None] = {fragment.index: None for fragment in fragments}
+        """Per fragment, the steps trained between its last send and its last install (None
+        when nothing was sent since the install before): how stale the merge it installed
+        was, counted in the learner's own steps."""
         """Installs of each fragment so far (a payload made after an install does not
         hold what was sent before it)."""
 
@@ -128,6 +132,8 @@ class LearnerFragments:
         :meth:`with_unsent` of theta[p]; else theta[p] becomes the base, the counters
         start again and the unsent tokens are counted as overwritten."""
         keep = (self.keep_unsent if keep_unsent is None else keep_unsent) and self.base_version[fragment] >= 0
+        sent = self.sent_steps[fragment] > 0
+        self.install_lag[fragment] = self.c_steps[fragment] - self.sent_steps[fragment] if sent else None
         if values is not None:
             for name in self.names(fragment):
                 self.base[name].copy_(values[name])

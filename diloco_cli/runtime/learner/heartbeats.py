@@ -78,6 +78,7 @@ class Heartbeats:
             delivered=self.sends.outbox.delivered,
             unsent=self.sends.outbox.waiting,
             installs=p.installs,
+            install_lag_steps=p.install_lag_steps,
             tokens_overwritten=dict(self.fragments.tokens_overwritten),
             checkpoint_step=p.checkpoint_step,
             restarts=epoch - 1,

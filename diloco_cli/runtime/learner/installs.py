@@ -93,8 +93,10 @@ class Installs:
             self.refused(refusal.kind, refusal.key, refusal.reason)
         if poll.control is not None:
             self.instructions = self.instructions.following(poll.control, self.context.recipe.sync.sync_interval)
-        installed = self.poller.apply(poll, self.context.fragments, self.context.secret, self.refused)
-        self.progress.installs += bool(installed)
+        fragments = self.context.fragments
+        installed = self.poller.apply(poll, fragments, self.context.secret, self.refused)
+        if installed:
+            self.progress.count_installs(fragments.install_lag[p] for p in installed)
         return installed
 
     def wait_for_global_weights(self, heartbeats: Heartbeats, stopped: Callable[[], bool]) -> None:

@@ -214,8 +214,12 @@ class GlobalPoller:
                 installed[fetch.fragment] = fragments.install(fetch.fragment, fetch.version, values, keep_unsent)
                 self.needs_snapshot.discard(fetch.fragment)
                 done += 1
+                lag = fragments.install_lag[fetch.fragment]
                 log.info(
-                    "installed fragment %d at version %d (checked against the head)", fetch.fragment, fetch.version
+                    "installed fragment %d at version %d%s (checked against the head)",
+                    fetch.fragment,
+                    fetch.version,
+                    "" if lag is None else f", {lag} steps after its send",
                 )
             self.newest_head[fetched.shard] = max(self.newest_head[fetched.shard], fetched.head.version)
             if resync is not None and done == len(fetched.fragments):

@@ -6,8 +6,10 @@ storage rank in its heartbeats and log lines.
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from diloco_cli.core.types import FragmentIndex, Version
@@ -17,6 +19,9 @@ STEP_TIME_SMOOTHING = 0.2
 """Weight of the newest step in the moving average of step time that heartbeats report
 (the syncer's grace window reads it)."""
 LOG_EVERY_STEPS = 50
+INSTALL_LAGS_KEPT = 25
+"""The latest installs whose lag (steps from the send to the install) a heartbeat's
+median reads."""
 
 
 @dataclass
@@ -35,6 +40,19 @@ class Progress:
     started_at: float = field(default_factory=time.time)
     training_since: float | None = None
     """When the loop's first step began (after setup and the first install)."""
+
+    install_lags: deque[int] = field(default_factory=lambda: deque(maxlen=INSTALL_LAGS_KEPT))
+    """Steps from a send to the install that followed it, latest installs."""
+
+    def count_installs(self, lags: Iterable[int | None]) -> None:
+        """One look's installs, with each fragment's lag (None: nothing sent since the last)."""
+        self.installs += 1
+        self.install_lags.extend(lag for lag in lags if lag is not None)
+
+    @property
+    def install_lag_steps(self) -> float | None:
+        """The median of the latest installs' lags."""
+        return statistics.median(self.install_lags) if self.install_lags else None
 
     def count_step(self, loss: float | None, compute_seconds: float | None, tokens: int) -> int:
         """One more inner step of ``tokens`` tokens; returns the new step count."""
