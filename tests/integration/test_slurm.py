@@ -95,10 +95,10 @@ def test_learners_and_reducers_run_as_slurm_jobs_requeued_and_stopped(tmp_path, 
     regions = regions_yaml(tmp_path, server, host_venv, east={"partition": "east", "gpus_per_learner": 1}, west=west)
     # the tiny model publishes several versions a second: east-0, held or cancelled for
     # ~20 s, would come back more than the default W=32 versions behind and be told to
-    # resync, reinstalling the version it had just installed after a send from it, which
-    # the token count below cannot tell from a send superseded (tokens_merged keeps one
-    # send per base version); a window of 1000 keeps these pauses within it, as a pause
-    # of minutes is within it at the version rate of a real model
+    # resync; a window of 1000 keeps these pauses within it (its work is merged, not
+    # overwritten), as a pause of minutes is within it at the version rate of a real model
+    # (a resync once reinstalled the version a learner had just sent from, and a send
+    # from it then superseded that one: tests/unit/test_learner_polls.py)
     changes = {"training": {"inner_steps": 3000, "checkpoint_every_steps": 1000}, "sync": {"window_versions": 1000}}
     recipe = write_yaml(tmp_path / "tiny.yaml", deep_update(SSH_RECIPE, changes))
     started = diloco(

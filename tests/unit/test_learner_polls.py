@@ -128,3 +128,32 @@ def test_a_late_merge_ends_the_often_looks_after_three_usual_round_trips(monkeyp
         assert _looked(poller, (1,))  # 59 s after the send, still expected
     finally:
         poller.close()
+
+
+def test_a_resync_reinstalls_the_fragments_behind_the_head_and_keeps_the_work_on_those_at_it(harness):
+    """Told to resync (a send of its was too stale to anchor), a learner fetches every
+    fragment behind the head whole and overwrites it; a fragment already at the head's
+    version holds the newest global, and keeps what it trained since (a reinstall of the
+    same version would drop that work, and the next send from it would supersede one in
+    flight from that version: the slurm test once lost a send's tokens that way)."""
+    from diloco_cli.core.types import LearnerId
+
+    east0, east1 = harness.learners
+    harness.train(east0, 10)  # H=10, P=2: both fragments sent
+    harness.merge()
+    harness.poll(east0)  # east-0 at the head for both fragments
+    harness.train(east1, 5)  # fragment 1 (due at step 5) sent by east-1: its head moves past east-0's base
+    harness.merge()
+    harness.train(east0, 3)  # unsent work on both fragments
+    head = harness.bucket.read_head()
+    behind = {p for p, v in east0.fragments.base_version.items() if v < head.fragment_versions[p]}
+    assert behind == {1}, (east0.fragments.base_version, head.fragment_versions)
+    tokens_before = dict(east0.fragments.c_tokens)
+    harness.syncer.notes.resync(LearnerId("east-0"), "east", 0, "a stale send, in a test")
+    harness.syncer.notes.deliver()
+    assert harness.poll(east0) == {1: False}  # fragment 1 overwritten; fragment 0 kept as it was
+    assert east0.fragments.base_version == head.fragment_versions
+    assert east0.fragments.c_tokens[1] == 0 and east0.fragments.tokens_overwritten[1] > 0
+    assert east0.fragments.c_tokens[0] == tokens_before[0] > 0 and east0.fragments.tokens_overwritten[0] == 0
+    assert east0.poller.resync_seen[0] == 1  # answered
+    harness.assert_bases_equal_the_syncers(east0)

@@ -138,8 +138,8 @@ class GlobalPoller:
         self, bases: dict[FragmentIndex, Version], newest_head: dict[int, Version], resync_seen: dict[int, int]
     ) -> Poll:
         """Read each syncer shard's head and note; fetch and verify whatever brings
-        ``bases`` up to the heads (a shard's every fragment, when its note asks for a
-        resync)."""
+        ``bases`` up to the heads (whole, from the snapshot, when a shard's note asks for
+        a resync)."""
         poll = Poll()
         for reader in self.readers:
             shard = reader.shard.index
@@ -180,11 +180,14 @@ class GlobalPoller:
             poll.refusals.append(Refusal("control", reader.bucket.layout.control_key(self.learner), str(error)))
         if reader.shard.index == 0:
             poll.control = control
+        due = {p: base for p, base in bases.items() if head.fragment_versions.get(p, Version(0)) > base}
         if control is not None and control.resync_serial > resync_seen:
+            # every fragment behind the head, whole from the snapshot; one at the head's
+            # version already holds the newest global, and keeps the work trained on it (a
+            # reinstall of the same version would drop its unsent work, and a send from
+            # it would then supersede one in flight from that version, losing that work)
             poll.resync_serials[reader.shard.index] = control.resync_serial
-            due = {p: Version(-1) for p in head.fragment_versions}
-        else:
-            due = {p: base for p, base in bases.items() if head.fragment_versions.get(p, Version(0)) > base}
+            due = {p: Version(-1) for p in due}
         fetched = reader.fetch(head, due)
         poll.fetched.append(fetched)
         poll.refusals += fetched.refusals
