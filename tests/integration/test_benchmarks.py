@@ -127,12 +127,17 @@ def test_quality_benchmark_quick(tmp_path):
         assert longer["tokens"] == pytest.approx(2 * settings["tokens"], rel=0.05)
     diloco_rows = [row for row in rows if row["row"] not in ("data-parallel", "floor: one learner alone")]
     assert all(row["versions"] > 0 for row in diloco_rows)
-    # each learner's steps from a send to the install after it, from its last heartbeat
+    # each learner's steps from a send to the install after it, from its last heartbeat (a
+    # learner of a run this short may finish before an install follows a send of its)
     for row in diloco_rows:
         lags = row["install_lag_steps"]
-        assert len(lags) == row["learners"] and any(lag is not None for lag in lags.values()), lags
-        assert all(lag is None or lag >= 0 for lag in lags.values()), lags
-    assert summary["DiLoCo M=2 K=M"]["install_lag_steps"] >= 0
+        assert len(lags) == row["learners"] and all(lag is None or lag >= 0 for lag in lags.values()), lags
+    assert any(lag is not None for row in diloco_rows for lag in row["install_lag_steps"].values())
+    for label, entry in summary.items():  # a row's lag where each of its runs had one
+        runs = [row["install_lag_steps"] for row in diloco_rows if row["row"] == label]
+        assert ("install_lag_steps" in entry) == bool(
+            runs and all(any(v is not None for v in r.values()) for r in runs)
+        ), label
     assert {row["quorum"] for row in diloco_rows} == {1, settings["learners"]}  # K=1 and K=M
     assert {
         "DiLoCo M=2 K=M vs data-parallel",
