@@ -141,9 +141,17 @@ def test_a_resync_asked_by_one_shard_reinstalls_that_shards_fragments_alone(shar
     sharded.poll(learner)
     shard = sharded.syncers[1]
     shard.notes.resync(learner.me.id, "east", FragmentIndex(1), "a test asks")
+    assert sharded.poll(learner) == {}  # every fragment at the head: nothing to reinstall
+    assert learner.poller.resync_seen == {0: 0, 1: 1}  # and answered
+    for trained in sharded.learners:  # every head moves past the learner's bases, which it does not poll
+        sharded.train(trained, 10)
+    sharded.merge()
+    shard.notes.resync(learner.me.id, "east", FragmentIndex(1), "a test asks again")
     installed = sharded.poll(learner)
-    assert installed == {1: False, 3: False}  # overwritten (a resync never keeps unsent work), shard 1's only
-    assert learner.poller.resync_seen == {0: 0, 1: 1}
+    assert installed[1] is False and installed[3] is False  # overwritten (a resync never keeps unsent work)
+    keeps = sharded.spec.recipe.keeps_unsent_work
+    assert {p: installed[p] for p in (0, 2)} == {0: keeps, 2: keeps}  # shard 0's as any install
+    assert learner.poller.resync_seen == {0: 0, 1: 2}
     assert sharded.poll(learner) == {}  # answered once
     sharded.assert_bases_equal_the_syncers(learner)
 
