@@ -61,12 +61,12 @@ class LearnerFragments:
         """``c_steps`` at the fragment's last send since its last install."""
         self.tokens_overwritten = {fragment.index: 0 for fragment in fragments}
         self.install_serial = {fragment.index: 0 for fragment in fragments}
+        """Installs of each fragment so far (a payload made after an install does not
+        hold what was sent before it)."""
         self.install_lag: dict[FragmentIndex, int | None] = {fragment.index: None for fragment in fragments}
         """Per fragment, the steps trained between its last send and its last install (None
         when nothing was sent since the install before): how stale the merge it installed
         was, counted in the learner's own steps."""
-        """Installs of each fragment so far (a payload made after an install does not
-        hold what was sent before it)."""
 
     def names(self, fragment: FragmentIndex) -> tuple[str, ...]:
         return self.fragments[fragment].parameter_names
