@@ -102,6 +102,8 @@ def summarize(rows: list[dict], names: Rows, superseded: list[dict] = ()) -> dic
         if label in summary and summary[label].get("tokens_to_dp_loss") is None and longer.get("tokens_to_dp_loss"):
             summary[label] |= {key: longer[key] for key in ("tokens_to_dp_loss", "token_overhead")}
             summary[label]["tokens_to_dp_loss_from"] = label + EXTENDED
+            if "measured_at" in longer:  # the longer run not rerun at the row's setting: says so
+                summary[label]["tokens_to_dp_loss_from"] += f", measured at {longer['measured_at']}"
     return summary
 
 

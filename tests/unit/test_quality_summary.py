@@ -223,6 +223,10 @@ def test_a_row_not_rerun_at_the_chosen_setting_is_shown_as_last_measured_and_mar
     target = targets_of(summary, NAMES)[f"{NAMES.decoupled} vs {NAMES.sync}"]
     assert target["measured_at_an_earlier_setting"] == [NAMES.decoupled]
     assert "measured_at_an_earlier_setting" not in targets_of(summary, NAMES)[f"{NAMES.sync} vs data-parallel"]
+    longer = row(NAMES.sync + EXTENDED, 0, [[400, 2.1], [800, 1.9]], setting=old)  # reaches 2.0, not rerun
+    summary = summarize(rows, NAMES, [*superseded, longer])
+    assert summary[NAMES.sync]["tokens_to_dp_loss"] == pytest.approx(600)
+    assert summary[NAMES.sync]["tokens_to_dp_loss_from"] == f"{NAMES.sync}{EXTENDED}, measured at {EARLIER}"
 
 
 def test_adopt_names_levers_and_refuses_an_unknown_one_with_the_names():
