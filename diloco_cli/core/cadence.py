@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from diloco_cli.core.decisions import GONE_STATES
+from diloco_cli.core.heartbeats import GONE_STATES
 
 
 class Cadences:

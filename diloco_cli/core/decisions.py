@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from diloco_cli.core.heartbeats import GONE_STATES, is_live
 from diloco_cli.core.types import FragmentIndex, LearnerId, Version
 
 # ---------------------------------------------------------------------------- inputs
@@ -88,17 +89,6 @@ class ResyncRequested:
     """A reducer could not anchor this send (its base is older than the window)."""
 
     arrival: Arrival
-
-
-GONE_STATES = frozenset({"finished", "stopped", "failed"})
-"""Learner states in which it will send nothing more until it is started again."""
-
-
-def is_live(state: str, last_seen: float, now: float, timeout_seconds: float) -> bool:
-    """Whether a learner last seen in ``state`` at ``last_seen`` may still send at ``now``:
-    it has not said it stopped, and was heard from within the liveness timeout (the
-    syncer's decisions and the reducers judge liveness alike)."""
-    return state not in GONE_STATES and now - last_seen <= timeout_seconds
 
 
 @dataclass(frozen=True)

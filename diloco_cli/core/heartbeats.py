@@ -1,4 +1,5 @@
-"""Which of a learner's heartbeats is news, for every reader that decides liveness.
+"""Which of a learner's heartbeats is news, and whether the learner is live, for every
+reader that decides liveness.
 
 A heartbeat is sealed with the run's key, so a copy of an older one put back over the
 newest (a replay) is authentic.  Taken as news, it would bring a finished learner back
@@ -21,7 +22,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from diloco_cli.core.decisions import GONE_STATES
+GONE_STATES = frozenset({"finished", "stopped", "failed"})
+"""Learner states in which it will send nothing more until it is started again."""
+
+
+def is_live(state: str, last_seen: float, now: float, timeout_seconds: float) -> bool:
+    """Whether a learner last seen in ``state`` at ``last_seen`` may still send at ``now``:
+    it has not said it stopped, and was heard from within the liveness timeout (the
+    syncer's decisions and the reducers judge liveness alike)."""
+    return state not in GONE_STATES and now - last_seen <= timeout_seconds
 
 
 class Beat(Protocol):

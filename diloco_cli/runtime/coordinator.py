@@ -29,8 +29,7 @@ from typing import Any, Protocol
 
 from diloco_cli.codec import PayloadError
 from diloco_cli.core.cadence import END_READ_SECONDS, Cadences, Progress, due_to_finish
-from diloco_cli.core.decisions import GONE_STATES, is_live
-from diloco_cli.core.heartbeats import Heard, Heartbeats
+from diloco_cli.core.heartbeats import GONE_STATES, Heard, Heartbeats, is_live
 from diloco_cli.core.types import LearnerId
 from diloco_cli.store.documents import Heartbeat, Refusals
 from diloco_cli.store.region import heartbeat_key

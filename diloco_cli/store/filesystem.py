@@ -1,18 +1,21 @@
-"""Opening fsspec filesystems for buckets, with fresh listings and whole-object writes.
+"""Opening buckets (local folders, or fsspec filesystems), with fresh listings and
+whole-object writes.
 
 A poller must never be fooled by a cache: every filesystem is created with
 ``skip_instance_cache=True`` (s3fs and gcsfs are not fork-safe, and a cached instance
 would share listings) and ``use_listings_cache=False``.  s3fs and botocore each retry a
 failed request several times, and their loops nest (a reset GET measured 250 requests
 and 212 s before failing): for S3 both are set to one attempt, so that diloco's own
-policy (:mod:`diloco_cli.store.retry`) is the one that decides and counts retries.  Local files are written to a
-temporary name and renamed, so a reader sees a file whole or not at all, as with an
-object store's PUT.
+policy (:mod:`diloco_cli.store.retry`) is the one that decides and counts retries.  A
+bucket on this machine is a folder (:class:`LocalFolder`, no fsspec); its files are
+written to a temporary name and renamed, so a reader sees a file whole or not at all, as
+with an object store's PUT.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import fsspec
 
-# fsspec (with asyncio, 90 ms of CPU) is imported when a bucket is opened: what only names
-# keys or protocols (`diloco plan`) does not pay for it
+# fsspec (with asyncio, 90 ms of CPU) is imported when a bucket other than a local folder is
+# opened: what only names keys or protocols (`diloco plan`), or reads local buckets, does
+# not pay for it
 # gcsfs blocks on a gRPC call at import unless this is set first (see machine notes).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -88,16 +92,64 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     return filesystem, path.rstrip("/")
 
 
-def is_s3(filesystem: fsspec.AbstractFileSystem) -> bool:
+def open_bucket(
+    url: str, storage_options: dict[str, Any] | None = None
+) -> tuple[fsspec.AbstractFileSystem | LocalFolder, str]:
+    """The filesystem an object store calls for the bucket at ``url``, and its root path:
+    a local folder for ``file://`` URLs and plain paths, fsspec's filesystem for the rest."""
+    if protocol_of(url) == "file":
+        return LocalFolder(), absolute_path(url).removeprefix("file://").rstrip("/")
+    return open_filesystem(url, storage_options)
+
+
+class LocalFolder:
+    """A bucket on this machine's disk: the calls an object store makes (fsspec's names and
+    answers: a missing object raises ``FileNotFoundError``; ``find`` lists the files below a
+    path, sorted), made with plain file operations.  fsspec's local filesystem does the same
+    but importing fsspec (with asyncio) costs twice a bare interpreter's start, and ``diloco
+    status`` of a local run reads nothing else."""
+
+    protocol = "file"
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Nothing is cached: every listing is fresh."""
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        with open(path, "rb") as handle:
+            if start is None:
+                return handle.read()
+            handle.seek(start)
+            return handle.read() if end is None else handle.read(end - start)
+
+    def pipe_file(self, path: str, data: bytes) -> None:
+        write_whole(self, path, data)
+
+    def find(self, path: str) -> list[str]:
+        return sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names)
+
+    def rm_file(self, path: str) -> None:
+        os.remove(path)
+
+    def rm(self, path: str | list[str], recursive: bool = False) -> None:
+        for each in path if isinstance(path, list) else [path]:
+            if os.path.isdir(each) and not os.path.islink(each):
+                if not recursive:
+                    raise IsADirectoryError(f"{each} is a folder: removing it needs recursive=True")
+                shutil.rmtree(each)
+            else:
+                os.remove(each)
+
+
+def is_s3(filesystem: fsspec.AbstractFileSystem | LocalFolder) -> bool:
     return "s3" in _protocols(filesystem)
 
 
-def _protocols(filesystem: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+def _protocols(filesystem: fsspec.AbstractFileSystem | LocalFolder) -> tuple[str, ...]:
     protocol = filesystem.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-def find_below(filesystem: fsspec.AbstractFileSystem, path: str) -> list[str]:
+def find_below(filesystem: fsspec.AbstractFileSystem | LocalFolder, path: str) -> list[str]:
     """The paths of every object below ``path/``, freshly listed.  On S3, one LIST per
     1000 keys: s3fs's ``find`` of a prefix that holds nothing also sends a HEAD and a LIST
     looking for an object named ``path`` (three requests where one will do; an empty
@@ -118,11 +170,9 @@ class FolderRemoved(OSError):
     the folder made anew."""
 
 
-def write_whole(filesystem: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+def write_whole(filesystem: fsspec.AbstractFileSystem | LocalFolder, path: str, data: bytes) -> None:
     """Write an object so that no reader can see part of it."""
-    from fsspec.implementations.local import LocalFileSystem
-
-    if isinstance(filesystem, LocalFileSystem):
+    if "file" in _protocols(filesystem):
         temporary = f"{path}.{uuid.uuid4().hex}.partial"
         try:
             Path(temporary).parent.mkdir(parents=True, exist_ok=True)

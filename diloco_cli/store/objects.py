@@ -14,7 +14,7 @@ from diloco_cli.store.faults import StorageFaults
 from diloco_cli.store.filesystem import (
     StorageError,
     find_below,
-    open_filesystem,
+    open_bucket,
     protocol_of,
     write_whole,
 )
@@ -47,7 +47,7 @@ class ObjectStore:
     ) -> None:
         self.root = root.rstrip("/")
         self._storage_options = dict(storage_options or {})
-        self._filesystem, self._path = open_filesystem(self.root, self._storage_options)
+        self._filesystem, self._path = open_bucket(self.root, self._storage_options)
         self._wire = wire_model(protocol_of(self.root))
         """What each request carries besides objects (estimated: :mod:`.wire`)."""
         self.retry = retry or RetryPolicy()

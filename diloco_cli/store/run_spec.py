@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diloco_cli import __version__
@@ -270,6 +269,8 @@ def read_run_spec(url: str, storage_options: dict[str, Any] | None = None) -> Ru
 
 
 def read_secret(path: str) -> RunSecret:
-    """The run's secret from a file only its owner can read."""
+    """The run's secret from a file only its owner can read (a local path or a URL)."""
+    import fsspec
+
     with fsspec.open(path, "r") as handle:
         return RunSecret.from_hex(handle.read())

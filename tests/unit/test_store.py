@@ -62,6 +62,40 @@ def test_a_killed_local_write_leaves_nothing_readable(tmp_path):
     assert store.list("p") == []
 
 
+def test_a_local_bucket_answers_as_fsspecs_local_filesystem(tmp_path):
+    """A ``file://`` bucket is read and written without fsspec (:class:`LocalFolder`, for
+    the start of ``diloco status``): every call its object store makes answers as fsspec's
+    local filesystem does, on the same files (ranges, sorted recursive listings, missing
+    objects, batch and recursive deletion)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from diloco_cli.store.filesystem import LocalFolder, open_bucket
+
+    folder, root = open_bucket(f"file://{tmp_path}/./bucket/")
+    assert isinstance(folder, LocalFolder) and root == str(tmp_path / "bucket")
+    fsspec_local = LocalFileSystem()
+    for key, data in {"b/2": b"two", "a/1": b"one", "a/z/3": b"three", "c": b"0123456789"}.items():
+        folder.pipe_file(f"{root}/{key}", data)
+    for listed in ("", "/a", "/a/z", "/missing"):
+        assert folder.find(root + listed) == fsspec_local.find(root + listed)
+    assert folder.find(root) == [f"{root}/{key}" for key in ("a/1", "a/z/3", "b/2", "c")]
+    for start, end in ((None, None), (0, 1), (3, 7), (8, None), (5, 50)):
+        assert folder.cat_file(f"{root}/c", start, end) == fsspec_local.cat_file(f"{root}/c", start, end)
+    for each in (folder, fsspec_local):
+        with pytest.raises(FileNotFoundError):
+            each.cat_file(f"{root}/missing")
+        with pytest.raises(FileNotFoundError):
+            each.rm_file(f"{root}/missing")
+    folder.rm([f"{root}/a/1", f"{root}/b/2"])
+    assert folder.find(root) == [f"{root}/a/z/3", f"{root}/c"]
+    with pytest.raises(IsADirectoryError):  # a folder goes only when asked to go whole
+        folder.rm(f"{root}/a")
+    folder.rm(root, recursive=True)
+    assert not (tmp_path / "bucket").exists() and folder.find(root) == []
+    with pytest.raises(FileNotFoundError):
+        folder.rm(root, recursive=True)
+
+
 def test_a_local_write_whose_folder_is_removed_before_its_rename_is_written_again(tmp_path, monkeypatch):
     """A region's folder removed (the bucket wiped and recreated) between a write of the
     whole object to its ``.partial`` and the rename into place: the write is tried again
