@@ -48,6 +48,9 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
         "training": {"poll_seconds": 0.2},
         "sync": {"poll_seconds": 0.15},
     },
+    "H by each learner's speed (dynamic local updates: a slower learner sends as often as the fastest)": (
+        lambda setting, steps: {"sync": {"dynamic_local_updates": True}}
+    ),
     "H/4 then H/2 over the first tenth": lambda setting, steps: {
         "sync": {
             "sync_interval_schedule": [
