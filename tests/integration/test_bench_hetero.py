@@ -24,13 +24,15 @@ def test_hetero_benchmark_quick(tmp_path):
         assert 0 < row["merged_share"] <= 1
         # slower learners take fewer steps (on 2 shared cores a sleeping learner also lends
         # the others its core, so the ratios are not exactly the speeds, and under other
-        # load one full-speed learner may be starved for a while, below the 0.8 learner:
-        # seen at 126 steps against its 153, the other full-speed learner 168)
+        # load one learner may be starved for a while, below a slower one: seen at 126 steps
+        # against the 0.8 learner's 153, and the 0.8 learner at 64 against the 0.6's 71)
         steps = row["steps"]
-        full_speed = (steps["local-a-0"], steps["local-a-1"])
-        assert steps["local-b-1"] < min(steps["local-b-0"], *full_speed), steps
-        assert steps["local-b-0"] < max(full_speed), steps
-        assert 0.25 < steps["local-b-1"] / steps["local-a-0"] < 0.8, steps
+        assert steps["local-b-1"] < max(steps["local-a-0"], steps["local-a-1"]), steps
+        assert steps["local-b-0"] < max(steps["local-a-0"], steps["local-a-1"]), steps
+    # over the three settings' windows together (12 s) the order of the speeds shows through
+    steps = {learner: sum(row["steps"][learner] for row in rows.values()) for learner in rows["K=M"]["steps"]}
+    assert steps["local-b-1"] < min(steps["local-b-0"], steps["local-a-0"], steps["local-a-1"]), steps
+    assert 0.25 < steps["local-b-1"] / max(steps["local-a-0"], steps["local-a-1"]) < 0.8, steps
     # K=1 merges whoever arrives: more versions than waiting for all four in the same time
     assert rows["K=1 grace"]["versions"] > rows["K=M"]["versions"]
     # with versions arriving several times per H, overwriting installs lose a share of the work
