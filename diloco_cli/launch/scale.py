@@ -28,7 +28,7 @@ from diloco_cli.launch.operations import start_processes
 from diloco_cli.launch.runs import RunRecord
 from diloco_cli.store.documents import LearnerState
 from diloco_cli.store.filesystem import StorageError
-from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.home import tokens_merged, tokens_unanchored
 from diloco_cli.store.run_spec import LearnerSpec, RunSpec, ScaleChange
 
 Emit = Callable[[str], None]
@@ -169,12 +169,16 @@ class DrainOutcome:
     overwritten: tuple[int, ...] = ()
     """Per fragment, the ones an install of newer global weights overwrote before they
     were sent (counted by the learner; none with installs that keep the unsent work)."""
+    unanchored: tuple[int, ...] = ()
+    """Per fragment, the ones its sends carried from a base too old to anchor (the
+    syncer refused them and told it to resync; the ledger counts them)."""
 
     @property
     def accounted(self) -> int:
-        """Tokens merged or overwritten, in the fragment with the fewest: every token it
-        trained once its last payloads are merged."""
-        return min((m + o for m, o in zip(self.merged, self.overwritten)), default=0)
+        """Tokens merged, overwritten or refused as stale, in the fragment with the fewest:
+        every token it trained once its last payloads are merged."""
+        per_fragment = zip(self.merged, self.overwritten, self.unanchored or (0,) * len(self.merged))
+        return min((sum(counts) for counts in per_fragment), default=0)
 
     @property
     def done(self) -> bool:
@@ -224,6 +228,7 @@ def wait_for_drain(
                 beat.tokens,
                 merged=tuple(tokens_merged(history, learner, f) for f in fragments),
                 overwritten=tuple(beat.tokens_overwritten.get(f, 0) for f in fragments),
+                unanchored=tuple(tokens_unanchored(history, learner, f) for f in fragments),
             )
             outcomes[learner] = outcome
             if outcome.done:

@@ -82,6 +82,21 @@ class RetiredPayload(BaseModel):
     sequence: int
 
 
+class UnanchoredSend(BaseModel):
+    """A send refused because its base could not be anchored (older than the window of
+    updates kept, or newer than the syncer's version; its learner was told to resync):
+    its tokens are not merged."""
+
+    model_config = RECORD
+
+    key: str
+    learner: LearnerId
+    fragment: FragmentIndex
+    sequence: int
+    base_version: Version
+    c_tokens: int
+
+
 class CommitRecord(BaseModel):
     """What one committed version is: the ledger entry of its merge."""
 
@@ -93,6 +108,9 @@ class CommitRecord(BaseModel):
     """The fragment's version the update was made on."""
     merged: tuple[MergedPayload, ...]
     retired: tuple[RetiredPayload, ...]
+    unanchored: tuple[UnanchoredSend, ...] = ()
+    """The sends among ``retired`` refused because their base could not be anchored (any
+    fragment of the shard; their learners were told to resync)."""
     aggregates: tuple[MergedAggregate, ...] = ()
     """The regions' aggregates whose sends are in ``merged`` (through reducers)."""
     digest: str
@@ -253,12 +271,34 @@ def tokens_merged(history: list[CommitRecord], learner: LearnerId, fragment: Fra
     Every payload holds all the learner's tokens since its base, so per base version the
     newest merged payload counts (earlier ones from the same base hold fewer of the same
     tokens); the sum over bases is what was merged.  A learner's tokens are each merged
-    this way or overwritten by an install before a send (its heartbeat counts those)."""
-    newest_per_base: dict[Version, int] = {}
+    this way, refused unanchored (:func:`tokens_unanchored`), or overwritten by an
+    install before a send (its heartbeat counts those)."""
+    return sum(_newest_merged_per_base(history, learner, fragment).values())
+
+
+def tokens_unanchored(history: list[CommitRecord], learner: LearnerId, fragment: FragmentIndex) -> int:
+    """The tokens of ``learner``'s training on ``fragment`` that were sent but refused
+    because their base could not be anchored (older than the window: a learner long cut
+    off sends so): per base version, what its newest refused send holds beyond its newest
+    merged one (an earlier send from that base may have merged before the window moved
+    past it)."""
+    merged = _newest_merged_per_base(history, learner, fragment)
+    refused: dict[Version, int] = {}
+    for commit in history:
+        for send in commit.unanchored:
+            if send.learner == learner and send.fragment == fragment:
+                refused[send.base_version] = max(refused.get(send.base_version, 0), send.c_tokens)
+    return sum(max(0, tokens - merged.get(base, 0)) for base, tokens in refused.items())
+
+
+def _newest_merged_per_base(
+    history: list[CommitRecord], learner: LearnerId, fragment: FragmentIndex
+) -> dict[Version, int]:
+    newest: dict[Version, int] = {}
     for commit in history:
         if commit.fragment != fragment:
             continue
         for merged in commit.merged:
             if merged.learner == learner:
-                newest_per_base[merged.base_version] = max(newest_per_base.get(merged.base_version, 0), merged.c_tokens)
-    return sum(newest_per_base.values())
+                newest[merged.base_version] = max(newest.get(merged.base_version, 0), merged.c_tokens)
+    return newest

@@ -20,11 +20,15 @@ def render_change(run: str, change: ScaleChange, quorum: int) -> str:
 def render_drained(outcome: DrainOutcome) -> str:
     """A drained learner that stopped with all its work accounted for: per fragment, how
     much reached a merge and how much an install of newer global weights overwrote
-    before it was sent (the paper's rule for installs; nothing is lost either way)."""
+    before it was sent (the paper's rule for installs), and how much was sent from a base
+    the syncer could not anchor (older than the window of updates it keeps: refused, and
+    the learner resynced)."""
+    refused = outcome.unanchored or (0,) * len(outcome.merged)
     fragments = "; ".join(
         f"fragment {fragment}: {merged:,} merged"
         + (f", {overwritten:,} overwritten by installs" if overwritten else "")
-        for fragment, (merged, overwritten) in enumerate(zip(outcome.merged, outcome.overwritten))
+        + (f", {stale:,} refused as too stale to anchor" if stale else "")
+        for fragment, (merged, overwritten, stale) in enumerate(zip(outcome.merged, outcome.overwritten, refused))
     )
     return (
         f"  {outcome.learner:<16} drained: it stopped, and every one of the {outcome.tokens:,} tokens it trained "
@@ -35,7 +39,7 @@ def render_drained(outcome: DrainOutcome) -> str:
 def render_unfinished(run: str, outcomes: list[DrainOutcome], timeout: float) -> str:
     """The drained learners not done within ``timeout``, with how far each got."""
     waiting = ", ".join(
-        f"{o.learner} ({o.accounted:,} of {o.tokens:,} tokens merged or overwritten)"
+        f"{o.learner} ({o.accounted:,} of {o.tokens:,} tokens merged, overwritten or refused)"
         if o.tokens
         else f"{o.learner} (not stopped yet)"
         for o in outcomes

@@ -92,8 +92,10 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
     """One region's endpoint refuses, resets or stalls a share of all requests for the
     whole run, and refuses everything for 10 s in the middle (longer than the retry
     policy of this recipe tries: uploads fail for good and wait in the outbox).  Every token each
-    learner trained is in a merged payload or was overwritten by an install (counted);
-    status shows the retries and failures."""
+    learner trained is in a merged payload, was overwritten by an install, or was sent
+    from a base the syncer could no longer anchor (the other learner may merge past the
+    window meanwhile: refused, and counted in the ledger); status shows the retries and
+    failures."""
     runs_dir, name = tmp_path / "runs", "failing-endpoint"
     changes = {
         "training": {"inner_steps": 1000},

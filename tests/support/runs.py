@@ -20,7 +20,7 @@ from diloco_cli.config.loading import deep_merged
 from diloco_cli.core.fragments import fragments_of_model
 from diloco_cli.launch.processes import group_members
 from diloco_cli.launch.runs import load_run
-from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.home import tokens_merged, tokens_unanchored
 from diloco_cli.store.region import PAYLOAD_KEY
 from diloco_cli.views.run_state import RunStatus, collect_status
 
@@ -192,14 +192,19 @@ def heartbeats(runs_dir, name):
 
 
 def assert_every_token_accounted(runs_dir: Path, name: str, beats: dict) -> None:
-    """Every token each (finished) learner trained is in a merged payload or was
-    overwritten by an install (counted in its heartbeat), per fragment."""
+    """Every token each (finished) learner trained is in a merged payload, in a send
+    refused because its base could not be anchored (the ledger counts both) or was overwritten by an install
+    (counted in its heartbeat), per fragment."""
     record = load_run(runs_dir, name)
     history = [commit for shard in histories(record.spec, record.secret()) for commit in shard]
     for learner, beat in beats.items():
         assert beat.state.value == "finished" and beat.unsent == 0
         for fragment in range(record.spec.recipe.sync.num_fragments):
-            accounted = tokens_merged(history, learner, fragment) + beat.tokens_overwritten.get(fragment, 0)
+            accounted = (
+                tokens_merged(history, learner, fragment)
+                + tokens_unanchored(history, learner, fragment)
+                + beat.tokens_overwritten.get(fragment, 0)
+            )
             assert accounted == beat.tokens, (learner, fragment, accounted, beat.tokens)
 
 

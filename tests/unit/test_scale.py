@@ -141,9 +141,16 @@ def test_a_drained_learner_says_how_much_was_merged_and_how_much_overwritten():
         "(fragment 0: 202,752 merged, 98,304 overwritten by installs; fragment 1: 243,712 merged, 57,344 overwritten "
         "by installs)"
     )
+    stale = DrainOutcome(
+        LearnerId("local-a-2"), 301_056, merged=(200_000, 243_712), overwritten=(98_304, 57_344), unanchored=(2752, 0)
+    )
+    assert stale.done and stale.accounted == 301_056
+    assert "fragment 0: 200,000 merged, 98,304 overwritten by installs, 2,752 refused as too stale to anchor;" in (
+        render_drained(stale)
+    )
     late = DrainOutcome(LearnerId("local-a-2"), 301_056, merged=(202_752, 0), overwritten=(98_304, 0))
     assert not late.done and render_unfinished("r", [late, DrainOutcome(LearnerId("x"), 0)], 60) == (
-        "error: after 60 s, not drained yet: local-a-2 (0 of 301,056 tokens merged or overwritten), "
+        "error: after 60 s, not drained yet: local-a-2 (0 of 301,056 tokens merged, overwritten or refused), "
         "x (not stopped yet); `diloco status r` shows them"
     )
 

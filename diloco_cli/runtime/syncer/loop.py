@@ -186,7 +186,7 @@ class Syncer:
             elif isinstance(action, decisions.Resync):
                 region = self.spec.learner(action.learner).region
                 self.notes.resync(action.learner, region, action.fragment, action.reason)
-                self.observer.retire(payload_id(action.arrival.key))
+                self.observer.refuse_unanchored(action.arrival)
                 log.info("told %s to resync: %s", action.learner, action.reason)
             elif isinstance(action, decisions.Discard):
                 discarded = action.arrival.group or action.arrival.key
@@ -206,7 +206,13 @@ class Syncer:
         if not isinstance(blobs, dict):
             log.warning("merge of fragment %d postponed: %s", action.fragment, blobs)
             return MergeOutcome(decisions.MergeAborted(action.fragment))
-        inputs = MergeInputs(blobs, self.observer.observed, dict(self.observer.retiring), started)
+        inputs = MergeInputs(
+            blobs,
+            self.observer.observed,
+            dict(self.observer.retiring),
+            tuple(self.observer.unanchored.values()),
+            started,
+        )
         outcome = self.merger.compute(action, inputs)
         if isinstance(outcome, ComputedRound):
             evaluation = None

@@ -36,7 +36,7 @@ from diloco_cli.runtime.syncer.state import SyncerState, commit_merge
 from diloco_cli.runtime.workspace import MergeWorkspace
 from diloco_cli.store.aggregates import AggregateRecord
 from diloco_cli.store.documents import Evaluation, LastMerge
-from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload
+from diloco_cli.store.home import CommitRecord, MergedAggregate, MergedPayload, RetiredPayload, UnanchoredSend
 from diloco_cli.store.region import RELAY_KEY, PayloadRecord
 
 log = logging.getLogger("diloco.syncer")
@@ -52,6 +52,8 @@ class MergeInputs:
     """The markers of the payloads observed and not consumed yet, by qualified key."""
     retiring: Mapping[str, PayloadId]
     """The payloads consumed unmerged since the last commit (the next record lists them)."""
+    unanchored: tuple[UnanchoredSend, ...]
+    """Those of them refused because their base could not be anchored (their learners told to resync)."""
     started: float
     """When the merge began (syncer clock), before its bytes were read."""
 
@@ -114,6 +116,7 @@ class ComputedRound:
     retired: tuple[PayloadId, ...]
     retiring: Mapping[str, PayloadId]
     """Every payload the commit lists as retired: those before this merge, and its own."""
+    unanchored: tuple[UnanchoredSend, ...]
     started: float
     merge_seconds: float
 
@@ -196,6 +199,7 @@ class Merger:
             refused=tuple(refused),
             retired=retired_here,
             retiring=retiring,
+            unanchored=inputs.unanchored,
             started=inputs.started,
             merge_seconds=self.clock() - inputs.started,
         )
@@ -232,6 +236,7 @@ class Merger:
                 RetiredPayload(key=p.key, learner=p.learner, fragment=p.fragment, sequence=p.sequence)
                 for p in computed.retiring.values()
             ),
+            unanchored=computed.unanchored,
             aggregates=computed.aggregates,
             digest=state.digest(fragment),
             time=time.time(),

@@ -28,6 +28,7 @@ from diloco_cli.runtime.syncer.region_scan import RegionScan, payload_id, qualif
 from diloco_cli.store.aggregates import AggregateRecord
 from diloco_cli.store.documents import Heartbeat, ReducerStatus
 from diloco_cli.store.filesystem import StorageError
+from diloco_cli.store.home import UnanchoredSend
 from diloco_cli.store.region import RELAY_KEY, PayloadRecord, RegionBucket
 from diloco_cli.store.run_spec import RunSpec
 
@@ -66,6 +67,8 @@ class Observer:
         """Bytes of observed payloads, read as soon as their marker was seen."""
         self.retiring: dict[str, PayloadId] = {}
         """Payloads consumed unmerged since the last commit (its record will list them)."""
+        self.unanchored: dict[str, UnanchoredSend] = {}
+        """Those of them refused because their base could not be anchored, with the tokens they held."""
         self.heard: Heartbeats[Heartbeat] = Heartbeats()
         """Every learner's newest heartbeat; replayed older ones are refused."""
         self.refusal_counts = {name: RefusalCount(log, where=f" in region {name}") for name in self.buckets}
@@ -234,6 +237,20 @@ class Observer:
             # it), whether or not a later commit lists it; nothing is merged from a relay gone
             self.delete([payload.key])
 
+    def refuse_unanchored(self, arrival: decisions.Arrival) -> None:
+        """A send whose base cannot be anchored (older than the window, or newer than this
+        syncer's version; its learner is told to resync): retired, and the
+        next commit's record counts the tokens it held as refused."""
+        self.retire(payload_id(arrival.key))
+        self.unanchored[arrival.key] = UnanchoredSend(
+            key=arrival.key,
+            learner=arrival.learner,
+            fragment=arrival.fragment,
+            sequence=arrival.sequence,
+            base_version=arrival.base_version,
+            c_tokens=arrival.c_tokens,
+        )
+
     def forget(self, names: list[str]) -> None:
         """Payloads consumed (merged, or retired and committed)."""
         for name in names:
@@ -243,6 +260,7 @@ class Observer:
     def take_retiring(self) -> dict[str, PayloadId]:
         """The payloads retired since the last commit, for the commit that lists them."""
         retiring, self.retiring = self.retiring, {}
+        self.unanchored = {}
         return retiring
 
     def bucket_and_key(self, name: str) -> tuple[RegionBucket, str]:
