@@ -132,7 +132,10 @@ def test_a_run_behind_a_failing_endpoint_finishes_and_accounts_for_every_token(t
         assert_bases_are_the_syncers(runs_dir, name)
     assert faults > 20
     region = {r["region"]: r for r in status["regions"]}
-    assert region["r0"]["retries"] > 0 and region["r0"]["failures"] > 0 and region["r1"]["retries"] == 0
+    assert region["r0"]["retries"] > 0 and region["r0"]["failures"] > 0
+    # the faults are r0's; r1 shares the moto server, which under load once answered one of
+    # r1's listings with a 500 (retried at once): a tenth of r0's retries at most, none failed
+    assert region["r1"]["failures"] == 0 and region["r1"]["retries"] * 10 < region["r0"]["retries"], region
     assert "not delivered" in (runs_dir / name / "logs" / "r0-0.log").read_text()  # it waited in the outbox
     assert_every_token_accounted(runs_dir, name, beats)
 
