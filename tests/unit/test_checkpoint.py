@@ -16,6 +16,8 @@ from diloco_cli.runtime.distributed import (
 )
 from diloco_cli.runtime.learner.checkpoints import decode_checkpoint, encode_checkpoint
 from diloco_cli.runtime.learner.fragments import LearnerFragments
+from diloco_cli.store.home import tokens_merged
+from diloco_cli.store.region import SEQUENCE_PER_EPOCH
 from diloco_cli.training.inner import inner_step, make_inner_optimizer
 
 ONE_PROCESS = ProcessGroup()
@@ -187,3 +189,34 @@ def test_your_own_loop_stopped_by_sigterm_checkpoints_where_it_stands(tmp_path, 
         assert [key.rsplit("/", 1)[1] for key in keys] == ["0000000010.dlc", "0000000014.dlc"]
     finally:
         harness.close()
+
+
+def test_a_learner_killed_before_its_first_checkpoint_retrains_what_its_superseded_sends_held(harness):
+    """east-0 sends both fragments from version 0 and is killed before any checkpoint.
+    Restarted, it resumes at step 0 from the newest global (version 0 still: nothing was
+    merged), on the same data, and its next sends from version 0 supersede the first
+    start's: those held the same steps, trained again, so the merge loses nothing of
+    what the learner now counts, and nothing is merged twice."""
+    killed, other = harness.learners
+    harness.train(killed, 10)
+    first_sends = {key for key in harness.bucket.store.list_marked("payloads/east-0")}
+    assert len(first_sends) == 2 and killed.step == 10
+    killed.close()  # killed: its uploads stop, no checkpoint was ever written
+    restarted = harness.learner("east-0")
+    harness.learners[0] = restarted
+    assert restarted.step == 0 and set(restarted.fragments.base_version.values()) == {0}
+    assert restarted.sends.epoch > killed.sends.epoch
+    harness.train(restarted, 10)
+    harness.train(other, 10)
+    harness.merge()
+    history = harness.syncer.home.history()
+    merged = [(commit.fragment, m) for commit in history for m in commit.merged if m.learner == "east-0"]
+    assert sorted(fragment for fragment, _ in merged) == [0, 1]  # one send per fragment merged
+    assert all(m.sequence // SEQUENCE_PER_EPOCH == restarted.sends.epoch for _, m in merged)  # the restart's
+    restarted.heartbeats.beat(wait=10)
+    beat = harness.bucket.read_heartbeat("east-0")
+    assert beat.tokens == 10 * restarted.tokens_per_step  # the killed start's steps are not counted twice
+    for fragment in (0, 1):
+        accounted = tokens_merged(history, "east-0", fragment) + beat.tokens_overwritten.get(fragment, 0)
+        unsent = restarted.fragments.c_tokens[fragment] - restarted.fragments.sent_tokens[fragment]
+        assert accounted == beat.tokens - unsent, fragment
