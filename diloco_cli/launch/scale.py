@@ -174,11 +174,15 @@ class DrainOutcome:
     syncer refused them and told it to resync; the ledger counts them)."""
 
     @property
+    def per_fragment(self) -> list[tuple[int, int, int]]:
+        """Per fragment: (merged, overwritten, unanchored) tokens."""
+        return list(zip(self.merged, self.overwritten, self.unanchored or (0,) * len(self.merged)))
+
+    @property
     def accounted(self) -> int:
         """Tokens merged, overwritten or refused as stale, in the fragment with the fewest:
         every token it trained once its last payloads are merged."""
-        per_fragment = zip(self.merged, self.overwritten, self.unanchored or (0,) * len(self.merged))
-        return min((sum(counts) for counts in per_fragment), default=0)
+        return min((sum(counts) for counts in self.per_fragment), default=0)
 
     @property
     def done(self) -> bool:

@@ -23,12 +23,11 @@ def render_drained(outcome: DrainOutcome) -> str:
     before it was sent (the paper's rule for installs), and how much was sent from a base
     the syncer could not anchor (older than the window of updates it keeps: refused, and
     the learner resynced)."""
-    refused = outcome.unanchored or (0,) * len(outcome.merged)
     fragments = "; ".join(
         f"fragment {fragment}: {merged:,} merged"
         + (f", {overwritten:,} overwritten by installs" if overwritten else "")
         + (f", {stale:,} refused as too stale to anchor" if stale else "")
-        for fragment, (merged, overwritten, stale) in enumerate(zip(outcome.merged, outcome.overwritten, refused))
+        for fragment, (merged, overwritten, stale) in enumerate(outcome.per_fragment)
     )
     return (
         f"  {outcome.learner:<16} drained: it stopped, and every one of the {outcome.tokens:,} tokens it trained "
