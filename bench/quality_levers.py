@@ -48,6 +48,9 @@ LEVERS: dict[str, Callable[[Setting, int], dict]] = {
         "training": {"poll_seconds": 0.2},
         "sync": {"poll_seconds": 0.15},
     },
+    "sends paced by merges (each learner sends H steps after installing the merge of its last send)": (
+        lambda setting, steps: {"sync": {"pace": "merges"}}
+    ),
     "H by each learner's speed (dynamic local updates: a slower learner sends as often as the fastest)": (
         lambda setting, steps: {"sync": {"dynamic_local_updates": True}}
     ),

@@ -224,6 +224,16 @@ class SyncConfig(BaseModel):
     eighth of the budget (2.538 against 2.183), and with K < M, where versions arrive
     several times per H steps, it loses most of the work (bench/hetero.py)."""
 
+    pace: Literal["steps", "merges"] = "steps"
+    """When a learner sends a fragment.  ``steps``: every H inner steps (fragment p at
+    the steps ``p*H/P + k*H``), whatever the merges do.  ``merges``: H steps after it
+    installed the merge that answered its previous send of that fragment (or 2H steps
+    after that send, if none answered).  With K = M a round waits for its last learner's
+    send, so by the steps a learner ahead of the slowest installs each merge as many of
+    its steps late as it is ahead, up to about H; by the merges every learner starts its
+    next round from the same install, so they send together again without anyone
+    waiting (a round lasts H steps plus a merge's round trip)."""
+
     dynamic_local_updates: bool = False
     """Each learner's H scaled by its speed, ``H_m = floor(H * speed_m / fastest)``
     (speeds from the heartbeats' step times; the syncer tells each learner its H_m),

@@ -193,6 +193,75 @@ def scheduled_sync_interval(step: int, schedule: SyncSchedule, interval: int, re
     return interval
 
 
+class SendPacing:
+    """When each fragment is due: by the steps (``sync.pace: steps``) or by the merges
+    (``merges``).
+
+    By the steps, fragment p goes at the steps :func:`fragments_due` names, whatever the
+    merges do.  With K = M a round is merged once the last learner's send lands, so a
+    learner d steps ahead of the slowest installs every merge d of its steps after its
+    send, and d grows as the learners' speeds drift apart, up to about H, though nobody
+    waits.  By the merges, a learner sends fragment p H steps after it installed the
+    merge that answered its previous send of p, so every learner starts a round from the
+    same install and they send together again, the fast ones having trained more steps
+    (token-weighted, nothing lost) instead of waiting; a round then lasts H steps plus
+    the merge's round trip.  A send still unanswered 2H steps later is followed by the
+    next all the same, so a slow syncer or a lost merge does not stop the sends.  The
+    first send of each fragment (and the first after a restart) is where the steps put
+    it, which keeps Streaming DiLoCo's stagger between fragments.
+
+    Every process of a learner keeps its own copy and feeds it the same sends and
+    installs, so all agree on what is due without a word between them.
+    """
+
+    def __init__(self, num_fragments: int, by_merges: bool, schedule: SyncSchedule, recipe_interval: int) -> None:
+        self.num_fragments, self.by_merges = num_fragments, by_merges
+        self.schedule, self.recipe_interval = schedule, recipe_interval
+        self.last_send: dict[int, int] = {}
+        self.awaiting: set[int] = set()
+        """The fragments whose last send no install has answered yet."""
+        self.next_due: dict[int, int] = {}
+        self.start_at(0, recipe_interval)
+
+    def interval(self, step: int, interval: int) -> int:
+        """H at inner step ``step`` for a learner whose H is ``interval`` (the recipe's,
+        or its own under dynamic local updates): :func:`scheduled_sync_interval`."""
+        return scheduled_sync_interval(step, self.schedule, interval, self.recipe_interval)
+
+    def start_at(self, step: int, interval: int) -> None:
+        """Training starts (again) after inner step ``step``: each fragment's next send is
+        where the steps put it, and nothing is in flight."""
+        self.last_send, self.awaiting, self.next_due = {}, set(), {}
+        at = self.interval(step + 1, interval)
+        for later in range(step + 1, step + at + 1):
+            for p in fragments_due(later, at, self.num_fragments):
+                self.next_due.setdefault(p, later)
+
+    def due(self, step: int, interval: int) -> list[FragmentIndex]:
+        """The fragments to send after inner step ``step``."""
+        at = self.interval(step, interval)
+        if not self.by_merges:
+            return fragments_due(step, at, self.num_fragments)
+        return [
+            FragmentIndex(p)
+            for p in range(self.num_fragments)
+            if (step - self.last_send[p] >= 2 * at if p in self.awaiting else step >= self.next_due[p])
+        ]
+
+    def sent(self, fragment: FragmentIndex, step: int) -> None:
+        self.last_send[fragment] = step
+        self.awaiting.add(fragment)
+
+    def installed(self, installed: Sequence[int], step: int, interval: int) -> None:
+        """After step ``step``, per fragment, whether a newer global version was installed
+        (nonzero): each answers the send in flight, if any (an install with none in
+        flight changes nothing)."""
+        for fragment, newer in enumerate(installed):
+            if newer and fragment in self.awaiting:
+                self.awaiting.discard(fragment)
+                self.next_due[fragment] = step + self.interval(step, interval)
+
+
 def sends_per_learner(inner_steps: int, sync_interval: int, num_fragments: int, schedule: SyncSchedule = ()) -> int:
     """A learner's sends over ``inner_steps``: those :func:`fragments_due` makes at the
     H of each step (:func:`scheduled_sync_interval`), and once more per fragment at the

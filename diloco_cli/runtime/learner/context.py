@@ -10,13 +10,14 @@ bookkeeping.  The duties (sends, installs, heartbeats, checkpoints) take the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
 
 from diloco_cli.codec import RunSecret
 from diloco_cli.config.recipe import Recipe
-from diloco_cli.core.fragments import Fragment, fragments_of_model
+from diloco_cli.core.fragments import Fragment, SendPacing, fragments_of_model
 from diloco_cli.runtime.distributed import ProcessGroup
 from diloco_cli.runtime.learner.fragments import LearnerFragments
 from diloco_cli.store.region import RegionBucket
@@ -63,6 +64,12 @@ class LearnerContext:
     """The learner's region's bucket: on the storage rank only (the others touch no storage)."""
     fragments: LearnerFragments | None = None
     """The fragments' bookkeeping (bases, residuals, counters): on the storage rank only."""
+
+    @cached_property
+    def pacing(self) -> SendPacing:
+        """When each fragment is due (``sync.pace``): every process keeps its own copy."""
+        sync = self.recipe.sync
+        return SendPacing(sync.num_fragments, sync.pace == "merges", sync.sync_interval_schedule, sync.sync_interval)
 
     @property
     def parameter_names(self) -> list[str]:

@@ -30,7 +30,6 @@ from dataclasses import replace
 import torch
 
 from diloco_cli.codec import RunSecret
-from diloco_cli.core.fragments import fragments_due, scheduled_sync_interval
 from diloco_cli.core.types import FragmentIndex, LearnerId
 from diloco_cli.runtime.coordinator import EXIT_FINISHED, EXIT_STOPPED
 from diloco_cli.runtime.distributed import (
@@ -182,6 +181,7 @@ class LearnerSync:
             self._device,
         )
         self.progress.step = self.start_step = start.step
+        self.context.pacing.start_at(start.step, self.instructions.sync_interval)
         self.installs.instructions = replace(self.instructions, stop=start.stop, drain=start.run_over)
         self.resumed_at_the_end = start.step >= self.total_steps
         checkpoint = resume.checkpoint
@@ -227,11 +227,7 @@ class LearnerSync:
         storage = self.group.is_storage_rank
         if storage:
             self.fragments.count_step(tokens)
-        sync = self.recipe.sync
-        interval = scheduled_sync_interval(
-            step, sync.sync_interval_schedule, self.instructions.sync_interval, sync.sync_interval
-        )
-        for fragment in fragments_due(step, interval, sync.num_fragments):
+        for fragment in self.context.pacing.due(step, self.instructions.sync_interval):
             self._send(fragment)
         self._install(self.poller.take() if storage else None)
         if storage:
@@ -256,12 +252,15 @@ class LearnerSync:
     def _send(self, fragment: FragmentIndex) -> None:
         """Every process: gather the fragment's full values; the storage rank sends them."""
         theta = full_parameters(self.model, self.fragment_list[fragment].parameter_names, self.group)
+        self.context.pacing.sent(fragment, self.progress.step)
         if self.group.is_storage_rank:
             self.sends.send(fragment, theta, self.progress.step, self.progress.loss)
 
     def _install(self, poll: Poll | None) -> tuple[Install, ...]:
         """Every process: a finished look installed, the instructions shared (:class:`~.installs.Installs`)."""
-        return self.installs.install(poll, self._stop_signalled)
+        installs = self.installs.install(poll, self._stop_signalled)
+        self.context.pacing.installed(installs, self.progress.step, self.instructions.sync_interval)
+        return installs
 
     def _checkpoint(self) -> None:
         """Every process: a checkpoint of the learner as it is now."""
