@@ -45,6 +45,7 @@ CHAOS = ",".join(f"slow-learner={learner}:{speed}" for learner, speed in SPEEDS.
 SETTINGS = {
     "K=M": {"sync": {"quorum": None}},
     "K=M overwrite": {"sync": {"quorum": None, "install": "overwrite"}},
+    "K=M paced by merges": {"sync": {"quorum": None, "pace": "merges"}},
     "K=1 grace overwrite": {"sync": {"quorum": 1, "install": "overwrite"}},
     "K=1 no grace": {"sync": {"quorum": 1, "max_grace_seconds": 0.0}},
     "K=1 grace": {"sync": {"quorum": 1}},
@@ -113,6 +114,7 @@ def run_setting(label: str, recipe: Recipe, wall_seconds: float, workdir: Path) 
         "versions": heads[0].version,
         "tokens_trained": sum(beat.tokens for beat in beats.values()),
         "steps": {learner: beat.step - steps_before[learner] for learner, beat in beats.items()},
+        "install_lag_steps": {learner: beat.install_lag_steps for learner, beat in beats.items()},
         "compute_share": compute / walls,
         "merged_share": share,
         "goodput": compute / walls * share,
