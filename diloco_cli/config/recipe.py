@@ -226,13 +226,14 @@ class SyncConfig(BaseModel):
 
     pace: Literal["steps", "merges"] = "steps"
     """When a learner sends a fragment.  ``steps``: every H inner steps (fragment p at
-    the steps ``p*H/P + k*H``), whatever the merges do.  ``merges``: H steps after it
-    installed the merge that answered its previous send of that fragment (or 2H steps
-    after that send, if none answered).  With K = M a round waits for its last learner's
-    send, so by the steps a learner ahead of the slowest installs each merge as many of
-    its steps late as it is ahead, up to about H; by the merges every learner starts its
-    next round from the same install, so they send together again without anyone
-    waiting (a round lasts H steps plus a merge's round trip)."""
+    the steps ``p*H/P + k*H``), whatever the merges do.  ``merges``: H steps after the
+    first install of the fragment that followed its previous send of it (under K = M,
+    the merge of that send's round), or 2H steps after that send if no install came.  With K = M a round waits for its last learner's
+    send, so by the steps a learner ahead of the slowest sends from an older global
+    model, or several times a round; by the merges every learner starts its next round
+    from the same install, so every send of a round starts from the same model and
+    nobody waits (a round lasts H steps plus a merge's round trip; ``diloco plan`` counts the
+    sends by the steps, an upper bound here)."""
 
     dynamic_local_updates: bool = False
     """Each learner's H scaled by its speed, ``H_m = floor(H * speed_m / fastest)``

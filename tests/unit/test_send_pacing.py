@@ -1,5 +1,7 @@
 """When a learner sends: by the steps, or by the merges that answer its sends (``sync.pace``)."""
 
+import time
+
 import pytest
 
 from diloco_cli.core.fragments import SendPacing, fragments_due
@@ -114,15 +116,19 @@ def test_a_learner_ahead_paced_by_the_merges_sends_H_steps_after_each_install_th
         def sent_by_east0() -> list[int]:
             return sorted(int(key.split("/")[2][:3]) for key in harness.bucket.payload_keys() if "/east-0/" in key)
 
-        def turns() -> None:  # the reducer's and syncer's turns; fragment 0's round may still wait for east-1
-            for _ in range(3):
+        def turns_until_merged(fragment: int, version: int) -> None:
+            """The reducer's and syncer's turns until ``fragment`` is at ``version`` (the
+            other fragment's round still waits for east-1: :meth:`Harness.merge` would not end)."""
+            deadline = time.monotonic() + 30
+            while harness.syncer.state.fragment_versions[fragment] < version:
+                assert time.monotonic() < deadline, harness.syncer.state.fragment_versions
                 harness.reducer.turn(read_heartbeats=True)
                 harness.syncer.turn()
                 harness.reducer.turn()
 
         harness.train(east0, 10)  # fragment 1 sent at step 5, fragment 0 at step 10
         harness.train(east1, 5)  # east-1's fragment 1: its round merged
-        turns()
+        turns_until_merged(1, 1)
         harness.train(east0, 1)
         assert harness.poll(east0) == {1: True}  # answered after step 11: fragment 1 next at 21
         harness.train(east1, 5)
