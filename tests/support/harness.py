@@ -50,6 +50,7 @@ class Harness:
                 "evaluate_every": 2,
                 "shards": shards,
                 "forward_window_seconds": 0.0,
+                "pace": "steps",  # sends at fixed steps: the tests install by hand, when they say
                 **sync,
             },
         }

@@ -69,7 +69,9 @@ class LearnerContext:
     def pacing(self) -> SendPacing:
         """When each fragment is due (``sync.pace``): every process keeps its own copy."""
         sync = self.recipe.sync
-        return SendPacing(sync.num_fragments, sync.pace == "merges", sync.sync_interval_schedule, sync.sync_interval)
+        return SendPacing(
+            sync.num_fragments, self.recipe.paces_by_merges, sync.sync_interval_schedule, sync.sync_interval
+        )
 
     @property
     def parameter_names(self) -> list[str]:
